@@ -1,0 +1,97 @@
+"""What algorithms, collection and the rest of gymflow agree on: batches and roles.
+
+Nothing here knows about Prefect, Dask, storage or MLflow.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol, Sequence
+
+import numpy as np
+import torch
+
+
+class Rollout(NamedTuple):
+    """T steps of N envs, as one rollout worker collected them."""
+
+    obs: np.ndarray  # [T, N, *obs_shape]
+    actions: np.ndarray  # [T, N, *action_shape]
+    rewards: np.ndarray  # [T, N] float32
+    terminated: np.ndarray  # [T, N] bool: the episode ended in a terminal state
+    truncated: np.ndarray  # [T, N] bool: the episode was cut (time limit); bootstrap from it
+    done_index: np.ndarray  # [K] int64 flat index t * N + n of the steps that ended an episode
+    done_obs: np.ndarray  # [K, *obs_shape] the final observation of each of those episodes
+    last_obs: np.ndarray  # [N, *obs_shape] the observation after the last step
+    log_probs: np.ndarray  # [T, N] behaviour log-probabilities (zeros for value-based policies)
+
+    @property
+    def env_steps(self) -> int:
+        return int(self.rewards.size)
+
+    def next_obs(self) -> np.ndarray:
+        """[T, N, *obs]: the observation each step led to, the final one where an episode ended."""
+        following = np.concatenate([self.obs[1:], self.last_obs[None]], axis=0)
+        flat = following.reshape(-1, *self.obs.shape[2:]).copy()
+        flat[self.done_index] = self.done_obs
+        return flat.reshape(self.obs.shape)
+
+
+class Episodes(NamedTuple):
+    """Episodes that ended during a rollout or an evaluation."""
+
+    returns: np.ndarray  # [E] float64 undiscounted
+    lengths: np.ndarray  # [E] int64
+
+
+class Policy(Protocol):
+    """The acting side of an agent: numpy observations in, numpy actions out."""
+
+    def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(actions [N, ...], log-probabilities [N]) for a batch of observations."""
+        ...
+
+
+class Learner(Protocol):
+    """The learning side of an agent: it owns networks, optimizers, counters and RNGs."""
+
+    def learn(self, rollouts: Sequence[Rollout], progress: float) -> dict[str, float]:
+        """Learn from rollouts of the current policy; `progress` in [0, 1] drives schedules."""
+        ...
+
+    def policy_weights(self) -> dict[str, torch.Tensor]:
+        """The weights a rollout worker needs to act."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: networks, optimizers, counters, RNG states."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class VectorEnv(Protocol):
+    """What collection needs from a vector of environments (envs.SeededVectorEnv is one)."""
+
+    num_envs: int
+    obs: np.ndarray
+    action_space: Any
+
+    def step(self, actions: np.ndarray) -> Any: ...
+
+
+class RandomPolicy:
+    """Uniform random actions, for heatup."""
+
+    def __init__(self, action_space: Any, seed: int):
+        self.action_space = action_space
+        self.rng = np.random.default_rng(seed)
+
+    def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
+        n = len(obs)
+        space = self.action_space
+        if hasattr(space, "n"):
+            actions = self.rng.integers(0, space.n, size=n)
+        else:
+            actions = self.rng.uniform(space.low, space.high, size=(n, *space.shape))
+            actions = actions.astype(np.float32)
+        return actions, np.zeros(n, dtype=np.float32)

@@ -1,0 +1,209 @@
+"""Proximal Policy Optimization: clipped surrogate objective, GAE, value bootstrap on truncation.
+
+Schulman et al. 2017. The learner reads like the paper: compute advantages with the current
+critic, then a few epochs of minibatch updates of the clipped objective.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, Sequence
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from agents.core import Rollout
+from agents.networks import mlp, seeded_init
+
+
+class PPOConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    algo: Literal["ppo"] = "ppo"
+    lr: float = Field(default=3e-4, gt=0, le=1, description="Adam learning rate.")
+    anneal_lr: bool = Field(default=True, description="Decay the learning rate linearly to 0.")
+    gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
+    gae_lambda: float = Field(default=0.95, ge=0, le=1, description="GAE lambda.")
+    clip_range: float = Field(default=0.2, gt=0, le=1, description="Surrogate clipping epsilon.")
+    epochs: int = Field(default=10, ge=1, le=1000, description="Passes over each iteration's batch.")
+    minibatch_size: int = Field(default=256, ge=1, description="Samples per gradient step.")
+    value_coef: float = Field(default=0.5, ge=0, description="Weight of the value loss.")
+    entropy_coef: float = Field(default=0.0, ge=0, description="Weight of the entropy bonus.")
+    max_grad_norm: float = Field(default=0.5, gt=0, description="Gradient clipping norm.")
+    normalize_advantages: bool = Field(default=True, description="Normalise per minibatch.")
+    hidden_sizes: list[int] = Field(default=[64, 64], min_length=1, description="MLP widths.")
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic MLPs; categorical actions for Discrete, Gaussian for Box."""
+
+    def __init__(self, obs_dim: int, action_space: spaces.Space, hidden: Sequence[int]):
+        super().__init__()
+        self.discrete = isinstance(action_space, spaces.Discrete)
+        action_dim = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
+        self.actor = mlp(obs_dim, hidden, action_dim, nn.Tanh)
+        self.critic = mlp(obs_dim, hidden, 1, nn.Tanh)
+        self.log_std = nn.Parameter(torch.zeros(0 if self.discrete else action_dim))
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs).squeeze(-1)
+
+    def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
+        out = self.actor(obs)
+        if self.discrete:
+            return torch.distributions.Categorical(logits=out)
+        return torch.distributions.Independent(torch.distributions.Normal(out, self.log_std.exp()), 1)
+
+
+class PPOPolicy:
+    """Acts with an ActorCritic's actor; samples with its own numpy RNG so rollouts replay."""
+
+    def __init__(self, network: ActorCritic, seed: int):
+        self.network = network
+        self.rng = np.random.default_rng(seed)
+
+    @torch.inference_mode()
+    def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
+        out = self.network.actor(torch.from_numpy(obs)).numpy().astype(np.float64)
+        if self.network.discrete:
+            log_p = out - out.max(axis=1, keepdims=True)
+            log_p -= np.log(np.exp(log_p).sum(axis=1, keepdims=True))
+            if explore:  # Gumbel-max: a categorical sample without torch's per-call overhead
+                actions = np.argmax(log_p - np.log(-np.log(self.rng.random(log_p.shape))), axis=1)
+            else:
+                actions = np.argmax(log_p, axis=1)
+            return actions, log_p[np.arange(len(obs)), actions].astype(np.float32)
+        std = np.exp(self.network.log_std.detach().numpy().astype(np.float64))
+        noise = self.rng.standard_normal(out.shape) if explore else np.zeros_like(out)
+        actions = out + std * noise
+        log_prob = -0.5 * (noise**2).sum(1) - np.log(std).sum() - 0.5 * out.shape[1] * math.log(2 * math.pi)
+        return actions.astype(np.float32), log_prob.astype(np.float32)
+
+
+def make_network(config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space) -> ActorCritic:
+    return ActorCritic(int(observation_space.shape[0]), action_space, config.hidden_sizes)
+
+
+class PPOLearner:
+    def __init__(self, config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space, seed: int):
+        self.config = config
+        with seeded_init(seed):
+            self.network = make_network(config, observation_space, action_space)
+        self.optimizer = torch.optim.Adam(self.network.parameters(), lr=config.lr, eps=1e-5, fused=True)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.train_steps = 0
+
+    def policy_weights(self) -> dict[str, torch.Tensor]:
+        return self.network.state_dict()
+
+    def learn(self, rollouts: Sequence[Rollout], progress: float) -> dict[str, float]:
+        batch = self._flatten(rollouts)
+        lr = self.config.lr * (1.0 - progress) if self.config.anneal_lr else self.config.lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = max(lr, 1e-8)
+        size = len(batch["obs"])
+        sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
+        updates = 0
+        for _ in range(self.config.epochs):
+            order = torch.randperm(size, generator=self.generator)
+            for start in range(0, size, self.config.minibatch_size):
+                index = order[start : start + self.config.minibatch_size]
+                for key, value in self._update({k: v[index] for k, v in batch.items()}).items():
+                    sums[key] += value
+                updates += 1
+        self.train_steps += updates
+        metrics = {key: value / updates for key, value in sums.items()}
+        metrics["explained_variance"] = _explained_variance(batch["values"], batch["returns"])
+        metrics["lr"] = lr
+        metrics["train_steps"] = float(self.train_steps)
+        return metrics
+
+    def _update(self, mb: dict[str, torch.Tensor]) -> dict[str, float]:
+        config = self.config
+        dist = self.network.distribution(mb["obs"])
+        log_prob = dist.log_prob(mb["actions"])
+        log_ratio = log_prob - mb["log_probs"]
+        ratio = log_ratio.exp()
+        advantages = mb["advantages"]
+        if config.normalize_advantages and len(advantages) > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        clipped = ratio.clamp(1 - config.clip_range, 1 + config.clip_range)
+        policy_loss = -torch.min(advantages * ratio, advantages * clipped).mean()
+        value_loss = (self.network.value(mb["obs"]) - mb["returns"]).pow(2).mean()
+        entropy = dist.entropy().mean()
+        loss = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy
+        self.optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.network.parameters(), config.max_grad_norm)
+        self.optimizer.step()
+        with torch.no_grad():
+            approx_kl = ((ratio - 1) - log_ratio).mean().item()
+            clip_fraction = ((ratio - 1).abs() > config.clip_range).float().mean().item()
+        return {
+            "policy_loss": policy_loss.item(),
+            "value_loss": value_loss.item(),
+            "entropy": entropy.item(),
+            "approx_kl": approx_kl,
+            "clip_fraction": clip_fraction,
+        }
+
+    @torch.no_grad()
+    def _flatten(self, rollouts: Sequence[Rollout]) -> dict[str, torch.Tensor]:
+        parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("obs", "actions", "log_probs", "advantages", "returns", "values")}
+        for rollout in rollouts:
+            values, advantages = self._advantages(rollout)
+            parts["obs"].append(torch.from_numpy(rollout.obs).flatten(0, 1))
+            actions = torch.from_numpy(rollout.actions).flatten(0, 1)
+            parts["actions"].append(actions if self.network.discrete else actions.float())
+            parts["log_probs"].append(torch.from_numpy(rollout.log_probs).flatten())
+            parts["advantages"].append(advantages.flatten())
+            parts["returns"].append((advantages + values).flatten())
+            parts["values"].append(values.flatten())
+        return {key: torch.cat(value) for key, value in parts.items()}
+
+    def _advantages(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+        """GAE(gamma, lambda). A truncated episode bootstraps from the value of its final
+        observation; a terminated one from zero; neither leaks into the next episode."""
+        gamma, lam = self.config.gamma, self.config.gae_lambda
+        steps, n = rollout.rewards.shape
+        obs = torch.from_numpy(rollout.obs)
+        values = self.network.value(obs.flatten(0, 1)).view(steps, n)
+        next_values = torch.cat([values[1:], self.network.value(torch.from_numpy(rollout.last_obs))[None]])
+        next_values = next_values.flatten()
+        if len(rollout.done_index):
+            final_values = self.network.value(torch.from_numpy(rollout.done_obs))
+            ended_terminal = torch.from_numpy(rollout.terminated.reshape(-1)[rollout.done_index])
+            index = torch.from_numpy(rollout.done_index)
+            next_values[index] = torch.where(ended_terminal, 0.0, final_values)
+        next_values = next_values.view(steps, n)
+        rewards = torch.from_numpy(rollout.rewards)
+        continues = torch.from_numpy(~(rollout.terminated | rollout.truncated)).float()
+        deltas = rewards + gamma * next_values - values
+        advantages = torch.zeros_like(values)
+        running = torch.zeros(n)
+        for t in reversed(range(steps)):
+            running = deltas[t] + gamma * lam * continues[t] * running
+            advantages[t] = running
+        return values, advantages
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "network": self.network.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            "train_steps": self.train_steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.network.load_state_dict(state["network"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        self.train_steps = int(state["train_steps"])
+
+
+def _explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
+    variance = returns.var().item()
+    return float("nan") if variance == 0 else 1.0 - (returns - values).var().item() / variance

@@ -1,0 +1,49 @@
+"""The algorithms gymflow knows, and what each needs from an environment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from gymnasium import spaces
+from torch import nn
+
+from agents import dqn, ppo
+from agents.core import Learner, Policy
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    on_policy: bool
+    action_spaces: tuple[type[spaces.Space], ...]
+    learner: Callable[[Any, spaces.Box, spaces.Space, int], Learner]
+    network: Callable[[Any, spaces.Box, spaces.Space], nn.Module]
+    policy: Callable[[nn.Module, Any, float, int], Policy]  # (network, config, exploration, seed)
+    exploration: Callable[[Any, int], float]  # (config, env_steps) -> exploration parameter
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "ppo": Algorithm(
+        name="ppo",
+        on_policy=True,
+        action_spaces=(spaces.Discrete, spaces.Box),
+        learner=ppo.PPOLearner,
+        network=ppo.make_network,
+        policy=lambda network, config, exploration, seed: ppo.PPOPolicy(network, seed),
+        exploration=lambda config, env_steps: 0.0,
+    ),
+    "dqn": Algorithm(
+        name="dqn",
+        on_policy=False,
+        action_spaces=(spaces.Discrete,),
+        learner=dqn.DQNLearner,
+        network=dqn.make_network,
+        policy=lambda network, config, exploration, seed: dqn.QPolicy(network, exploration, seed),
+        exploration=dqn.epsilon_at,
+    ),
+}
+
+
+def algorithm_of(agent_config: Any) -> Algorithm:
+    return ALGORITHMS[agent_config.algo]

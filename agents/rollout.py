@@ -1,0 +1,75 @@
+"""Collection and evaluation: plain functions of a policy and a vector env.
+
+The same code collects in SYNC rollouts, heatup, evaluation and tests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agents.core import Episodes, Policy, Rollout, VectorEnv
+
+
+def collect(policy: Policy, env: VectorEnv, steps: int, explore: bool = True) -> tuple[Rollout, Episodes]:
+    """Step every env `steps` times from where it stands; returns the batch and the episodes
+    that ended during it."""
+    n = env.num_envs
+    obs_shape = env.obs.shape[1:]
+    obs = np.empty((steps, n, *obs_shape), dtype=np.float32)
+    actions = np.empty((steps, n, *env.action_space.shape), dtype=_action_dtype(env.action_space))
+    log_probs = np.empty((steps, n), dtype=np.float32)
+    rewards = np.empty((steps, n), dtype=np.float32)
+    terminated = np.empty((steps, n), dtype=bool)
+    truncated = np.empty((steps, n), dtype=bool)
+    done_index: list[int] = []
+    done_obs: list[np.ndarray] = []
+    returns: list[float] = []
+    lengths: list[int] = []
+    low, high = _action_bounds(env.action_space)
+    for t in range(steps):
+        obs[t] = env.obs
+        actions[t], log_probs[t] = policy.act(obs[t], explore)
+        env_actions = actions[t] if low is None else np.clip(actions[t], low, high)
+        step = env.step(env_actions)
+        rewards[t], terminated[t], truncated[t] = step.rewards, step.terminated, step.truncated
+        done_index += [t * n + i for i in step.done_envs]
+        done_obs += step.done_obs
+        returns += step.episode_returns
+        lengths += step.episode_lengths
+    rollout = Rollout(
+        obs=obs,
+        actions=actions,
+        rewards=rewards,
+        terminated=terminated,
+        truncated=truncated,
+        done_index=np.asarray(done_index, dtype=np.int64),
+        done_obs=np.asarray(done_obs, dtype=np.float32).reshape(-1, *obs_shape),
+        last_obs=env.obs.copy(),
+        log_probs=log_probs,
+    )
+    return rollout, Episodes(np.asarray(returns, np.float64), np.asarray(lengths, np.int64))
+
+
+def evaluate(policy: Policy, env: VectorEnv) -> Episodes:
+    """Run the first episode of every env to its end, acting greedily; one return per env."""
+    n = env.num_envs
+    returns = np.full(n, np.nan)
+    lengths = np.zeros(n, dtype=np.int64)
+    low, high = _action_bounds(env.action_space)
+    while np.isnan(returns).any():
+        actions, _ = policy.act(env.obs, explore=False)
+        step = env.step(actions if low is None else np.clip(actions, low, high))
+        for i, episode_return, length in zip(step.done_envs, step.episode_returns, step.episode_lengths):
+            if np.isnan(returns[i]):
+                returns[i], lengths[i] = episode_return, length
+    return Episodes(returns, lengths)
+
+
+def _action_dtype(space) -> type:
+    return np.int64 if not space.shape else np.float32
+
+
+def _action_bounds(space) -> tuple[np.ndarray | None, np.ndarray | None]:
+    if not space.shape:
+        return None, None
+    return space.low, space.high

@@ -1,0 +1,74 @@
+"""Making Gymnasium environments from an id or a 'module:Class' entry point, and checking them."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class EnvSpecError(ValueError):
+    """An environment that cannot be made, or whose spaces an agent cannot handle."""
+
+    def __init__(self, field: str, problem: str):
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env:
+    """A single environment from a registered id or a 'module:Class' entry point."""
+    kwargs = dict(kwargs or {})
+    if ":" in env_id:
+        return _entry_point_class(env_id)(**kwargs)
+    return gym.make(env_id, **kwargs)
+
+
+def check_env(
+    env_id: str, kwargs: dict[str, Any], action_spaces: tuple[type[spaces.Space], ...], algo: str
+) -> tuple[spaces.Box, spaces.Space]:
+    """Make the env once and check its spaces; returns (observation_space, action_space)."""
+    try:
+        env = make_env(env_id, kwargs)
+    except EnvSpecError:
+        raise
+    except gym.error.Error as error:
+        raise EnvSpecError(
+            "env.id", f"{env_id!r} is not a registered Gymnasium id ({error}); "
+            "use an id such as 'CartPole-v1' or a 'module:Class' entry point"
+        ) from None
+    except TypeError as error:
+        raise EnvSpecError("env.kwargs", f"{env_id!r} refused its kwargs: {error}") from None
+    try:
+        observation_space, action_space = env.observation_space, env.action_space
+    finally:
+        env.close()
+    if not (isinstance(observation_space, spaces.Box) and len(observation_space.shape) == 1):
+        raise EnvSpecError(
+            "env.id", f"{env_id!r} observes {observation_space}; allowed: a 1-D Box observation"
+        )
+    if not isinstance(action_space, action_spaces):
+        allowed = " or ".join(space.__name__ for space in action_spaces)
+        raise EnvSpecError(
+            "agent.algo", f"{algo} supports {allowed} action spaces; {env_id!r} acts in {action_space}"
+        )
+    if isinstance(action_space, spaces.Box) and not np.all(np.isfinite(action_space.low)):
+        raise EnvSpecError("env.id", f"{env_id!r} has an unbounded Box action space")
+    return observation_space, action_space
+
+
+def _entry_point_class(entry_point: str) -> type[gym.Env]:
+    module_name, _, class_name = entry_point.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise EnvSpecError("env.id", f"cannot import {module_name!r}: {error}") from None
+    env_class = getattr(module, class_name, None)
+    if not (isinstance(env_class, type) and issubclass(env_class, gym.Env)):
+        raise EnvSpecError(
+            "env.id", f"{entry_point!r} is not a gymnasium.Env subclass in {module_name!r}"
+        )
+    return env_class

@@ -1,0 +1,59 @@
+"""Small, fast, deterministic environments for tests and smoke runs.
+
+Use them as `env.id: envs.testing:Corridor` in a preset.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class Corridor(gym.Env):
+    """Walk right along a corridor to its end. Action 0 steps left, 1 steps right.
+
+    Reward 1 at the end (terminated), -0.01 a step otherwise; truncated after `max_steps`.
+    The start cell is drawn from the env's seeded RNG, so episodes differ but replay exactly.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, length: int = 8, max_steps: int = 50):
+        self.length = length
+        self.max_steps = max_steps
+        self.observation_space = spaces.Box(0.0, 1.0, shape=(2,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self._position = 0
+        self._steps = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self._position = int(self.np_random.integers(0, self.length // 2))
+        self._steps = 0
+        return self._observe(), {}
+
+    def step(self, action):
+        self._position += 1 if int(action) == 1 else -1
+        self._position = max(self._position, 0)
+        self._steps += 1
+        terminated = self._position >= self.length - 1
+        truncated = not terminated and self._steps >= self.max_steps
+        reward = 1.0 if terminated else -0.01
+        return self._observe(), reward, terminated, truncated, {}
+
+    def _observe(self) -> np.ndarray:
+        return np.array([self._position / (self.length - 1), self._steps / self.max_steps], np.float32)
+
+
+class ContinuousCorridor(Corridor):
+    """The corridor with a Box action: move by the action's value, clipped to [-1, 1]."""
+
+    def __init__(self, length: int = 8, max_steps: int = 50):
+        super().__init__(length, max_steps)
+        self.action_space = spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+
+    def step(self, action):
+        return super().step(1 if float(np.asarray(action).reshape(-1)[0]) > 0 else 0)

@@ -1,0 +1,134 @@
+"""An in-process vector of environments whose every episode is reproducible.
+
+Gymnasium's own vector envs reset finished sub-envs from a running RNG, so where an env stands
+cannot be written down without pickling it. Here episode k of env i always starts from
+`reset(seed=episode_seed(seed, i, k))`, and the cursor — the episode index of each env and the
+actions taken since its reset — is enough to rebuild the exact state by replaying those actions.
+A cursor is a few numeric arrays, so it travels in a shard and a rollout can continue on any
+worker, after any retry, exactly where the previous one stopped.
+
+Dask worker processes are daemonic and cannot start subprocesses, so the envs step in-process.
+Autoreset is "same step": the observation returned for a finished env is the first of its next
+episode, and the last observation of the finished one is handed back separately.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from envs.make import make_env
+from envs.seeding import derive_seed
+
+
+@dataclass(frozen=True)
+class EnvCursor:
+    """Where each env stands: its episode index and the actions taken since that episode began."""
+
+    episode_index: np.ndarray  # [N] int64
+    action_counts: np.ndarray  # [N] int64
+    actions: np.ndarray  # [sum(action_counts), *action_shape]
+
+    def actions_of(self, env_index: int) -> np.ndarray:
+        start = int(self.action_counts[:env_index].sum())
+        return self.actions[start : start + int(self.action_counts[env_index])]
+
+
+class VectorStep(NamedTuple):
+    obs: np.ndarray  # [N, *obs_shape], next observations (first of a new episode where done)
+    rewards: np.ndarray  # [N] float32
+    terminated: np.ndarray  # [N] bool
+    truncated: np.ndarray  # [N] bool
+    done_envs: list[int]  # envs whose episode ended on this step
+    done_obs: list[np.ndarray]  # the final observation of each of those episodes
+    episode_returns: list[float]  # undiscounted return of each episode that ended
+    episode_lengths: list[int]
+
+
+class SeededVectorEnv:
+    def __init__(self, env_id: str, env_kwargs: dict[str, Any], num_envs: int, seed: int):
+        self.envs = [make_env(env_id, env_kwargs) for _ in range(num_envs)]
+        self.num_envs = num_envs
+        self.seed = seed
+        self.observation_space = self.envs[0].observation_space
+        self.action_space = self.envs[0].action_space
+        self._discrete = not self.action_space.shape
+        self.episode_index = np.zeros(num_envs, dtype=np.int64)
+        self.episode_return = np.zeros(num_envs, dtype=np.float64)
+        self.episode_length = np.zeros(num_envs, dtype=np.int64)
+        self._actions: list[list[Any]] = [[] for _ in range(num_envs)]
+        self.obs = np.zeros((num_envs, *self.observation_space.shape), dtype=np.float32)
+
+    def reset(self, cursor: EnvCursor | None = None) -> np.ndarray:
+        """Start every env at episode 0, or where `cursor` says it stands."""
+        if cursor is not None and len(cursor.episode_index) != self.num_envs:
+            raise ValueError(f"cursor holds {len(cursor.episode_index)} envs, not {self.num_envs}")
+        for i in range(self.num_envs):
+            self.episode_index[i] = 0 if cursor is None else cursor.episode_index[i]
+            self._begin_episode(i)
+            if cursor is not None:
+                self._replay(i, cursor.actions_of(i))
+        return self.obs
+
+    def step(self, actions: np.ndarray) -> VectorStep:
+        n = self.num_envs
+        obs = np.empty_like(self.obs)
+        rewards = np.empty(n, dtype=np.float32)
+        terminated = np.zeros(n, dtype=bool)
+        truncated = np.zeros(n, dtype=bool)
+        done_envs, done_obs, returns, lengths = [], [], [], []
+        for i, env in enumerate(self.envs):
+            action = int(actions[i]) if self._discrete else np.array(actions[i], dtype=np.float32)
+            next_obs, reward, term, trunc, _ = env.step(action)
+            self._actions[i].append(action)
+            self.episode_return[i] += reward
+            self.episode_length[i] += 1
+            rewards[i], terminated[i], truncated[i] = reward, term, trunc
+            if term or trunc:
+                done_envs.append(i)
+                done_obs.append(np.asarray(next_obs, dtype=np.float32))
+                returns.append(float(self.episode_return[i]))
+                lengths.append(int(self.episode_length[i]))
+                self.episode_index[i] += 1
+                self._begin_episode(i)
+                next_obs = self.obs[i]
+            obs[i] = next_obs
+        self.obs = obs
+        return VectorStep(obs, rewards, terminated, truncated, done_envs, done_obs, returns, lengths)
+
+    def cursor(self) -> EnvCursor:
+        counts = np.array([len(a) for a in self._actions], dtype=np.int64)
+        action_shape = self.action_space.shape
+        dtype = np.int64 if self._discrete else np.float32
+        flat = [a for env_actions in self._actions for a in env_actions]
+        actions = np.asarray(flat, dtype=dtype).reshape(-1, *action_shape)
+        return EnvCursor(self.episode_index.copy(), counts, actions)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+    def _begin_episode(self, i: int) -> None:
+        seed = derive_seed(self.seed, i, int(self.episode_index[i]))
+        first_obs, _ = self.envs[i].reset(seed=seed)
+        self.obs[i] = first_obs
+        self.episode_return[i] = 0.0
+        self.episode_length[i] = 0
+        self._actions[i] = []
+
+    def _replay(self, i: int, actions: np.ndarray) -> None:
+        env = self.envs[i]
+        for action in actions:
+            action = int(action) if self._discrete else action
+            next_obs, reward, term, trunc, _ = env.step(action)
+            if term or trunc:
+                raise RuntimeError(
+                    "replaying an env cursor ended an episode early: the environment is not "
+                    "deterministic under reset(seed=...)"
+                )
+            self._actions[i].append(action)
+            self.episode_return[i] += reward
+            self.episode_length[i] += 1
+            self.obs[i] = next_obs

@@ -1,0 +1,1 @@
+"""Prefect flows (the improve loop) and the command line."""

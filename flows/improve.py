@@ -1,0 +1,229 @@
+"""The improve loop as a Prefect flow: heatup, then rounds of collect -> learn -> evaluate.
+
+SYNC: round v collects with policy version v on every rollout worker (one shard each), the
+learner reads exactly those shards and commits version v + 1. Evaluation of version v runs on
+the Dask workers while the learner learns, so it does not stall training.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+from pydantic import Field
+
+from flows.progress import ProgressLog
+from presets.load import flatten
+from presets.validate import Experiment, resolve_experiment
+from tasks.cluster import dask_client
+from tasks.jobs import EvaluationResult
+from tasks.learn import fill_replay, learn, save_checkpoint
+from tasks.plots import plot_learning_curve
+from tasks.rollout import collect_rollouts, evaluate_policy
+from tasks.rounds import (
+    evaluation_metrics,
+    evaluation_round,
+    heatup_steps_per_env,
+    rollout_metrics,
+    rollout_round,
+    storage_location,
+)
+from tasks.storage import RunLayout, open_storage
+from tasks.tracking import Tracker
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    mlflow_run_id: str
+    storage_url: str
+    env_steps: int = 0
+    versions_committed: int = 0
+    delivered_version: int = 0  # the version the last evaluation scored, logged as the model
+    final_return: float | None = None
+    best_return: float | None = None
+    solved: bool = False
+    wall_seconds: float = 0.0
+    work_seconds: float = 0.0  # stepping envs with the policy, and learning
+    evaluations: list[tuple[int, tuple[float, ...]]] = field(default_factory=list)  # (env steps, returns)
+
+    @property
+    def orchestration_share(self) -> float:
+        """The share of the training loop's wall-clock not spent stepping envs or learning."""
+        return 1.0 - self.work_seconds / self.wall_seconds if self.wall_seconds else 0.0
+
+
+@flow(name="improve", log_prints=True)
+def improve(
+    preset: Annotated[str, Field(description="A built-in preset name or a preset YAML path.")] = "cartpole-ppo",
+    overrides: Annotated[
+        dict[str, Any] | None, Field(description="Dotted keys to override, e.g. {'agent.lr': 0.0003}.")
+    ] = None,
+) -> RunSummary:
+    experiment = resolve_experiment(preset, overrides)  # bad input stops here; nothing written
+    config = experiment.preset
+    logger = get_run_logger()
+    run_id = f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    tracker = Tracker(
+        config.tracking.tracking_uri,
+        config.tracking.experiment,
+        run_name=run_id,
+        tags={"gymflow.run_id": run_id, "prefect.flow_run_id": str(flow_run.id), "gymflow.preset": config.name},
+    )
+    summary = RunSummary(run_id, tracker.run_id, open_storage(storage_location(config)).url(RunLayout(run_id).prefix))
+    logger.info("run %s: storage %s, MLflow run %s", run_id, summary.storage_url, tracker.run_id)
+    succeeded = False
+    try:
+        tracker.log_params(flatten(config.model_dump(mode="json")))
+        open_storage(storage_location(config)).write(RunLayout(run_id).preset, _preset_yaml(experiment))
+        with dask_client(config.distribution) as client:
+            history = _train(experiment, run_id, client, tracker, summary, logger)
+        _log_artifacts(experiment, run_id, tracker, summary, history)
+        succeeded = True
+    finally:
+        tracker.finish(succeeded)
+    logger.info("run %s done: %s", run_id, _describe(summary))
+    return summary
+
+
+def _train(
+    experiment: Experiment, run_id: str, client, tracker: Tracker, summary: RunSummary, logger
+) -> list[dict[str, float]]:
+    """The improve loop proper; fills `summary` and returns the per-round metrics."""
+    config, algorithm = experiment.preset, experiment.algorithm
+    schedule, distribution = config.schedule, config.distribution
+    location = storage_location(config)
+    learner = algorithm.learner(config.agent, experiment.observation_space, experiment.action_space, config.seed)
+    save_checkpoint(location, run_id, 0, learner, {"env_steps": 0}, include_replay=False)
+    progress = ProgressLog(logger, schedule.total_env_steps)
+    history: list[dict[str, float]] = []
+    started = time.perf_counter()
+    version, env_steps = 0, 0
+    resume_from: list[str | None] = [None] * distribution.rollout_workers
+
+    if not algorithm.on_policy and schedule.heatup_env_steps:
+        specs = rollout_round(config, run_id, None, 1.0, resume_from, heatup_steps_per_env(config))
+        shards = collect_rollouts(client, specs, distribution.rollout_timeout_s, "heatup")
+        fill_replay(learner, location, shards)
+        env_steps += sum(shard.env_steps for shard in shards)
+        resume_from = [shard.key for shard in shards]
+        progress.update(env_steps, "heatup done")
+
+    next_evaluation = schedule.evaluate_every_env_steps
+    evaluation: EvaluationResult | None = None
+    while True:
+        round_started = time.perf_counter()
+        exploration = algorithm.exploration(config.agent, env_steps)
+        specs = rollout_round(config, run_id, version, exploration, resume_from)
+        shards = collect_rollouts(client, specs, distribution.rollout_timeout_s, f"v{version}")
+        pending_evaluation = None
+        if env_steps >= next_evaluation:
+            next_evaluation += schedule.evaluate_every_env_steps
+            pending_evaluation = evaluate_policy.submit(
+                client, evaluation_round(config, run_id, version), distribution.rollout_timeout_s, version
+            )
+        round_steps = sum(shard.env_steps for shard in shards)
+        counters = {"env_steps": env_steps + round_steps, "version": version + 1}
+        learned = learn(learner, location, run_id, version, shards, min(env_steps / schedule.total_env_steps, 1.0), counters)
+        evaluated_at = env_steps
+        version, env_steps = learned.version, env_steps + round_steps
+        resume_from = [shard.key for shard in shards]
+        collect_seconds = max(shard.collect_seconds for shard in shards)
+        summary.work_seconds += collect_seconds + learned.learn_seconds
+        round_seconds = time.perf_counter() - round_started
+        metrics = rollout_metrics(shards) | {f"train/{k}": v for k, v in learned.metrics.items()} | {
+            "time/env_steps": float(env_steps),
+            "time/policy_version": float(version),
+            "time/env_steps_per_second": round_steps / round_seconds,
+            "time/round_seconds": round_seconds,
+            "time/collect_seconds": collect_seconds,
+            "time/learn_seconds": learned.learn_seconds,
+        }
+        if exploration:
+            metrics["rollout/exploration"] = exploration
+        tracker.log_metrics(metrics, step=env_steps)
+        history.append(metrics)
+        if pending_evaluation is not None:
+            evaluation = pending_evaluation.result()
+            _record_evaluation(evaluation, evaluated_at, tracker, summary)
+        status = f"v{version} return {metrics.get('rollout/episode_return_mean', float('nan')):.1f}"
+        if summary.final_return is not None:
+            status += f" eval {summary.final_return:.1f}"
+        progress.update(env_steps, status)
+        if _target_reached(schedule.target_return, evaluation):
+            summary.solved = True
+            break
+        if env_steps >= schedule.total_env_steps:
+            break
+
+    if not summary.solved:
+        evaluation = evaluate_policy(client, evaluation_round(config, run_id, version), distribution.rollout_timeout_s, version)
+        _record_evaluation(evaluation, env_steps, tracker, summary)
+        summary.solved = _target_reached(schedule.target_return, evaluation)
+    summary.wall_seconds = time.perf_counter() - started
+    summary.env_steps, summary.versions_committed = env_steps, version + 1
+    summary.delivered_version = evaluation.version if evaluation else version
+    progress.update(env_steps, f"done: eval {summary.final_return:.1f}", force=True)
+    tracker.log_metrics(
+        {
+            "summary/wall_seconds": summary.wall_seconds,
+            "summary/orchestration_share": summary.orchestration_share,
+            "summary/final_return": summary.final_return or 0.0,
+            "summary/best_return": summary.best_return or 0.0,
+        },
+        step=env_steps,
+    )
+    return history
+
+
+def _record_evaluation(evaluation: EvaluationResult, env_steps: int, tracker: Tracker, summary: RunSummary) -> None:
+    tracker.log_metrics(evaluation_metrics(evaluation), step=env_steps)
+    summary.final_return = evaluation.mean_return
+    summary.best_return = max(summary.best_return or evaluation.mean_return, evaluation.mean_return)
+    summary.evaluations.append((env_steps, evaluation.returns))
+
+
+def _target_reached(target: float | None, evaluation: EvaluationResult | None) -> bool:
+    return target is not None and evaluation is not None and evaluation.mean_return >= target
+
+
+def _log_artifacts(
+    experiment: Experiment, run_id: str, tracker: Tracker, summary: RunSummary, history: list[dict[str, float]]
+) -> None:
+    config = experiment.preset
+    layout = RunLayout(run_id)
+    storage = open_storage(storage_location(config))
+    with tempfile.TemporaryDirectory() as folder:
+        preset_file = Path(folder, "preset.yaml")
+        preset_file.write_bytes(_preset_yaml(experiment))
+        tracker.log_artifact(str(preset_file))
+        checkpoint_dir = Path(folder, "checkpoint")
+        storage.download(layout.checkpoint(summary.delivered_version), str(checkpoint_dir))
+        tracker.log_artifact(str(checkpoint_dir), "checkpoint")
+        curve = plot_learning_curve(
+            history,
+            summary.evaluations,
+            str(Path(folder, "learning_curve.png")),
+            title=f"{config.name}: {config.agent.algo.upper()} on {config.env.id}",
+            target_return=config.schedule.target_return,
+        )
+        tracker.log_artifact(curve)
+    tracker.set_tags({"gymflow.delivered_version": str(summary.delivered_version), "gymflow.solved": str(summary.solved)})
+
+
+def _preset_yaml(experiment: Experiment) -> bytes:
+    return yaml.safe_dump(experiment.preset.model_dump(mode="json"), sort_keys=False).encode()
+
+
+def _describe(summary: RunSummary) -> str:
+    fields = asdict(summary)
+    fields.pop("evaluations")
+    fields["orchestration_share"] = round(summary.orchestration_share, 3)
+    return ", ".join(f"{key}={value}" for key, value in fields.items())

@@ -1,0 +1,43 @@
+"""Progress of a training run: logged to the flow run, and drawn as a bar by the CLI."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Iterator, Protocol
+
+
+class ProgressView(Protocol):
+    def update(self, env_steps: int, total: int, status: str) -> None: ...
+
+
+_views: list[ProgressView] = []
+
+
+@contextmanager
+def showing_progress(view: ProgressView) -> Iterator[None]:
+    """While inside, every training run in this process reports to `view`."""
+    _views.append(view)
+    try:
+        yield
+    finally:
+        _views.remove(view)
+
+
+class ProgressLog:
+    """Reports progress to the views, and to a logger at most every `every_s` seconds."""
+
+    def __init__(self, logger, total: int, every_s: float = 10.0):
+        self.logger = logger
+        self.total = total
+        self.every_s = every_s
+        self._last_log = 0.0
+
+    def update(self, env_steps: int, status: str, force: bool = False) -> None:
+        for view in _views:
+            view.update(env_steps, self.total, status)
+        now = time.monotonic()
+        if force or now - self._last_log >= self.every_s:
+            self._last_log = now
+            share = 100.0 * min(env_steps / self.total, 1.0)
+            self.logger.info("%s/%s env steps (%.0f%%) %s", f"{env_steps:,}", f"{self.total:,}", share, status)

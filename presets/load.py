@@ -1,0 +1,137 @@
+"""Built-in presets, preset files, and dotted-key overrides, all checked before any work starts."""
+
+from __future__ import annotations
+
+import copy
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from presets.errors import InvalidPreset
+from presets.model import Preset
+
+_BUILTIN = resources.files("presets") / "builtin"
+
+
+def builtin_presets() -> dict[str, str]:
+    """Built-in preset names, each with the first line of its description."""
+    names = {}
+    for item in sorted(_BUILTIN.iterdir(), key=lambda p: p.name):
+        if item.name.endswith(".yaml"):
+            first_line = item.read_text().splitlines()[0].lstrip("# ").strip()
+            names[item.name.removesuffix(".yaml")] = first_line
+    return names
+
+
+def read_preset_source(name_or_path: str) -> dict[str, Any]:
+    """The raw mapping of a built-in preset name or a YAML file path."""
+    builtin = _BUILTIN / f"{name_or_path}.yaml"
+    if builtin.is_file():
+        text = builtin.read_text()
+    elif name_or_path.endswith((".yaml", ".yml")) and Path(name_or_path).is_file():
+        text = Path(name_or_path).read_text()
+    else:
+        allowed = ", ".join(builtin_presets())
+        raise InvalidPreset(
+            "preset", f"unknown preset {name_or_path!r}; allowed: {allowed}, or a .yaml file path"
+        )
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise InvalidPreset("preset", f"{name_or_path!r} must hold a YAML mapping")
+    return data
+
+
+def parse_assignments(assignments: Sequence[str]) -> dict[str, Any]:
+    """`key=value` strings from the command line, values read as YAML scalars or lists."""
+    overrides: dict[str, Any] = {}
+    for assignment in assignments:
+        key, sep, raw = assignment.partition("=")
+        if not sep or not key.strip():
+            raise InvalidPreset("--set", f"expected key=value, got {assignment!r}")
+        overrides[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+    return overrides
+
+
+def load_preset(name_or_path: str, overrides: Mapping[str, Any] | None = None) -> Preset:
+    """Resolve a preset and its overrides into a validated Preset, or raise InvalidPreset."""
+    data = read_preset_source(name_or_path)
+    for key, value in (overrides or {}).items():
+        _assign(data, key, value)
+    return validate_preset_data(data)
+
+
+def validate_preset_data(data: Mapping[str, Any]) -> Preset:
+    try:
+        return Preset.model_validate(data)
+    except ValidationError as error:
+        raise _one_line(error) from None
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'agent': {'lr': 1e-3}} -> {'agent.lr': 1e-3}; lists stay values."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def _assign(data: dict[str, Any], dotted_key: str, value: Any) -> None:
+    """Set data[a][b][c] = value for 'a.b.c', refusing keys the preset model does not have."""
+    parts = dotted_key.split(".")
+    model: type[BaseModel] | None = Preset
+    node = data
+    for depth, part in enumerate(parts):
+        here = ".".join(parts[: depth + 1])
+        if model is not None:
+            fields = model.model_fields
+            if part not in fields:
+                allowed = ", ".join(sorted(fields))
+                raise InvalidPreset(here, f"unknown setting; allowed here: {allowed}")
+            model = _nested_model(fields[part], node.get(part))
+        if depth == len(parts) - 1:
+            node[part] = copy.deepcopy(value)
+            return
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise InvalidPreset(here, f"is a value, not a section; cannot set {dotted_key!r}")
+        node = child
+
+
+def _nested_model(field: Any, current: Any) -> type[BaseModel] | None:
+    """The model a field holds, resolving the agent union by its 'algo' tag."""
+    annotation = field.annotation
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    members = getattr(annotation, "__args__", ())
+    models = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+    if not models:
+        return None
+    algo = current.get("algo") if isinstance(current, Mapping) else None
+    for candidate in models:
+        if candidate.model_fields.get("algo") and candidate.model_fields["algo"].default == algo:
+            return candidate
+    return None
+
+
+def _one_line(error: ValidationError) -> InvalidPreset:
+    first = error.errors()[0]
+    location = [str(part) for part in first["loc"]]
+    # A discriminated union puts the tag ('ppo') into the location; users never wrote it.
+    if len(location) > 1 and location[0] == "agent" and location[1] in ("ppo", "dqn"):
+        del location[1]
+    field = ".".join(location) or "preset"
+    message = first["msg"]
+    if first["type"] == "extra_forbidden":
+        message = "unknown setting"
+    elif first["type"] == "missing":
+        message = "required setting is missing"
+    if "input" in first and first["type"] not in ("missing", "extra_forbidden"):
+        message = f"{message} (got {first['input']!r})"
+    return InvalidPreset(field, message)

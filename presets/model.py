@@ -1,0 +1,131 @@
+"""The preset: one validated object that defines a whole experiment.
+
+Every field carries a description and bounds; Prefect shows them as a form and the CLI checks
+them before any work starts. Derived values are properties, never fields filled in later.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agents.dqn import DQNConfig
+from agents.ppo import PPOConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+AgentConfig = Annotated[PPOConfig | DQNConfig, Field(discriminator="algo")]
+
+
+class EnvConfig(_Strict):
+    id: str = Field(
+        description="A registered Gymnasium id (CartPole-v1) or a 'module:Class' entry point."
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments passed to the environment."
+    )
+
+
+class ScheduleConfig(_Strict):
+    """The improve loop's schedule, each field in an explicit unit."""
+
+    total_env_steps: int = Field(
+        gt=0, description="Stop after this many environment steps of training (EnvironmentSteps)."
+    )
+    heatup_env_steps: int = Field(
+        default=0,
+        ge=0,
+        description="Random-policy environment steps that fill replay before training "
+        "(off-policy agents only).",
+    )
+    rollout_steps_per_env: int = Field(
+        gt=0,
+        le=100_000,
+        description="Environment steps each env takes per training iteration.",
+    )
+    evaluate_every_env_steps: int = Field(
+        gt=0, description="Evaluate the greedy policy every this many environment steps."
+    )
+    evaluation_episodes: int = Field(
+        default=10, gt=0, le=1000, description="Episodes averaged in each evaluation."
+    )
+    target_return: float | None = Field(
+        default=None, description="Stop early once the mean evaluation return reaches this."
+    )
+
+
+class DistributionConfig(_Strict):
+    mode: Literal["sync"] = Field(
+        default="sync",
+        description="sync: every iteration waits for all rollout workers, then learns.",
+    )
+    rollout_workers: int = Field(
+        default=2, ge=1, le=1024, description="Rollout jobs per iteration, each writing one shard."
+    )
+    envs_per_worker: int = Field(
+        default=8, ge=1, le=4096, description="In-process vectorised envs per rollout worker."
+    )
+    scheduler_address: str | None = Field(
+        default=None,
+        description="Address of a running Dask scheduler (tcp://host:8786). "
+        "None starts a LocalCluster for the run.",
+    )
+    cluster_class: str | None = Field(
+        default=None,
+        description="A Dask cluster class as 'module.Class' (dask_jobqueue.SLURMCluster), "
+        "started, scaled to rollout_workers and closed for the run.",
+    )
+    cluster_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for cluster_class."
+    )
+    rollout_timeout_s: float = Field(
+        default=600.0, gt=0, description="A rollout round that takes longer than this fails."
+    )
+
+
+class StorageConfig(_Strict):
+    root: str = Field(
+        default="gymflow-data",
+        description="Where shards and checkpoints live: a local folder, file:// or s3:// URL.",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="fsspec/s3fs options, e.g. {'endpoint_url': 'http://127.0.0.1:9000'}.",
+    )
+    checkpoint_replay: bool = Field(
+        default=False,
+        description="Include the replay memory in the final checkpoint (off-policy agents).",
+    )
+
+
+class TrackingConfig(_Strict):
+    tracking_uri: str = Field(
+        default="sqlite:///mlflow.db",
+        description="MLflow tracking URI; the default is a SQLite file in the working folder.",
+    )
+    experiment: str = Field(default="gymflow", min_length=1, description="MLflow experiment.")
+
+
+class Preset(_Strict):
+    """One experiment: what to learn, how, on what budget, where things go."""
+
+    name: str = Field(min_length=1, description="Experiment name, used in run ids.")
+    env: EnvConfig
+    agent: AgentConfig
+    schedule: ScheduleConfig
+    distribution: DistributionConfig = Field(default_factory=DistributionConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    seed: int = Field(default=0, ge=0, description="Run seed; every other seed derives from it.")
+
+    @property
+    def envs_in_total(self) -> int:
+        return self.distribution.rollout_workers * self.distribution.envs_per_worker
+
+    @property
+    def env_steps_per_iteration(self) -> int:
+        return self.envs_in_total * self.schedule.rollout_steps_per_env

@@ -1,0 +1,39 @@
+"""Everything checked before a run starts: the preset, its overrides, the env against the agent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from gymnasium import spaces
+
+from agents.registry import Algorithm, algorithm_of
+from envs.make import EnvSpecError, check_env
+from presets.errors import InvalidPreset
+from presets.load import load_preset
+from presets.model import Preset
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A validated preset with what validating it found out."""
+
+    preset: Preset
+    algorithm: Algorithm
+    observation_space: spaces.Box
+    action_space: spaces.Space
+
+
+def resolve_experiment(preset: str, overrides: Mapping[str, Any] | None = None) -> Experiment:
+    """Load, override and validate; raises InvalidPreset (one line: field and what is allowed)."""
+    config = load_preset(preset, overrides)
+    algorithm = algorithm_of(config.agent)
+    try:
+        observation_space, action_space = check_env(
+            config.env.id, config.env.kwargs, algorithm.action_spaces, algorithm.name
+        )
+    except EnvSpecError as error:
+        raise InvalidPreset(error.field, error.problem) from None
+    if algorithm.on_policy and config.schedule.heatup_env_steps:
+        raise InvalidPreset("schedule.heatup_env_steps", f"must be 0 for the on-policy {algorithm.name}")
+    return Experiment(config, algorithm, observation_space, action_space)

@@ -1,0 +1,162 @@
+"""Versioned, atomically committed checkpoints that load without executing code.
+
+Commit protocol: write every blob, then `manifest.json` with each blob's size and sha256, then
+move the `latest` pointer. A reader loads a version only through its manifest and checks every
+hash, so a half-written or tampered checkpoint is refused, never loaded.
+
+Blobs are safetensors (tensors) and JSON (everything else). Nested learner state — optimizer
+state dicts with integer keys, RNG states, counters — is split by `encode_state` into a flat
+tensor file and a JSON tree that points into it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+
+from tasks.storage import RunLayout, Storage
+
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, incomplete or does not match its manifest."""
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    run_id: str
+    version: int
+
+
+def commit_checkpoint(storage: Storage, layout: RunLayout, version: int, blobs: dict[str, bytes]) -> CheckpointRef:
+    prefix = layout.checkpoint(version)
+    for name, data in blobs.items():
+        storage.write(f"{prefix}/{name}", data)
+    manifest = {
+        "version": version,
+        "created_at": time.time(),
+        "blobs": {name: {"size": len(data), "sha256": _sha256(data)} for name, data in blobs.items()},
+    }
+    storage.write(f"{prefix}/{MANIFEST}", json.dumps(manifest, indent=1).encode())
+    storage.write(layout.latest, json.dumps({"version": version}).encode())
+    return CheckpointRef(layout.run_id, version)
+
+
+def latest_version(storage: Storage, layout: RunLayout) -> int:
+    if not storage.exists(layout.latest):
+        raise CheckpointError(f"no checkpoint has been committed: {storage.url(layout.latest)} is missing")
+    try:
+        return int(json.loads(storage.read(layout.latest))["version"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"unreadable pointer {storage.url(layout.latest)}: {error}") from None
+
+
+def read_manifest(storage: Storage, layout: RunLayout, version: int) -> dict[str, Any]:
+    key = f"{layout.checkpoint(version)}/{MANIFEST}"
+    if not storage.exists(key):
+        raise CheckpointError(f"checkpoint v{version} has no manifest ({storage.url(key)}); it was never committed")
+    try:
+        manifest = json.loads(storage.read(key))
+        manifest["blobs"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"checkpoint v{version} has an unreadable manifest: {error}") from None
+    return manifest
+
+
+def read_checkpoint(
+    storage: Storage, layout: RunLayout, version: int, names: Iterable[str] | None = None
+) -> dict[str, bytes]:
+    """The named blobs (all by default) of a committed version, each checked against its manifest."""
+    blobs = read_manifest(storage, layout, version)["blobs"]
+    wanted = list(blobs) if names is None else list(names)
+    loaded = {}
+    for name in wanted:
+        if name not in blobs:
+            raise CheckpointError(f"checkpoint v{version} has no blob {name!r}")
+        key = f"{layout.checkpoint(version)}/{name}"
+        if not storage.exists(key):
+            raise CheckpointError(f"checkpoint v{version}: blob {name!r} is missing")
+        data = storage.read(key)
+        expected = blobs[name]
+        if len(data) != expected["size"] or _sha256(data) != expected["sha256"]:
+            raise CheckpointError(
+                f"checkpoint v{version}: blob {name!r} does not match its manifest "
+                f"({len(data)} bytes, expected {expected['size']}); refusing to load it"
+            )
+        loaded[name] = data
+    return loaded
+
+
+def encode_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
+    return save_tensors({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()})
+
+
+def decode_tensors(data: bytes) -> dict[str, torch.Tensor]:
+    return load_tensors(data)
+
+
+def encode_state(tree: Any) -> tuple[bytes, bytes]:
+    """(safetensors bytes, JSON bytes) for a nested state of dicts, lists, scalars and tensors."""
+    tensors: dict[str, torch.Tensor] = {}
+
+    def encode(node: Any, path: str) -> Any:
+        if isinstance(node, torch.Tensor):
+            tensors[path] = node
+            return {"$tensor": path}
+        if isinstance(node, np.ndarray):
+            tensors[path] = torch.from_numpy(np.ascontiguousarray(node))
+            return {"$ndarray": path}
+        if isinstance(node, dict):
+            return {"$dict": [[key, encode(value, f"{path}/{key}")] for key, value in node.items()]}
+        if isinstance(node, (list, tuple)):
+            return [encode(value, f"{path}/{i}") for i, value in enumerate(node)]
+        if isinstance(node, np.generic):
+            return node.item()
+        if node is None or isinstance(node, (bool, int, float, str)):
+            return node
+        raise TypeError(f"cannot store {type(node).__name__} at {path or '/'} in a checkpoint")
+
+    tree_json = json.dumps(encode(tree, "")).encode()
+    return encode_tensors(tensors), tree_json
+
+
+def decode_state(tensor_bytes: bytes, tree_json: bytes) -> Any:
+    tensors = decode_tensors(tensor_bytes)
+
+    def decode(node: Any) -> Any:
+        if isinstance(node, list):
+            return [decode(value) for value in node]
+        if isinstance(node, dict):
+            if "$tensor" in node:
+                return tensors[node["$tensor"]]
+            if "$ndarray" in node:
+                return tensors[node["$ndarray"]].numpy()
+            return {key: decode(value) for key, value in node["$dict"]}
+        return node
+
+    return decode(json.loads(tree_json))
+
+
+def encode_arrays(arrays: dict[str, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def decode_arrays(data: bytes) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+        return {name: archive[name] for name in archive.files}
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,58 @@
+"""The Dask cluster a run fans out over: a LocalCluster of worker processes by default, an
+existing scheduler address, or a cluster class started and closed for the run."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from contextlib import contextmanager
+from typing import Iterator
+
+from distributed import Client, LocalCluster
+
+from presets.errors import InvalidPreset
+from presets.model import DistributionConfig
+
+CONNECT_TIMEOUT_S = 10
+
+
+@contextmanager
+def dask_client(config: DistributionConfig) -> Iterator[Client]:
+    if config.scheduler_address:
+        client = _connect(config.scheduler_address)
+        with client:
+            yield client
+        return
+    if config.cluster_class:
+        cluster = _cluster_class(config.cluster_class)(**config.cluster_kwargs)
+        cluster.scale(config.rollout_workers)
+    else:
+        cluster = LocalCluster(
+            n_workers=min(config.rollout_workers, os.cpu_count() or 1),
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            silence_logs=logging.ERROR,
+        )
+    with cluster, Client(cluster) as client:
+        client.wait_for_workers(1, timeout=300)
+        yield client
+
+
+def _connect(address: str) -> Client:
+    try:
+        return Client(address, timeout=CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError) as error:
+        raise InvalidPreset(
+            "distribution.scheduler_address",
+            f"no Dask scheduler answered at {address!r} within {CONNECT_TIMEOUT_S} s ({error})",
+        ) from None
+
+
+def _cluster_class(dotted: str) -> type:
+    module_name, _, class_name = dotted.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise InvalidPreset("distribution.cluster_class", f"cannot import {dotted!r}: {error}") from None

@@ -1,0 +1,151 @@
+"""The jobs that run on Dask workers: collect a rollout, evaluate a policy.
+
+They are plain functions (no Prefect: a worker process never imports it). Each gets a small
+typed spec, reaches the policy and the env cursor through storage, and hands back a small typed
+result.
+
+Each worker keeps its live envs between rounds (keyed by run and worker); when a round lands on
+a worker that does not hold them — a retry, a replaced worker — the envs are rebuilt from the
+cursor in the previous shard, so the trajectory is the same either way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from agents.core import Policy, RandomPolicy
+from agents.registry import algorithm_of
+from agents.rollout import collect, evaluate
+from envs.vector import SeededVectorEnv
+from tasks.checkpoints import decode_tensors, read_checkpoint
+from tasks.shards import ShardRef, read_cursor, write_shard
+from tasks.storage import RunLayout, StorageLocation, open_storage
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """One worker's share of one round of collection."""
+
+    storage: StorageLocation
+    run_id: str
+    env_id: str
+    env_kwargs: dict[str, Any]
+    agent: Any  # the agent's pydantic config
+    policy_version: int | None  # None acts with a uniform random policy (heatup)
+    worker: int
+    num_envs: int
+    steps_per_env: int
+    env_seed: int  # fixed for the worker over the run: episode k of env i is seeded from it
+    policy_seed: int  # fresh for each (version, worker): exploration noise
+    exploration: float
+    resume_from: str | None  # the shard whose env cursor this round continues from
+
+    @property
+    def shard_key(self) -> str:
+        return RunLayout(self.run_id).shard(self.policy_version, self.worker)
+
+
+@dataclass(frozen=True)
+class EvaluationSpec:
+    storage: StorageLocation
+    run_id: str
+    env_id: str
+    env_kwargs: dict[str, Any]
+    agent: Any
+    policy_version: int
+    episodes: int
+    seed: int  # the same at every evaluation of a run, so evaluations compare
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    version: int
+    returns: tuple[float, ...]
+    lengths: tuple[int, ...]
+    seconds: float
+
+    @property
+    def mean_return(self) -> float:
+        return float(np.mean(self.returns))
+
+
+_LIVE_ENVS: OrderedDict[tuple[str, str, int], tuple[str, SeededVectorEnv]] = OrderedDict()
+_NETWORKS: OrderedDict[tuple[str, str, int], torch.nn.Module] = OrderedDict()
+_CACHE_SIZE = 32
+
+
+def run_rollout(spec: RolloutSpec) -> ShardRef:
+    """Collect one worker's share of a round and write its shard. Runs on a Dask worker."""
+    torch.set_num_threads(1)
+    storage = open_storage(spec.storage)
+    env = _take_live_envs(spec)
+    policy = _policy(spec.storage, spec.run_id, spec.agent, spec.policy_version, env, spec.exploration, spec.policy_seed)
+    started = time.perf_counter()
+    rollout, episodes = collect(policy, env, spec.steps_per_env)
+    seconds = time.perf_counter() - started
+    ref = write_shard(storage, spec.shard_key, spec.policy_version, spec.worker, rollout, episodes, env.cursor(), seconds)
+    _keep(_LIVE_ENVS, (spec.storage.root, spec.run_id, spec.worker), (spec.shard_key, env))
+    return ref
+
+
+def run_evaluation(spec: EvaluationSpec) -> EvaluationResult:
+    """Run `episodes` greedy episodes of one policy version, one per env. Runs on a Dask worker."""
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    env = SeededVectorEnv(spec.env_id, spec.env_kwargs, spec.episodes, spec.seed)
+    env.reset()
+    policy = _policy(spec.storage, spec.run_id, spec.agent, spec.policy_version, env, 0.0, spec.seed)
+    episodes = evaluate(policy, env)
+    env.close()
+    return EvaluationResult(
+        version=spec.policy_version,
+        returns=tuple(float(x) for x in episodes.returns),
+        lengths=tuple(int(x) for x in episodes.lengths),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _take_live_envs(spec: RolloutSpec) -> SeededVectorEnv:
+    """The envs as the previous round of this worker left them: live if this process ran that
+    round, else rebuilt from the cursor in its shard."""
+    cached = _LIVE_ENVS.pop((spec.storage.root, spec.run_id, spec.worker), None)
+    if cached is not None and cached[0] == spec.resume_from:
+        return cached[1]
+    if cached is not None:
+        cached[1].close()
+    env = SeededVectorEnv(spec.env_id, spec.env_kwargs, spec.num_envs, spec.env_seed)
+    cursor = read_cursor(open_storage(spec.storage), spec.resume_from) if spec.resume_from else None
+    env.reset(cursor)
+    return env
+
+
+def _policy(
+    location: StorageLocation, run_id: str, agent: Any, version: int | None, env: SeededVectorEnv, exploration: float, seed: int
+) -> Policy:
+    if version is None:
+        return RandomPolicy(env.action_space, seed)
+    algorithm = algorithm_of(agent)
+    key = (location.root, run_id, version)
+    network = _NETWORKS.get(key)
+    if network is None:
+        blobs = read_checkpoint(open_storage(location), RunLayout(run_id), version, ["policy.safetensors"])
+        network = algorithm.network(agent, env.observation_space, env.action_space)
+        network.load_state_dict(decode_tensors(blobs["policy.safetensors"]))
+        network.eval()
+    _keep(_NETWORKS, key, network)
+    return algorithm.policy(network, agent, exploration, seed)
+
+
+def _keep(cache: OrderedDict, key: Any, value: Any) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > _CACHE_SIZE:
+        evicted = cache.popitem(last=False)[1]
+        if isinstance(evicted, tuple) and isinstance(evicted[1], SeededVectorEnv):
+            evicted[1].close()

@@ -1,0 +1,79 @@
+"""The learner's side of the improve loop: read exactly one round's shards, learn, commit.
+
+The learner lives in the flow's process for the whole run; these tasks give it data from
+storage and put its state back into storage as committed checkpoint versions.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from agents.core import Learner
+from tasks.checkpoints import CheckpointRef, commit_checkpoint, encode_arrays, encode_state, encode_tensors
+from tasks.shards import ShardRef, read_shard
+from tasks.storage import RunLayout, StorageLocation, open_storage
+
+
+@dataclass(frozen=True)
+class LearnResult:
+    version: int  # the version this step committed
+    metrics: dict[str, float]
+    learn_seconds: float  # in the algorithm's update, excluding storage
+
+
+def save_checkpoint(
+    location: StorageLocation,
+    run_id: str,
+    version: int,
+    learner: Learner,
+    counters: dict[str, Any],
+    include_replay: bool,
+) -> CheckpointRef:
+    """Commit everything needed to act (policy.safetensors) and to resume (learner state,
+    counters, and optionally the replay memory) as `version`."""
+    learner_tensors, learner_tree = encode_state(learner.state_dict())
+    blobs = {
+        "policy.safetensors": encode_tensors(learner.policy_weights()),
+        "learner.safetensors": learner_tensors,
+        "learner.json": learner_tree,
+        "counters.json": json.dumps(counters).encode(),
+    }
+    replay = getattr(learner, "replay", None)
+    if include_replay and replay is not None:
+        blobs["replay.npz"] = encode_arrays(replay.state_dict())
+    return commit_checkpoint(open_storage(location), RunLayout(run_id), version, blobs)
+
+
+@task(name="learn", task_run_name="learn-v{version}", cache_policy=NO_CACHE)
+def learn(
+    learner: Learner,
+    location: StorageLocation,
+    run_id: str,
+    version: int,
+    shards: Sequence[ShardRef],
+    progress: float,
+    counters: dict[str, Any],
+    include_replay: bool = False,
+) -> LearnResult:
+    """Learn from the shards version `version` collected, then commit `version + 1`."""
+    storage = open_storage(location)
+    rollouts = [read_shard(storage, ref) for ref in shards]
+    started = time.perf_counter()
+    metrics = learner.learn(rollouts, progress)
+    seconds = time.perf_counter() - started
+    save_checkpoint(location, run_id, version + 1, learner, counters, include_replay)
+    return LearnResult(version + 1, metrics, seconds)
+
+
+@task(name="fill-replay", cache_policy=NO_CACHE)
+def fill_replay(learner: Learner, location: StorageLocation, shards: Sequence[ShardRef]) -> int:
+    """Insert heatup's shards into the replay memory; no learning. Returns the memory's size."""
+    storage = open_storage(location)
+    learner.remember([read_shard(storage, ref) for ref in shards])  # type: ignore[attr-defined]
+    return len(learner.replay)  # type: ignore[attr-defined]

@@ -1,0 +1,65 @@
+"""The learning curve a person looks at: returns, losses and throughput against env steps."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+_LOSSES = ("train/policy_loss", "train/value_loss", "train/entropy", "train/td_loss", "train/q_mean")
+
+
+def plot_learning_curve(
+    history: Sequence[Mapping[str, float]],
+    evaluations: Sequence[tuple[int, Sequence[float]]],
+    path: str,
+    title: str,
+    target_return: float | None = None,
+) -> str:
+    """Write a PNG to `path`. `history` holds one metrics dict per iteration (with
+    'time/env_steps'); `evaluations` holds (env_steps, returns) pairs."""
+    figure, (returns_ax, loss_ax, speed_ax) = plt.subplots(
+        3, 1, figsize=(9, 9), sharex=True, gridspec_kw={"height_ratios": [2.2, 1, 1]}
+    )
+    steps = np.array([h["time/env_steps"] for h in history], dtype=float)
+
+    train_returns = np.array([h.get("rollout/episode_return_mean", np.nan) for h in history])
+    returns_ax.plot(steps, train_returns, color="tab:blue", alpha=0.45, lw=1, label="training episodes (mean)")
+    if evaluations:
+        eval_steps = np.array([s for s, _ in evaluations], dtype=float)
+        eval_returns = [np.asarray(r, dtype=float) for _, r in evaluations]
+        means = np.array([r.mean() for r in eval_returns])
+        returns_ax.fill_between(
+            eval_steps, [r.min() for r in eval_returns], [r.max() for r in eval_returns],
+            color="tab:orange", alpha=0.2, label="evaluation min-max",
+        )
+        returns_ax.plot(eval_steps, means, "o-", color="tab:orange", lw=2, label="evaluation (greedy, mean)")
+    if target_return is not None:
+        returns_ax.axhline(target_return, color="tab:green", ls="--", lw=1, label=f"target {target_return:g}")
+    returns_ax.set_ylabel("episode return")
+    returns_ax.legend(loc="lower right", fontsize=8)
+    returns_ax.grid(alpha=0.3)
+    returns_ax.set_title(title)
+
+    for key in _LOSSES:
+        values = np.array([h.get(key, np.nan) for h in history])
+        if np.isfinite(values).any():
+            loss_ax.plot(steps, values, lw=1, label=key.split("/", 1)[1])
+    loss_ax.set_ylabel("learner")
+    loss_ax.legend(loc="upper right", fontsize=8)
+    loss_ax.grid(alpha=0.3)
+
+    speed = np.array([h.get("time/env_steps_per_second", np.nan) for h in history])
+    speed_ax.plot(steps, speed, color="tab:purple", lw=1)
+    speed_ax.set_ylabel("env steps / s\n(wall-clock)")
+    speed_ax.set_xlabel("environment steps")
+    speed_ax.grid(alpha=0.3)
+
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

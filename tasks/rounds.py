@@ -1,0 +1,93 @@
+"""Planning a round: the typed specs each worker gets, with every seed derived from the run's."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from envs.seeding import derive_seed
+from presets.model import Preset
+from tasks.jobs import EvaluationResult, EvaluationSpec, RolloutSpec
+from tasks.shards import ShardRef
+from tasks.storage import StorageLocation
+
+
+def storage_location(preset: Preset) -> StorageLocation:
+    return StorageLocation(preset.storage.root, dict(preset.storage.options))
+
+
+def rollout_round(
+    preset: Preset,
+    run_id: str,
+    version: int | None,
+    exploration: float,
+    resume_from: Sequence[str | None],
+    steps_per_env: int | None = None,
+) -> list[RolloutSpec]:
+    """One spec per rollout worker; `version=None` plans heatup with a random policy."""
+    return [
+        RolloutSpec(
+            storage=storage_location(preset),
+            run_id=run_id,
+            env_id=preset.env.id,
+            env_kwargs=dict(preset.env.kwargs),
+            agent=preset.agent,
+            policy_version=version,
+            worker=worker,
+            num_envs=preset.distribution.envs_per_worker,
+            steps_per_env=steps_per_env or preset.schedule.rollout_steps_per_env,
+            env_seed=derive_seed(preset.seed, "envs", worker),
+            policy_seed=derive_seed(preset.seed, "policy", -1 if version is None else version, worker),
+            exploration=exploration,
+            resume_from=resume_from[worker],
+        )
+        for worker in range(preset.distribution.rollout_workers)
+    ]
+
+
+def heatup_steps_per_env(preset: Preset) -> int:
+    return math.ceil(preset.schedule.heatup_env_steps / preset.envs_in_total)
+
+
+def evaluation_round(preset: Preset, run_id: str, version: int) -> list[EvaluationSpec]:
+    """The evaluation episodes split across workers; the same seeds at every evaluation."""
+    shares = np.array_split(np.arange(preset.schedule.evaluation_episodes), preset.distribution.rollout_workers)
+    return [
+        EvaluationSpec(
+            storage=storage_location(preset),
+            run_id=run_id,
+            env_id=preset.env.id,
+            env_kwargs=dict(preset.env.kwargs),
+            agent=preset.agent,
+            policy_version=version,
+            episodes=len(share),
+            seed=derive_seed(preset.seed, "evaluation", part),
+        )
+        for part, share in enumerate(shares)
+        if len(share)
+    ]
+
+
+def rollout_metrics(shards: Sequence[ShardRef]) -> dict[str, float]:
+    returns = [r for shard in shards for r in shard.episode_returns]
+    lengths = [n for shard in shards for n in shard.episode_lengths]
+    metrics = {"rollout/episodes": float(len(returns))}
+    if returns:
+        metrics["rollout/episode_return_mean"] = float(np.mean(returns))
+        metrics["rollout/episode_length_mean"] = float(np.mean(lengths))
+    metrics["rollout/shard_megabytes"] = sum(shard.size for shard in shards) / 1e6
+    return metrics
+
+
+def evaluation_metrics(evaluation: EvaluationResult) -> dict[str, float]:
+    returns = np.asarray(evaluation.returns)
+    return {
+        "eval/return_mean": float(returns.mean()),
+        "eval/return_std": float(returns.std()),
+        "eval/return_min": float(returns.min()),
+        "eval/return_max": float(returns.max()),
+        "eval/episode_length_mean": float(np.mean(evaluation.lengths)),
+        "eval/policy_version": float(evaluation.version),
+    }

@@ -1,0 +1,93 @@
+"""Experience shards: one npz per (run, round, worker), loaded with allow_pickle=False.
+
+A shard holds the rollout, the episodes that ended in it, and the env cursor the next round of
+the same worker continues from. The key is derived from (run, policy version, worker), so a
+retried rollout overwrites its own shard and never adds a second one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from agents.core import Episodes, Rollout
+from envs.vector import EnvCursor
+from tasks.checkpoints import decode_arrays, encode_arrays
+from tasks.storage import Storage
+
+
+class ShardError(RuntimeError):
+    """A shard that is missing or does not match the reference its writer returned."""
+
+
+@dataclass(frozen=True)
+class ShardRef:
+    """What a rollout worker hands back: where its shard is and a summary of it."""
+
+    key: str
+    version: int | None  # policy version that acted; None for heatup's random policy
+    worker: int
+    env_steps: int
+    episode_returns: tuple[float, ...]
+    episode_lengths: tuple[int, ...]
+    size: int
+    sha256: str
+    collect_seconds: float  # stepping envs and the policy, excluding storage
+
+
+def write_shard(
+    storage: Storage,
+    key: str,
+    version: int | None,
+    worker: int,
+    rollout: Rollout,
+    episodes: Episodes,
+    cursor: EnvCursor,
+    collect_seconds: float,
+) -> ShardRef:
+    arrays = {name: np.asarray(value) for name, value in rollout._asdict().items()}
+    arrays |= {
+        "episode_returns": episodes.returns,
+        "episode_lengths": episodes.lengths,
+        "cursor_episode_index": cursor.episode_index,
+        "cursor_action_counts": cursor.action_counts,
+        "cursor_actions": cursor.actions,
+    }
+    data = encode_arrays(arrays)
+    storage.write(key, data)
+    return ShardRef(
+        key=key,
+        version=version,
+        worker=worker,
+        env_steps=rollout.env_steps,
+        episode_returns=tuple(float(x) for x in episodes.returns),
+        episode_lengths=tuple(int(x) for x in episodes.lengths),
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        collect_seconds=collect_seconds,
+    )
+
+
+def read_shard(storage: Storage, ref: ShardRef) -> Rollout:
+    arrays = _read_verified(storage, ref)
+    return Rollout(**{name: arrays[name] for name in Rollout._fields})
+
+
+def read_cursor(storage: Storage, key: str) -> EnvCursor:
+    if not storage.exists(key):
+        raise ShardError(f"shard {storage.url(key)} is missing; cannot continue its envs")
+    arrays = decode_arrays(storage.read(key))
+    return EnvCursor(
+        arrays["cursor_episode_index"], arrays["cursor_action_counts"], arrays["cursor_actions"]
+    )
+
+
+def _read_verified(storage: Storage, ref: ShardRef) -> dict[str, np.ndarray]:
+    if not storage.exists(ref.key):
+        raise ShardError(f"shard {storage.url(ref.key)} is missing")
+    data = storage.read(ref.key)
+    if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
+        raise ShardError(f"shard {storage.url(ref.key)} does not match what its rollout wrote")
+    return decode_arrays(data)

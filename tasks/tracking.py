@@ -1,0 +1,52 @@
+"""MLflow tracking for a run: one MLflow run per flow run, logged from the flow's process only
+(many writers on one SQLite file lock it)."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Mapping
+
+from mlflow.entities import Metric, Param, RunStatus
+from mlflow.tracking import MlflowClient
+
+_BATCH = 100  # MLflow accepts at most 100 params per batch
+
+
+class Tracker:
+    def __init__(self, tracking_uri: str, experiment: str, run_name: str, tags: Mapping[str, str]):
+        self.client = MlflowClient(tracking_uri)
+        found = self.client.get_experiment_by_name(experiment)
+        experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags)).info.run_id
+        self.experiment_id = experiment_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        items = [Param(key, str(value)[:6000]) for key, value in params.items()]
+        for start in range(0, len(items), _BATCH):
+            self.client.log_batch(self.run_id, params=items[start : start + _BATCH])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        timestamp = _now_ms()
+        items = [Metric(key, float(value), timestamp, step) for key, value in metrics.items() if math.isfinite(value)]
+        for start in range(0, len(items), 1000):
+            self.client.log_batch(self.run_id, metrics=items[start : start + 1000])
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(self.run_id, key, value)
+
+    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
+        if os.path.isdir(local_path):
+            self.client.log_artifacts(self.run_id, local_path, artifact_path)
+        else:
+            self.client.log_artifact(self.run_id, local_path, artifact_path)
+
+    def finish(self, succeeded: bool) -> None:
+        status = RunStatus.FINISHED if succeeded else RunStatus.FAILED
+        self.client.set_terminated(self.run_id, RunStatus.to_string(status))
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
