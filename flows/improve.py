@@ -53,6 +53,7 @@ class RunSummary:
     wall_seconds: float = 0.0
     work_seconds: float = 0.0  # stepping envs with the policy, and learning
     evaluations: list[tuple[int, tuple[float, ...]]] = field(default_factory=list)  # (env steps, returns)
+    rollout_processes: set[str] = field(default_factory=set)  # host:pid of every process that collected
 
     @property
     def orchestration_share(self) -> float:
@@ -135,6 +136,7 @@ def _train(
         evaluated_at = env_steps
         version, env_steps = learned.version, env_steps + round_steps
         resume_from = [shard.key for shard in shards]
+        summary.rollout_processes.update(shard.collected_by for shard in shards)
         collect_seconds = max(shard.collect_seconds for shard in shards)
         summary.work_seconds += collect_seconds + learned.learn_seconds
         round_seconds = time.perf_counter() - round_started

@@ -19,6 +19,7 @@ CONNECT_TIMEOUT_S = 10
 
 @contextmanager
 def dask_client(config: DistributionConfig) -> Iterator[Client]:
+    logging.getLogger("distributed").setLevel(logging.WARNING)
     if config.scheduler_address:
         client = _connect(config.scheduler_address)
         with client:

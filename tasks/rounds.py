@@ -39,7 +39,7 @@ def rollout_round(
             num_envs=preset.distribution.envs_per_worker,
             steps_per_env=steps_per_env or preset.schedule.rollout_steps_per_env,
             env_seed=derive_seed(preset.seed, "envs", worker),
-            policy_seed=derive_seed(preset.seed, "policy", -1 if version is None else version, worker),
+            policy_seed=derive_seed(preset.seed, "policy", "heatup" if version is None else version, worker),
             exploration=exploration,
             resume_from=resume_from[worker],
         )

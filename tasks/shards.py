@@ -8,6 +8,8 @@ retried rollout overwrites its own shard and never adds a second one.
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +37,7 @@ class ShardRef:
     size: int
     sha256: str
     collect_seconds: float  # stepping envs and the policy, excluding storage
+    collected_by: str  # host:pid of the process that collected it
 
 
 def write_shard(
@@ -67,6 +70,7 @@ def write_shard(
         size=len(data),
         sha256=hashlib.sha256(data).hexdigest(),
         collect_seconds=collect_seconds,
+        collected_by=f"{socket.gethostname()}:{os.getpid()}",
     )
 
 

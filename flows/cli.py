@@ -1,0 +1,91 @@
+"""The command line: `gymflow presets`, `gymflow show PRESET`, `gymflow run PRESET --set k=v`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+import yaml
+
+from presets import InvalidPreset, builtin_presets, parse_assignments
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "presets":
+        for name, description in builtin_presets().items():
+            print(f"{name:<20} {description}")
+        return 0
+    try:
+        overrides = parse_assignments(args.set)
+        from presets.validate import resolve_experiment
+
+        experiment = resolve_experiment(args.preset, overrides)
+    except InvalidPreset as error:
+        print(f"gymflow: error: {error}", file=sys.stderr)
+        return 2
+    if args.command == "show":
+        print(yaml.safe_dump(experiment.preset.model_dump(mode="json"), sort_keys=False), end="")
+        return 0
+    return _run(args.preset, overrides, quiet=args.quiet)
+
+
+def _run(preset: str, overrides: dict, quiet: bool) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from flows.improve import improve
+    from flows.progress import showing_progress
+
+    console = Console(stderr=True)
+    bar = Progress(
+        TextColumn("[bold]training"),
+        BarColumn(),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f} env steps"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=console,
+        disable=quiet,
+    )
+
+    class BarView:
+        task_id = None
+
+        def update(self, env_steps: int, total: int, status: str) -> None:
+            if self.task_id is None:
+                self.task_id = bar.add_task("train", total=total, status="")
+            bar.update(self.task_id, completed=min(env_steps, total), status=status)
+
+    with bar, showing_progress(BarView()):
+        summary = improve(preset, overrides)
+    verdict = "reached its target" if summary.solved else "did not reach its target"
+    print(
+        f"run {summary.run_id} {verdict}: evaluation return {summary.final_return:.1f} "
+        f"(best {summary.best_return:.1f}) after {summary.env_steps:,} env steps in "
+        f"{summary.wall_seconds:.1f} s of training; orchestration {100 * summary.orchestration_share:.1f}% "
+        f"of it\n  checkpoints and shards: {summary.storage_url}\n  MLflow run: {summary.mlflow_run_id}"
+    )
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gymflow", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("presets", help="list the built-in presets")
+    for name, help_text in (("run", "train a preset"), ("show", "print a preset with its overrides applied")):
+        command = commands.add_parser(name, help=help_text)
+        command.add_argument("preset", help="a built-in preset name (see `gymflow presets`) or a YAML file")
+        command.add_argument(
+            "--set", action="append", default=[], metavar="KEY=VALUE",
+            help="override a preset field by dotted key, e.g. --set agent.lr=3e-4 (repeatable)",
+        )
+        if name == "run":
+            command.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

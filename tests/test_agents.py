@@ -1,0 +1,148 @@
+"""Algorithms alone: no Prefect, no Dask, no storage."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from agents.core import Rollout
+from agents.dqn import DQNConfig, DQNLearner, epsilon_at
+from agents.ppo import PPOConfig, PPOLearner
+from agents.registry import algorithm_of
+from agents.replay import ReplayMemory, Transitions
+from agents.rollout import collect, evaluate
+from envs.vector import SeededVectorEnv
+from tasks.checkpoints import decode_state, encode_state
+
+OBS = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+ACTIONS = spaces.Discrete(2)
+
+
+def _rollout(rewards, terminated, truncated, obs=None, done_obs=None) -> Rollout:
+    steps = len(rewards)
+    obs = np.zeros((steps, 1, 2), np.float32) if obs is None else obs
+    done = np.flatnonzero(np.asarray(terminated) | np.asarray(truncated))
+    return Rollout(
+        obs=obs,
+        actions=np.zeros((steps, 1), np.int64),
+        rewards=np.asarray(rewards, np.float32).reshape(steps, 1),
+        terminated=np.asarray(terminated).reshape(steps, 1),
+        truncated=np.asarray(truncated).reshape(steps, 1),
+        done_index=done.astype(np.int64),
+        done_obs=np.zeros((len(done), 2), np.float32) if done_obs is None else done_obs,
+        last_obs=np.zeros((1, 2), np.float32),
+        log_probs=np.zeros((steps, 1), np.float32),
+    )
+
+
+def _constant_critic(learner: PPOLearner, value: float) -> None:
+    with torch.no_grad():
+        for parameter in learner.network.critic.parameters():
+            parameter.zero_()
+        learner.network.critic[-1].bias.fill_(value)
+
+
+def test_gae_bootstraps_from_the_value_on_truncation_and_from_zero_on_termination():
+    learner = PPOLearner(PPOConfig(gamma=0.5, gae_lambda=1.0), OBS, ACTIONS, seed=0)
+    _constant_critic(learner, 2.0)
+    # Episode ends at step 1 by truncation; a new one runs steps 2-3 and terminates at step 3.
+    rollout = _rollout([1, 1, 1, 1], [False, False, False, True], [False, True, False, False])
+    values, advantages = learner._advantages(rollout)
+    returns = (advantages + values)[:, 0].tolist()
+    # truncated: G1 = 1 + 0.5 * V(final) = 2; G0 = 1 + 0.5 * G1 = 2
+    # terminated: G3 = 1; G2 = 1 + 0.5 * 1 = 1.5
+    assert returns == pytest.approx([2.0, 2.0, 1.5, 1.0])
+
+
+def test_gae_bootstraps_the_unfinished_tail_from_the_last_observation():
+    learner = PPOLearner(PPOConfig(gamma=0.5, gae_lambda=1.0), OBS, ACTIONS, seed=0)
+    _constant_critic(learner, 4.0)
+    values, advantages = learner._advantages(_rollout([0, 0], [False, False], [False, False]))
+    assert (advantages + values)[:, 0].tolist() == pytest.approx([1.0, 2.0])
+
+
+def test_ppo_learns_the_corridor_in_a_few_iterations():
+    torch.set_num_threads(1)
+    config = PPOConfig(lr=3e-3, epochs=4, minibatch_size=64, anneal_lr=False, hidden_sizes=[32])
+    algorithm = algorithm_of(config)
+    env = SeededVectorEnv("envs.testing:Corridor", {"length": 8, "max_steps": 40}, 8, seed=0)
+    env.reset()
+    learner = algorithm.learner(config, env.observation_space, env.action_space, 0)
+    for iteration in range(15):
+        policy = algorithm.policy(learner.network, config, 0.0, iteration)
+        rollout, _ = collect(policy, env, 32)
+        learner.learn([rollout], progress=iteration / 15)
+    evaluation_env = SeededVectorEnv("envs.testing:Corridor", {"length": 8, "max_steps": 40}, 8, seed=99)
+    evaluation_env.reset()
+    returns = evaluate(algorithm.policy(learner.network, config, 0.0, 0), evaluation_env).returns
+    assert returns.min() > 0.9  # reaches the end within a few steps every time
+
+
+def test_dqn_learns_the_corridor():
+    torch.set_num_threads(1)
+    config = DQNConfig(lr=1e-3, hidden_sizes=[64], train_steps_per_iteration=32, target_update_every_train_steps=32,
+                       epsilon_decay_env_steps=2000, batch_size=32)
+    algorithm = algorithm_of(config)
+    env = SeededVectorEnv("envs.testing:Corridor", {"length": 6, "max_steps": 30}, 4, seed=0)
+    env.reset()
+    learner = algorithm.learner(config, env.observation_space, env.action_space, 0)
+    steps = 0
+    for _ in range(40):
+        policy = algorithm.policy(learner.q_network, config, epsilon_at(config, steps), steps)
+        rollout, _ = collect(policy, env, 16)
+        steps += rollout.env_steps
+        metrics = learner.learn([rollout], progress=0)
+    assert metrics["replay_size"] == steps
+    evaluation_env = SeededVectorEnv("envs.testing:Corridor", {"length": 6, "max_steps": 30}, 6, seed=5)
+    evaluation_env.reset()
+    returns = evaluate(algorithm.policy(learner.q_network, config, 0.0, 0), evaluation_env).returns
+    assert returns.min() > 0.9
+
+
+def test_epsilon_decays_linearly_then_holds():
+    config = DQNConfig(epsilon_start=1.0, epsilon_end=0.1, epsilon_decay_env_steps=100)
+    assert [epsilon_at(config, s) for s in (0, 50, 100, 1000)] == pytest.approx([1.0, 0.55, 0.1, 0.1])
+
+
+def test_replay_memory_wraps_around_and_round_trips():
+    memory = ReplayMemory(5, (1,), (), np.int64)
+    for start in (0, 3, 6):
+        n = 3
+        values = np.arange(start, start + n, dtype=np.float32)
+        memory.add(Transitions(values[:, None], np.arange(n), values, values[:, None], np.zeros(n, bool)))
+    assert len(memory) == 5 and memory.inserted == 9
+    assert sorted(memory.arrays["rewards"].tolist()) == [4, 5, 6, 7, 8]
+    copy = ReplayMemory(5, (1,), (), np.int64)
+    copy.load_state_dict(memory.state_dict())
+    rng_a, rng_b = np.random.default_rng(0), np.random.default_rng(0)
+    np.testing.assert_array_equal(memory.sample(10, rng_a).rewards, copy.sample(10, rng_b).rewards)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: PPOLearner(PPOConfig(), OBS, ACTIONS, 1),
+    lambda: DQNLearner(DQNConfig(hidden_sizes=[8]), OBS, ACTIONS, 1),
+])
+def test_learner_state_round_trips_through_a_checkpoint_into_a_fresh_learner(make):
+    learner = make()
+    rollout = _rollout(np.ones(8), [False] * 7 + [True], [False] * 8, obs=np.random.rand(8, 1, 2).astype(np.float32))
+    learner.learn([rollout], 0.1)
+    restored = make()
+    restored.load_state_dict(decode_state(*encode_state(learner.state_dict())))
+    if hasattr(learner, "replay"):  # the replay memory travels in its own checkpoint blob
+        restored.replay.load_state_dict(learner.replay.state_dict())
+    a, b = learner.learn([rollout], 0.2), restored.learn([rollout], 0.2)
+    assert a == pytest.approx(b, nan_ok=True)
+
+
+def test_agents_never_import_prefect_s3fs_or_mlflow():
+    forbidden = {"prefect", "s3fs", "mlflow", "distributed", "dask", "fsspec"}
+    for path in Path("agents").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        assert not imported & forbidden, f"{path} imports {imported & forbidden}"

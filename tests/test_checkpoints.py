@@ -1,0 +1,104 @@
+"""The checkpoint protocol and the no-pickle rule, on a local folder."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from agents.ppo import PPOConfig, PPOLearner
+from tasks.checkpoints import (
+    CheckpointError,
+    commit_checkpoint,
+    decode_arrays,
+    decode_state,
+    encode_state,
+    latest_version,
+    read_checkpoint,
+)
+from tasks.learn import save_checkpoint
+from tasks.storage import RunLayout, Storage, StorageLocation
+
+
+@pytest.fixture
+def storage(tmp_path) -> Storage:
+    return Storage(StorageLocation(str(tmp_path / "store")))
+
+
+LAYOUT = RunLayout("run-1")
+
+
+def test_commit_writes_blobs_then_manifest_then_latest(storage):
+    commit_checkpoint(storage, LAYOUT, 0, {"a.bin": b"zero"})
+    commit_checkpoint(storage, LAYOUT, 1, {"a.bin": b"one", "b.json": b"{}"})
+    assert latest_version(storage, LAYOUT) == 1
+    manifest = json.loads(storage.read(f"{LAYOUT.checkpoint(1)}/manifest.json"))
+    assert manifest["blobs"]["a.bin"]["size"] == 3 and len(manifest["blobs"]["a.bin"]["sha256"]) == 64
+    assert read_checkpoint(storage, LAYOUT, 1) == {"a.bin": b"one", "b.json": b"{}"}
+    assert read_checkpoint(storage, LAYOUT, 0, ["a.bin"]) == {"a.bin": b"zero"}
+
+
+def test_a_truncated_blob_is_refused(storage):
+    commit_checkpoint(storage, LAYOUT, 3, {"policy.safetensors": b"x" * 100})
+    storage.write(f"{LAYOUT.checkpoint(3)}/policy.safetensors", b"x" * 60)
+    with pytest.raises(CheckpointError, match="does not match its manifest"):
+        read_checkpoint(storage, LAYOUT, 3)
+
+
+def test_a_tampered_manifest_is_refused(storage):
+    commit_checkpoint(storage, LAYOUT, 2, {"policy.safetensors": b"weights"})
+    key = f"{LAYOUT.checkpoint(2)}/manifest.json"
+    manifest = json.loads(storage.read(key))
+    manifest["blobs"]["policy.safetensors"]["sha256"] = "0" * 64
+    storage.write(key, json.dumps(manifest).encode())
+    with pytest.raises(CheckpointError, match="does not match its manifest"):
+        read_checkpoint(storage, LAYOUT, 2)
+
+
+def test_a_version_without_manifest_or_pointer_is_never_loaded(storage):
+    storage.write(f"{LAYOUT.checkpoint(5)}/policy.safetensors", b"half written")
+    with pytest.raises(CheckpointError, match="no manifest"):
+        read_checkpoint(storage, LAYOUT, 5)
+    with pytest.raises(CheckpointError, match="no checkpoint has been committed"):
+        latest_version(storage, LAYOUT)
+
+
+def test_learner_checkpoint_loads_without_executing_code(storage):
+    learner = PPOLearner(PPOConfig(), spaces.Box(-1, 1, (3,)), spaces.Discrete(2), seed=0)
+    save_checkpoint(storage.location, "run-1", 0, learner, {"env_steps": 0}, include_replay=False)
+    blobs = read_checkpoint(storage, LAYOUT, 0)
+    assert set(blobs) == {"policy.safetensors", "learner.safetensors", "learner.json", "counters.json"}
+    for name, data in blobs.items():  # every blob is safetensors (a JSON header, raw bytes) or JSON
+        if name.endswith(".safetensors"):
+            header_size = int.from_bytes(data[:8], "little")
+            assert json.loads(data[8 : 8 + header_size])
+        else:
+            json.loads(data)
+    state = decode_state(blobs["learner.safetensors"], blobs["learner.json"])
+    assert torch.equal(state["network"]["actor.0.weight"], learner.network.actor[0].weight)
+    assert state["optimizer"]["param_groups"][0]["lr"] == learner.optimizer.param_groups[0]["lr"]
+
+
+def test_state_codec_keeps_integer_keys_numpy_and_rng_states():
+    generator = torch.Generator().manual_seed(3)
+    rng = np.random.default_rng(4)
+    tree = {"state": {0: {"step": torch.tensor(2.0)}, 1: {}}, "rng": rng.bit_generator.state,
+            "generator": generator.get_state(), "array": np.arange(3), "nested": [1, 2.5, None, "x", True]}
+    decoded = decode_state(*encode_state(tree))
+    assert list(decoded["state"]) == [0, 1] and decoded["state"][0]["step"].item() == 2.0
+    assert decoded["rng"] == rng.bit_generator.state
+    assert torch.equal(decoded["generator"], generator.get_state())
+    np.testing.assert_array_equal(decoded["array"], np.arange(3))
+    assert decoded["nested"] == [1, 2.5, None, "x", True]
+
+
+def test_shard_arrays_refuse_pickled_objects():
+    import io
+
+    buffer = io.BytesIO()
+    np.savez(buffer, sneaky=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(ValueError, match="allow_pickle"):
+        decode_arrays(buffer.getvalue())

@@ -1,0 +1,51 @@
+"""Seeded vector envs: episodes continue exactly from a cursor, on any worker."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agents.core import RandomPolicy
+from agents.rollout import collect
+from envs.vector import SeededVectorEnv
+
+
+def _advance(env: SeededVectorEnv, steps: int, seed: int):
+    return collect(RandomPolicy(env.action_space, seed), env, steps)
+
+
+def test_rebuilding_from_a_cursor_continues_exactly_where_the_live_envs_are():
+    live = SeededVectorEnv("CartPole-v1", {}, num_envs=3, seed=7)
+    live.reset()
+    _advance(live, 40, seed=1)
+    rebuilt = SeededVectorEnv("CartPole-v1", {}, num_envs=3, seed=7)
+    rebuilt.reset(live.cursor())
+    np.testing.assert_array_equal(rebuilt.obs, live.obs)
+    np.testing.assert_array_equal(rebuilt.episode_length, live.episode_length)
+    next_live, _ = _advance(live, 60, seed=2)
+    next_rebuilt, _ = _advance(rebuilt, 60, seed=2)
+    for a, b in zip(next_live, next_rebuilt):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_episodes_run_past_round_boundaries_and_autoreset_in_the_same_step():
+    env = SeededVectorEnv("envs.testing:Corridor", {"length": 6, "max_steps": 30}, num_envs=2, seed=0)
+    env.reset()
+    rollout, episodes = _advance(env, 50, seed=0)
+    assert len(episodes.returns) == len(rollout.done_index) > 0
+    for flat in rollout.done_index:
+        t, i = divmod(int(flat), 2)
+        assert rollout.terminated[t, i] or rollout.truncated[t, i]
+        if t + 1 < 50:  # the next observation starts a new episode: step counter back to zero
+            assert rollout.obs[t + 1, i, 1] == 0.0
+    # a final observation differs from the reset observation that replaced it
+    assert rollout.done_obs[:, 1].min() > 0
+
+
+def test_next_obs_uses_the_final_observation_where_an_episode_ended():
+    env = SeededVectorEnv("envs.testing:Corridor", {"length": 4, "max_steps": 5}, num_envs=2, seed=3)
+    env.reset()
+    rollout, _ = _advance(env, 20, seed=3)
+    next_obs = rollout.next_obs().reshape(-1, 2)
+    np.testing.assert_array_equal(next_obs[rollout.done_index], rollout.done_obs)
+    not_done = np.setdiff1d(np.arange(40 - 2), rollout.done_index)
+    np.testing.assert_array_equal(next_obs[not_done], rollout.obs.reshape(-1, 2)[not_done + 2])

@@ -1,0 +1,116 @@
+"""The improve flow end to end on a tiny budget: a real Prefect API, a Dask LocalCluster of
+worker processes, a local storage folder and a real MLflow SQLite store."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flows.improve import improve
+from tasks.checkpoints import latest_version, read_checkpoint
+from tasks.storage import RunLayout, Storage, StorageLocation
+from tests.conftest import local_overrides, written_files
+
+pytestmark = pytest.mark.e2e
+
+TINY = {
+    "env.id": "envs.testing:Corridor",
+    "distribution.rollout_workers": 2,
+    "distribution.envs_per_worker": 4,
+    "schedule.rollout_steps_per_env": 16,  # 128 env steps a round
+    "schedule.total_env_steps": 640,
+    "schedule.evaluate_every_env_steps": 256,
+    "schedule.evaluation_episodes": 4,
+    "schedule.target_return": None,
+}
+
+
+def _task_run_names(flow_run_id) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import TaskRunSort
+
+    names: list[str] = []
+    for _ in range(40):  # task runs reach the API as events, shortly after they finish
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+                sort=TaskRunSort.EXPECTED_START_TIME_ASC,
+                limit=200,
+            )
+        names = sorted(run.name for run in runs)
+        if any(name.startswith("evaluate") for name in names) and len(names) >= 6:
+            return names
+        time.sleep(0.25)
+    return names
+
+
+def _check_storage(workspace, summary, expect_heatup: bool) -> Storage:
+    storage = Storage(StorageLocation(str(workspace / "data")))
+    layout = RunLayout(summary.run_id)
+    final = summary.versions_committed - 1
+    assert latest_version(storage, layout) == final
+    for version in range(final + 1):  # every version committed, each with a valid manifest
+        blobs = read_checkpoint(storage, layout, version)
+        assert {"policy.safetensors", "learner.safetensors", "learner.json", "counters.json"} <= set(blobs)
+    rounds = [f"v{v:06d}" for v in range(final)] + (["heatup"] if expect_heatup else [])
+    expected = sorted(f"{layout.prefix}/shards/{r}/w{w:03d}.npz" for r in rounds for w in (0, 1))
+    assert storage.list(f"{layout.prefix}/shards") == expected  # one shard per (version, worker)
+    return storage
+
+
+def _check_mlflow(workspace, summary, flow_run_id, algo: str) -> None:
+    client = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}")
+    run = client.get_run(summary.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["agent.algo"] == algo
+    assert run.data.params["env.id"] == "envs.testing:Corridor"
+    assert run.data.tags["prefect.flow_run_id"] == str(flow_run_id)
+    assert run.data.tags["gymflow.run_id"] == summary.run_id
+    for metric in ("rollout/episode_return_mean", "eval/return_mean", "time/env_steps_per_second", "time/policy_version"):
+        assert metric in run.data.metrics, metric
+    history = client.get_metric_history(run.info.run_id, "time/policy_version")
+    assert [m.step for m in history] == sorted(m.step for m in history) and history[-1].step == summary.env_steps
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"preset.yaml", "learning_curve.png", "checkpoint"} <= artifacts
+    assert "checkpoint/manifest.json" in {a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")}
+
+
+def test_ppo_sync_run_lands_checkpoints_shards_and_an_mlflow_run(prefect_api, workspace):
+    state = improve("cartpole-ppo", {**TINY, **local_overrides(workspace)}, return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    flow_run_id = state.state_details.flow_run_id
+    assert summary.env_steps == 640 and summary.versions_committed == 6
+    _check_storage(workspace, summary, expect_heatup=False)
+    _check_mlflow(workspace, summary, flow_run_id, "ppo")
+    names = _task_run_names(flow_run_id)
+    assert [n for n in names if n.startswith("collect-rollouts")] == [f"collect-rollouts-v{v}" for v in range(5)]
+    assert [n for n in names if n.startswith("learn")] == [f"learn-v{v}" for v in range(5)]
+    assert "evaluate-v5" in names  # the final evaluation
+    # rollouts ran in two Dask worker processes, not in the flow's process
+    assert len(summary.rollout_processes) == 2
+    assert str(os.getpid()) not in {p.split(":")[1] for p in summary.rollout_processes}
+
+
+def test_dqn_sync_run_heats_up_then_trains(prefect_api, workspace):
+    overrides = {**TINY, "agent.train_steps_per_iteration": 8, "agent.hidden_sizes": [16],
+                 "schedule.heatup_env_steps": 128, **local_overrides(workspace)}
+    state = improve("cartpole-dqn", overrides, return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary.env_steps == 640  # heatup's 128 steps count against the budget
+    _check_storage(workspace, summary, expect_heatup=True)
+    _check_mlflow(workspace, summary, state.state_details.flow_run_id, "dqn")
+    run = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}").get_run(summary.mlflow_run_id)
+    assert "train/td_loss" in run.data.metrics and "rollout/exploration" in run.data.metrics
+
+
+def test_bad_input_fails_the_flow_before_anything_is_written(prefect_api, workspace):
+    state = improve("cartpole-dqn", {"env.id": "Pendulum-v1", **local_overrides(workspace)}, return_state=True)
+    assert state.is_failed()
+    assert "agent.algo: dqn supports Discrete action spaces" in state.message
+    assert written_files(workspace) == []

@@ -1,0 +1,77 @@
+"""Rollout jobs in-process (the same functions Dask workers run): shards, keys, determinism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from presets import load_preset
+from presets.validate import resolve_experiment
+from tasks import jobs
+from tasks.learn import save_checkpoint
+from tasks.rounds import evaluation_round, rollout_round, storage_location
+from tasks.shards import ShardError, read_shard
+from tasks.storage import RunLayout, open_storage
+
+
+@pytest.fixture
+def experiment(tmp_path):
+    return resolve_experiment(
+        "cartpole-ppo",
+        {"storage.root": str(tmp_path / "store"), "env.id": "envs.testing:Corridor",
+         "distribution.rollout_workers": 2, "distribution.envs_per_worker": 3, "schedule.rollout_steps_per_env": 20},
+    )
+
+
+def _commit_version(experiment, run_id: str, version: int) -> None:
+    config = experiment.preset
+    learner = experiment.algorithm.learner(config.agent, experiment.observation_space, experiment.action_space, config.seed)
+    save_checkpoint(storage_location(config), run_id, version, learner, {}, include_replay=False)
+
+
+def _two_rounds(experiment, run_id: str, forget_live_envs: bool):
+    config = experiment.preset
+    for version in (0, 1):
+        _commit_version(experiment, run_id, version)
+    first = [jobs.run_rollout(spec) for spec in rollout_round(config, run_id, 0, 0.0, [None, None])]
+    if forget_live_envs:  # as if round 1 landed on other worker processes
+        jobs._LIVE_ENVS.clear()
+    second = [jobs.run_rollout(spec) for spec in rollout_round(config, run_id, 1, 0.0, [r.key for r in first])]
+    storage = open_storage(storage_location(config))
+    return [read_shard(storage, ref) for ref in first + second]
+
+
+def test_a_round_continues_identically_from_live_envs_or_from_the_cursor_in_storage(experiment):
+    live = _two_rounds(experiment, "live", forget_live_envs=False)
+    rebuilt = _two_rounds(experiment, "rebuilt", forget_live_envs=True)
+    for a, b in zip(live, rebuilt):
+        for field_a, field_b in zip(a, b):
+            np.testing.assert_array_equal(field_a, field_b)
+
+
+def test_shard_keys_derive_from_run_version_and_worker_so_a_retry_overwrites(experiment):
+    config = experiment.preset
+    _commit_version(experiment, "r", 0)
+    specs = rollout_round(config, "r", 0, 0.0, [None, None])
+    first = [jobs.run_rollout(spec) for spec in specs]
+    jobs._LIVE_ENVS.clear()
+    retried = [jobs.run_rollout(spec) for spec in specs]
+    assert [r.key for r in first] == [RunLayout("r").shard(0, 0), RunLayout("r").shard(0, 1)]
+    assert [r.sha256 for r in first] == [r.sha256 for r in retried]
+    assert open_storage(storage_location(config)).list(f"{RunLayout('r').prefix}/shards") == [r.key for r in first]
+
+
+def test_a_shard_that_changed_after_its_rollout_is_refused(experiment):
+    _commit_version(experiment, "t", 0)
+    ref = jobs.run_rollout(rollout_round(experiment.preset, "t", 0, 0.0, [None, None])[0])
+    storage = open_storage(storage_location(experiment.preset))
+    storage.write(ref.key, storage.read(ref.key)[:-10])
+    with pytest.raises(ShardError, match="does not match"):
+        read_shard(storage, ref)
+
+
+def test_evaluation_splits_episodes_across_workers_with_fixed_seeds(experiment):
+    config = load_preset("cartpole-ppo", {"schedule.evaluation_episodes": 5, "distribution.rollout_workers": 2})
+    specs = evaluation_round(config, "e", 3)
+    assert [s.episodes for s in specs] == [3, 2]
+    assert [s.seed for s in specs] == [s.seed for s in evaluation_round(config, "e", 9)]

@@ -1,0 +1,98 @@
+"""Presets: built-ins, overrides by dotted key, and one-line errors before any work starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.cli import main
+from presets import InvalidPreset, builtin_presets, load_preset, parse_assignments
+from presets.validate import resolve_experiment
+from tests.conftest import written_files
+
+
+def test_builtin_presets_load_and_validate():
+    assert {"cartpole-ppo", "cartpole-dqn"} <= set(builtin_presets())
+    for name in builtin_presets():
+        experiment = resolve_experiment(name)
+        assert experiment.preset.name == name
+        assert experiment.preset.env.id == "CartPole-v1"
+
+
+def test_overrides_reach_nested_fields_with_types():
+    preset = load_preset("cartpole-ppo", parse_assignments(["agent.lr=3e-4", "distribution.rollout_workers=3", "agent.hidden_sizes=[32, 32]"]))
+    assert preset.agent.lr == pytest.approx(3e-4)
+    assert preset.distribution.rollout_workers == 3
+    assert preset.agent.hidden_sizes == [32, 32]
+    assert preset.env_steps_per_iteration == 3 * 8 * 128
+
+
+def test_switching_algorithm_by_override_validates_the_new_agent():
+    preset = load_preset("cartpole-dqn", {"agent.batch_size": 32})
+    assert preset.agent.algo == "dqn" and preset.agent.batch_size == 32
+
+
+def test_a_preset_file_path_works(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("name: mine\nenv: {id: 'envs.testing:Corridor'}\nagent: {algo: ppo}\n"
+                    "schedule: {total_env_steps: 100, rollout_steps_per_env: 4, evaluate_every_env_steps: 50}\n")
+    experiment = resolve_experiment(str(path))
+    assert experiment.preset.name == "mine"
+    assert experiment.action_space.n == 2
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides", "field", "says"),
+    [
+        ("nope", {}, "preset", "allowed: cartpole-dqn, cartpole-ppo"),
+        ("cartpole-ppo", {"env.id": "NoSuchEnv-v0"}, "env.id", "not a registered Gymnasium id"),
+        ("cartpole-ppo", {"env.id": "envs.testing:NoSuchClass"}, "env.id", "not a gymnasium.Env subclass"),
+        ("cartpole-ppo", {"agent.learning_rate": 1}, "agent.learning_rate", "allowed here: algo, anneal_lr"),
+        ("cartpole-ppo", {"nonsense": 1}, "nonsense", "allowed here: agent, distribution, env"),
+        ("cartpole-ppo", {"agent.lr": "fast"}, "agent.lr", "valid number"),
+        ("cartpole-ppo", {"agent.epochs": 2.5}, "agent.epochs", "valid integer"),
+        ("cartpole-ppo", {"schedule.total_env_steps": 0}, "schedule.total_env_steps", "greater than 0"),
+        ("cartpole-ppo", {"schedule.total_env_steps": -5}, "schedule.total_env_steps", "greater than 0"),
+        ("cartpole-ppo", {"distribution.rollout_workers": 0}, "distribution.rollout_workers", "greater than or equal to 1"),
+        ("cartpole-ppo", {"distribution.mode": "turbo"}, "distribution.mode", "'sync'"),
+        ("cartpole-dqn", {"env.id": "Pendulum-v1"}, "agent.algo", "dqn supports Discrete action spaces"),
+        ("cartpole-dqn", {"env.id": "envs.testing:ContinuousCorridor"}, "agent.algo", "Discrete"),
+        ("cartpole-ppo", {"schedule.heatup_env_steps": 100}, "schedule.heatup_env_steps", "on-policy"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_field(preset, overrides, field, says):
+    with pytest.raises(InvalidPreset) as caught:
+        resolve_experiment(preset, overrides)
+    message = str(caught.value)
+    assert caught.value.field == field
+    assert message.startswith(f"{field}: ") and says in message
+    assert "\n" not in message
+
+
+def test_cli_lists_presets(capsys):
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    assert "cartpole-ppo" in out and "cartpole-dqn" in out
+
+
+def test_cli_shows_a_preset_with_overrides(capsys):
+    assert main(["show", "cartpole-ppo", "--set", "agent.lr=0.0005"]) == 0
+    assert "lr: 0.0005" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "no-such-preset"],
+        ["run", "cartpole-ppo", "--set", "agent.lr=abc"],
+        ["run", "cartpole-ppo", "--set", "agent.nope=1"],
+        ["run", "cartpole-ppo", "--set", "schedule.total_env_steps=0"],
+        ["run", "cartpole-ppo", "--set", "env.id=NoSuchEnv-v0"],
+        ["run", "cartpole-dqn", "--set", "env.id=Pendulum-v1"],
+        ["run", "cartpole-ppo", "--set", "missing-equals-sign"],
+    ],
+)
+def test_cli_refuses_bad_input_with_one_line_and_writes_nothing(args, workspace, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gymflow: error: ") and "\n" not in err
+    assert written_files(workspace) == []
