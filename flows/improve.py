@@ -7,6 +7,7 @@ the Dask workers while the learner learns, so it does not stall training.
 
 from __future__ import annotations
 
+import math
 import tempfile
 import time
 import uuid
@@ -24,14 +25,14 @@ from presets.load import flatten
 from presets.validate import Experiment, resolve_experiment
 from tasks.cluster import dask_client
 from tasks.jobs import EvaluationResult
-from tasks.learn import fill_replay, learn, save_checkpoint
+from tasks.learn import create_learner, fill_replay, learn, save_checkpoint
 from tasks.plots import plot_learning_curve
 from tasks.rollout import collect_rollouts, evaluate_policy
 from tasks.rounds import (
     evaluation_metrics,
     evaluation_round,
     heatup_steps_per_env,
-    rollout_metrics,
+    round_metrics,
     rollout_round,
     storage_location,
 )
@@ -51,7 +52,7 @@ class RunSummary:
     best_return: float | None = None
     solved: bool = False
     wall_seconds: float = 0.0
-    work_seconds: float = 0.0  # stepping envs with the policy, and learning
+    work_seconds: float = 0.0  # stepping envs with the policy, learning, evaluating (critical path)
     evaluations: list[tuple[int, tuple[float, ...]]] = field(default_factory=list)  # (env steps, returns)
     rollout_processes: set[str] = field(default_factory=set)  # host:pid of every process that collected
 
@@ -98,20 +99,19 @@ def _train(
     experiment: Experiment, run_id: str, client, tracker: Tracker, summary: RunSummary, logger
 ) -> list[dict[str, float]]:
     """The improve loop proper; fills `summary` and returns the per-round metrics."""
-    config, algorithm = experiment.preset, experiment.algorithm
-    schedule, distribution = config.schedule, config.distribution
-    location = storage_location(config)
-    learner = algorithm.learner(config.agent, experiment.observation_space, experiment.action_space, config.seed)
-    save_checkpoint(location, run_id, 0, learner, {"env_steps": 0}, include_replay=False)
+    config, algorithm, schedule = experiment.preset, experiment.algorithm, experiment.preset.schedule
+    timeout_s, location = config.distribution.rollout_timeout_s, storage_location(config)
+    learner = create_learner(experiment)
+    save_checkpoint(location, run_id, 0, learner, {"env_steps": 0, "version": 0}, include_replay=False)
     progress = ProgressLog(logger, schedule.total_env_steps)
     history: list[dict[str, float]] = []
     started = time.perf_counter()
     version, env_steps = 0, 0
-    resume_from: list[str | None] = [None] * distribution.rollout_workers
+    resume_from: list[str | None] = [None] * config.distribution.rollout_workers
 
     if not algorithm.on_policy and schedule.heatup_env_steps:
         specs = rollout_round(config, run_id, None, 1.0, resume_from, heatup_steps_per_env(config))
-        shards = collect_rollouts(client, specs, distribution.rollout_timeout_s, "heatup")
+        shards = collect_rollouts(client, specs, timeout_s, "heatup")
         fill_replay(learner, location, shards)
         env_steps += sum(shard.env_steps for shard in shards)
         resume_from = [shard.key for shard in shards]
@@ -123,72 +123,66 @@ def _train(
         round_started = time.perf_counter()
         exploration = algorithm.exploration(config.agent, env_steps)
         specs = rollout_round(config, run_id, version, exploration, resume_from)
-        shards = collect_rollouts(client, specs, distribution.rollout_timeout_s, f"v{version}")
-        pending_evaluation = None
-        if env_steps >= next_evaluation:
+        shards = collect_rollouts(client, specs, timeout_s, f"v{version}")
+        scoring = None
+        if env_steps >= next_evaluation:  # scores version v on the workers while the learner learns
             next_evaluation += schedule.evaluate_every_env_steps
-            pending_evaluation = evaluate_policy.submit(
-                client, evaluation_round(config, run_id, version), distribution.rollout_timeout_s, version
-            )
-        round_steps = sum(shard.env_steps for shard in shards)
-        counters = {"env_steps": env_steps + round_steps, "version": version + 1}
-        learned = learn(learner, location, run_id, version, shards, min(env_steps / schedule.total_env_steps, 1.0), counters)
-        evaluated_at = env_steps
-        version, env_steps = learned.version, env_steps + round_steps
-        resume_from = [shard.key for shard in shards]
-        summary.rollout_processes.update(shard.collected_by for shard in shards)
-        collect_seconds = max(shard.collect_seconds for shard in shards)
-        summary.work_seconds += collect_seconds + learned.learn_seconds
-        round_seconds = time.perf_counter() - round_started
-        metrics = rollout_metrics(shards) | {f"train/{k}": v for k, v in learned.metrics.items()} | {
-            "time/env_steps": float(env_steps),
-            "time/policy_version": float(version),
-            "time/env_steps_per_second": round_steps / round_seconds,
-            "time/round_seconds": round_seconds,
-            "time/collect_seconds": collect_seconds,
-            "time/learn_seconds": learned.learn_seconds,
-        }
-        if exploration:
-            metrics["rollout/exploration"] = exploration
-        tracker.log_metrics(metrics, step=env_steps)
+            scoring = evaluate_policy.submit(client, evaluation_round(config, run_id, version), timeout_s, version)
+        steps_after = env_steps + sum(shard.env_steps for shard in shards)
+        learned = learn(
+            learner, location, run_id, version, shards,
+            progress=min(env_steps / schedule.total_env_steps, 1.0),
+            counters={"env_steps": steps_after, "version": version + 1},
+        )
+        if scoring is not None:
+            evaluation = scoring.result()
+            _record_evaluation(evaluation, env_steps, tracker, summary)
+        metrics = round_metrics(shards, learned.metrics, learned.learn_seconds, exploration, steps_after, learned.version,
+                                time.perf_counter() - round_started)
+        tracker.log_metrics(metrics, step=steps_after)
         history.append(metrics)
-        if pending_evaluation is not None:
-            evaluation = pending_evaluation.result()
-            _record_evaluation(evaluation, evaluated_at, tracker, summary)
-        status = f"v{version} return {metrics.get('rollout/episode_return_mean', float('nan')):.1f}"
-        if summary.final_return is not None:
-            status += f" eval {summary.final_return:.1f}"
-        progress.update(env_steps, status)
+        summary.work_seconds += metrics["time/collect_seconds"] + max(
+            learned.learn_seconds, evaluation.seconds if scoring is not None else 0.0
+        )
+        summary.rollout_processes.update(shard.collected_by for shard in shards)
+        version, env_steps, resume_from = learned.version, steps_after, [shard.key for shard in shards]
+        progress.update(env_steps, _status(version, metrics, summary))
         if _target_reached(schedule.target_return, evaluation):
             summary.solved = True
             break
         if env_steps >= schedule.total_env_steps:
             break
 
-    if not summary.solved:
-        evaluation = evaluate_policy(client, evaluation_round(config, run_id, version), distribution.rollout_timeout_s, version)
+    if not summary.solved:  # the final evaluation, of the last version
+        evaluation = evaluate_policy(client, evaluation_round(config, run_id, version), timeout_s, version)
         _record_evaluation(evaluation, env_steps, tracker, summary)
+        summary.work_seconds += evaluation.seconds
         summary.solved = _target_reached(schedule.target_return, evaluation)
     summary.wall_seconds = time.perf_counter() - started
     summary.env_steps, summary.versions_committed = env_steps, version + 1
-    summary.delivered_version = evaluation.version if evaluation else version
+    summary.delivered_version = evaluation.version
     progress.update(env_steps, f"done: eval {summary.final_return:.1f}", force=True)
     tracker.log_metrics(
         {
             "summary/wall_seconds": summary.wall_seconds,
             "summary/orchestration_share": summary.orchestration_share,
-            "summary/final_return": summary.final_return or 0.0,
-            "summary/best_return": summary.best_return or 0.0,
+            "summary/final_return": summary.final_return,
+            "summary/best_return": summary.best_return,
         },
         step=env_steps,
     )
     return history
 
 
+def _status(version: int, metrics: dict[str, float], summary: RunSummary) -> str:
+    status = f"v{version} return {metrics.get('rollout/episode_return_mean', float('nan')):.1f}"
+    return status if summary.final_return is None else f"{status} eval {summary.final_return:.1f}"
+
+
 def _record_evaluation(evaluation: EvaluationResult, env_steps: int, tracker: Tracker, summary: RunSummary) -> None:
     tracker.log_metrics(evaluation_metrics(evaluation), step=env_steps)
     summary.final_return = evaluation.mean_return
-    summary.best_return = max(summary.best_return or evaluation.mean_return, evaluation.mean_return)
+    summary.best_return = max(evaluation.mean_return, summary.best_return if summary.best_return is not None else -math.inf)
     summary.evaluations.append((env_steps, evaluation.returns))
 
 

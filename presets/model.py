@@ -82,6 +82,9 @@ class DistributionConfig(_Strict):
     cluster_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for cluster_class."
     )
+    learner_threads: int = Field(
+        default=1, ge=1, le=256, description="torch threads of the learner in the flow's process."
+    )
     rollout_timeout_s: float = Field(
         default=600.0, gt=0, description="A rollout round that takes longer than this fails."
     )

@@ -11,10 +11,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from agents.core import Learner
+from presets.validate import Experiment
 from tasks.checkpoints import CheckpointRef, commit_checkpoint, encode_arrays, encode_state, encode_tensors
 from tasks.shards import ShardRef, read_shard
 from tasks.storage import RunLayout, StorageLocation, open_storage
@@ -25,6 +27,13 @@ class LearnResult:
     version: int  # the version this step committed
     metrics: dict[str, float]
     learn_seconds: float  # in the algorithm's update, excluding storage
+
+
+def create_learner(experiment: Experiment) -> Learner:
+    """The run's learner, in this process, with the preset's number of torch threads."""
+    config = experiment.preset
+    torch.set_num_threads(config.distribution.learner_threads)
+    return experiment.algorithm.learner(config.agent, experiment.observation_space, experiment.action_space, config.seed)
 
 
 def save_checkpoint(

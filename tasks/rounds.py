@@ -70,15 +70,35 @@ def evaluation_round(preset: Preset, run_id: str, version: int) -> list[Evaluati
     ]
 
 
-def rollout_metrics(shards: Sequence[ShardRef]) -> dict[str, float]:
+def round_metrics(
+    shards: Sequence[ShardRef],
+    learner_metrics: dict[str, float],
+    learn_seconds: float,
+    exploration: float,
+    env_steps: int,
+    version: int,
+    round_seconds: float,
+) -> dict[str, float]:
+    """The namespaced metrics of one round, logged with env_steps as the step."""
     returns = [r for shard in shards for r in shard.episode_returns]
     lengths = [n for shard in shards for n in shard.episode_lengths]
     metrics = {"rollout/episodes": float(len(returns))}
     if returns:
         metrics["rollout/episode_return_mean"] = float(np.mean(returns))
         metrics["rollout/episode_length_mean"] = float(np.mean(lengths))
+    if exploration:
+        metrics["rollout/exploration"] = exploration
     metrics["rollout/shard_megabytes"] = sum(shard.size for shard in shards) / 1e6
-    return metrics
+    metrics |= {f"train/{key}": value for key, value in learner_metrics.items()}
+    round_steps = sum(shard.env_steps for shard in shards)
+    return metrics | {
+        "time/env_steps": float(env_steps),
+        "time/policy_version": float(version),
+        "time/env_steps_per_second": round_steps / round_seconds,
+        "time/round_seconds": round_seconds,
+        "time/collect_seconds": max(shard.collect_seconds for shard in shards),
+        "time/learn_seconds": learn_seconds,
+    }
 
 
 def evaluation_metrics(evaluation: EvaluationResult) -> dict[str, float]:

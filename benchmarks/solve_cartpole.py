@@ -1,0 +1,61 @@
+"""Time and environment steps gymflow takes to solve CartPole-v1, per preset and seed.
+
+    .venv/bin/python benchmarks/solve_cartpole.py --presets cartpole-ppo cartpole-dqn --seeds 0 1 2
+
+Each run is the whole pipeline (Prefect flow, Dask LocalCluster, storage, MLflow) on the
+preset's default settings; only the seed, storage and MLflow store change. The baseline beside
+each figure is rl-zoo's published budget for the same algorithm (PPO solves within 100k steps,
+DQN within 50k), so the ratio is gymflow's steps over that budget (below 1 is better).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import tempfile
+import time
+
+RL_ZOO_BUDGET = {"cartpole-ppo": 100_000, "cartpole-dqn": 50_000}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", nargs="+", default=list(RL_ZOO_BUDGET))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    args = parser.parse_args()
+
+    from flows.improve import improve
+
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for preset in args.presets:
+            for seed in args.seeds:
+                overrides = {
+                    "seed": seed,
+                    "storage.root": os.path.join(folder, "data"),
+                    "tracking.tracking_uri": f"sqlite:///{os.path.join(folder, 'mlflow.db')}",
+                }
+                started = time.perf_counter()
+                summary = improve(preset, overrides)
+                rows.append((preset, seed, summary, time.perf_counter() - started))
+
+    print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(f"{'preset':<14} {'seed':>4} {'solved':>6} {'eval':>6} {'env steps':>10} {'x rl-zoo':>8} "
+          f"{'train s':>8} {'total s':>8} {'orch %':>6}")
+    for preset, seed, summary, total in rows:
+        print(f"{preset:<14} {seed:>4} {str(summary.solved):>6} {summary.final_return:>6.1f} {summary.env_steps:>10,} "
+              f"{summary.env_steps / RL_ZOO_BUDGET.get(preset, float('nan')):>8.2f} {summary.wall_seconds:>8.1f} "
+              f"{total:>8.1f} {100 * summary.orchestration_share:>6.1f}")
+    for preset in args.presets:
+        mine = [(s, t) for p, _, s, t in rows if p == preset]
+        steps = statistics.median(s.env_steps for s, _ in mine)
+        print(f"{preset}: median {steps:,.0f} env steps ({steps / RL_ZOO_BUDGET.get(preset, float('nan')):.2f} of rl-zoo's "
+              f"budget), median {statistics.median(s.wall_seconds for s, _ in mine):.1f} s training, "
+              f"{statistics.median(t for _, t in mine):.1f} s end to end, "
+              f"solved {sum(s.solved for s, _ in mine)}/{len(mine)}")
+
+
+if __name__ == "__main__":
+    main()
