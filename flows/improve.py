@@ -73,24 +73,25 @@ def improve(
     config = experiment.preset
     logger = get_run_logger()
     run_id = f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    tracker = Tracker(
-        config.tracking.tracking_uri,
-        config.tracking.experiment,
-        run_name=run_id,
-        tags={"gymflow.run_id": run_id, "prefect.flow_run_id": str(flow_run.id), "gymflow.preset": config.name},
-    )
-    summary = RunSummary(run_id, tracker.run_id, open_storage(storage_location(config)).url(RunLayout(run_id).prefix))
-    logger.info("run %s: storage %s, MLflow run %s", run_id, summary.storage_url, tracker.run_id)
-    succeeded = False
-    try:
-        tracker.log_params(flatten(config.model_dump(mode="json")))
-        open_storage(storage_location(config)).write(RunLayout(run_id).preset, _preset_yaml(experiment))
-        with dask_client(config.distribution) as client:
+    storage = open_storage(storage_location(config))
+    with dask_client(config.distribution) as client:  # an unreachable cluster stops here, too
+        tracker = Tracker(
+            config.tracking.tracking_uri,
+            config.tracking.experiment,
+            run_name=run_id,
+            tags={"gymflow.run_id": run_id, "prefect.flow_run_id": str(flow_run.id), "gymflow.preset": config.name},
+        )
+        summary = RunSummary(run_id, tracker.run_id, storage.url(RunLayout(run_id).prefix))
+        logger.info("run %s: storage %s, MLflow run %s", run_id, summary.storage_url, tracker.run_id)
+        succeeded = False
+        try:
+            tracker.log_params(flatten(config.model_dump(mode="json")))
+            storage.write(RunLayout(run_id).preset, _preset_yaml(experiment))
             history = _train(experiment, run_id, client, tracker, summary, logger)
-        _log_artifacts(experiment, run_id, tracker, summary, history)
-        succeeded = True
-    finally:
-        tracker.finish(succeeded)
+            _log_artifacts(experiment, run_id, tracker, summary, history)
+            succeeded = True
+        finally:
+            tracker.finish(succeeded)
     logger.info("run %s done: %s", run_id, _describe(summary))
     return summary
 

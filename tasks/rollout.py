@@ -6,9 +6,10 @@ paid once per round, not once per worker; inside it, plain Dask futures carry th
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Sequence
 
-from distributed import Client, Future, wait
+from distributed import Client, Future
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -38,14 +39,16 @@ def evaluate_policy(
 
 def _run_round(client: Client, function: Callable, specs: Sequence[Any], timeout_s: float) -> list[Any]:
     """Submit one job per spec, job i preferring worker i (so live envs are found again), and
-    wait for all of them."""
+    wait for all of them; the whole round shares one deadline."""
     workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
     futures: list[Future] = [
         client.submit(function, spec, workers=[workers[i % len(workers)]], allow_other_workers=True, pure=False)
         for i, spec in enumerate(specs)
     ]
-    done, not_done = wait(futures, timeout=timeout_s)
-    if not_done:
-        client.cancel(list(not_done))
-        raise TimeoutError(f"{len(not_done)} of {len(futures)} jobs did not finish within {timeout_s:.0f} s")
-    return client.gather(futures)
+    deadline = time.monotonic() + timeout_s
+    try:
+        return [future.result(timeout=max(deadline - time.monotonic(), 0.0)) for future in futures]
+    except TimeoutError:
+        unfinished = [future for future in futures if not future.done()]
+        client.cancel(futures)
+        raise TimeoutError(f"{len(unfinished)} of {len(futures)} jobs did not finish within {timeout_s:.0f} s") from None

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
+from mlflow.utils.async_logging.run_operations import RunOperations
 
 _BATCH = 100  # MLflow accepts at most 100 params per batch
 
@@ -21,6 +22,7 @@ class Tracker:
         experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
         self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags)).info.run_id
         self.experiment_id = experiment_id
+        self._pending: list[RunOperations] = []
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         items = [Param(key, str(value)[:6000]) for key, value in params.items()]
@@ -28,10 +30,12 @@ class Tracker:
             self.client.log_batch(self.run_id, params=items[start : start + _BATCH])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Queued and written by MLflow's background logger, off the training loop's path."""
         timestamp = _now_ms()
         items = [Metric(key, float(value), timestamp, step) for key, value in metrics.items() if math.isfinite(value)]
         for start in range(0, len(items), 1000):
-            self.client.log_batch(self.run_id, metrics=items[start : start + 1000])
+            operation = self.client.log_batch(self.run_id, metrics=items[start : start + 1000], synchronous=False)
+            self._pending.append(operation)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         for key, value in tags.items():
@@ -43,7 +47,13 @@ class Tracker:
         else:
             self.client.log_artifact(self.run_id, local_path, artifact_path)
 
+    def flush(self) -> None:
+        """Wait until every queued metric is written."""
+        while self._pending:
+            self._pending.pop(0).wait()
+
     def finish(self, succeeded: bool) -> None:
+        self.flush()
         status = RunStatus.FINISHED if succeeded else RunStatus.FAILED
         self.client.set_terminated(self.run_id, RunStatus.to_string(status))
 

@@ -114,3 +114,30 @@ def test_bad_input_fails_the_flow_before_anything_is_written(prefect_api, worksp
     assert state.is_failed()
     assert "agent.algo: dqn supports Discrete action spaces" in state.message
     assert written_files(workspace) == []
+
+
+def test_an_unreachable_scheduler_fails_fast_with_nothing_written(prefect_api, workspace):
+    import socket
+
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    overrides = {**TINY, "distribution.scheduler_address": f"tcp://127.0.0.1:{port}", **local_overrides(workspace)}
+    started = time.monotonic()
+    state = improve("cartpole-ppo", overrides, return_state=True)
+    assert state.is_failed()
+    assert state.message.count("distribution.scheduler_address: no Dask scheduler answered") == 1
+    assert time.monotonic() - started < 60
+    assert written_files(workspace) == []
+
+
+def test_a_running_scheduler_address_is_used_instead_of_a_local_cluster(prefect_api, workspace):
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+        overrides = {**TINY, "schedule.total_env_steps": 256, "distribution.scheduler_address": cluster.scheduler_address,
+                     **local_overrides(workspace)}
+        summary = improve("cartpole-ppo", overrides)
+        with Client(cluster) as client:
+            worker_pids = set(client.run(os.getpid).values())
+    assert {int(p.split(":")[1]) for p in summary.rollout_processes} == worker_pids
