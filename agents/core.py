@@ -5,7 +5,8 @@ Nothing here knows about Prefect, Dask, storage or MLflow.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch

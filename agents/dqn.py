@@ -7,7 +7,8 @@ Mnih et al. 2015. Each iteration inserts the new transitions, then takes
 from __future__ import annotations
 
 import copy
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch

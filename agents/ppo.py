@@ -7,7 +7,8 @@ critic, then a few epochs of minibatch updates of the clipped objective.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch

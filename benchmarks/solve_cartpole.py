@@ -45,7 +45,7 @@ def main() -> None:
     print(f"{'preset':<14} {'seed':>4} {'solved':>6} {'eval':>6} {'env steps':>10} {'x rl-zoo':>8} "
           f"{'train s':>8} {'total s':>8} {'orch %':>6}")
     for preset, seed, summary, total in rows:
-        print(f"{preset:<14} {seed:>4} {str(summary.solved):>6} {summary.final_return:>6.1f} {summary.env_steps:>10,} "
+        print(f"{preset:<14} {seed:>4} {summary.solved!s:>6} {summary.final_return:>6.1f} {summary.env_steps:>10,} "
               f"{summary.env_steps / RL_ZOO_BUDGET.get(preset, float('nan')):>8.2f} {summary.wall_seconds:>8.1f} "
               f"{total:>8.1f} {100 * summary.orchestration_share:>6.1f}")
     for preset in args.presets:

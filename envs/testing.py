@@ -5,7 +5,7 @@ Use them as `env.id: envs.testing:Corridor` in a preset.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -19,7 +19,7 @@ class Corridor(gym.Env):
     The start cell is drawn from the env's seeded RNG, so episodes differ but replay exactly.
     """
 
-    metadata: dict[str, Any] = {"render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
     def __init__(self, length: int = 8, max_steps: int = 50):
         self.length = length

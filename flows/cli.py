@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import yaml
 
@@ -34,7 +34,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(preset: str, overrides: dict, quiet: bool) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from flows.improve import improve
     from flows.progress import showing_progress

@@ -32,8 +32,8 @@ from tasks.rounds import (
     evaluation_metrics,
     evaluation_round,
     heatup_steps_per_env,
-    round_metrics,
     rollout_round,
+    round_metrics,
     storage_location,
 )
 from tasks.storage import RunLayout, open_storage

@@ -6,8 +6,8 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from distributed import Client, LocalCluster
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from prefect import task
@@ -17,7 +18,13 @@ from prefect.cache_policies import NO_CACHE
 
 from agents.core import Learner
 from presets.validate import Experiment
-from tasks.checkpoints import CheckpointRef, commit_checkpoint, encode_arrays, encode_state, encode_tensors
+from tasks.checkpoints import (
+    CheckpointRef,
+    commit_checkpoint,
+    encode_arrays,
+    encode_state,
+    encode_tensors,
+)
 from tasks.shards import ShardRef, read_shard
 from tasks.storage import RunLayout, StorageLocation, open_storage
 

@@ -7,7 +7,8 @@ paid once per round, not once per worker; inside it, plain Dask futures carry th
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from distributed import Client, Future
 from prefect import task

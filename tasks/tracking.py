@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
