@@ -1,4 +1,5 @@
-"""The command line: `gymflow presets`, `gymflow show PRESET`, `gymflow run PRESET --set k=v`."""
+"""The command line: `gymflow presets`, `gymflow show PRESET`, `gymflow run PRESET --set k=v`,
+`gymflow checkpoints RUN_ID --root ROOT`."""
 
 from __future__ import annotations
 
@@ -18,11 +19,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, description in builtin_presets().items():
             print(f"{name:<20} {description}")
         return 0
+    if args.command == "checkpoints":
+        return _checkpoints(args.run_id, args.root, parse_assignments(args.option))
     try:
         overrides = parse_assignments(args.set)
         from presets.validate import resolve_experiment
 
         experiment = resolve_experiment(args.preset, overrides)
+        if args.command == "run":
+            from tasks.rounds import storage_location
+            from tasks.storage import check_storage
+
+            check_storage(storage_location(experiment.preset))
     except InvalidPreset as error:
         print(f"gymflow: error: {error}", file=sys.stderr)
         return 2
@@ -77,6 +85,37 @@ def _run(preset: str, overrides: dict, quiet: bool) -> int:
     return 0
 
 
+def _checkpoints(run_id: str, root: str, options: dict) -> int:
+    """Check every checkpoint version of a run against its manifest; name the one a resume loads."""
+    from tasks.checkpoints import (
+        CheckpointError,
+        committed_versions,
+        read_checkpoint,
+        read_newest_valid_checkpoint,
+    )
+    from tasks.storage import RunLayout, Storage, StorageLocation
+
+    storage = Storage(StorageLocation(root, options))
+    layout = RunLayout(run_id)
+    versions = committed_versions(storage, layout)
+    if not versions:
+        print(f"gymflow: error: no checkpoints under {storage.url(layout.checkpoints)}", file=sys.stderr)
+        return 2
+    for version in versions:
+        try:
+            blobs = read_checkpoint(storage, layout, version)
+            print(f"v{version:06d}  ok       {sum(len(b) for b in blobs.values()):>10,} bytes in {len(blobs)} blobs")
+        except CheckpointError as error:
+            print(f"v{version:06d}  REFUSED  {error}")
+    try:
+        loaded = read_newest_valid_checkpoint(storage, layout)
+    except CheckpointError as error:
+        print(f"gymflow: error: {error}", file=sys.stderr)
+        return 1
+    print(f"newest loadable version: v{loaded.version:06d}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gymflow", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -90,6 +129,11 @@ def _parser() -> argparse.ArgumentParser:
         )
         if name == "run":
             command.add_argument("--quiet", action="store_true", help="no progress bar")
+    checkpoints = commands.add_parser("checkpoints", help="verify a run's checkpoints against their manifests")
+    checkpoints.add_argument("run_id", help="the run id, e.g. cartpole-ppo-20261121-112038-28cdab")
+    checkpoints.add_argument("--root", default="gymflow-data", help="the storage root (storage.root)")
+    checkpoints.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                             help="a storage option, e.g. --option endpoint_url=http://127.0.0.1:9000")
     return parser
 
 

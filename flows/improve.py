@@ -21,7 +21,7 @@ from prefect.runtime import flow_run
 from pydantic import Field
 
 from flows.progress import ProgressLog
-from presets.load import flatten
+from presets.load import flatten, redacted
 from presets.validate import Experiment, resolve_experiment
 from tasks.cluster import dask_client
 from tasks.jobs import EvaluationResult
@@ -36,8 +36,8 @@ from tasks.rounds import (
     round_metrics,
     storage_location,
 )
-from tasks.storage import RunLayout, open_storage
-from tasks.tracking import Tracker
+from tasks.storage import RunLayout, check_storage, open_storage
+from tasks.tracking import Tracker, s3_artifact_environment
 
 
 @dataclass
@@ -73,19 +73,24 @@ def improve(
     config = experiment.preset
     logger = get_run_logger()
     run_id = f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    check_storage(storage_location(config))  # a missing bucket or refused credentials stop here
     storage = open_storage(storage_location(config))
-    with dask_client(config.distribution) as client:  # an unreachable cluster stops here, too
+    with (
+        dask_client(config.distribution) as client,  # an unreachable cluster stops here
+        s3_artifact_environment(config.storage.options),
+    ):
         tracker = Tracker(
             config.tracking.tracking_uri,
             config.tracking.experiment,
             run_name=run_id,
             tags={"gymflow.run_id": run_id, "prefect.flow_run_id": str(flow_run.id), "gymflow.preset": config.name},
+            artifact_location=config.tracking.artifact_location,
         )
         summary = RunSummary(run_id, tracker.run_id, storage.url(RunLayout(run_id).prefix))
         logger.info("run %s: storage %s, MLflow run %s", run_id, summary.storage_url, tracker.run_id)
         succeeded = False
         try:
-            tracker.log_params(flatten(config.model_dump(mode="json")))
+            tracker.log_params(flatten(redacted(config.model_dump(mode="json"))))
             storage.write(RunLayout(run_id).preset, _preset_yaml(experiment))
             history = _train(experiment, run_id, client, tracker, summary, logger)
             _log_artifacts(experiment, run_id, tracker, summary, history)
@@ -216,7 +221,7 @@ def _log_artifacts(
 
 
 def _preset_yaml(experiment: Experiment) -> bytes:
-    return yaml.safe_dump(experiment.preset.model_dump(mode="json"), sort_keys=False).encode()
+    return yaml.safe_dump(redacted(experiment.preset.model_dump(mode="json")), sort_keys=False).encode()
 
 
 def _describe(summary: RunSummary) -> str:

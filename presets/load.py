@@ -83,6 +83,19 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+_SECRET_WORDS = ("secret", "key", "token", "password", "credential")
+
+
+def redacted(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A preset dump safe to log or store: credentials in storage.options become '***'."""
+    safe = copy.deepcopy(dict(data))
+    options = safe.get("storage", {}).get("options", {})
+    for name in list(options):
+        if any(word in name.lower() for word in _SECRET_WORDS):
+            options[name] = "***"
+    return safe
+
+
 def _assign(data: dict[str, Any], dotted_key: str, value: Any) -> None:
     """Set data[a][b][c] = value for 'a.b.c', refusing keys the preset model does not have."""
     parts = dotted_key.split(".")

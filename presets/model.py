@@ -111,6 +111,11 @@ class TrackingConfig(_Strict):
         description="MLflow tracking URI; the default is a SQLite file in the working folder.",
     )
     experiment: str = Field(default="gymflow", min_length=1, description="MLflow experiment.")
+    artifact_location: str | None = Field(
+        default=None,
+        description="Where a new MLflow experiment keeps artifacts, e.g. s3://bucket/mlflow; "
+        "None keeps MLflow's default. An existing experiment keeps its own.",
+    )
 
 
 class Preset(_Strict):

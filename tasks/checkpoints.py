@@ -161,3 +161,40 @@ def decode_arrays(data: bytes) -> dict[str, np.ndarray]:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    version: int
+    blobs: dict[str, bytes]
+    refused: tuple[str, ...]  # why each newer version was not loaded
+
+
+def committed_versions(storage: Storage, layout: RunLayout) -> list[int]:
+    """Versions that have a folder under checkpoints/, committed or not, oldest first."""
+    versions = set()
+    for key in storage.list(layout.checkpoints):
+        folder = key[len(layout.checkpoints) + 1 :].split("/")[0]
+        if folder.startswith("v") and folder[1:].isdigit():
+            versions.add(int(folder[1:]))
+    return sorted(versions)
+
+
+def read_newest_valid_checkpoint(
+    storage: Storage, layout: RunLayout, names: Iterable[str] | None = None
+) -> LoadedCheckpoint:
+    """The version `latest` points to, or, where it cannot be loaded (pointer missing, manifest
+    missing, a blob that does not match), the newest earlier version that can. Never a version
+    that fails its manifest."""
+    refused: list[str] = []
+    try:
+        candidates = list(range(latest_version(storage, layout), -1, -1))
+    except CheckpointError as error:
+        refused.append(str(error))
+        candidates = sorted(committed_versions(storage, layout), reverse=True)
+    for version in candidates:
+        try:
+            return LoadedCheckpoint(version, read_checkpoint(storage, layout, version, names), tuple(refused))
+        except CheckpointError as error:
+            refused.append(str(error))
+    raise CheckpointError(f"no loadable checkpoint under {storage.url(layout.checkpoints)}: " + "; ".join(refused))

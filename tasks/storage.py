@@ -2,6 +2,11 @@
 
 Workers get a StorageLocation (a URL and options) and open the filesystem themselves; nothing
 heavier than that crosses a process boundary.
+
+On S3, transient failures (timeouts, 5xx, throttling, dropped connections) are retried by
+botocore's "standard" retry mode with exponential backoff, configured here as a default that a
+preset's `storage.options.config_kwargs` can override; s3fs adds its own retries for a few
+low-level read errors. Listing caches are off, so a key written by another process is seen.
 """
 
 from __future__ import annotations
@@ -16,6 +21,27 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from presets.errors import InvalidPreset
+
+S3_PROTOCOLS = ("s3", "s3a")
+S3_DEFAULTS: dict[str, Any] = {
+    "use_listings_cache": False,
+    "config_kwargs": {
+        "retries": {"mode": "standard", "total_max_attempts": 10},
+        "connect_timeout": 10,
+        "read_timeout": 60,
+    },
+}
+
+
+def filesystem_options(root: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The options a filesystem is opened with: the preset's, over gymflow's defaults for S3."""
+    if fsspec.utils.get_protocol(root) not in S3_PROTOCOLS:
+        return dict(options)
+    merged = {**S3_DEFAULTS, **options}
+    merged["config_kwargs"] = {**S3_DEFAULTS["config_kwargs"], **options.get("config_kwargs", {})}
+    return merged
+
 
 @dataclass(frozen=True)
 class StorageLocation:
@@ -28,7 +54,7 @@ class Storage:
 
     def __init__(self, location: StorageLocation):
         self.location = location
-        self.fs, self.base = fsspec.core.url_to_fs(location.root, **location.options)
+        self.fs, self.base = fsspec.core.url_to_fs(location.root, **filesystem_options(location.root, location.options))
         self.base = self.base.rstrip("/")
         self.local = isinstance(self.fs, LocalFileSystem)
 
@@ -111,3 +137,46 @@ class RunLayout:
     @property
     def latest(self) -> str:
         return f"{self.checkpoints}/latest"
+
+
+def check_storage(location: StorageLocation) -> None:
+    """Refuse, with one line and before anything is written, a root that cannot be used: a
+    missing bucket, refused credentials, an unreachable endpoint, a local path that is a file."""
+    if fsspec.utils.get_protocol(location.root) in S3_PROTOCOLS:
+        _check_bucket(location)
+    elif fsspec.utils.get_protocol(location.root) == "file":
+        _check_local_folder(fsspec.core.url_to_fs(location.root)[1])
+
+
+def _check_bucket(location: StorageLocation) -> None:
+    from botocore.exceptions import BotoCoreError
+
+    options = filesystem_options(location.root, location.options)
+    # A quick probe: two attempts, short timeouts, so an unreachable endpoint fails in seconds.
+    options["config_kwargs"] = {**options["config_kwargs"], "connect_timeout": 5, "read_timeout": 15,
+                                "retries": {"mode": "standard", "total_max_attempts": 2}}
+    fs, path = fsspec.core.url_to_fs(location.root, skip_instance_cache=True, **options)
+    bucket = path.split("/")[0]
+    endpoint = location.options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL") or "AWS S3"
+    try:
+        fs.call_s3("list_objects_v2", Bucket=bucket, MaxKeys=1)
+    except FileNotFoundError:
+        raise InvalidPreset("storage.root", f"bucket {bucket!r} does not exist at {endpoint}") from None
+    except PermissionError as error:
+        raise InvalidPreset(
+            "storage.options",
+            f"{endpoint} refused the credentials for bucket {bucket!r} ({error}); set storage.options "
+            "key/secret or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY",
+        ) from None
+    except (OSError, BotoCoreError) as error:
+        raise InvalidPreset("storage.options.endpoint_url", f"cannot reach {endpoint}: {error}") from None
+
+
+def _check_local_folder(path: str) -> None:
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise InvalidPreset("storage.root", f"{existing!r} is a file, not a folder")
+    if not os.access(existing, os.W_OK):
+        raise InvalidPreset("storage.root", f"{existing!r} is not writable")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from mlflow.entities import Metric, Param, RunStatus
@@ -17,10 +18,20 @@ _BATCH = 100  # MLflow accepts at most 100 params per batch
 
 
 class Tracker:
-    def __init__(self, tracking_uri: str, experiment: str, run_name: str, tags: Mapping[str, str]):
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment: str,
+        run_name: str,
+        tags: Mapping[str, str],
+        artifact_location: str | None = None,
+    ):
         self.client = MlflowClient(tracking_uri)
         found = self.client.get_experiment_by_name(experiment)
-        experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        if found is None:
+            experiment_id = self.client.create_experiment(experiment, artifact_location=artifact_location)
+        else:
+            experiment_id = found.experiment_id
         self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags)).info.run_id
         self.experiment_id = experiment_id
         self._pending: list[RunOperations] = []
@@ -57,6 +68,25 @@ class Tracker:
         self.flush()
         status = RunStatus.FINISHED if succeeded else RunStatus.FAILED
         self.client.set_terminated(self.run_id, RunStatus.to_string(status))
+
+
+@contextmanager
+def s3_artifact_environment(storage_options: Mapping[str, Any]) -> Iterator[None]:
+    """MLflow reaches S3 through boto3, configured by environment variables. Fill in those the
+    storage options imply (endpoint, credentials) where the environment does not set them."""
+    implied = {
+        "MLFLOW_S3_ENDPOINT_URL": storage_options.get("endpoint_url"),
+        "AWS_ACCESS_KEY_ID": storage_options.get("key"),
+        "AWS_SECRET_ACCESS_KEY": storage_options.get("secret"),
+        "AWS_SESSION_TOKEN": storage_options.get("token"),
+    }
+    added = {name: str(value) for name, value in implied.items() if value and name not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def _now_ms() -> int:

@@ -1,6 +1,12 @@
 from __future__ import annotations
 
+import json
 import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -34,3 +40,59 @@ def written_files(folder: Path) -> list[str]:
 
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+@dataclass(frozen=True)
+class S3Server:
+    endpoint: str
+    key: str
+    secret: str
+    bucket: str
+
+    def options(self, endpoint: str | None = None) -> dict[str, str]:
+        return {"endpoint_url": endpoint or self.endpoint, "key": self.key, "secret": self.secret}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 API server (moto's server mode) on loopback, with IAM authentication on: only
+    the access key made here is accepted, in one bucket."""
+    import boto3
+
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    # The first four requests (the set-up below) go unauthenticated; every later one must be signed
+    # with a key the server knows.
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "4"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError("moto server did not start") from None
+                time.sleep(0.1)
+        admin = {"endpoint_url": endpoint, "region_name": "us-east-1",
+                 "aws_access_key_id": "setup", "aws_secret_access_key": "setup"}
+        iam = boto3.client("iam", **admin)
+        iam.create_user(UserName="gymflow")
+        iam.put_user_policy(UserName="gymflow", PolicyName="everything", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+        key = iam.create_access_key(UserName="gymflow")["AccessKey"]
+        boto3.client("s3", **admin).create_bucket(Bucket="gymflow")
+        yield S3Server(endpoint, key["AccessKeyId"], key["SecretAccessKey"], "gymflow")
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

@@ -1,0 +1,143 @@
+"""Shards, checkpoints and MLflow artifacts on a real S3 API server (moto, on loopback):
+end to end, under storage faults, with bad buckets and credentials, and with damaged checkpoints."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flows.cli import main
+from flows.improve import improve
+from tasks.checkpoints import (
+    CheckpointError,
+    commit_checkpoint,
+    latest_version,
+    read_checkpoint,
+    read_newest_valid_checkpoint,
+)
+from tasks.faults import FaultyProxy
+from tasks.storage import RunLayout, Storage, StorageLocation
+from tasks.tracking import s3_artifact_environment
+from tests.conftest import free_port, written_files
+from tests.test_improve_flow import TINY
+
+pytestmark = pytest.mark.e2e
+
+
+def _s3_overrides(s3_server, workspace, prefix: str, endpoint: str | None = None) -> dict:
+    return {
+        "storage.root": f"s3://{s3_server.bucket}/{prefix}",
+        "storage.options": s3_server.options(endpoint),
+        "tracking.tracking_uri": f"sqlite:///{workspace / 'mlflow.db'}",
+    }
+
+
+def _storage(s3_server, prefix: str) -> Storage:
+    return Storage(StorageLocation(f"s3://{s3_server.bucket}/{prefix}", s3_server.options()))
+
+
+def _check_run_landed(storage: Storage, summary) -> None:
+    layout = RunLayout(summary.run_id)
+    final = summary.versions_committed - 1
+    assert latest_version(storage, layout) == final
+    for version in range(final + 1):
+        assert "policy.safetensors" in read_checkpoint(storage, layout, version)
+    expected = sorted(f"{layout.prefix}/shards/v{v:06d}/w{w:03d}.npz" for v in range(final) for w in (0, 1))
+    assert storage.list(f"{layout.prefix}/shards") == expected
+
+
+def test_improve_runs_on_s3_with_mlflow_artifacts_in_the_same_bucket(prefect_api, workspace, s3_server):
+    prefix = f"e2e-{uuid.uuid4().hex[:6]}"
+    overrides = {**TINY, **_s3_overrides(s3_server, workspace, prefix),
+                 "tracking.experiment": prefix, "tracking.artifact_location": f"s3://{s3_server.bucket}/{prefix}-mlflow"}
+    summary = improve("cartpole-ppo", overrides)
+    assert summary.storage_url.startswith(f"s3://{s3_server.bucket}/{prefix}/runs/")
+    _check_run_landed(_storage(s3_server, prefix), summary)
+    with s3_artifact_environment(s3_server.options()):
+        client = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}")
+        assert {"preset.yaml", "learning_curve.png", "checkpoint"} <= {a.path for a in client.list_artifacts(summary.mlflow_run_id)}
+    artifacts = _storage(s3_server, f"{prefix}-mlflow").list("")
+    assert any(key.endswith("artifacts/learning_curve.png") for key in artifacts)
+    assert any(key.endswith("artifacts/checkpoint/manifest.json") for key in artifacts)
+    preset_yaml = _storage(s3_server, prefix).read(RunLayout(summary.run_id).preset).decode()
+    assert s3_server.secret not in preset_yaml and "secret: '***'" in preset_yaml  # credentials never stored
+    assert written_files(workspace) == ["mlflow.db"]  # nothing else lands on the local disk
+
+
+def test_a_run_through_failing_storage_completes_with_exactly_its_shards_and_versions(prefect_api, workspace, s3_server):
+    prefix = f"faults-{uuid.uuid4().hex[:6]}"
+    with FaultyProxy(s3_server.endpoint, fault_rate=0.15, seed=1) as proxy:
+        overrides = {**TINY, **_s3_overrides(s3_server, workspace, prefix, endpoint=proxy.url)}
+        summary = improve("cartpole-ppo", overrides)
+    assert set(proxy.faults) == {"503", "reset", "lost-reply"}, proxy.faults  # every kind happened
+    assert sum(proxy.faults.values()) >= 10
+    _check_run_landed(_storage(s3_server, prefix), summary)
+    assert summary.versions_committed == 6 and summary.env_steps == 640
+
+
+@pytest.mark.parametrize(
+    ("case", "field", "says"),
+    [
+        ("wrong bucket", "storage.root", "bucket 'no-such-bucket' does not exist"),
+        ("wrong credentials", "storage.options", "refused the credentials"),
+        ("unreachable endpoint", "storage.options.endpoint_url", "cannot reach"),
+    ],
+)
+def test_bad_storage_is_refused_in_one_line_before_anything_is_written(case, field, says, s3_server, workspace, capsys):
+    options = s3_server.options()
+    bucket = s3_server.bucket
+    if case == "wrong bucket":
+        bucket = "no-such-bucket"
+    elif case == "wrong credentials":
+        options["secret"] = "not-the-secret"
+        options["key"] = "AKIANOTAKEYWEKNOW000"
+    else:
+        options["endpoint_url"] = f"http://127.0.0.1:{free_port()}"
+    prefix = f"refused-{uuid.uuid4().hex[:6]}"
+    args = ["run", "cartpole-ppo", "--set", f"storage.root=s3://{bucket}/{prefix}",
+            "--set", f"storage.options={json.dumps(options)}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"gymflow: error: {field}: ") and says in err and "\n" not in err
+    assert s3_server.secret not in err
+    assert written_files(workspace) == []
+    assert _storage(s3_server, prefix).list("") == []
+
+
+def test_the_flow_refuses_a_missing_bucket_before_it_starts(prefect_api, workspace, s3_server):
+    overrides = {**TINY, **_s3_overrides(s3_server, workspace, "x"), "storage.root": "s3://no-such-bucket/x"}
+    state = improve("cartpole-ppo", overrides, return_state=True)
+    assert state.is_failed() and "storage.root: bucket 'no-such-bucket' does not exist" in state.message
+    assert written_files(workspace) == []
+
+
+def test_damaged_checkpoints_on_s3_are_detected_and_an_earlier_valid_version_is_loaded(s3_server):
+    storage = _storage(s3_server, f"damage-{uuid.uuid4().hex[:6]}")
+    layout = RunLayout("run")
+    for version in range(4):
+        commit_checkpoint(storage, layout, version, {"policy.safetensors": bytes([version]) * 1000})
+
+    blob = f"{layout.checkpoint(3)}/policy.safetensors"
+    storage.write(blob, storage.read(blob)[:500])  # truncated
+    with pytest.raises(CheckpointError, match="v3: blob 'policy.safetensors' does not match its manifest"):
+        read_checkpoint(storage, layout, 3)
+
+    manifest_key = f"{layout.checkpoint(2)}/manifest.json"
+    manifest = json.loads(storage.read(manifest_key))
+    manifest["blobs"]["policy.safetensors"]["sha256"] = "f" * 64  # tampered
+    storage.write(manifest_key, json.dumps(manifest).encode())
+    with pytest.raises(CheckpointError, match="v2: blob 'policy.safetensors' does not match its manifest"):
+        read_checkpoint(storage, layout, 2)
+
+    loaded = read_newest_valid_checkpoint(storage, layout)
+    assert loaded.version == 1 and loaded.blobs["policy.safetensors"] == bytes([1]) * 1000
+    assert len(loaded.refused) == 2 and "v3" in loaded.refused[0] and "v2" in loaded.refused[1]
+
+    storage.fs.rm(storage.path(layout.latest))  # missing pointer
+    with pytest.raises(CheckpointError, match="no checkpoint has been committed"):
+        latest_version(storage, layout)
+    loaded = read_newest_valid_checkpoint(storage, layout)
+    assert loaded.version == 1 and "latest is missing" in loaded.refused[0]
