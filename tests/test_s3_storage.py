@@ -141,3 +141,20 @@ def test_damaged_checkpoints_on_s3_are_detected_and_an_earlier_valid_version_is_
         latest_version(storage, layout)
     loaded = read_newest_valid_checkpoint(storage, layout)
     assert loaded.version == 1 and "latest is missing" in loaded.refused[0]
+
+
+def test_the_usual_aws_environment_variables_configure_s3(s3_server, monkeypatch):
+    from presets import InvalidPreset
+    from tasks.storage import check_storage
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret)
+    location = StorageLocation(f"s3://{s3_server.bucket}/env-{uuid.uuid4().hex[:6]}")
+    check_storage(location)
+    storage = Storage(location)
+    storage.write("a/b.bin", b"payload")
+    assert storage.read("a/b.bin") == b"payload" and storage.list("a") == ["a/b.bin"]
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    with pytest.raises(InvalidPreset, match="^storage.options: .* refused the credentials"):
+        check_storage(location)
