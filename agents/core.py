@@ -63,6 +63,10 @@ class Learner(Protocol):
         """The weights a rollout worker needs to act."""
         ...
 
+    def load_policy_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Start from another run's policy (a warm start); optimizer and counters stay fresh."""
+        ...
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: networks, optimizers, counters, RNG states."""
         ...

@@ -86,6 +86,10 @@ class DQNLearner:
     def policy_weights(self) -> dict[str, torch.Tensor]:
         return self.q_network.state_dict()
 
+    def load_policy_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        self.q_network.load_state_dict(weights)
+        self.target_network.load_state_dict(weights)
+
     def remember(self, rollouts: Sequence[Rollout]) -> None:
         for rollout in rollouts:
             self.replay.add(

@@ -100,6 +100,9 @@ class PPOLearner:
     def policy_weights(self) -> dict[str, torch.Tensor]:
         return self.network.state_dict()
 
+    def load_policy_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        self.network.load_state_dict(weights)
+
     def learn(self, rollouts: Sequence[Rollout], progress: float) -> dict[str, float]:
         batch = self._flatten(rollouts)
         lr = self.config.lr * (1.0 - progress) if self.config.anneal_lr else self.config.lr

@@ -17,15 +17,18 @@ from typing import Annotated, Any
 
 import yaml
 from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 from pydantic import Field
 
+from agents.core import Learner
 from flows.progress import ProgressLog
 from presets.load import flatten, redacted
 from presets.validate import Experiment, resolve_experiment
 from tasks.cluster import dask_client
 from tasks.jobs import EvaluationResult
 from tasks.learn import create_learner, fill_replay, learn, save_checkpoint
+from tasks.models import log_policy_model, read_warm_start
 from tasks.plots import plot_learning_curve
 from tasks.rollout import collect_rollouts, evaluate_policy
 from tasks.rounds import (
@@ -48,6 +51,7 @@ class RunSummary:
     env_steps: int = 0
     versions_committed: int = 0
     delivered_version: int = 0  # the version the last evaluation scored, logged as the model
+    model_uri: str = ""  # the delivered policy as an MLflow model (runs:/<id>/policy)
     final_return: float | None = None
     best_return: float | None = None
     solved: bool = False
@@ -68,9 +72,15 @@ def improve(
     overrides: Annotated[
         dict[str, Any] | None, Field(description="Dotted keys to override, e.g. {'agent.lr': 0.0003}.")
     ] = None,
+    warm_start: Annotated[
+        str | None,
+        Field(description="Start from this policy: an MLflow model URI (models:/name@champion) or a "
+                          "policy.safetensors path. None starts from scratch."),
+    ] = None,
 ) -> RunSummary:
     experiment = resolve_experiment(preset, overrides)  # bad input stops here; nothing written
     config = experiment.preset
+    learner = create_learner(experiment, read_warm_start(warm_start, config.tracking.tracking_uri) if warm_start else None)
     logger = get_run_logger()
     run_id = f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     check_storage(storage_location(config))  # a missing bucket or refused credentials stop here
@@ -92,22 +102,23 @@ def improve(
         try:
             tracker.log_params(flatten(redacted(config.model_dump(mode="json"))))
             storage.write(RunLayout(run_id).preset, _preset_yaml(experiment))
-            history = _train(experiment, run_id, client, tracker, summary, logger)
+            history = _train(experiment, learner, run_id, client, tracker, summary, logger)
             _log_artifacts(experiment, run_id, tracker, summary, history)
             succeeded = True
         finally:
             tracker.finish(succeeded)
     logger.info("run %s done: %s", run_id, _describe(summary))
+    create_markdown_artifact(key="improve-summary", markdown=_summary_markdown(config, summary, tracker),
+                             description=f"gymflow run {run_id}")
     return summary
 
 
 def _train(
-    experiment: Experiment, run_id: str, client, tracker: Tracker, summary: RunSummary, logger
+    experiment: Experiment, learner: Learner, run_id: str, client, tracker: Tracker, summary: RunSummary, logger
 ) -> list[dict[str, float]]:
     """The improve loop proper; fills `summary` and returns the per-round metrics."""
     config, algorithm, schedule = experiment.preset, experiment.algorithm, experiment.preset.schedule
     timeout_s, location = config.distribution.rollout_timeout_s, storage_location(config)
-    learner = create_learner(experiment)
     save_checkpoint(location, run_id, 0, learner, {"env_steps": 0, "version": 0}, include_replay=False)
     progress = ProgressLog(logger, schedule.total_env_steps)
     history: list[dict[str, float]] = []
@@ -209,6 +220,8 @@ def _log_artifacts(
         checkpoint_dir = Path(folder, "checkpoint")
         storage.download(layout.checkpoint(summary.delivered_version), str(checkpoint_dir))
         tracker.log_artifact(str(checkpoint_dir), "checkpoint")
+        policy = (checkpoint_dir / "policy.safetensors").read_bytes()
+        summary.model_uri = log_policy_model(tracker, policy, _preset_yaml(experiment))
         curve = plot_learning_curve(
             history,
             summary.evaluations,
@@ -222,6 +235,27 @@ def _log_artifacts(
 
 def _preset_yaml(experiment: Experiment) -> bytes:
     return yaml.safe_dump(redacted(experiment.preset.model_dump(mode="json")), sort_keys=False).encode()
+
+
+def _summary_markdown(config, summary: RunSummary, tracker: Tracker) -> str:
+    uri = config.tracking.tracking_uri
+    if uri.startswith(("http://", "https://")):
+        mlflow_link = f"[{summary.mlflow_run_id}]({uri.rstrip('/')}/#/experiments/{tracker.experiment_id}/runs/{summary.mlflow_run_id})"
+    else:
+        mlflow_link = f"`{summary.mlflow_run_id}` (browse: `mlflow ui --backend-store-uri {uri}`)"
+    rows = [
+        ("preset", f"`{config.name}`: {config.agent.algo.upper()} on `{config.env.id}`"),
+        ("final evaluation return", f"{summary.final_return:.2f}"),
+        ("best evaluation return", f"{summary.best_return:.2f}"),
+        ("target reached", "yes" if summary.solved else "no"),
+        ("environment steps", f"{summary.env_steps:,}"),
+        ("training wall-clock", f"{summary.wall_seconds:.1f} s ({100 * summary.orchestration_share:.0f}% orchestration)"),
+        ("versions committed", f"{summary.versions_committed} (delivered v{summary.delivered_version})"),
+        ("MLflow run", mlflow_link),
+        ("MLflow model", f"`{summary.model_uri}`"),
+        ("checkpoints and shards", f"`{summary.storage_url}`"),
+    ]
+    return "| | |\n|---|---|\n" + "\n".join(f"| {name} | {value} |" for name, value in rows)
 
 
 def _describe(summary: RunSummary) -> str:

@@ -17,6 +17,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from agents.core import Learner
+from presets.errors import InvalidPreset
 from presets.validate import Experiment
 from tasks.checkpoints import (
     CheckpointRef,
@@ -36,11 +37,19 @@ class LearnResult:
     learn_seconds: float  # in the algorithm's update, excluding storage
 
 
-def create_learner(experiment: Experiment) -> Learner:
-    """The run's learner, in this process, with the preset's number of torch threads."""
+def create_learner(experiment: Experiment, warm_start: dict[str, torch.Tensor] | None = None) -> Learner:
+    """The run's learner, in this process, with the preset's number of torch threads, starting
+    from `warm_start` policy weights when given."""
     config = experiment.preset
     torch.set_num_threads(config.distribution.learner_threads)
-    return experiment.algorithm.learner(config.agent, experiment.observation_space, experiment.action_space, config.seed)
+    learner = experiment.algorithm.learner(config.agent, experiment.observation_space, experiment.action_space, config.seed)
+    if warm_start is not None:
+        try:
+            learner.load_policy_weights(warm_start)
+        except RuntimeError as error:
+            first_line = str(error).splitlines()[1].strip() if "\n" in str(error) else str(error)
+            raise InvalidPreset("warm_start", f"the policy does not fit this preset's network: {first_line}") from None
+    return learner
 
 
 def save_checkpoint(

@@ -42,6 +42,9 @@ def _run_round(client: Client, function: Callable, specs: Sequence[Any], timeout
     """Submit one job per spec, job i preferring worker i (so live envs are found again), and
     wait for all of them; the whole round shares one deadline."""
     workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    if not workers:  # all workers are being replaced: wait for one rather than fail the round
+        client.wait_for_workers(1, timeout=timeout_s)
+        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
     futures: list[Future] = [
         client.submit(function, spec, workers=[workers[i % len(workers)]], allow_other_workers=True, pure=False)
         for i, spec in enumerate(specs)

@@ -1,0 +1,42 @@
+"""The trained policy as an MLflow model (pyfunc, "models from code": loading it runs this file
+and reads safetensors and YAML; nothing is unpickled).
+
+    import mlflow
+    policy = mlflow.pyfunc.load_model("models:/gymflow-cartpole-ppo@champion")
+    actions = policy.predict(observations)      # [N, obs_dim] float32 -> [N] greedy actions
+"""
+
+from __future__ import annotations
+
+import mlflow
+import numpy as np
+import yaml
+from mlflow.pyfunc import PythonModel
+from safetensors.torch import load_file
+
+
+class GymflowPolicy(PythonModel):
+    """Greedy actions of a gymflow policy for a batch of observations."""
+
+    def load_context(self, context) -> None:
+        from agents.registry import algorithm_of
+        from envs.make import make_env
+        from presets.load import validate_preset_data
+
+        with open(context.artifacts["preset"]) as handle:
+            preset = validate_preset_data(yaml.safe_load(handle))
+        algorithm = algorithm_of(preset.agent)
+        env = make_env(preset.env.id, preset.env.kwargs)
+        network = algorithm.network(preset.agent, env.observation_space, env.action_space)
+        env.close()
+        network.load_state_dict(load_file(context.artifacts["policy"]))
+        network.eval()
+        self.policy = algorithm.policy(network, preset.agent, 0.0, 0)
+
+    def predict(self, context, model_input, params=None) -> np.ndarray:
+        obs = np.asarray(model_input, dtype=np.float32)
+        actions, _ = self.policy.act(obs if obs.ndim == 2 else obs[None], explore=False)
+        return actions
+
+
+mlflow.models.set_model(GymflowPolicy())

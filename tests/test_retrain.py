@@ -1,0 +1,65 @@
+"""Champion/challenger retraining against a real MLflow model registry (SQLite store)."""
+
+from __future__ import annotations
+
+import mlflow
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from envs.vector import SeededVectorEnv
+from flows.retrain import retrain
+from tests.conftest import local_overrides
+from tests.test_improve_flow import TINY
+
+pytestmark = pytest.mark.e2e
+
+
+def test_first_run_registers_a_champion_then_better_challengers_win_and_worse_ones_do_not(prefect_api, workspace):
+    weak = {**TINY, "schedule.total_env_steps": 128, "schedule.evaluate_every_env_steps": 10_000, **local_overrides(workspace)}
+    first = retrain("cartpole-ppo", weak, model_name="corridor", evaluation_episodes=8)
+    assert first.outcome == "first champion registered" and first.promoted
+    client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
+    assert str(client.get_model_version_by_alias("corridor", "champion").version) == first.challenger.version
+
+    longer = {**TINY, "schedule.total_env_steps": 1280, **local_overrides(workspace)}
+    second = retrain("cartpole-ppo", longer, model_name="corridor", evaluation_episodes=8)
+    assert second.champion == first.challenger
+    assert second.promoted == (second.challenger_return > second.champion_return)
+    champion_after_second = str(client.get_model_version_by_alias("corridor", "champion").version)
+    assert champion_after_second == (second.challenger.version if second.promoted else first.challenger.version)
+
+    # A margin no challenger can clear: the champion is kept, however the challenger scores.
+    third = retrain("cartpole-ppo", weak, model_name="corridor", margin=100.0, evaluation_episodes=8)
+    assert third.outcome == "champion kept" and not third.promoted
+    assert str(client.get_model_version_by_alias("corridor", "champion").version) == champion_after_second
+    # Both policies were scored on the same seeds, and the decision is on the challenger's run.
+    run = client.get_run(third.challenger.run_id)
+    assert run.data.tags["gymflow.retrain.outcome"] == "champion kept"
+    assert run.data.tags["gymflow.retrain.episode_seeds"] == ",".join(map(str, third.episode_seeds))
+    assert run.data.metrics["retrain/champion_return"] == pytest.approx(third.champion_return)
+    assert len(client.search_model_versions("name='corridor'")) == 3
+
+
+def test_a_worse_challenger_is_not_promoted(prefect_api, workspace):
+    on_cartpole = {"schedule.target_return": None, "schedule.evaluate_every_env_steps": 100_000, **local_overrides(workspace)}
+    first = retrain("cartpole-ppo", {**on_cartpole, "schedule.total_env_steps": 8192}, model_name="keep", evaluation_episodes=8)
+    # a challenger from scratch on one tiny round: far from balancing the pole
+    untrained = {**on_cartpole, "schedule.total_env_steps": 128, "schedule.rollout_steps_per_env": 8}
+    second = retrain("cartpole-ppo", untrained, model_name="keep", evaluation_episodes=8, warm_start=False)
+    assert second.challenger_return < second.champion_return
+    assert not second.promoted and second.outcome == "champion kept"
+    assert MlflowClient(local_overrides(workspace)["tracking.tracking_uri"]).get_model_version_by_alias(
+        "keep", "champion").version == int(first.challenger.version)
+
+
+def test_the_logged_policy_loads_as_an_mlflow_model_and_runs_on_a_gymnasium_env(prefect_api, workspace):
+    decision = retrain("cartpole-ppo", {**TINY, "schedule.total_env_steps": 1280, **local_overrides(workspace)},
+                       model_name="docs-example", evaluation_episodes=4)
+    mlflow.set_tracking_uri(local_overrides(workspace)["tracking.tracking_uri"])
+    policy = mlflow.pyfunc.load_model("models:/docs-example@champion")
+    env = SeededVectorEnv("envs.testing:Corridor", {}, num_envs=4, seed=7)
+    obs = env.reset()
+    actions = policy.predict(obs)
+    assert actions.shape == (4,) and set(np.unique(actions)) <= {0, 1}
+    assert decision.promoted
