@@ -13,17 +13,16 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
 
 import yaml
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
-from pydantic import Field
 
 from agents.core import Learner
 from flows.progress import ProgressLog
 from presets.load import flatten, redacted
+from presets.overrides import PresetOverrides, as_dotted
 from presets.validate import Experiment, resolve_experiment
 from tasks.cluster import dask_client
 from tasks.jobs import EvaluationResult
@@ -68,17 +67,20 @@ class RunSummary:
 
 @flow(name="improve", log_prints=True)
 def improve(
-    preset: Annotated[str, Field(description="A built-in preset name or a preset YAML path.")] = "cartpole-ppo",
-    overrides: Annotated[
-        dict[str, Any] | None, Field(description="Dotted keys to override, e.g. {'agent.lr': 0.0003}.")
-    ] = None,
-    warm_start: Annotated[
-        str | None,
-        Field(description="Start from this policy: an MLflow model URI (models:/name@champion) or a "
-                          "policy.safetensors path. None starts from scratch."),
-    ] = None,
+    preset: str = "cartpole-ppo",
+    overrides: PresetOverrides | None = None,
+    warm_start: str | None = None,
 ) -> RunSummary:
-    experiment = resolve_experiment(preset, overrides)  # bad input stops here; nothing written
+    """Train a preset: heatup, then rounds of collect -> learn -> evaluate until the step budget
+    or the target return.
+
+    Args:
+        preset: A built-in preset name (cartpole-ppo, cartpole-dqn) or a preset YAML path.
+        overrides: Preset fields to change, as a form or as dotted keys ({"agent.lr": 0.0003}).
+        warm_start: Start from this policy: an MLflow model URI (models:/name@champion) or a
+            policy.safetensors path. Empty starts from scratch.
+    """
+    experiment = resolve_experiment(preset, as_dotted(overrides))  # bad input stops here; nothing written
     config = experiment.preset
     learner = create_learner(experiment, read_warm_start(warm_start, config.tracking.tracking_uri) if warm_start else None)
     logger = get_run_logger()

@@ -4,7 +4,7 @@ evaluation episodes, promote the challenger only if it wins by a margin."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 import numpy as np
 from mlflow.tracking import MlflowClient
@@ -14,6 +14,7 @@ from pydantic import Field
 
 from envs.seeding import derive_seed
 from flows.improve import improve
+from presets.overrides import PresetOverrides, as_dotted
 from presets.validate import resolve_experiment
 from tasks.models import ModelRef, find_champion, promote, register_challenger, score_policy
 
@@ -39,18 +40,25 @@ class RetrainDecision:
 
 @flow(name="retrain", log_prints=True)
 def retrain(
-    preset: Annotated[str, Field(description="A built-in preset name or a preset YAML path.")] = "cartpole-ppo",
-    overrides: Annotated[dict[str, Any] | None, Field(description="Dotted keys to override.")] = None,
-    model_name: Annotated[
-        str | None, Field(description="MLflow registered model; default gymflow-<preset name>.")
-    ] = None,
-    margin: Annotated[
-        float, Field(ge=0, description="Promote only if the challenger's mean return beats the champion's by more than this.")
-    ] = 0.0,
-    evaluation_episodes: Annotated[int, Field(ge=1, le=1000, description="Episodes each policy is scored on.")] = 20,
-    warm_start: Annotated[bool, Field(description="Start the challenger from the champion's policy.")] = True,
+    preset: str = "cartpole-ppo",
+    overrides: PresetOverrides | None = None,
+    model_name: str | None = None,
+    margin: Annotated[float, Field(ge=0)] = 0.0,
+    evaluation_episodes: Annotated[int, Field(ge=1, le=1000)] = 20,
+    warm_start: bool = True,
 ) -> RetrainDecision:
-    experiment = resolve_experiment(preset, overrides)  # bad input stops here
+    """Train a challenger and promote it to champion in the MLflow model registry only if it
+    beats the current champion on the same evaluation episodes.
+
+    Args:
+        preset: A built-in preset name (cartpole-ppo, cartpole-dqn) or a preset YAML path.
+        overrides: Preset fields to change, as a form or as dotted keys ({"agent.lr": 0.0003}).
+        model_name: The MLflow registered model; empty means gymflow-<preset name>.
+        margin: Promote only if the challenger's mean return beats the champion's by more than this.
+        evaluation_episodes: Episodes each policy is scored on, with the same seeds for both.
+        warm_start: Start the challenger from the champion's policy.
+    """
+    experiment = resolve_experiment(preset, as_dotted(overrides))  # bad input stops here
     config = experiment.preset
     tracking_uri = config.tracking.tracking_uri
     name = model_name or f"gymflow-{config.name}"

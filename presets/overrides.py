@@ -1,0 +1,75 @@
+"""Overrides as a typed flow parameter: every preset field, optional, with the preset model's
+descriptions and bounds, so Prefect shows a form. Dotted keys ({"agent.lr": 3e-4}) are accepted
+too and expanded, so the CLI's `--set agent.lr=3e-4` and `-p overrides='{"agent.lr": 3e-4}'`
+mean the same."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+
+from presets.load import flatten
+from presets.model import Preset
+
+
+class _Overrides(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _optional(info: Any, annotation: Any) -> tuple[Any, Any]:
+    constrained = Annotated[(annotation, *info.metadata)] if info.metadata else annotation
+    return constrained | None, Field(default=None, description=info.description)
+
+
+def _partial(name: str, *models: type[BaseModel]) -> type[BaseModel]:
+    """A model with the fields of `models` (the first one's wins on a shared name), all optional."""
+    fields: dict[str, tuple[Any, Any]] = {}
+    for model in models:
+        for field_name, info in model.model_fields.items():
+            if field_name in fields:
+                continue
+            annotation = info.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                annotation = _partial(f"{annotation.__name__}Overrides", annotation)
+            elif field_name == "agent":
+                annotation = _partial("AgentOverrides", *get_args(annotation))
+            fields[field_name] = _optional(info, annotation)
+    return create_model(name, __base__=_Overrides, **fields)
+
+
+class PresetOverrides(_partial("_PresetFields", Preset)):  # type: ignore[misc]
+    """Preset fields to override; unset fields keep the preset's values."""
+
+    # Dotted keys ("agent.lr") must pass the Prefect server's schema check before they are
+    # expanded here; an unknown key is then refused by the preset loader with the keys allowed.
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_dotted_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not any("." in key for key in data):
+            return data
+        nested: dict[str, Any] = {}
+        for key, value in data.items():
+            *sections, last = key.split(".")
+            node = nested
+            for section in sections:
+                node = node.setdefault(section, {})
+            node[last] = value
+        return nested
+
+    def dotted(self) -> dict[str, Any]:
+        """{'agent.lr': 0.0003, ...} for the fields that were set."""
+        return flatten(self.model_dump(exclude_unset=True))
+
+
+def as_dotted(overrides: PresetOverrides | dict[str, Any] | None) -> dict[str, Any]:
+    if overrides is None:
+        return {}
+    if isinstance(overrides, PresetOverrides):
+        return overrides.dotted()
+    return dict(overrides)
+
+
+__all__ = ["PresetOverrides", "as_dotted"]

@@ -1,0 +1,101 @@
+"""gymflow the way a Prefect estate runs it: a real `prefect server`, a process work pool,
+`prefect deploy` from prefect.yaml, a `prefect worker`, and `prefect deployment run --watch`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tasks.checkpoints import latest_version
+from tasks.storage import RunLayout, Storage, StorageLocation
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[1]
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+
+
+def _wait_for(url: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"{url} did not answer within {seconds:.0f} s")
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    """A Prefect server with the gymflow process work pool and every deployment of prefect.yaml."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = free_port()
+    env = {**os.environ, "PREFECT_HOME": str(home),
+           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(f"http://127.0.0.1:{port}/api/health", 120)
+        assert _prefect(env, "work-pool", "create", "gymflow", "--type", "process").returncode == 0
+        deploy = _prefect(env, "--no-prompt", "deploy", "--all")
+        assert deploy.returncode == 0, deploy.stdout + deploy.stderr
+        yield env
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _prefect(env, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([PREFECT, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_deploy_and_run_a_preset_through_a_process_worker(deployed, tmp_path):
+    env = deployed
+    listed = _prefect(env, "deployment", "ls").stdout
+    for name in ("improve/cartpole-ppo", "improve/cartpole-dqn", "retrain/cartpole-ppo-nightly"):
+        assert name.split("/")[1] in listed, listed
+
+    worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "gymflow"], env=env, cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        overrides = {"env.id": "envs.testing:Corridor", "schedule.total_env_steps": 512,
+                     "schedule.rollout_steps_per_env": 16, "distribution.envs_per_worker": 4,
+                     "schedule.evaluate_every_env_steps": 256, "storage.root": str(tmp_path / "data"),
+                     "tracking.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+        run = _prefect(env, "deployment", "run", "improve/cartpole-ppo", "-p", f"overrides={json.dumps(overrides)}",
+                       "--watch", timeout=400)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert "Completed" in run.stdout
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+
+    storage = Storage(StorageLocation(str(tmp_path / "data")))
+    runs = [key.split("/")[1] for key in storage.list("runs") if key.endswith("preset.yaml")]
+    assert len(runs) == 1 and latest_version(storage, RunLayout(runs[0])) == 4
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (mlflow_run,) = client.search_runs([client.get_experiment_by_name("gymflow").experiment_id])
+    assert mlflow_run.info.status == "FINISHED" and mlflow_run.data.tags["gymflow.run_id"] == runs[0]
+    assert "eval/return_mean" in mlflow_run.data.metrics
+
+
+def test_the_retraining_schedule_is_deployed_paused(deployed):
+    inspected = _prefect(deployed, "deployment", "inspect", "retrain/cartpole-ppo-nightly").stdout
+    assert "0 3 * * *" in inspected and "'active': False" in inspected, inspected
+
+
+def test_flow_parameters_show_as_a_form_with_the_preset_models_descriptions_and_bounds(deployed):
+    inspected = _prefect(deployed, "deployment", "inspect", "improve/cartpole-ppo").stdout
+    assert "A built-in preset name" in inspected
+    assert "ScheduleConfigOverrides" in inspected and "AgentOverrides" in inspected
+    assert "Stop after this many" in inspected
+    assert "exclusiveMinimum" in inspected
