@@ -99,7 +99,8 @@ def improve(
             artifact_location=config.tracking.artifact_location,
         )
         summary = RunSummary(run_id, tracker.run_id, storage.url(RunLayout(run_id).prefix))
-        logger.info("run %s: storage %s, MLflow run %s", run_id, summary.storage_url, tracker.run_id)
+        logger.info("run %s: storage %s, MLflow run %s, Dask dashboard %s", run_id, summary.storage_url,
+                    tracker.run_id, client.dashboard_link)
         succeeded = False
         try:
             tracker.log_params(flatten(redacted(config.model_dump(mode="json"))))
@@ -121,6 +122,7 @@ def _train(
     """The improve loop proper; fills `summary` and returns the per-round metrics."""
     config, algorithm, schedule = experiment.preset, experiment.algorithm, experiment.preset.schedule
     timeout_s, location = config.distribution.rollout_timeout_s, storage_location(config)
+    resources = config.distribution.rollout_resources
     save_checkpoint(location, run_id, 0, learner, {"env_steps": 0, "version": 0}, include_replay=False)
     progress = ProgressLog(logger, schedule.total_env_steps)
     history: list[dict[str, float]] = []
@@ -130,7 +132,7 @@ def _train(
 
     if not algorithm.on_policy and schedule.heatup_env_steps:
         specs = rollout_round(config, run_id, None, 1.0, resume_from, heatup_steps_per_env(config))
-        shards = collect_rollouts(client, specs, timeout_s, "heatup")
+        shards = collect_rollouts(client, specs, timeout_s, "heatup", resources)
         fill_replay(learner, location, shards)
         env_steps += sum(shard.env_steps for shard in shards)
         resume_from = [shard.key for shard in shards]
@@ -142,11 +144,11 @@ def _train(
         round_started = time.perf_counter()
         exploration = algorithm.exploration(config.agent, env_steps)
         specs = rollout_round(config, run_id, version, exploration, resume_from)
-        shards = collect_rollouts(client, specs, timeout_s, f"v{version}")
+        shards = collect_rollouts(client, specs, timeout_s, f"v{version}", resources)
         scoring = None
         if env_steps >= next_evaluation:  # scores version v on the workers while the learner learns
             next_evaluation += schedule.evaluate_every_env_steps
-            scoring = evaluate_policy.submit(client, evaluation_round(config, run_id, version), timeout_s, version)
+            scoring = evaluate_policy.submit(client, evaluation_round(config, run_id, version), timeout_s, version, resources)
         steps_after = env_steps + sum(shard.env_steps for shard in shards)
         learned = learn(
             learner, location, run_id, version, shards,
@@ -173,7 +175,7 @@ def _train(
             break
 
     if not summary.solved:  # the final evaluation, of the last version
-        evaluation = evaluate_policy(client, evaluation_round(config, run_id, version), timeout_s, version)
+        evaluation = evaluate_policy(client, evaluation_round(config, run_id, version), timeout_s, version, resources)
         _record_evaluation(evaluation, env_steps, tracker, summary)
         summary.work_seconds += evaluation.seconds
         summary.solved = _target_reached(schedule.target_return, evaluation)

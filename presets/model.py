@@ -82,8 +82,17 @@ class DistributionConfig(_Strict):
     cluster_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for cluster_class."
     )
+    rollout_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Dask worker resources each rollout and evaluation job needs, e.g. {'ROLLOUT': 1}; "
+        "workers advertise theirs with `dask worker --resources ROLLOUT=1`.",
+    )
     learner_threads: int = Field(
         default=1, ge=1, le=256, description="torch threads of the learner in the flow's process."
+    )
+    cluster_start_timeout_s: float = Field(
+        default=120.0, gt=0, description="How long to wait for the cluster's first worker, and for one "
+        "offering rollout_resources.",
     )
     rollout_timeout_s: float = Field(
         default=600.0, gt=0, description="A rollout round that takes longer than this fails."
@@ -98,6 +107,11 @@ class StorageConfig(_Strict):
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="fsspec/s3fs options, e.g. {'endpoint_url': 'http://127.0.0.1:9000'}.",
+    )
+    shared: bool = Field(
+        default=False,
+        description="The local-folder root is mounted at the same path on every Dask worker "
+        "(NFS, a shared disk), so a remote cluster may use it.",
     )
     checkpoint_replay: bool = Field(
         default=False,
@@ -129,6 +143,11 @@ class Preset(_Strict):
     storage: StorageConfig = Field(default_factory=StorageConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     seed: int = Field(default=0, ge=0, description="Run seed; every other seed derives from it.")
+
+    @property
+    def remote_cluster(self) -> bool:
+        """Rollouts run on a cluster gymflow did not start on this machine."""
+        return bool(self.distribution.scheduler_address or self.distribution.cluster_class)
 
     @property
     def envs_in_total(self) -> int:

@@ -15,6 +15,10 @@ from presets.load import load_preset
 from presets.model import Preset
 
 
+def _is_local_folder(root: str) -> bool:
+    return "://" not in root or root.startswith("file://")
+
+
 @dataclass(frozen=True)
 class Experiment:
     """A validated preset with what validating it found out."""
@@ -35,6 +39,12 @@ def resolve_experiment(preset: str, overrides: Mapping[str, Any] | None = None) 
         )
     except EnvSpecError as error:
         raise InvalidPreset(error.field, error.problem) from None
+    if config.remote_cluster and _is_local_folder(config.storage.root) and not config.storage.shared:
+        raise InvalidPreset(
+            "storage.root",
+            f"the local folder {config.storage.root!r} is not reachable from a remote Dask cluster's "
+            "workers; use an s3:// root, or set storage.shared=true if every worker mounts it at this path",
+        )
     if algorithm.on_policy and config.schedule.heatup_env_steps:
         raise InvalidPreset("schedule.heatup_env_steps", f"must be 0 for the on-policy {algorithm.name}")
     return Experiment(config, algorithm, observation_space, action_space)

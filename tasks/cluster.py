@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -23,6 +24,7 @@ def dask_client(config: DistributionConfig) -> Iterator[Client]:
     if config.scheduler_address:
         client = _connect(config.scheduler_address)
         with client:
+            _check_resources(client, config.rollout_resources, config.cluster_start_timeout_s)
             yield client
         return
     if config.cluster_class:
@@ -35,10 +37,30 @@ def dask_client(config: DistributionConfig) -> Iterator[Client]:
             processes=True,
             dashboard_address=":0",
             silence_logs=logging.ERROR,
+            resources=config.rollout_resources or None,  # its workers offer what rollouts ask for
         )
     with cluster, Client(cluster) as client:
-        client.wait_for_workers(1, timeout=300)
+        client.wait_for_workers(1, timeout=config.cluster_start_timeout_s)
+        _check_resources(client, config.rollout_resources, config.cluster_start_timeout_s)
         yield client
+
+
+def _check_resources(client: Client, resources: dict[str, float], wait_s: float) -> None:
+    """Refuse a run whose rollouts ask for resources no worker offers: they would wait forever."""
+    if not resources:
+        return
+    deadline = time.monotonic() + wait_s
+    while True:
+        offered = [info.get("resources", {}) for info in client.scheduler_info(n_workers=-1)["workers"].values()]
+        if any(all(have.get(name, 0) >= need for name, need in resources.items()) for have in offered):
+            return
+        if time.monotonic() > deadline:
+            raise InvalidPreset(
+                "distribution.rollout_resources",
+                f"no Dask worker offers {resources} (workers offer {offered}); start workers with "
+                "`dask worker --resources NAME=AMOUNT`",
+            )
+        time.sleep(0.5)
 
 
 def _connect(address: str) -> Client:

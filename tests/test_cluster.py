@@ -1,0 +1,125 @@
+"""Beyond one machine: a Dask scheduler and workers started as separate processes (not a
+LocalCluster), S3 storage, worker resources, cluster classes, and what is refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from distributed import Client
+
+from flows.cli import main
+from flows.improve import improve
+from presets import InvalidPreset
+from presets.validate import resolve_experiment
+from tasks.checkpoints import latest_version
+from tasks.storage import RunLayout, Storage, StorageLocation
+from tests.conftest import free_port, local_overrides, written_files
+from tests.test_improve_flow import TINY
+
+pytestmark = pytest.mark.e2e
+DASK = str(Path(sys.executable).with_name("dask"))
+
+
+@pytest.fixture(scope="module")
+def dask_cluster():
+    """`dask scheduler` and two `dask worker` processes on loopback; the first worker offers the
+    resource ROLLOUT=1, the second OTHER=1. Yields (address, {pid: resources})."""
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    processes = [subprocess.Popen([DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                                   "--dashboard-address", ":0"], **quiet)]
+    try:
+        for resource in ("ROLLOUT=1", "OTHER=1"):
+            processes.append(subprocess.Popen([DASK, "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
+                                               "--dashboard-address", ":0", "--resources", resource], **quiet))
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(2, timeout=60)
+            pids = client.run(os.getpid)
+            resources = {pids[addr]: info["resources"] for addr, info in client.scheduler_info(n_workers=-1)["workers"].items()}
+        yield address, resources
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=30)
+
+
+def _s3(s3_server, prefix: str) -> dict:
+    return {"storage.root": f"s3://{s3_server.bucket}/{prefix}", "storage.options": s3_server.options()}
+
+
+def _pids(summary) -> set[int]:
+    return {int(process.split(":")[1]) for process in summary.rollout_processes}
+
+
+def test_improve_runs_on_a_scheduler_and_workers_started_by_hand_with_s3_storage(prefect_api, workspace, s3_server, dask_cluster):
+    address, workers = dask_cluster
+    overrides = {**TINY, **_s3(s3_server, "cluster-run"), "distribution.scheduler_address": address,
+                 "tracking.tracking_uri": f"sqlite:///{workspace / 'mlflow.db'}"}
+    summary = improve("cartpole-ppo", overrides)
+    assert _pids(summary) == set(workers)  # rollouts ran on both workers
+    storage = Storage(StorageLocation(f"s3://{s3_server.bucket}/cluster-run", s3_server.options()))
+    assert latest_version(storage, RunLayout(summary.run_id)) == summary.versions_committed - 1 == 5
+
+
+def test_rollouts_go_only_to_workers_offering_the_resources_they_ask_for(prefect_api, workspace, s3_server, dask_cluster):
+    address, workers = dask_cluster
+    overrides = {**TINY, **_s3(s3_server, "resources"), "distribution.scheduler_address": address,
+                 "distribution.rollout_resources": {"ROLLOUT": 1}, "tracking.tracking_uri": f"sqlite:///{workspace / 'mlflow.db'}"}
+    summary = improve("cartpole-ppo", overrides)
+    assert _pids(summary) == {pid for pid, offered in workers.items() if offered.get("ROLLOUT")}
+
+
+def test_resources_no_worker_offers_are_refused_before_anything_is_written(prefect_api, workspace, s3_server, dask_cluster):
+    address, _ = dask_cluster
+    overrides = {**TINY, **_s3(s3_server, "no-gpu"), "distribution.scheduler_address": address,
+                 "distribution.rollout_resources": {"GPU": 1}, "distribution.cluster_start_timeout_s": 2,
+                 "tracking.tracking_uri": f"sqlite:///{workspace / 'mlflow.db'}"}
+    state = improve("cartpole-ppo", overrides, return_state=True)
+    assert state.is_failed() and "distribution.rollout_resources: no Dask worker offers {'GPU': 1.0}" in state.message
+    assert written_files(workspace) == []
+
+
+def test_a_local_folder_with_a_remote_cluster_is_refused_unless_declared_shared(workspace, capsys):
+    remote = {"distribution.scheduler_address": "tcp://10.0.0.5:8786", "storage.root": str(workspace / "data")}
+    with pytest.raises(InvalidPreset, match="^storage.root: the local folder .* is not reachable from a remote Dask cluster"):
+        resolve_experiment("cartpole-ppo", remote)
+    assert resolve_experiment("cartpole-ppo", {**remote, "storage.shared": True}).preset.storage.shared
+    assert main(["run", "cartpole-ppo", "--set", "distribution.scheduler_address=tcp://10.0.0.5:8786"]) == 2
+    assert "storage.root: the local folder 'gymflow-data'" in capsys.readouterr().err
+    assert written_files(workspace) == []
+
+
+def test_a_cluster_class_is_started_scaled_and_closed_for_the_run(prefect_api, workspace):
+    overrides = {**TINY, **local_overrides(workspace), "storage.shared": True,
+                 "distribution.cluster_class": "distributed.LocalCluster",
+                 "distribution.cluster_kwargs": {"n_workers": 0, "threads_per_worker": 1, "processes": True,
+                                                 "dashboard_address": ":0"}}
+    before = set(_cluster_children())  # e.g. the module's own `dask worker` processes
+    summary = improve("cartpole-ppo", overrides)
+    assert summary.versions_committed == 6
+    assert 1 <= len(_pids(summary)) <= 2  # scaled from 0 to rollout_workers=2
+    deadline = time.monotonic() + 30
+    while set(_cluster_children()) - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert set(_cluster_children()) - before == set()  # its workers were closed with the run
+
+
+def _cluster_children() -> list[int]:
+    children = psutil.Process().children(recursive=True)
+    return [child.pid for child in children if _is_dask_worker(child)]
+
+
+def _is_dask_worker(process: psutil.Process) -> bool:
+    try:
+        command = " ".join(process.cmdline())
+    except psutil.Error:
+        return False
+    return "multiprocessing" in command and "spawn" in command
