@@ -5,6 +5,9 @@ Use them as `env.id: envs.testing:Corridor` in a preset.
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -57,3 +60,48 @@ class ContinuousCorridor(Corridor):
 
     def step(self, action):
         return super().step(1 if float(np.asarray(action).reshape(-1)[0]) > 0 else 0)
+
+
+class Tripwire(Corridor):
+    """The corridor, with one fault armed for fault-tolerance drills: on the `at_step`-th step
+    taken in a Dask worker process, SIGKILL that process (`fault="kill"`) or hang it
+    (`fault="hang"`). It fires once per `once_file`: the file is created as it fires, and a
+    retried rollout finds it and runs clean. Its dynamics are the corridor's, so a drill and a
+    clean run of the same preset and seed must end with the same weights.
+    """
+
+    _steps_in_process = 0
+
+    def __init__(self, at_step: int, once_file: str, fault: str = "kill", length: int = 8, max_steps: int = 50):
+        super().__init__(length, max_steps)
+        if fault not in ("kill", "hang"):
+            raise ValueError("fault must be 'kill' or 'hang'")
+        self.at_step, self.once_file, self.fault = at_step, once_file, fault
+
+    def step(self, action):
+        Tripwire._steps_in_process += 1
+        if Tripwire._steps_in_process == self.at_step and _in_dask_worker() and _first_to_fire(self.once_file):
+            if self.fault == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            while True:  # hang: never return, as a wedged simulator would
+                time.sleep(1)
+        return super().step(action)
+
+
+def _in_dask_worker() -> bool:
+    try:
+        from distributed import get_worker
+
+        get_worker()
+        return True
+    except ValueError:
+        return False
+
+
+def _first_to_fire(once_file: str) -> bool:
+    try:
+        with open(once_file, "x") as handle:
+            handle.write(str(os.getpid()))
+        return True
+    except FileExistsError:
+        return False

@@ -1,5 +1,5 @@
 """The command line: `gymflow presets`, `gymflow show PRESET`, `gymflow run PRESET --set k=v`,
-`gymflow checkpoints RUN_ID --root ROOT`."""
+`gymflow resume RUN_ID --root ROOT`, `gymflow checkpoints RUN_ID --root ROOT`."""
 
 from __future__ import annotations
 
@@ -21,6 +21,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "checkpoints":
         return _checkpoints(args.run_id, args.root, parse_assignments(args.option))
+    if args.command == "resume":
+        from tasks.resume import read_run_record
+        from tasks.storage import Storage, StorageLocation
+
+        options = parse_assignments(args.option)
+        try:
+            read_run_record(Storage(StorageLocation(args.root, options)), args.run_id)
+        except InvalidPreset as error:
+            print(f"gymflow: error: {error}", file=sys.stderr)
+            return 2
+        return _run("cartpole-ppo", {"storage.root": args.root, "storage.options": options}, args.quiet, args.run_id)
     try:
         overrides = parse_assignments(args.set)
         from presets.validate import resolve_experiment
@@ -40,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run(args.preset, overrides, quiet=args.quiet)
 
 
-def _run(preset: str, overrides: dict, quiet: bool) -> int:
+def _run(preset: str, overrides: dict, quiet: bool, resume: str | None = None) -> int:
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -74,7 +85,11 @@ def _run(preset: str, overrides: dict, quiet: bool) -> int:
             bar.update(self.task_id, completed=min(env_steps, total), status=status)
 
     with bar, showing_progress(BarView()):
-        summary = improve(preset, overrides)
+        try:
+            summary = improve(preset, overrides, resume=resume)
+        except InvalidPreset as error:
+            print(f"gymflow: error: {error}", file=sys.stderr)
+            return 2
     verdict = "reached its target" if summary.solved else "did not reach its target"
     print(
         f"run {summary.run_id} {verdict}: evaluation return {summary.final_return:.1f} "
@@ -129,6 +144,12 @@ def _parser() -> argparse.ArgumentParser:
         )
         if name == "run":
             command.add_argument("--quiet", action="store_true", help="no progress bar")
+    resume = commands.add_parser("resume", help="continue a run whose flow died, from its last valid checkpoint")
+    resume.add_argument("run_id", help="the run id, e.g. cartpole-ppo-20261121-112038-28cdab")
+    resume.add_argument("--root", default="gymflow-data", help="the storage root the run is under (storage.root)")
+    resume.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a storage option, e.g. --option endpoint_url=http://127.0.0.1:9000")
+    resume.add_argument("--quiet", action="store_true", help="no progress bar")
     checkpoints = commands.add_parser("checkpoints", help="verify a run's checkpoints against their manifests")
     checkpoints.add_argument("run_id", help="the run id, e.g. cartpole-ppo-20261121-112038-28cdab")
     checkpoints.add_argument("--root", default="gymflow-data", help="the storage root (storage.root)")

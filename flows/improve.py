@@ -13,6 +13,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 from prefect import flow, get_run_logger
@@ -28,7 +29,13 @@ from tasks.cluster import dask_client
 from tasks.jobs import EvaluationResult
 from tasks.learn import create_learner, fill_replay, learn, save_checkpoint
 from tasks.models import log_policy_model, read_warm_start
-from tasks.plots import plot_learning_curve
+from tasks.plots import PLOTTED_METRICS, plot_learning_curve
+from tasks.resume import (
+    read_run_record,
+    resolve_stored_experiment,
+    restore_learner,
+    write_run_record,
+)
 from tasks.rollout import collect_rollouts, evaluate_policy
 from tasks.rounds import (
     evaluation_metrics,
@@ -56,7 +63,7 @@ class RunSummary:
     solved: bool = False
     wall_seconds: float = 0.0
     work_seconds: float = 0.0  # stepping envs with the policy, learning, evaluating (critical path)
-    evaluations: list[tuple[int, tuple[float, ...]]] = field(default_factory=list)  # (env steps, returns)
+    evaluations: list[tuple[int, float, float, float]] = field(default_factory=list)  # (env steps, mean, min, max)
     rollout_processes: set[str] = field(default_factory=set)  # host:pid of every process that collected
 
     @property
@@ -70,6 +77,7 @@ def improve(
     preset: str = "cartpole-ppo",
     overrides: PresetOverrides | None = None,
     warm_start: str | None = None,
+    resume: str | None = None,
 ) -> RunSummary:
     """Train a preset: heatup, then rounds of collect -> learn -> evaluate until the step budget
     or the target return.
@@ -79,33 +87,45 @@ def improve(
         overrides: Preset fields to change, as a form or as dotted keys ({"agent.lr": 0.0003}).
         warm_start: Start from this policy: an MLflow model URI (models:/name@champion) or a
             policy.safetensors path. Empty starts from scratch.
+        resume: The id of a run whose flow died: continue it from its last valid checkpoint to
+            its original end, in the same MLflow run. Its preset comes from its storage; only
+            storage settings (where to find it) are taken from preset and overrides.
     """
     experiment = resolve_experiment(preset, as_dotted(overrides))  # bad input stops here; nothing written
+    check_storage(storage_location(experiment.preset))  # a missing bucket or refused credentials stop here
+    storage = open_storage(storage_location(experiment.preset))
+    record = read_run_record(storage, resume) if resume else None
+    if resume:
+        experiment = resolve_stored_experiment(storage, resume, experiment)
     config = experiment.preset
     learner = create_learner(experiment, read_warm_start(warm_start, config.tracking.tracking_uri) if warm_start else None)
+    position = None
     logger = get_run_logger()
-    run_id = f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    check_storage(storage_location(config))  # a missing bucket or refused credentials stop here
-    storage = open_storage(storage_location(config))
+    if resume:
+        position, refused = restore_learner(storage, resume, learner, config.distribution.rollout_workers)
+        for reason in refused:
+            logger.warning("not resuming from a damaged checkpoint: %s", reason)
+    run_id = resume or f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     with (
         dask_client(config.distribution) as client,  # an unreachable cluster stops here
         s3_artifact_environment(config.storage.options),
     ):
-        tracker = Tracker(
-            config.tracking.tracking_uri,
-            config.tracking.experiment,
-            run_name=run_id,
-            tags={"gymflow.run_id": run_id, "prefect.flow_run_id": str(flow_run.id), "gymflow.preset": config.name},
-            artifact_location=config.tracking.artifact_location,
-        )
+        tags = {"gymflow.run_id": run_id, "prefect.flow_run_id": str(flow_run.id), "gymflow.preset": config.name}
+        tracker = Tracker(config.tracking.tracking_uri, config.tracking.experiment, run_name=run_id, tags=tags,
+                          artifact_location=config.tracking.artifact_location,
+                          existing_run_id=record["mlflow_run_id"] if record else None)
         summary = RunSummary(run_id, tracker.run_id, storage.url(RunLayout(run_id).prefix))
-        logger.info("run %s: storage %s, MLflow run %s, Dask dashboard %s", run_id, summary.storage_url,
+        logger.info("run %s%s: storage %s, MLflow run %s, Dask dashboard %s", run_id,
+                    f" resumed at v{position['version']}" if position else "", summary.storage_url,
                     tracker.run_id, client.dashboard_link)
         succeeded = False
         try:
-            tracker.log_params(flatten(redacted(config.model_dump(mode="json"))))
-            storage.write(RunLayout(run_id).preset, _preset_yaml(experiment))
-            history = _train(experiment, learner, run_id, client, tracker, summary, logger)
+            if not resume:
+                tracker.log_params(flatten(redacted(config.model_dump(mode="json"))))
+                storage.write(RunLayout(run_id).preset, _preset_yaml(experiment))
+                write_run_record(storage, run_id, {"mlflow_run_id": tracker.run_id, "experiment": config.tracking.experiment,
+                                                   "tracking_uri": config.tracking.tracking_uri})
+            history = _train(experiment, learner, run_id, client, tracker, summary, logger, position)
             _log_artifacts(experiment, run_id, tracker, summary, history)
             succeeded = True
         finally:
@@ -117,28 +137,32 @@ def improve(
 
 
 def _train(
-    experiment: Experiment, learner: Learner, run_id: str, client, tracker: Tracker, summary: RunSummary, logger
+    experiment: Experiment, learner: Learner, run_id: str, client, tracker: Tracker, summary: RunSummary, logger,
+    position: dict[str, Any] | None = None,
 ) -> list[dict[str, float]]:
-    """The improve loop proper; fills `summary` and returns the per-round metrics."""
+    """The improve loop proper, from the start or from `position` (a checkpoint's counters);
+    fills `summary` and returns the per-round metrics."""
     config, algorithm, schedule = experiment.preset, experiment.algorithm, experiment.preset.schedule
     timeout_s, location = config.distribution.rollout_timeout_s, storage_location(config)
     resources = config.distribution.rollout_resources
-    save_checkpoint(location, run_id, 0, learner, {"env_steps": 0, "version": 0}, include_replay=False)
     progress = ProgressLog(logger, schedule.total_env_steps)
-    history: list[dict[str, float]] = []
     started = time.perf_counter()
-    version, env_steps = 0, 0
-    resume_from: list[str | None] = [None] * config.distribution.rollout_workers
+    if position is None:
+        history: list[dict[str, float]] = []
+        position = _position(0, 0, schedule.evaluate_every_env_steps, [None] * config.distribution.rollout_workers)
+        if not algorithm.on_policy and schedule.heatup_env_steps:
+            specs = rollout_round(config, run_id, None, 1.0, position["resume_from"], heatup_steps_per_env(config))
+            shards = collect_rollouts(client, specs, timeout_s, "heatup", resources)
+            fill_replay(learner, location, shards)
+            position |= {"env_steps": sum(shard.env_steps for shard in shards), "resume_from": [s.key for s in shards]}
+            progress.update(position["env_steps"], "heatup done")
+        save_checkpoint(location, run_id, 0, learner, position, include_replay=False)
+    else:  # resumed: what was logged before the flow died is in MLflow
+        history = tracker.metric_rows(PLOTTED_METRICS)
+        summary.evaluations = tracker.evaluation_rows()
+    version, env_steps = position["version"], position["env_steps"]
+    next_evaluation, resume_from = position["next_evaluation"], position["resume_from"]
 
-    if not algorithm.on_policy and schedule.heatup_env_steps:
-        specs = rollout_round(config, run_id, None, 1.0, resume_from, heatup_steps_per_env(config))
-        shards = collect_rollouts(client, specs, timeout_s, "heatup", resources)
-        fill_replay(learner, location, shards)
-        env_steps += sum(shard.env_steps for shard in shards)
-        resume_from = [shard.key for shard in shards]
-        progress.update(env_steps, "heatup done")
-
-    next_evaluation = schedule.evaluate_every_env_steps
     evaluation: EvaluationResult | None = None
     while True:
         round_started = time.perf_counter()
@@ -153,7 +177,7 @@ def _train(
         learned = learn(
             learner, location, run_id, version, shards,
             progress=min(env_steps / schedule.total_env_steps, 1.0),
-            counters={"env_steps": steps_after, "version": version + 1},
+            counters=_position(version + 1, steps_after, next_evaluation, [shard.key for shard in shards]),
         )
         if scoring is not None:
             evaluation = scoring.result()
@@ -195,6 +219,11 @@ def _train(
     return history
 
 
+def _position(version: int, env_steps: int, next_evaluation: int, resume_from: list[str | None]) -> dict[str, Any]:
+    """Where training stands after committing `version`: stored in its checkpoint to resume from."""
+    return {"version": version, "env_steps": env_steps, "next_evaluation": next_evaluation, "resume_from": resume_from}
+
+
 def _status(version: int, metrics: dict[str, float], summary: RunSummary) -> str:
     status = f"v{version} return {metrics.get('rollout/episode_return_mean', float('nan')):.1f}"
     return status if summary.final_return is None else f"{status} eval {summary.final_return:.1f}"
@@ -204,7 +233,7 @@ def _record_evaluation(evaluation: EvaluationResult, env_steps: int, tracker: Tr
     tracker.log_metrics(evaluation_metrics(evaluation), step=env_steps)
     summary.final_return = evaluation.mean_return
     summary.best_return = max(evaluation.mean_return, summary.best_return if summary.best_return is not None else -math.inf)
-    summary.evaluations.append((env_steps, evaluation.returns))
+    summary.evaluations.append((env_steps, evaluation.mean_return, min(evaluation.returns), max(evaluation.returns)))
 
 
 def _target_reached(target: float | None, evaluation: EvaluationResult | None) -> bool:

@@ -31,7 +31,11 @@ class Experiment:
 
 def resolve_experiment(preset: str, overrides: Mapping[str, Any] | None = None) -> Experiment:
     """Load, override and validate; raises InvalidPreset (one line: field and what is allowed)."""
-    config = load_preset(preset, overrides)
+    return experiment_from(load_preset(preset, overrides))
+
+
+def experiment_from(config: Preset) -> Experiment:
+    """Check a loaded preset's env against its agent and its parts against each other."""
     algorithm = algorithm_of(config.agent)
     try:
         observation_space, action_space = check_env(

@@ -11,17 +11,18 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 _LOSSES = ("train/policy_loss", "train/value_loss", "train/entropy", "train/td_loss", "train/q_mean")
+PLOTTED_METRICS = ("rollout/episode_return_mean", "time/env_steps_per_second", *_LOSSES)
 
 
 def plot_learning_curve(
     history: Sequence[Mapping[str, float]],
-    evaluations: Sequence[tuple[int, Sequence[float]]],
+    evaluations: Sequence[tuple[int, float, float, float]],
     path: str,
     title: str,
     target_return: float | None = None,
 ) -> str:
     """Write a PNG to `path`. `history` holds one metrics dict per iteration (with
-    'time/env_steps'); `evaluations` holds (env_steps, returns) pairs."""
+    'time/env_steps'); `evaluations` holds (env_steps, mean, min, max) of each evaluation."""
     figure, (returns_ax, loss_ax, speed_ax) = plt.subplots(
         3, 1, figsize=(9, 9), sharex=True, gridspec_kw={"height_ratios": [2.2, 1, 1]}
     )
@@ -30,13 +31,8 @@ def plot_learning_curve(
     train_returns = np.array([h.get("rollout/episode_return_mean", np.nan) for h in history])
     returns_ax.plot(steps, train_returns, color="tab:blue", alpha=0.45, lw=1, label="training episodes (mean)")
     if evaluations:
-        eval_steps = np.array([s for s, _ in evaluations], dtype=float)
-        eval_returns = [np.asarray(r, dtype=float) for _, r in evaluations]
-        means = np.array([r.mean() for r in eval_returns])
-        returns_ax.fill_between(
-            eval_steps, [r.min() for r in eval_returns], [r.max() for r in eval_returns],
-            color="tab:orange", alpha=0.2, label="evaluation min-max",
-        )
+        eval_steps, means, lows, highs = (np.array(column, dtype=float) for column in zip(*evaluations))
+        returns_ax.fill_between(eval_steps, lows, highs, color="tab:orange", alpha=0.2, label="evaluation min-max")
         returns_ax.plot(eval_steps, means, "o-", color="tab:orange", lw=2, label="evaluation (greedy, mean)")
     if target_return is not None:
         returns_ax.axhline(target_return, color="tab:green", ls="--", lw=1, label=f"target {target_return:g}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -25,8 +25,17 @@ class Tracker:
         run_name: str,
         tags: Mapping[str, str],
         artifact_location: str | None = None,
+        existing_run_id: str | None = None,
     ):
+        """A new MLflow run, or `existing_run_id` reopened (a resumed run logs into its own)."""
         self.client = MlflowClient(tracking_uri)
+        if existing_run_id is not None:
+            run = self.client.get_run(existing_run_id)
+            self.client.update_run(existing_run_id, status="RUNNING")
+            self.client.set_tag(existing_run_id, "prefect.flow_run_id.resumed", tags.get("prefect.flow_run_id", ""))
+            self.run_id, self.experiment_id = existing_run_id, run.info.experiment_id
+            self._pending: list[RunOperations] = []
+            return
         found = self.client.get_experiment_by_name(experiment)
         if found is None:
             experiment_id = self.client.create_experiment(experiment, artifact_location=artifact_location)
@@ -48,6 +57,20 @@ class Tracker:
         for start in range(0, len(items), 1000):
             operation = self.client.log_batch(self.run_id, metrics=items[start : start + 1000], synchronous=False)
             self._pending.append(operation)
+
+    def metric_rows(self, keys: Sequence[str]) -> list[dict[str, float]]:
+        """What was logged so far, one dict per step (with 'time/env_steps'), for the given keys."""
+        rows: dict[int, dict[str, float]] = {}
+        for key in (*keys, "time/env_steps"):
+            for metric in self.client.get_metric_history(self.run_id, key):
+                rows.setdefault(metric.step, {})[key] = metric.value
+        return [rows[step] for step in sorted(rows) if "time/env_steps" in rows[step]]
+
+    def evaluation_rows(self) -> list[tuple[int, float, float, float]]:
+        """(env steps, mean, min, max) of every evaluation logged so far."""
+        columns = [{m.step: m.value for m in self.client.get_metric_history(self.run_id, f"eval/return_{name}")}
+                   for name in ("mean", "min", "max")]
+        return [(step, columns[0][step], columns[1][step], columns[2][step]) for step in sorted(columns[0])]
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         for key, value in tags.items():

@@ -122,7 +122,8 @@ def test_an_unreachable_scheduler_fails_fast_with_nothing_written(prefect_api, w
     with socket.socket() as probe:  # a loopback port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    overrides = {**TINY, "distribution.scheduler_address": f"tcp://127.0.0.1:{port}", **local_overrides(workspace)}
+    overrides = {**TINY, "distribution.scheduler_address": f"tcp://127.0.0.1:{port}", **local_overrides(workspace),
+                 "storage.shared": True}
     started = time.monotonic()
     state = improve("cartpole-ppo", overrides, return_state=True)
     assert state.is_failed()
@@ -136,7 +137,7 @@ def test_a_running_scheduler_address_is_used_instead_of_a_local_cluster(prefect_
 
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
         overrides = {**TINY, "schedule.total_env_steps": 256, "distribution.scheduler_address": cluster.scheduler_address,
-                     **local_overrides(workspace)}
+                     **local_overrides(workspace), "storage.shared": True}  # the workers are on this machine
         summary = improve("cartpole-ppo", overrides)
         with Client(cluster) as client:
             worker_pids = set(client.run(os.getpid).values())

@@ -1,0 +1,63 @@
+"""Resuming a run whose flow process died: where it stood, from storage alone.
+
+A run's storage holds its preset (`preset.yaml`), its record (`run.json`: the MLflow run to log
+into), and its checkpoints, each with `counters.json`: the version, the env-step count, when the
+next evaluation is due and which shards the next round continues from. The learner's state
+comes from the newest checkpoint that verifies; DQN's replay memory is rebuilt by inserting the
+run's shards again in their original order, which gives the same memory the learner had.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from agents.core import Learner, Rollout
+from presets.errors import InvalidPreset
+from presets.load import validate_preset_data
+from presets.validate import Experiment, experiment_from
+from tasks.checkpoints import decode_arrays, decode_state, read_newest_valid_checkpoint
+from tasks.storage import RunLayout, Storage
+
+RUN_RECORD = "run.json"
+
+
+def write_run_record(storage: Storage, run_id: str, record: dict[str, Any]) -> None:
+    storage.write(f"{RunLayout(run_id).prefix}/{RUN_RECORD}", json.dumps(record, indent=1).encode())
+
+
+def read_run_record(storage: Storage, run_id: str) -> dict[str, Any]:
+    key = f"{RunLayout(run_id).prefix}/{RUN_RECORD}"
+    if not storage.exists(key):
+        raise InvalidPreset("resume", f"no run {run_id!r} under {storage.url('runs')}")
+    return json.loads(storage.read(key))
+
+
+def stored_preset(storage: Storage, run_id: str) -> dict[str, Any]:
+    return yaml.safe_load(storage.read(RunLayout(run_id).preset))
+
+
+def resolve_stored_experiment(storage: Storage, run_id: str, caller: Experiment) -> Experiment:
+    """The run's own preset, with the caller's storage settings (where the run was found, with
+    credentials the stored copy has redacted)."""
+    data = stored_preset(storage, run_id)
+    data["storage"] = caller.preset.storage.model_dump(mode="json")
+    return experiment_from(validate_preset_data(data))
+
+
+def restore_learner(storage: Storage, run_id: str, learner: Learner, rollout_workers: int) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Load the newest valid checkpoint into `learner`; returns its counters and the versions
+    refused on the way (with why)."""
+    layout = RunLayout(run_id)
+    loaded = read_newest_valid_checkpoint(storage, layout)
+    learner.load_state_dict(decode_state(loaded.blobs["learner.safetensors"], loaded.blobs["learner.json"]))
+    counters = json.loads(loaded.blobs["counters.json"])
+    if hasattr(learner, "remember"):
+        keys = [layout.shard(None, w) for w in range(rollout_workers) if storage.exists(layout.shard(None, w))]
+        keys += [layout.shard(v, w) for v in range(counters["version"]) for w in range(rollout_workers)]
+        for key in keys:
+            arrays = decode_arrays(storage.read(key))
+            learner.remember([Rollout(**{name: arrays[name] for name in Rollout._fields})])
+    return counters, loaded.refused

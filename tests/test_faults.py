@@ -1,0 +1,58 @@
+"""Fault drills with real processes: a Dask worker SIGKILLed in the middle of a rollout, and a
+rollout that hangs. SYNC runs must finish with exactly their shards and versions, and with the
+same weights as a clean run of the same preset and seed."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.improve import improve
+from tasks.checkpoints import read_checkpoint
+from tasks.storage import RunLayout, Storage, StorageLocation
+from tests.conftest import local_overrides
+from tests.test_improve_flow import TINY
+
+pytestmark = pytest.mark.e2e
+
+# 10 rounds of 128 steps (64 a worker process), evaluated once at the end: the 300th step a
+# worker process takes falls in the middle of its fifth rollout.
+DRILL = {**TINY, "env.id": "envs.testing:Tripwire", "schedule.total_env_steps": 1280,
+         "schedule.evaluate_every_env_steps": 100_000}
+
+
+def _run(workspace, name: str, env_kwargs: dict, **extra):
+    overrides = {**DRILL, **local_overrides(workspace), "storage.root": str(workspace / name), "env.kwargs": env_kwargs, **extra}
+    summary = improve("cartpole-ppo", overrides)
+    storage = Storage(StorageLocation(str(workspace / name)))
+    layout = RunLayout(summary.run_id)
+    final = summary.versions_committed - 1
+    weights = read_checkpoint(storage, layout, final, ["policy.safetensors"])["policy.safetensors"]
+    shards = storage.list(f"{layout.prefix}/shards")
+    assert shards == sorted(f"{layout.prefix}/shards/v{v:06d}/w{w:03d}.npz" for v in range(final) for w in (0, 1))
+    return summary, weights
+
+
+@pytest.fixture
+def clean_run(prefect_api, workspace):
+    return _run(workspace, "clean", {"at_step": 10**9, "once_file": str(workspace / "never")})
+
+
+def test_a_worker_sigkilled_mid_rollout_is_replaced_and_the_run_ends_as_a_clean_one(clean_run, workspace):
+    once = workspace / "killed.once"
+    summary, weights = _run(workspace, "killed", {"at_step": 300, "once_file": str(once), "fault": "kill"})
+    killed_pid = int(once.read_text())  # the worker process that took SIGKILL, mid-step of a rollout
+    pids = {int(process.split(":")[1]) for process in summary.rollout_processes}
+    assert killed_pid in pids  # it had collected earlier rounds; others finished the run
+    clean_summary, clean_weights = clean_run
+    assert (summary.env_steps, summary.versions_committed) == (clean_summary.env_steps, clean_summary.versions_committed)
+    assert weights == clean_weights
+
+
+def test_a_hanging_rollout_is_timed_out_and_redone(clean_run, workspace):
+    once = workspace / "hung.once"
+    summary, weights = _run(workspace, "hung", {"at_step": 300, "once_file": str(once), "fault": "hang"},
+                            **{"distribution.rollout_timeout_s": 5})
+    assert once.exists()  # a rollout hung; the round timed out, its worker was restarted, the job redone
+    clean_summary, clean_weights = clean_run
+    assert summary.versions_committed == clean_summary.versions_committed
+    assert weights == clean_weights

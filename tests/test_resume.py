@@ -1,0 +1,69 @@
+"""A flow process SIGKILLed mid-training is resumed from its last committed checkpoint and ends
+exactly where an uninterrupted run of the same preset and seed ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flows.cli import main
+from flows.improve import improve
+from tasks.checkpoints import read_checkpoint
+from tasks.storage import RunLayout, Storage, StorageLocation
+from tests.conftest import local_overrides
+from tests.test_improve_flow import TINY
+
+pytestmark = pytest.mark.e2e
+
+
+def _final_weights(root, summary) -> bytes:
+    storage = Storage(StorageLocation(str(root)))
+    return read_checkpoint(storage, RunLayout(summary.run_id), summary.versions_committed - 1,
+                           ["policy.safetensors"])["policy.safetensors"]
+
+
+@pytest.mark.parametrize(("preset", "extra"), [
+    ("cartpole-ppo", {}),
+    ("cartpole-dqn", {"agent.train_steps_per_iteration": 8, "agent.hidden_sizes": [16], "schedule.heatup_env_steps": 128}),
+])
+def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, extra, prefect_api, workspace):
+    from prefect.settings import PREFECT_API_URL
+
+    run = {**TINY, "schedule.total_env_steps": 2560, **extra, **local_overrides(workspace)}  # 20 rounds
+    clean = improve(preset, {**run, "storage.root": str(workspace / "clean")})
+
+    killed_root = workspace / "killed"
+    flow = subprocess.Popen(
+        [sys.executable, "-c", ("import json, sys\nfrom flows.improve import improve\n"
+                                "if __name__ == '__main__':\n    improve(sys.argv[1], json.loads(sys.argv[2]))"),
+         preset, json.dumps({**run, "storage.root": str(killed_root)})],
+        env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
+        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 180
+    while not list(killed_root.glob("runs/*/checkpoints/v000004/manifest.json")):
+        assert flow.poll() is None and time.monotonic() < deadline, "the flow ended before it could be killed"
+        time.sleep(0.05)
+    os.killpg(flow.pid, signal.SIGKILL)  # the flow's process, its Dask scheduler and workers
+    flow.wait()
+    (run_dir,) = (killed_root / "runs").iterdir()
+    assert not (killed_root / "runs" / run_dir.name / "checkpoints" / f"v{clean.versions_committed - 1:06d}").exists()
+
+    assert main(["resume", run_dir.name, "--root", str(killed_root), "--quiet"]) == 0
+    storage = Storage(StorageLocation(str(killed_root)))
+    record = json.loads(storage.read(f"runs/{run_dir.name}/run.json"))
+    client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
+    mlflow_run = client.get_run(record["mlflow_run_id"])
+    assert mlflow_run.info.status == "FINISHED"  # the same MLflow run, finished by the resumed flow
+    steps = [m.step for m in client.get_metric_history(mlflow_run.info.run_id, "time/policy_version")]
+    assert steps[0] < 1000 and steps[-1] == clean.env_steps  # before the kill, and to the end
+    resumed = type(clean)(run_dir.name, record["mlflow_run_id"], "", env_steps=steps[-1],
+                          versions_committed=clean.versions_committed)
+    assert _final_weights(killed_root, resumed) == _final_weights(workspace / "clean", clean)
