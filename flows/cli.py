@@ -144,17 +144,17 @@ def _parser() -> argparse.ArgumentParser:
         )
         if name == "run":
             command.add_argument("--quiet", action="store_true", help="no progress bar")
-    resume = commands.add_parser("resume", help="continue a run whose flow died, from its last valid checkpoint")
-    resume.add_argument("run_id", help="the run id, e.g. cartpole-ppo-20261121-112038-28cdab")
-    resume.add_argument("--root", default="gymflow-data", help="the storage root the run is under (storage.root)")
-    resume.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="a storage option, e.g. --option endpoint_url=http://127.0.0.1:9000")
-    resume.add_argument("--quiet", action="store_true", help="no progress bar")
-    checkpoints = commands.add_parser("checkpoints", help="verify a run's checkpoints against their manifests")
-    checkpoints.add_argument("run_id", help="the run id, e.g. cartpole-ppo-20261121-112038-28cdab")
-    checkpoints.add_argument("--root", default="gymflow-data", help="the storage root (storage.root)")
-    checkpoints.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+    for name, help_text in (
+        ("resume", "continue a run whose flow died, from its last valid checkpoint"),
+        ("checkpoints", "verify a run's checkpoints against their manifests"),
+    ):
+        command = commands.add_parser(name, help=help_text)
+        command.add_argument("run_id", help="the run id, e.g. cartpole-ppo-20261121-112038-28cdab")
+        command.add_argument("--root", default="gymflow-data", help="the storage root the run is under (storage.root)")
+        command.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                              help="a storage option, e.g. --option endpoint_url=http://127.0.0.1:9000")
+        if name == "resume":
+            command.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 

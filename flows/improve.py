@@ -164,7 +164,7 @@ def _train(
     next_evaluation, resume_from = position["next_evaluation"], position["resume_from"]
 
     evaluation: EvaluationResult | None = None
-    while True:
+    while env_steps < schedule.total_env_steps:
         round_started = time.perf_counter()
         exploration = algorithm.exploration(config.agent, env_steps)
         specs = rollout_round(config, run_id, version, exploration, resume_from)
@@ -194,8 +194,6 @@ def _train(
         progress.update(env_steps, _status(version, metrics, summary))
         if _target_reached(schedule.target_return, evaluation):
             summary.solved = True
-            break
-        if env_steps >= schedule.total_env_steps:
             break
 
     if not summary.solved:  # the final evaluation, of the last version

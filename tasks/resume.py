@@ -14,11 +14,12 @@ from typing import Any
 
 import yaml
 
-from agents.core import Learner, Rollout
+from agents.core import Learner
 from presets.errors import InvalidPreset
 from presets.load import validate_preset_data
 from presets.validate import Experiment, experiment_from
-from tasks.checkpoints import decode_arrays, decode_state, read_newest_valid_checkpoint
+from tasks.checkpoints import decode_state, read_newest_valid_checkpoint
+from tasks.shards import read_shard_at
 from tasks.storage import RunLayout, Storage
 
 RUN_RECORD = "run.json"
@@ -58,6 +59,5 @@ def restore_learner(storage: Storage, run_id: str, learner: Learner, rollout_wor
         keys = [layout.shard(None, w) for w in range(rollout_workers) if storage.exists(layout.shard(None, w))]
         keys += [layout.shard(v, w) for v in range(counters["version"]) for w in range(rollout_workers)]
         for key in keys:
-            arrays = decode_arrays(storage.read(key))
-            learner.remember([Rollout(**{name: arrays[name] for name in Rollout._fields})])
+            learner.remember([read_shard_at(storage, key)])
     return counters, loaded.refused

@@ -75,7 +75,19 @@ def write_shard(
 
 
 def read_shard(storage: Storage, ref: ShardRef) -> Rollout:
-    arrays = _read_verified(storage, ref)
+    """The rollout its writer reported in `ref`, checked against the reported size and sha256."""
+    return _rollout(_read_verified(storage, ref))
+
+
+def read_shard_at(storage: Storage, key: str) -> Rollout:
+    """The rollout stored at `key`, for when no writer's report is at hand (rebuilding replay
+    on resume)."""
+    if not storage.exists(key):
+        raise ShardError(f"shard {storage.url(key)} is missing")
+    return _rollout(decode_arrays(storage.read(key)))
+
+
+def _rollout(arrays: dict[str, np.ndarray]) -> Rollout:
     return Rollout(**{name: arrays[name] for name in Rollout._fields})
 
 
