@@ -20,16 +20,29 @@ import time
 import torch
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--envs", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=128, help="steps per env per round")
-    parser.add_argument("--rounds", type=int, default=20)
-    args = parser.parse_args()
-
+def plain_throughput(envs: int, steps: int, rounds: int) -> float:
+    """Env steps per second of one process collecting with the PPO policy, nothing written."""
     from agents.rollout import collect
     from envs.vector import SeededVectorEnv
+    from presets.validate import resolve_experiment
+    from tasks.learn import create_learner
+
+    torch.set_num_threads(1)
+    experiment = resolve_experiment("cartpole-ppo")
+    learner = create_learner(experiment)
+    policy = experiment.algorithm.policy(learner.network, experiment.preset.agent, 0.0, 0)
+    env = SeededVectorEnv("CartPole-v1", {}, envs, seed=0)
+    env.reset()
+    collect(policy, env, steps)  # warm-up
+    started = time.perf_counter()
+    for _ in range(rounds):
+        collect(policy, env, steps)
+    return rounds * steps * envs / (time.perf_counter() - started)
+
+
+def gymflow_throughput(workers: int, envs: int, steps: int, rounds: int) -> tuple[float, float]:
+    """(env steps per second, seconds per round) of gymflow's rollout rounds on a LocalCluster of
+    `workers` processes, shards written to a local folder."""
     from presets.validate import resolve_experiment
     from tasks.cluster import dask_client
     from tasks.jobs import run_rollout
@@ -37,44 +50,42 @@ def main() -> None:
     from tasks.rollout import _run_round
     from tasks.rounds import rollout_round, storage_location
 
-    torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as folder:
         experiment = resolve_experiment("cartpole-ppo", {
-            "storage.root": folder, "distribution.rollout_workers": args.workers,
-            "distribution.envs_per_worker": args.envs, "schedule.rollout_steps_per_env": args.steps,
+            "storage.root": folder, "distribution.rollout_workers": workers,
+            "distribution.envs_per_worker": envs, "schedule.rollout_steps_per_env": steps,
         })
         config = experiment.preset
         learner = create_learner(experiment)
-        policy = experiment.algorithm.policy(learner.network, config.agent, 0.0, 0)
-
-        env = SeededVectorEnv("CartPole-v1", {}, args.envs, seed=0)
-        env.reset()
-        collect(policy, env, args.steps)  # warm-up
-        started = time.perf_counter()
-        for _ in range(args.rounds):
-            collect(policy, env, args.steps)
-        baseline = args.rounds * args.steps * args.envs / (time.perf_counter() - started)
-
-        for version in range(args.rounds + 1):
+        for version in range(rounds + 1):
             save_checkpoint(storage_location(config), "bench", version, learner, {}, include_replay=False)
         with dask_client(config.distribution) as client:
-            client.wait_for_workers(args.workers)
-            resume_from = [ref.key for ref in _run_round(  # warm-up: imports, first envs
-                client, run_rollout, rollout_round(config, "bench", 0, 0.0, [None] * args.workers), 600, None)]
+            client.wait_for_workers(min(workers, os.cpu_count() or 1))
+            first = rollout_round(config, "bench", 0, 0.0, [None] * workers)
+            resume_from = [ref.key for ref in _run_round(client, run_rollout, first, 600, None)]  # warm-up
             started = time.perf_counter()
-            for version in range(1, args.rounds + 1):
+            for version in range(1, rounds + 1):
                 specs = rollout_round(config, "bench", version, 0.0, resume_from)
-                refs = _run_round(client, run_rollout, specs, 600, None)
-                resume_from = [ref.key for ref in refs]
+                resume_from = [ref.key for ref in _run_round(client, run_rollout, specs, 600, None)]
             seconds = time.perf_counter() - started
-        gymflow = args.rounds * args.steps * args.envs * args.workers / seconds
+    return rounds * steps * envs * workers / seconds, seconds / rounds
 
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--envs", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=128, help="steps per env per round")
+    parser.add_argument("--rounds", type=int, default=20)
+    args = parser.parse_args()
+    baseline = plain_throughput(args.envs, args.steps, args.rounds)
+    gymflow, round_seconds = gymflow_throughput(args.workers, args.envs, args.steps, args.rounds)
     print(f"machine: {os.cpu_count()} cores; CartPole-v1, {args.envs} envs x {args.steps} steps per job, {args.rounds} rounds")
     print(f"plain loop, 1 process:           {baseline:>10,.0f} env steps/s")
     print(f"gymflow, {args.workers} Dask worker processes: {gymflow:>10,.0f} env steps/s "
           f"({gymflow / args.workers:,.0f} per worker)")
-    print(f"ratio per core: {gymflow / args.workers / baseline:.2f} (target >= 0.9); "
-          f"round wall-clock {1000 * seconds / args.rounds:.1f} ms")
+    print(f"ratio per core: {gymflow / min(args.workers, os.cpu_count() or 1) / baseline:.2f} (target >= 0.9); "
+          f"round wall-clock {1000 * round_seconds:.1f} ms")
 
 
 if __name__ == "__main__":
