@@ -156,7 +156,7 @@ def _train(
             fill_replay(learner, location, shards)
             position |= {"env_steps": sum(shard.env_steps for shard in shards), "resume_from": [s.key for s in shards]}
             progress.update(position["env_steps"], "heatup done")
-        save_checkpoint(location, run_id, 0, learner, position, include_replay=False)
+        save_checkpoint(location, run_id, 0, learner, position, include_replay=config.storage.checkpoint_replay)
     else:  # resumed: what was logged before the flow died is in MLflow
         history = tracker.metric_rows(PLOTTED_METRICS)
         summary.evaluations = tracker.evaluation_rows()
@@ -178,6 +178,7 @@ def _train(
             learner, location, run_id, version, shards,
             progress=min(env_steps / schedule.total_env_steps, 1.0),
             counters=_position(version + 1, steps_after, next_evaluation, [shard.key for shard in shards]),
+            include_replay=config.storage.checkpoint_replay,
         )
         if scoring is not None:
             evaluation = scoring.result()

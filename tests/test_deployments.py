@@ -70,7 +70,8 @@ def test_deploy_and_run_a_preset_through_a_process_worker(deployed, tmp_path):
         overrides = {"env.id": "envs.testing:Corridor", "schedule.total_env_steps": 512,
                      "schedule.rollout_steps_per_env": 16, "distribution.envs_per_worker": 4,
                      "schedule.evaluate_every_env_steps": 256, "storage.root": str(tmp_path / "data"),
-                     "tracking.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+                     "tracking.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+                     "tracking.artifact_location": str(tmp_path / "mlartifacts")}  # not in the checkout
         run = _prefect(env, "deployment", "run", "improve/cartpole-ppo", "-p", f"overrides={json.dumps(overrides)}",
                        "--watch", timeout=400)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -10,7 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from flows.improve import improve
-from tasks.checkpoints import latest_version, read_checkpoint
+from tasks.checkpoints import decode_arrays, latest_version, read_checkpoint
 from tasks.storage import RunLayout, Storage, StorageLocation
 from tests.conftest import local_overrides, written_files
 
@@ -98,7 +98,7 @@ def test_ppo_sync_run_lands_checkpoints_shards_and_an_mlflow_run(prefect_api, wo
 
 def test_dqn_sync_run_heats_up_then_trains(prefect_api, workspace):
     overrides = {**TINY, "agent.train_steps_per_iteration": 8, "agent.hidden_sizes": [16],
-                 "schedule.heatup_env_steps": 128, **local_overrides(workspace)}
+                 "schedule.heatup_env_steps": 128, "storage.checkpoint_replay": True, **local_overrides(workspace)}
     state = improve("cartpole-dqn", overrides, return_state=True)
     assert state.is_completed(), state.message
     summary = state.result()
@@ -107,6 +107,9 @@ def test_dqn_sync_run_heats_up_then_trains(prefect_api, workspace):
     _check_mlflow(workspace, summary, state.state_details.flow_run_id, "dqn")
     run = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}").get_run(summary.mlflow_run_id)
     assert "train/td_loss" in run.data.metrics and "rollout/exploration" in run.data.metrics
+    storage = Storage(StorageLocation(str(workspace / "data")))
+    final = read_checkpoint(storage, RunLayout(summary.run_id), summary.versions_committed - 1)
+    assert decode_arrays(final["replay.npz"])["counters"][2] == summary.env_steps  # every transition inserted
 
 
 def test_bad_input_fails_the_flow_before_anything_is_written(prefect_api, workspace):
