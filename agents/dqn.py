@@ -1,7 +1,9 @@
 """Deep Q-Networks: a target network, an epsilon-greedy schedule, a replay memory.
 
-Mnih et al. 2015. Each iteration inserts the new transitions, then takes
-`train_steps_per_iteration` gradient steps on uniform samples of the replay memory.
+Mnih et al. 2015, with the usual options: double Q-learning (van Hasselt et al. 2016), dueling
+heads (Wang et al. 2016), n-step returns and prioritized replay (Schaul et al. 2016). SYNC: each
+iteration inserts the new transitions, then takes `train_steps_per_iteration` gradient steps.
+ASYNC: the caller inserts (`remember`) and trains (`train`) at its own ratio.
 """
 
 from __future__ import annotations
@@ -13,16 +15,16 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from gymnasium import spaces
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from torch import nn
 from torch.nn import functional as F
 
 from agents.core import Rollout
 from agents.networks import mlp, seeded_init
-from agents.replay import ReplayMemory, Transitions
+from agents.replay import ReplayOptions, Sample, make_replay, n_step_transitions
 
 
-class DQNConfig(BaseModel):
+class DQNConfig(ReplayOptions):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     algo: Literal["dqn"] = "dqn"
@@ -43,6 +45,9 @@ class DQNConfig(BaseModel):
     )
     max_grad_norm: float = Field(default=10.0, gt=0, description="Gradient clipping norm.")
     hidden_sizes: list[int] = Field(default=[256, 256], min_length=1, description="MLP widths.")
+    double_q: bool = Field(default=False, description="Double Q-learning: the online network picks the next action, the target values it.")
+    dueling: bool = Field(default=False, description="Dueling heads: Q = V + A - mean(A).")
+    n_step: int = Field(default=1, ge=1, le=100, description="Bootstrap after this many rewards (n-step returns).")
 
 
 def epsilon_at(config: DQNConfig, env_steps: int) -> float:
@@ -50,8 +55,26 @@ def epsilon_at(config: DQNConfig, env_steps: int) -> float:
     return config.epsilon_start + fraction * (config.epsilon_end - config.epsilon_start)
 
 
+class DuelingQNetwork(nn.Module):
+    """A shared trunk, then a state value and action advantages: Q = V + A - mean(A)."""
+
+    def __init__(self, inputs: int, hidden: list[int], actions: int):
+        super().__init__()
+        self.trunk = mlp(inputs, hidden[:-1], hidden[-1], nn.ReLU) if len(hidden) > 1 else nn.Linear(inputs, hidden[0])
+        self.value = nn.Linear(hidden[-1], 1)
+        self.advantage = nn.Linear(hidden[-1], actions)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        features = torch.relu(self.trunk(obs))
+        advantage = self.advantage(features)
+        return self.value(features) + advantage - advantage.mean(dim=1, keepdim=True)
+
+
 def make_network(config: DQNConfig, observation_space: spaces.Box, action_space: spaces.Discrete) -> nn.Module:
-    return mlp(int(observation_space.shape[0]), config.hidden_sizes, int(action_space.n), nn.ReLU)
+    inputs, actions = int(observation_space.shape[0]), int(action_space.n)
+    if config.dueling:
+        return DuelingQNetwork(inputs, config.hidden_sizes, actions)
+    return mlp(inputs, config.hidden_sizes, actions, nn.ReLU)
 
 
 class QPolicy:
@@ -79,7 +102,7 @@ class DQNLearner:
             self.q_network = make_network(config, observation_space, action_space)
         self.target_network = copy.deepcopy(self.q_network).requires_grad_(False)
         self.optimizer = torch.optim.Adam(self.q_network.parameters(), lr=config.lr, fused=True)
-        self.replay = ReplayMemory(config.replay_capacity, observation_space.shape, (), np.int64)
+        self.replay = make_replay(config.replay_capacity, observation_space.shape, (), np.int64, config)
         self.rng = np.random.default_rng(seed)
         self.train_steps = 0
 
@@ -90,48 +113,62 @@ class DQNLearner:
         self.q_network.load_state_dict(weights)
         self.target_network.load_state_dict(weights)
 
+    @property
+    def samples_per_train_step(self) -> int:
+        return self.config.batch_size
+
     def remember(self, rollouts: Sequence[Rollout]) -> None:
         for rollout in rollouts:
             self.replay.add(
-                Transitions(
-                    obs=rollout.obs.reshape(-1, *rollout.obs.shape[2:]),
-                    actions=rollout.actions.reshape(-1),
-                    rewards=rollout.rewards.reshape(-1),
-                    next_obs=rollout.next_obs().reshape(-1, *rollout.obs.shape[2:]),
-                    terminated=rollout.terminated.reshape(-1),
+                n_step_transitions(
+                    rollout.obs, rollout.actions, rollout.rewards, rollout.next_obs(), rollout.terminated,
+                    rollout.truncated, self.config.gamma, self.config.n_step,
                 )
             )
 
     def learn(self, rollouts: Sequence[Rollout], progress: float) -> dict[str, float]:
         self.remember(rollouts)
+        return self.train(self.config.train_steps_per_iteration, progress)
+
+    def train(self, steps: int, progress: float) -> dict[str, float]:
+        """`steps` gradient steps on samples of the replay memory; `progress` anneals the
+        importance-weight exponent of prioritized replay."""
         losses, q_means = [], []
-        for _ in range(self.config.train_steps_per_iteration):
-            loss, q_mean = self._update(self.replay.sample(self.config.batch_size, self.rng))
+        for _ in range(steps):
+            loss, q_mean = self._update(self.replay.sample(self.config.batch_size, self.rng, progress))
             losses.append(loss)
             q_means.append(q_mean)
             self.train_steps += 1
             if self.train_steps % self.config.target_update_every_train_steps == 0:
                 self.target_network.load_state_dict(self.q_network.state_dict())
         return {
-            "td_loss": float(np.mean(losses)),
-            "q_mean": float(np.mean(q_means)),
+            "td_loss": float(np.mean(losses)) if losses else float("nan"),
+            "q_mean": float(np.mean(q_means)) if q_means else float("nan"),
             "replay_size": float(len(self.replay)),
             "train_steps": float(self.train_steps),
         }
 
-    def _update(self, batch: Transitions) -> tuple[float, float]:
+    def _update(self, sample: Sample) -> tuple[float, float]:
+        batch = sample.transitions
         obs = torch.from_numpy(batch.obs)
         actions = torch.from_numpy(batch.actions)
         with torch.no_grad():
-            next_q = self.target_network(torch.from_numpy(batch.next_obs)).max(dim=1).values
-            not_terminal = 1.0 - torch.from_numpy(batch.terminated).float()
-            targets = torch.from_numpy(batch.rewards) + self.config.gamma * not_terminal * next_q
+            next_obs = torch.from_numpy(batch.next_obs)
+            next_target_q = self.target_network(next_obs)
+            if self.config.double_q:
+                next_actions = self.q_network(next_obs).argmax(dim=1, keepdim=True)
+                next_q = next_target_q.gather(1, next_actions).squeeze(1)
+            else:
+                next_q = next_target_q.max(dim=1).values
+            targets = torch.from_numpy(batch.rewards) + torch.from_numpy(batch.discounts) * next_q
         q_taken = self.q_network(obs).gather(1, actions[:, None]).squeeze(1)
-        loss = F.smooth_l1_loss(q_taken, targets)
+        weights = torch.from_numpy(sample.weights)
+        loss = (weights * F.smooth_l1_loss(q_taken, targets, reduction="none")).mean()
         self.optimizer.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(self.q_network.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
+        self.replay.update_priorities(sample.index, (targets - q_taken).detach().numpy())
         return loss.item(), q_taken.mean().item()
 
     def state_dict(self) -> dict[str, Any]:

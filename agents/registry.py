@@ -9,7 +9,7 @@ from typing import Any
 from gymnasium import spaces
 from torch import nn
 
-from agents import dqn, ppo
+from agents import dqn, ppo, sac
 from agents.core import Learner, Policy
 
 
@@ -42,6 +42,15 @@ ALGORITHMS: dict[str, Algorithm] = {
         network=dqn.make_network,
         policy=lambda network, config, exploration, seed: dqn.QPolicy(network, exploration, seed),
         exploration=dqn.epsilon_at,
+    ),
+    "sac": Algorithm(
+        name="sac",
+        on_policy=False,
+        action_spaces=(spaces.Box,),
+        learner=sac.SACLearner,
+        network=sac.make_actor,
+        policy=lambda network, config, exploration, seed: sac.SACPolicy(network, seed),
+        exploration=lambda config, env_steps: 0.0,
     ),
 }
 

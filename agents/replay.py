@@ -1,21 +1,53 @@
-"""A uniform replay memory: a numpy ring buffer of transitions."""
+"""Replay memories: a uniform numpy ring buffer, and a proportional prioritized one.
+
+Prioritized replay (Schaul et al. 2016, proportional variant): transition i is sampled with
+probability p_i^alpha / sum_j p_j^alpha, where p_i is its last |TD error| plus a small epsilon;
+new transitions enter with the largest priority seen so far. Each sample carries an importance
+weight (N * P(i))^-beta / max_j (N * P(j))^-beta that corrects the bias, and the learner hands
+back new priorities after every batch (`update_priorities`).
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
+from pydantic import BaseModel, Field
 
 
 class Transitions(NamedTuple):
     obs: np.ndarray
     actions: np.ndarray
-    rewards: np.ndarray
-    next_obs: np.ndarray
-    terminated: np.ndarray
+    rewards: np.ndarray  # the (n-step) discounted reward sum
+    next_obs: np.ndarray  # the observation to bootstrap from
+    discounts: np.ndarray  # gamma^k of the bootstrap; 0 where the episode terminated
+
+
+class Sample(NamedTuple):
+    """A batch drawn from a memory: the transitions, where they sit, and their importance weights
+    (all ones for uniform replay)."""
+
+    transitions: Transitions
+    index: np.ndarray
+    weights: np.ndarray
+
+
+class ReplayOptions(BaseModel):
+    """Replay settings shared by the off-policy agents."""
+
+    replay: Literal["uniform", "prioritized"] = Field(
+        default="uniform", description="uniform sampling, or prioritized by |TD error| (proportional)."
+    )
+    priority_alpha: float = Field(default=0.6, ge=0, le=1, description="Prioritized: how strongly priorities shape sampling.")
+    priority_beta_start: float = Field(
+        default=0.4, ge=0, le=1, description="Prioritized: importance-weight exponent at the start, annealed to 1."
+    )
+    priority_epsilon: float = Field(default=1e-6, gt=0, description="Prioritized: added to |TD error| so no priority is 0.")
 
 
 class ReplayMemory:
+    """A ring buffer sampled uniformly."""
+
     def __init__(self, capacity: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...], action_dtype):
         self.capacity = capacity
         self.arrays = {
@@ -23,7 +55,7 @@ class ReplayMemory:
             "actions": np.zeros((capacity, *action_shape), action_dtype),
             "rewards": np.zeros(capacity, np.float32),
             "next_obs": np.zeros((capacity, *obs_shape), np.float32),
-            "terminated": np.zeros(capacity, bool),
+            "discounts": np.zeros(capacity, np.float32),
         }
         self.size = 0
         self.cursor = 0  # where the next transition goes
@@ -32,7 +64,8 @@ class ReplayMemory:
     def __len__(self) -> int:
         return self.size
 
-    def add(self, batch: Transitions) -> None:
+    def add(self, batch: Transitions) -> np.ndarray:
+        """Insert a batch, overwriting the oldest transitions when full; returns their slots."""
         self.inserted += len(batch.rewards)
         if len(batch.rewards) > self.capacity:
             batch = Transitions(*(values[-self.capacity :] for values in batch))
@@ -42,9 +75,16 @@ class ReplayMemory:
             self.arrays[name][index] = values
         self.cursor = int((self.cursor + count) % self.capacity)
         self.size = min(self.size + count, self.capacity)
+        return index
 
-    def sample(self, batch_size: int, rng: np.random.Generator) -> Transitions:
+    def sample(self, batch_size: int, rng: np.random.Generator, progress: float = 0.0) -> Sample:
         index = rng.integers(0, self.size, size=batch_size)
+        return Sample(self._at(index), index, np.ones(batch_size, np.float32))
+
+    def update_priorities(self, index: np.ndarray, td_errors: np.ndarray) -> None:
+        """Uniform replay keeps no priorities."""
+
+    def _at(self, index: np.ndarray) -> Transitions:
         return Transitions(**{name: values[index] for name, values in self.arrays.items()})
 
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -56,3 +96,145 @@ class ReplayMemory:
         self.size, self.cursor, self.inserted = (int(x) for x in state["counters"])
         for name in self.arrays:
             self.arrays[name][: self.size] = state[name]
+
+
+class SumTree:
+    """Priorities in the leaves of a complete binary tree whose nodes hold their children's sum:
+    O(log n) updates and prefix-sum searches, vectorised over a batch with numpy."""
+
+    def __init__(self, capacity: int):
+        self.leaves = 1 << max(int(np.ceil(np.log2(max(capacity, 1)))), 0)
+        self.nodes = np.zeros(2 * self.leaves, np.float64)  # node 1 is the root; leaf i is node leaves + i
+
+    @property
+    def total(self) -> float:
+        return float(self.nodes[1])
+
+    def get(self, index: np.ndarray) -> np.ndarray:
+        return self.nodes[self.leaves + np.asarray(index)]
+
+    def set(self, index: np.ndarray, values: np.ndarray) -> None:
+        nodes = self.leaves + np.asarray(index, dtype=np.int64)
+        self.nodes[nodes] = values
+        parents = np.unique(nodes // 2)
+        while parents[0] >= 1:
+            self.nodes[parents] = self.nodes[2 * parents] + self.nodes[2 * parents + 1]
+            if parents[0] == 1:
+                break
+            parents = np.unique(parents // 2)
+
+    def find(self, prefix_sums: np.ndarray) -> np.ndarray:
+        """For each value u in [0, total), the leaf i with sum(leaves[:i]) <= u < sum(leaves[:i + 1])."""
+        node = np.ones(len(prefix_sums), dtype=np.int64)
+        remaining = np.asarray(prefix_sums, dtype=np.float64).copy()
+        while node[0] < self.leaves:
+            left = 2 * node
+            go_right = remaining >= self.nodes[left]
+            remaining -= np.where(go_right, self.nodes[left], 0.0)
+            node = left + go_right
+        return node - self.leaves
+
+
+class PrioritizedReplayMemory(ReplayMemory):
+    """Proportional prioritized replay with importance weights; see the module's docstring."""
+
+    def __init__(self, capacity, obs_shape, action_shape, action_dtype, options: ReplayOptions):
+        super().__init__(capacity, obs_shape, action_shape, action_dtype)
+        self.options = options
+        self.tree = SumTree(capacity)
+        self.max_priority = 1.0
+
+    def add(self, batch: Transitions) -> np.ndarray:
+        index = super().add(batch)
+        self.tree.set(index, np.full(len(index), self.max_priority**self.options.priority_alpha))
+        return index
+
+    def sample(self, batch_size: int, rng: np.random.Generator, progress: float = 0.0) -> Sample:
+        total = self.tree.total
+        # one draw in each of batch_size equal slices of the total (stratified, as in the paper)
+        bounds = np.linspace(0.0, total, batch_size + 1)
+        draws = rng.uniform(bounds[:-1], bounds[1:])
+        index = np.minimum(self.tree.find(np.minimum(draws, np.nextafter(total, 0))), self.size - 1)
+        probabilities = self.tree.get(index) / total
+        beta = self.beta(progress)
+        weights = (self.size * probabilities) ** -beta
+        smallest = self.tree.get(np.arange(self.size)).min() / total  # the largest weight
+        weights = weights / (self.size * smallest) ** -beta
+        return Sample(self._at(index), index, weights.astype(np.float32))
+
+    def beta(self, progress: float) -> float:
+        start = self.options.priority_beta_start
+        return start + min(max(progress, 0.0), 1.0) * (1.0 - start)
+
+    def update_priorities(self, index: np.ndarray, td_errors: np.ndarray) -> None:
+        priorities = np.abs(np.asarray(td_errors, np.float64)) + self.options.priority_epsilon
+        self.max_priority = max(self.max_priority, float(priorities.max()))
+        self.tree.set(index, priorities**self.options.priority_alpha)
+
+    def probabilities(self) -> np.ndarray:
+        """The sampling probability of every stored transition."""
+        return self.tree.get(np.arange(self.size)) / self.tree.total
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        state = super().state_dict()
+        state["priorities"] = self.tree.get(np.arange(self.size))
+        state["max_priority"] = np.array([self.max_priority])
+        return state
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        super().load_state_dict(state)
+        self.tree = SumTree(self.capacity)
+        if self.size:
+            self.tree.set(np.arange(self.size), state["priorities"])
+        self.max_priority = float(state["max_priority"][0])
+
+
+def make_replay(
+    capacity: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...], action_dtype, options: ReplayOptions
+) -> ReplayMemory:
+    if options.replay == "prioritized":
+        return PrioritizedReplayMemory(capacity, obs_shape, action_shape, action_dtype, options)
+    return ReplayMemory(capacity, obs_shape, action_shape, action_dtype)
+
+
+def n_step_transitions(
+    obs: np.ndarray,
+    actions: np.ndarray,
+    rewards: np.ndarray,
+    next_obs: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    gamma: float,
+    n: int,
+) -> Transitions:
+    """Flat n-step transitions from [T, N] arrays of consecutive steps.
+
+    From step t: the discounted sum of up to n rewards, stopping at the first step that ends the
+    episode, and the observation to bootstrap from with discount gamma^k (0 where the episode
+    terminated; a truncated episode bootstraps from its final observation). The last steps of a
+    batch use as many steps as the batch holds, so nothing is held back between batches."""
+    steps, envs = rewards.shape
+    total = np.zeros((steps, envs), np.float64)
+    discount = np.ones((steps, envs), np.float64)
+    open_ = np.ones((steps, envs), bool)  # still accumulating
+    last = np.tile(np.arange(steps)[:, None], (1, envs))  # the step whose next_obs we bootstrap from
+    ended_terminal = np.zeros((steps, envs), bool)
+    ends = terminated | truncated
+    for k in range(n):
+        later = np.arange(steps) + k
+        inside = later < steps
+        active = open_ & inside[:, None]
+        at = np.minimum(later, steps - 1)
+        total += np.where(active, discount * rewards[at], 0.0)
+        discount = np.where(active, discount * gamma, discount)
+        last = np.where(active, at[:, None], last)
+        ended_terminal |= active & terminated[at]
+        open_ = active & ~ends[at]
+    columns = np.arange(envs)[None, :]
+    return Transitions(
+        obs=obs.reshape(-1, *obs.shape[2:]),
+        actions=actions.reshape(-1, *actions.shape[2:]),
+        rewards=total.astype(np.float32).reshape(-1),
+        next_obs=next_obs[last, columns].reshape(-1, *obs.shape[2:]),
+        discounts=np.where(ended_terminal, 0.0, discount).astype(np.float32).reshape(-1),
+    )

@@ -138,7 +138,7 @@ def _one_line(error: ValidationError) -> InvalidPreset:
     first = error.errors()[0]
     location = [str(part) for part in first["loc"]]
     # A discriminated union puts the tag ('ppo') into the location; users never wrote it.
-    if len(location) > 1 and location[0] == "agent" and location[1] in ("ppo", "dqn"):
+    if len(location) > 1 and location[0] == "agent" and location[1] in ("ppo", "dqn", "sac"):
         del location[1]
     field = ".".join(location) or "preset"
     message = first["msg"]

@@ -12,13 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agents.dqn import DQNConfig
 from agents.ppo import PPOConfig
+from agents.sac import SACConfig
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-AgentConfig = Annotated[PPOConfig | DQNConfig, Field(discriminator="algo")]
+AgentConfig = Annotated[PPOConfig | DQNConfig | SACConfig, Field(discriminator="algo")]
 
 
 class EnvConfig(_Strict):

@@ -14,6 +14,7 @@ from agents.core import Rollout
 from agents.dqn import DQNConfig, DQNLearner, epsilon_at
 from agents.ppo import PPOConfig, PPOLearner
 from agents.registry import algorithm_of
+from agents.sac import SACConfig, SACLearner
 from agents.replay import ReplayMemory, Transitions
 from agents.rollout import collect, evaluate
 from envs.vector import SeededVectorEnv
@@ -21,6 +22,7 @@ from tasks.checkpoints import decode_state, encode_state
 
 OBS = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
 ACTIONS = spaces.Discrete(2)
+BOX_ACTIONS = spaces.Box(-2.0, 2.0, shape=(1,), dtype=np.float32)
 
 
 def _rollout(rewards, terminated, truncated, obs=None, done_obs=None) -> Rollout:
@@ -104,6 +106,46 @@ def test_dqn_learns_the_corridor():
     assert returns.min() > 0.9
 
 
+@pytest.mark.parametrize("options", [
+    {"double_q": True, "dueling": True, "n_step": 3},
+    {"replay": "prioritized", "double_q": True},
+])
+def test_dqn_variants_learn_the_corridor(options):
+    torch.set_num_threads(1)
+    config = DQNConfig(lr=1e-3, hidden_sizes=[64, 64], train_steps_per_iteration=32, target_update_every_train_steps=32,
+                       epsilon_decay_env_steps=2000, batch_size=32, **options)
+    algorithm = algorithm_of(config)
+    env = SeededVectorEnv("envs.testing:Corridor", {"length": 6, "max_steps": 30}, 4, seed=0)
+    env.reset()
+    learner = algorithm.learner(config, env.observation_space, env.action_space, 0)
+    steps = 0
+    for _ in range(40):
+        policy = algorithm.policy(learner.q_network, config, epsilon_at(config, steps), steps)
+        rollout, _ = collect(policy, env, 16)
+        steps += rollout.env_steps
+        learner.learn([rollout], progress=steps / 2560)
+    evaluation_env = SeededVectorEnv("envs.testing:Corridor", {"length": 6, "max_steps": 30}, 6, seed=5)
+    evaluation_env.reset()
+    returns = evaluate(algorithm.policy(learner.q_network, config, 0.0, 0), evaluation_env).returns
+    assert returns.min() > 0.9
+
+
+def test_sac_learns_the_continuous_corridor():
+    torch.set_num_threads(1)
+    config = SACConfig(lr=3e-3, hidden_sizes=[32, 32], batch_size=64, train_steps_per_iteration=16)
+    algorithm = algorithm_of(config)
+    env = SeededVectorEnv("envs.testing:ContinuousCorridor", {"length": 6, "max_steps": 30}, 2, seed=0)
+    env.reset()
+    learner = algorithm.learner(config, env.observation_space, env.action_space, 0)
+    for iteration in range(60):
+        rollout, _ = collect(algorithm.policy(learner.actor, config, 0.0, iteration), env, 16)
+        learner.learn([rollout], progress=iteration / 60)
+    evaluation_env = SeededVectorEnv("envs.testing:ContinuousCorridor", {"length": 6, "max_steps": 30}, 6, seed=5)
+    evaluation_env.reset()
+    returns = evaluate(algorithm.policy(learner.actor, config, 0.0, 0), evaluation_env).returns
+    assert returns.min() > 0.9
+
+
 def test_epsilon_decays_linearly_then_holds():
     config = DQNConfig(epsilon_start=1.0, epsilon_end=0.1, epsilon_decay_env_steps=100)
     assert [epsilon_at(config, s) for s in (0, 50, 100, 1000)] == pytest.approx([1.0, 0.55, 0.1, 0.1])
@@ -114,22 +156,27 @@ def test_replay_memory_wraps_around_and_round_trips():
     for start in (0, 3, 6):
         n = 3
         values = np.arange(start, start + n, dtype=np.float32)
-        memory.add(Transitions(values[:, None], np.arange(n), values, values[:, None], np.zeros(n, bool)))
+        memory.add(Transitions(values[:, None], np.arange(n), values, values[:, None], np.ones(n, np.float32)))
     assert len(memory) == 5 and memory.inserted == 9
     assert sorted(memory.arrays["rewards"].tolist()) == [4, 5, 6, 7, 8]
     copy = ReplayMemory(5, (1,), (), np.int64)
     copy.load_state_dict(memory.state_dict())
     rng_a, rng_b = np.random.default_rng(0), np.random.default_rng(0)
-    np.testing.assert_array_equal(memory.sample(10, rng_a).rewards, copy.sample(10, rng_b).rewards)
+    np.testing.assert_array_equal(memory.sample(10, rng_a).transitions.rewards, copy.sample(10, rng_b).transitions.rewards)
 
 
 @pytest.mark.parametrize("make", [
     lambda: PPOLearner(PPOConfig(), OBS, ACTIONS, 1),
     lambda: DQNLearner(DQNConfig(hidden_sizes=[8]), OBS, ACTIONS, 1),
+    lambda: DQNLearner(DQNConfig(hidden_sizes=[8, 8], replay="prioritized", double_q=True, dueling=True, n_step=3,
+                                 batch_size=4), OBS, ACTIONS, 1),
+    lambda: SACLearner(SACConfig(hidden_sizes=[8], replay="prioritized", batch_size=4), OBS, BOX_ACTIONS, 1),
 ])
 def test_learner_state_round_trips_through_a_checkpoint_into_a_fresh_learner(make):
     learner = make()
     rollout = _rollout(np.ones(8), [False] * 7 + [True], [False] * 8, obs=np.random.rand(8, 1, 2).astype(np.float32))
+    if isinstance(learner, SACLearner):
+        rollout = rollout._replace(actions=np.random.uniform(-1, 1, (8, 1, 1)).astype(np.float32))
     learner.learn([rollout], 0.1)
     restored = make()
     restored.load_state_dict(decode_state(*encode_state(learner.state_dict())))
