@@ -1,75 +1,39 @@
-"""The improve loop as a Prefect flow: heatup, then rounds of collect -> learn -> evaluate.
-
-SYNC: round v collects with policy version v on every rollout worker (one shard each), the
-learner reads exactly those shards and commits version v + 1. Evaluation of version v runs on
-the Dask workers while the learner learns, so it does not stall training.
+"""The improve loop as a Prefect flow: validate, heatup, train (SYNC or ASYNC, flows/training.py)
+with evaluation beside it, then deliver the policy, its learning curve and a summary.
 """
 
 from __future__ import annotations
 
-import math
 import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import yaml
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from agents.core import Learner
-from flows.progress import ProgressLog
+from flows.training import RunSummary, train_async, train_sync
 from presets.load import flatten, redacted
 from presets.overrides import PresetOverrides, as_dotted
 from presets.validate import Experiment, resolve_experiment
 from tasks.cluster import dask_client
-from tasks.jobs import EvaluationResult
-from tasks.learn import create_learner, fill_replay, learn, save_checkpoint
+from tasks.learn import create_learner
 from tasks.models import log_policy_model, read_warm_start
-from tasks.plots import PLOTTED_METRICS, plot_learning_curve
+from tasks.plots import plot_learning_curve
 from tasks.resume import (
     read_run_record,
     resolve_stored_experiment,
     restore_learner,
     write_run_record,
 )
-from tasks.rollout import collect_rollouts, evaluate_policy
 from tasks.rounds import (
-    evaluation_metrics,
-    evaluation_round,
-    heatup_steps_per_env,
-    rollout_round,
-    round_metrics,
     storage_location,
 )
 from tasks.storage import RunLayout, check_storage, open_storage
 from tasks.tracking import Tracker, s3_artifact_environment
-
-
-@dataclass
-class RunSummary:
-    run_id: str
-    mlflow_run_id: str
-    storage_url: str
-    env_steps: int = 0
-    versions_committed: int = 0
-    delivered_version: int = 0  # the version the last evaluation scored, logged as the model
-    model_uri: str = ""  # the delivered policy as an MLflow model (runs:/<id>/policy)
-    final_return: float | None = None
-    best_return: float | None = None
-    solved: bool = False
-    wall_seconds: float = 0.0
-    work_seconds: float = 0.0  # stepping envs with the policy, learning, evaluating (critical path)
-    evaluations: list[tuple[int, float, float, float]] = field(default_factory=list)  # (env steps, mean, min, max)
-    rollout_processes: set[str] = field(default_factory=set)  # host:pid of every process that collected
-
-    @property
-    def orchestration_share(self) -> float:
-        """The share of the training loop's wall-clock not spent stepping envs or learning."""
-        return 1.0 - self.work_seconds / self.wall_seconds if self.wall_seconds else 0.0
 
 
 @flow(name="improve", log_prints=True)
@@ -83,7 +47,8 @@ def improve(
     or the target return.
 
     Args:
-        preset: A built-in preset name (cartpole-ppo, cartpole-dqn) or a preset YAML path.
+        preset: A built-in preset name (cartpole-ppo, cartpole-dqn, cartpole-dqn-async,
+            pendulum-sac) or a preset YAML path.
         overrides: Preset fields to change, as a form or as dotted keys ({"agent.lr": 0.0003}).
         warm_start: Start from this policy: an MLflow model URI (models:/name@champion) or a
             policy.safetensors path. Empty starts from scratch.
@@ -125,7 +90,8 @@ def improve(
                 storage.write(RunLayout(run_id).preset, _preset_yaml(experiment))
                 write_run_record(storage, run_id, {"mlflow_run_id": tracker.run_id, "experiment": config.tracking.experiment,
                                                    "tracking_uri": config.tracking.tracking_uri})
-            history = _train(experiment, learner, run_id, client, tracker, summary, logger, position)
+            train = train_async if config.distribution.mode == "async" else train_sync
+            history = train(experiment, learner, run_id, client, tracker, summary, logger, position)
             _log_artifacts(experiment, run_id, tracker, summary, history)
             succeeded = True
         finally:
@@ -134,109 +100,6 @@ def improve(
     create_markdown_artifact(key="improve-summary", markdown=_summary_markdown(config, summary, tracker),
                              description=f"gymflow run {run_id}")
     return summary
-
-
-def _train(
-    experiment: Experiment, learner: Learner, run_id: str, client, tracker: Tracker, summary: RunSummary, logger,
-    position: dict[str, Any] | None = None,
-) -> list[dict[str, float]]:
-    """The improve loop proper, from the start or from `position` (a checkpoint's counters);
-    fills `summary` and returns the per-round metrics."""
-    config, algorithm, schedule = experiment.preset, experiment.algorithm, experiment.preset.schedule
-    timeout_s, location = config.distribution.rollout_timeout_s, storage_location(config)
-    resources = config.distribution.rollout_resources
-    progress = ProgressLog(logger, schedule.total_env_steps)
-    started = time.perf_counter()
-    if position is None:
-        history: list[dict[str, float]] = []
-        position = _position(0, 0, schedule.evaluate_every_env_steps, [None] * config.distribution.rollout_workers)
-        if not algorithm.on_policy and schedule.heatup_env_steps:
-            specs = rollout_round(config, run_id, None, 1.0, position["resume_from"], heatup_steps_per_env(config))
-            shards = collect_rollouts(client, specs, timeout_s, "heatup", resources)
-            fill_replay(learner, location, shards)
-            position |= {"env_steps": sum(shard.env_steps for shard in shards), "resume_from": [s.key for s in shards]}
-            progress.update(position["env_steps"], "heatup done")
-        save_checkpoint(location, run_id, 0, learner, position, include_replay=config.storage.checkpoint_replay)
-    else:  # resumed: what was logged before the flow died is in MLflow
-        history = tracker.metric_rows(PLOTTED_METRICS)
-        summary.evaluations = tracker.evaluation_rows()
-    version, env_steps = position["version"], position["env_steps"]
-    next_evaluation, resume_from = position["next_evaluation"], position["resume_from"]
-
-    evaluation: EvaluationResult | None = None
-    while env_steps < schedule.total_env_steps:
-        round_started = time.perf_counter()
-        exploration = algorithm.exploration(config.agent, env_steps)
-        specs = rollout_round(config, run_id, version, exploration, resume_from)
-        shards = collect_rollouts(client, specs, timeout_s, f"v{version}", resources)
-        scoring = None
-        if env_steps >= next_evaluation:  # scores version v on the workers while the learner learns
-            next_evaluation += schedule.evaluate_every_env_steps
-            scoring = evaluate_policy.submit(client, evaluation_round(config, run_id, version), timeout_s, version, resources)
-        steps_after = env_steps + sum(shard.env_steps for shard in shards)
-        learned = learn(
-            learner, location, run_id, version, shards,
-            progress=min(env_steps / schedule.total_env_steps, 1.0),
-            counters=_position(version + 1, steps_after, next_evaluation, [shard.key for shard in shards]),
-            include_replay=config.storage.checkpoint_replay,
-        )
-        if scoring is not None:
-            evaluation = scoring.result()
-            _record_evaluation(evaluation, env_steps, tracker, summary)
-        metrics = round_metrics(shards, learned.metrics, learned.learn_seconds, exploration, steps_after, learned.version,
-                                time.perf_counter() - round_started)
-        tracker.log_metrics(metrics, step=steps_after)
-        history.append(metrics)
-        summary.work_seconds += metrics["time/collect_seconds"] + max(
-            learned.learn_seconds, evaluation.seconds if scoring is not None else 0.0
-        )
-        summary.rollout_processes.update(shard.collected_by for shard in shards)
-        version, env_steps, resume_from = learned.version, steps_after, [shard.key for shard in shards]
-        progress.update(env_steps, _status(version, metrics, summary))
-        if _target_reached(schedule.target_return, evaluation):
-            summary.solved = True
-            break
-
-    if not summary.solved:  # the final evaluation, of the last version
-        evaluation = evaluate_policy(client, evaluation_round(config, run_id, version), timeout_s, version, resources)
-        _record_evaluation(evaluation, env_steps, tracker, summary)
-        summary.work_seconds += evaluation.seconds
-        summary.solved = _target_reached(schedule.target_return, evaluation)
-    summary.wall_seconds = time.perf_counter() - started
-    summary.env_steps, summary.versions_committed = env_steps, version + 1
-    summary.delivered_version = evaluation.version
-    progress.update(env_steps, f"done: eval {summary.final_return:.1f}", force=True)
-    tracker.log_metrics(
-        {
-            "summary/wall_seconds": summary.wall_seconds,
-            "summary/orchestration_share": summary.orchestration_share,
-            "summary/final_return": summary.final_return,
-            "summary/best_return": summary.best_return,
-        },
-        step=env_steps,
-    )
-    return history
-
-
-def _position(version: int, env_steps: int, next_evaluation: int, resume_from: list[str | None]) -> dict[str, Any]:
-    """Where training stands after committing `version`: stored in its checkpoint to resume from."""
-    return {"version": version, "env_steps": env_steps, "next_evaluation": next_evaluation, "resume_from": resume_from}
-
-
-def _status(version: int, metrics: dict[str, float], summary: RunSummary) -> str:
-    status = f"v{version} return {metrics.get('rollout/episode_return_mean', float('nan')):.1f}"
-    return status if summary.final_return is None else f"{status} eval {summary.final_return:.1f}"
-
-
-def _record_evaluation(evaluation: EvaluationResult, env_steps: int, tracker: Tracker, summary: RunSummary) -> None:
-    tracker.log_metrics(evaluation_metrics(evaluation), step=env_steps)
-    summary.final_return = evaluation.mean_return
-    summary.best_return = max(evaluation.mean_return, summary.best_return if summary.best_return is not None else -math.inf)
-    summary.evaluations.append((env_steps, evaluation.mean_return, min(evaluation.returns), max(evaluation.returns)))
-
-
-def _target_reached(target: float | None, evaluation: EvaluationResult | None) -> bool:
-    return target is not None and evaluation is not None and evaluation.mean_return >= target
 
 
 def _log_artifacts(

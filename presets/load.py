@@ -11,6 +11,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from agents.registry import ALGORITHMS
+from agents.replay import ReplayOptions
 from presets.errors import InvalidPreset
 from presets.model import Preset
 
@@ -20,7 +22,7 @@ _BUILTIN = resources.files("presets") / "builtin"
 def builtin_presets() -> dict[str, str]:
     """Built-in preset names, each with the first line of its description."""
     names = {}
-    for item in sorted(_BUILTIN.iterdir(), key=lambda p: p.name):
+    for item in sorted(_BUILTIN.iterdir(), key=lambda p: p.name.removesuffix(".yaml")):
         if item.name.endswith(".yaml"):
             first_line = item.read_text().splitlines()[0].lstrip("# ").strip()
             names[item.name.removesuffix(".yaml")] = first_line
@@ -65,10 +67,27 @@ def load_preset(name_or_path: str, overrides: Mapping[str, Any] | None = None) -
 
 
 def validate_preset_data(data: Mapping[str, Any]) -> Preset:
+    _refuse_replay_settings_for_on_policy(data.get("agent"))
     try:
         return Preset.model_validate(data)
     except ValidationError as error:
         raise _one_line(error) from None
+
+
+def _refuse_replay_settings_for_on_policy(agent: Any) -> None:
+    """Replay settings on an agent without a replay memory get a reason, not 'unknown setting'."""
+    if isinstance(agent, Mapping):
+        for name in sorted(set(agent) & set(ReplayOptions.model_fields)):
+            if agent.get("algo") in ALGORITHMS and ALGORITHMS[agent["algo"]].on_policy:
+                raise _no_replay(agent["algo"], name)
+
+
+def _no_replay(algo: str, name: str) -> InvalidPreset:
+    off_policy = ", ".join(n for n, a in ALGORITHMS.items() if not a.on_policy)
+    return InvalidPreset(
+        f"agent.{name}",
+        f"{algo} is on-policy and keeps no replay memory; replay settings need an off-policy agent ({off_policy})",
+    )
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -106,6 +125,8 @@ def _assign(data: dict[str, Any], dotted_key: str, value: Any) -> None:
         if model is not None:
             fields = model.model_fields
             if part not in fields:
+                if here == f"agent.{part}" and part in ReplayOptions.model_fields:
+                    _refuse_replay_settings_for_on_policy({**data.get("agent", {}), part: value})
                 allowed = ", ".join(sorted(fields))
                 raise InvalidPreset(here, f"unknown setting; allowed here: {allowed}")
             model = _nested_model(fields[part], node.get(part))

@@ -60,9 +60,25 @@ class ScheduleConfig(_Strict):
 
 
 class DistributionConfig(_Strict):
-    mode: Literal["sync"] = Field(
+    mode: Literal["sync", "async"] = Field(
         default="sync",
-        description="sync: every iteration waits for all rollout workers, then learns.",
+        description="sync: every iteration waits for all rollout workers, then learns (on- and off-policy). "
+        "async (off-policy only): rollout workers keep collecting with the newest committed policy while "
+        "the learner inserts their shards as they land and trains at samples_per_insert.",
+    )
+    max_policy_lag: int = Field(
+        default=4, ge=0, le=1_000_000,
+        description="async: a shard collected by a policy more than this many versions behind the learner's "
+        "newest is dropped (and counted), not inserted.",
+    )
+    samples_per_insert: float | None = Field(
+        default=None, gt=0, le=1_000_000,
+        description="async: transitions sampled for training per transition inserted (Reverb's ratio). "
+        "None derives it from the sync schedule: batch_size x train_steps_per_iteration / env steps per iteration.",
+    )
+    commit_every_train_steps: int = Field(
+        default=64, ge=1, le=1_000_000,
+        description="async: the learner commits a new policy version every this many gradient steps.",
     )
     rollout_workers: int = Field(
         default=2, ge=1, le=1024, description="Rollout jobs per iteration, each writing one shard."
@@ -157,3 +173,16 @@ class Preset(_Strict):
     @property
     def env_steps_per_iteration(self) -> int:
         return self.envs_in_total * self.schedule.rollout_steps_per_env
+
+    @property
+    def steps_per_chunk(self) -> int:
+        """async: env steps in one shard of one rollout worker."""
+        return self.distribution.envs_per_worker * self.schedule.rollout_steps_per_env
+
+    @property
+    def samples_per_insert(self) -> float:
+        """async: the training ratio, set or derived from the sync schedule of an off-policy agent."""
+        if self.distribution.samples_per_insert is not None:
+            return self.distribution.samples_per_insert
+        agent = self.agent
+        return agent.batch_size * agent.train_steps_per_iteration / self.env_steps_per_iteration

@@ -5,7 +5,7 @@ mean the same."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, get_args
+from typing import Annotated, Any, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
@@ -23,18 +23,24 @@ def _optional(info: Any, annotation: Any) -> tuple[Any, Any]:
 
 
 def _partial(name: str, *models: type[BaseModel]) -> type[BaseModel]:
-    """A model with the fields of `models` (the first one's wins on a shared name), all optional."""
-    fields: dict[str, tuple[Any, Any]] = {}
+    """A model with the fields of `models`, all optional. A name several models share keeps the
+    first one's description and accepts any of their types (agent.algo: 'ppo', 'dqn' or 'sac')."""
+    infos: dict[str, Any] = {}
+    annotations: dict[str, list[Any]] = {}
     for model in models:
         for field_name, info in model.model_fields.items():
-            if field_name in fields:
-                continue
             annotation = info.annotation
             if isinstance(annotation, type) and issubclass(annotation, BaseModel):
                 annotation = _partial(f"{annotation.__name__}Overrides", annotation)
             elif field_name == "agent":
                 annotation = _partial("AgentOverrides", *get_args(annotation))
-            fields[field_name] = _optional(info, annotation)
+            infos.setdefault(field_name, info)
+            if annotation not in annotations.setdefault(field_name, []):
+                annotations[field_name].append(annotation)
+    fields = {
+        field_name: _optional(infos[field_name], Union[tuple(types)] if len(types) > 1 else types[0])  # noqa: UP007
+        for field_name, types in annotations.items()
+    }
     return create_model(name, __base__=_Overrides, **fields)
 
 

@@ -49,6 +49,12 @@ def experiment_from(config: Preset) -> Experiment:
             f"the local folder {config.storage.root!r} is not reachable from a remote Dask cluster's "
             "workers; use an s3:// root, or set storage.shared=true if every worker mounts it at this path",
         )
+    if algorithm.on_policy and config.distribution.mode == "async":
+        raise InvalidPreset(
+            "distribution.mode",
+            f"async needs an off-policy agent (dqn, sac); {algorithm.name} learns only from its current "
+            "policy's rollouts: use sync",
+        )
     if algorithm.on_policy and config.schedule.heatup_env_steps:
         raise InvalidPreset("schedule.heatup_env_steps", f"must be 0 for the on-policy {algorithm.name}")
     return Experiment(config, algorithm, observation_space, action_space)

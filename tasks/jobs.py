@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from agents.core import Policy, RandomPolicy
 from agents.registry import algorithm_of
 from agents.rollout import collect, evaluate
 from envs.vector import SeededVectorEnv
-from tasks.checkpoints import decode_tensors, read_checkpoint
+from tasks.checkpoints import decode_tensors, latest_version, read_checkpoint
 from tasks.shards import ShardRef, read_cursor, write_shard
 from tasks.storage import RunLayout, StorageLocation, open_storage
 
@@ -37,7 +37,7 @@ class RolloutSpec:
     env_id: str
     env_kwargs: dict[str, Any]
     agent: Any  # the agent's pydantic config
-    policy_version: int | None  # None acts with a uniform random policy (heatup)
+    policy_version: int | Literal["newest"] | None  # None: uniform random (heatup); "newest": the newest committed (async)
     worker: int
     num_envs: int
     steps_per_env: int
@@ -45,9 +45,13 @@ class RolloutSpec:
     policy_seed: int  # fresh for each (version, worker): exploration noise
     exploration: float
     resume_from: str | None  # the shard whose env cursor this round continues from
+    chunk: int | None = None  # async: this worker's chunk number, which names its shard
 
     @property
     def shard_key(self) -> str:
+        if self.chunk is not None:
+            return RunLayout(self.run_id).chunk(self.worker, self.chunk)
+        assert self.policy_version != "newest"
         return RunLayout(self.run_id).shard(self.policy_version, self.worker)
 
 
@@ -85,11 +89,14 @@ def run_rollout(spec: RolloutSpec) -> ShardRef:
     torch.set_num_threads(1)
     storage = open_storage(spec.storage)
     env = _take_live_envs(spec)
-    policy = _policy(spec.storage, spec.run_id, spec.agent, spec.policy_version, env, spec.exploration, spec.policy_seed)
+    version = spec.policy_version
+    if version == "newest":
+        version = latest_version(storage, RunLayout(spec.run_id))
+    policy = _policy(spec.storage, spec.run_id, spec.agent, version, env, spec.exploration, spec.policy_seed)
     started = time.perf_counter()
     rollout, episodes = collect(policy, env, spec.steps_per_env)
     seconds = time.perf_counter() - started
-    ref = write_shard(storage, spec.shard_key, spec.policy_version, spec.worker, rollout, episodes, env.cursor(), seconds)
+    ref = write_shard(storage, spec.shard_key, version, spec.worker, rollout, episodes, env.cursor(), seconds)
     _keep(_LIVE_ENVS, (spec.storage.root, spec.run_id, spec.worker), (spec.shard_key, env))
     return ref
 

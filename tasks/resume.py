@@ -3,8 +3,11 @@
 A run's storage holds its preset (`preset.yaml`), its record (`run.json`: the MLflow run to log
 into), and its checkpoints, each with `counters.json`: the version, the env-step count, when the
 next evaluation is due and which shards the next round continues from. The learner's state
-comes from the newest checkpoint that verifies; DQN's replay memory is rebuilt by inserting the
-run's shards again in their original order, which gives the same memory the learner had.
+comes from the newest checkpoint that verifies. The replay memory of an off-policy agent comes
+from the checkpoint where it was stored (storage.checkpoint_replay), else it is rebuilt by
+inserting the run's shards again in their original order (SYNC: by version; ASYNC: the ledger's
+order), which gives the same transitions the learner had; prioritized replay then restarts its
+priorities at the largest one.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from agents.core import Learner
 from presets.errors import InvalidPreset
 from presets.load import validate_preset_data
 from presets.validate import Experiment, experiment_from
-from tasks.checkpoints import decode_state, read_newest_valid_checkpoint
+from tasks.checkpoints import decode_arrays, decode_state, read_newest_valid_checkpoint
 from tasks.shards import read_shard_at
 from tasks.storage import RunLayout, Storage
+from tasks.stream import Ledger
 
 RUN_RECORD = "run.json"
 
@@ -55,9 +59,15 @@ def restore_learner(storage: Storage, run_id: str, learner: Learner, rollout_wor
     loaded = read_newest_valid_checkpoint(storage, layout)
     learner.load_state_dict(decode_state(loaded.blobs["learner.safetensors"], loaded.blobs["learner.json"]))
     counters = json.loads(loaded.blobs["counters.json"])
-    if hasattr(learner, "remember"):
+    replay = getattr(learner, "replay", None)
+    if replay is not None and "replay.npz" in loaded.blobs:  # stored with storage.checkpoint_replay
+        replay.load_state_dict(decode_arrays(loaded.blobs["replay.npz"]))
+    elif replay is not None:
         keys = [layout.shard(None, w) for w in range(rollout_workers) if storage.exists(layout.shard(None, w))]
-        keys += [layout.shard(v, w) for v in range(counters["version"]) for w in range(rollout_workers)]
+        if "ledger" in counters:  # async: the shards inserted, in the order they were
+            keys += Ledger.from_dict(counters["ledger"]).inserted
+        else:
+            keys += [layout.shard(v, w) for v in range(counters["version"]) for w in range(rollout_workers)]
         for key in keys:
-            learner.remember([read_shard_at(storage, key)])
+            learner.remember([read_shard_at(storage, key)])  # type: ignore[attr-defined]
     return counters, loaded.refused

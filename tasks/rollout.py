@@ -79,10 +79,10 @@ def _run_round(
 def _submit(
     client: Client, function: Callable, specs: dict[int, Any], resources: dict[str, float] | None, wait_s: float
 ) -> dict[int, Future]:
-    workers = _able_workers(client, resources)
+    workers = able_workers(client, resources)
     if not workers:  # none yet, or all being replaced: wait for one rather than fail the round
         client.wait_for_workers(1, timeout=wait_s)
-        workers = _able_workers(client, resources)
+        workers = able_workers(client, resources)
     return {
         index: client.submit(
             function, spec, workers=[workers[index % len(workers)]] if workers else None,
@@ -92,7 +92,7 @@ def _submit(
     }
 
 
-def _able_workers(client: Client, resources: dict[str, float] | None) -> list[str]:
+def able_workers(client: Client, resources: dict[str, float] | None) -> list[str]:
     workers = client.scheduler_info(n_workers=-1)["workers"]
     return sorted(
         address for address, info in workers.items()

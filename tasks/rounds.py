@@ -101,6 +101,22 @@ def round_metrics(
     }
 
 
+def stream_metrics(landed: Sequence[ShardRef], env_steps: int, version: int, seconds: float) -> dict[str, float]:
+    """async: what the shards that landed during one commit period say, logged with env_steps."""
+    returns = [r for shard in landed for r in shard.episode_returns]
+    lengths = [n for shard in landed for n in shard.episode_lengths]
+    metrics = {"rollout/episodes": float(len(returns)), "rollout/shards": float(len(landed))}
+    if returns:
+        metrics["rollout/episode_return_mean"] = float(np.mean(returns))
+        metrics["rollout/episode_length_mean"] = float(np.mean(lengths))
+    return metrics | {
+        "time/env_steps": float(env_steps),
+        "time/policy_version": float(version),
+        "time/env_steps_per_second": sum(shard.env_steps for shard in landed) / seconds,
+        "time/round_seconds": seconds,
+    }
+
+
 def evaluation_metrics(evaluation: EvaluationResult) -> dict[str, float]:
     returns = np.asarray(evaluation.returns)
     return {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,7 @@ class ShardRef:
     sha256: str
     collect_seconds: float  # stepping envs and the policy, excluding storage
     collected_by: str  # host:pid of the process that collected it
+    written_at: float = 0.0  # wall-clock (time.time()) when the shard was stored: its age is measured from here
 
 
 def write_shard(
@@ -71,6 +73,7 @@ def write_shard(
         sha256=hashlib.sha256(data).hexdigest(),
         collect_seconds=collect_seconds,
         collected_by=f"{socket.gethostname()}:{os.getpid()}",
+        written_at=time.time(),
     )
 
 

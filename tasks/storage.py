@@ -127,6 +127,10 @@ class RunLayout:
         round_name = "heatup" if version is None else f"v{version:06d}"
         return f"{self.prefix}/shards/{round_name}/w{worker:03d}.npz"
 
+    def chunk(self, worker: int, chunk: int) -> str:
+        """async: the `chunk`-th shard rollout worker `worker` collected."""
+        return f"{self.prefix}/shards/async/w{worker:03d}/c{chunk:06d}.npz"
+
     @property
     def checkpoints(self) -> str:
         return f"{self.prefix}/checkpoints"

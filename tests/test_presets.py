@@ -15,7 +15,7 @@ def test_builtin_presets_load_and_validate():
     for name in builtin_presets():
         experiment = resolve_experiment(name)
         assert experiment.preset.name == name
-        assert experiment.preset.env.id == "CartPole-v1"
+        assert experiment.preset.env.id in ("CartPole-v1", "Pendulum-v1")
 
 
 def test_overrides_reach_nested_fields_with_types():
@@ -43,7 +43,7 @@ def test_a_preset_file_path_works(tmp_path):
 @pytest.mark.parametrize(
     ("preset", "overrides", "field", "says"),
     [
-        ("nope", {}, "preset", "allowed: cartpole-dqn, cartpole-ppo"),
+        ("nope", {}, "preset", "allowed: cartpole-dqn, cartpole-dqn-async, cartpole-ppo, pendulum-sac"),
         ("cartpole-ppo", {"env.id": "NoSuchEnv-v0"}, "env.id", "not a registered Gymnasium id"),
         ("cartpole-ppo", {"env.id": "envs.testing:NoSuchClass"}, "env.id", "not a gymnasium.Env subclass"),
         ("cartpole-ppo", {"agent.learning_rate": 1}, "agent.learning_rate", "allowed here: algo, anneal_lr"),
@@ -53,7 +53,12 @@ def test_a_preset_file_path_works(tmp_path):
         ("cartpole-ppo", {"schedule.total_env_steps": 0}, "schedule.total_env_steps", "greater than 0"),
         ("cartpole-ppo", {"schedule.total_env_steps": -5}, "schedule.total_env_steps", "greater than 0"),
         ("cartpole-ppo", {"distribution.rollout_workers": 0}, "distribution.rollout_workers", "greater than or equal to 1"),
-        ("cartpole-ppo", {"distribution.mode": "turbo"}, "distribution.mode", "'sync'"),
+        ("cartpole-ppo", {"distribution.mode": "turbo"}, "distribution.mode", "'sync' or 'async'"),
+        ("cartpole-ppo", {"distribution.mode": "async"}, "distribution.mode", "async needs an off-policy agent"),
+        ("cartpole-ppo", {"agent.replay": "prioritized"}, "agent.replay", "ppo is on-policy and keeps no replay memory"),
+        ("cartpole-ppo", {"agent": {"algo": "ppo", "priority_alpha": 0.5}}, "agent.priority_alpha", "on-policy"),
+        ("pendulum-sac", {"env.id": "CartPole-v1"}, "agent.algo", "sac supports Box action spaces"),
+        ("cartpole-dqn-async", {"distribution.max_policy_lag": -1}, "distribution.max_policy_lag", "greater than or equal to 0"),
         ("cartpole-dqn", {"env.id": "Pendulum-v1"}, "agent.algo", "dqn supports Discrete action spaces"),
         ("cartpole-dqn", {"env.id": "envs.testing:ContinuousCorridor"}, "agent.algo", "Discrete"),
         ("cartpole-ppo", {"schedule.heatup_env_steps": 100}, "schedule.heatup_env_steps", "on-policy"),
