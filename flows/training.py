@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,8 @@ class RunSummary:
     shards_inserted: int = 0  # async: shards inserted into replay
     shards_dropped: int = 0  # async: shards dropped by the policy-lag bound
     shards_unused: int = 0  # async: shards that landed after the stop
+    policy_lag_mean: float = 0.0  # async: learner version minus the shard's, over every landed shard
+    policy_lag_max: int = 0
 
     @property
     def orchestration_share(self) -> float:
@@ -160,6 +163,7 @@ def train_async(
     version = position["version"]
     evaluation: EvaluationResult | None = None
     scoring: tuple[Any, int] | None = None  # (the evaluation task's future, env steps when it began)
+    recent_returns: deque[float] = deque(maxlen=20)  # for the progress line
     try:
         while not training.exhausted:
             if scoring is None and training.env_steps >= training.next_evaluation:
@@ -175,7 +179,9 @@ def train_async(
             summary.work_seconds += learned.learn_seconds + learned.waiting_seconds
             summary.rollout_processes.update(shard.collected_by for shard in learned.landed)
             version = learned.version
-            progress.update(training.env_steps, _status(version, metrics, summary))
+            recent_returns.extend(r for shard in learned.landed for r in shard.episode_returns)
+            recent = {"rollout/episode_return_mean": sum(recent_returns) / len(recent_returns)} if recent_returns else {}
+            progress.update(training.env_steps, _status(version, recent, summary))
             if scoring is not None and scoring[0].state.is_final():
                 evaluation = scoring[0].result()
                 _record_evaluation(evaluation, scoring[1], tracker, summary)
@@ -196,6 +202,8 @@ def train_async(
         summary.solved = _target_reached(schedule.target_return, evaluation) and evaluation.version == version
     summary.shards_inserted, summary.shards_dropped = len(training.ledger.inserted), len(training.ledger.dropped)
     summary.shards_unused = len(training.ledger.unused)
+    lags = list(training.ledger.lags.values())
+    summary.policy_lag_mean, summary.policy_lag_max = (sum(lags) / len(lags), max(lags)) if lags else (0.0, 0)
     _finish(experiment, client, run_id, version, training.env_steps, evaluation, started, tracker, summary, progress)
     return history
 

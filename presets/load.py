@@ -61,7 +61,10 @@ def parse_assignments(assignments: Sequence[str]) -> dict[str, Any]:
 def load_preset(name_or_path: str, overrides: Mapping[str, Any] | None = None) -> Preset:
     """Resolve a preset and its overrides into a validated Preset, or raise InvalidPreset."""
     data = read_preset_source(name_or_path)
-    for key, value in (overrides or {}).items():
+    overrides = dict(overrides or {})
+    if "agent.algo" in overrides:
+        _switch_algorithm(data, overrides["agent.algo"])
+    for key, value in overrides.items():
         _assign(data, key, value)
     return validate_preset_data(data)
 
@@ -113,6 +116,24 @@ def redacted(data: Mapping[str, Any]) -> dict[str, Any]:
         if any(word in name.lower() for word in _SECRET_WORDS):
             options[name] = "***"
     return safe
+
+
+def _switch_algorithm(data: dict[str, Any], algo: Any) -> None:
+    """A preset's agent settings that the new algorithm does not have belong to the old one:
+    drop them, keep the shared ones that fit (lr, gamma, batch_size, ...)."""
+    agent = data.get("agent")
+    if not isinstance(agent, dict) or agent.get("algo") == algo or algo not in ALGORITHMS:
+        return
+    model = _nested_model(Preset.model_fields["agent"], {"algo": algo})
+    assert model is not None
+    kept = {key: value for key, value in agent.items() if key in model.model_fields} | {"algo": algo}
+    while True:  # a shared name may mean another thing (PPO's entropy_coef is not SAC's): drop what does not fit
+        try:
+            model.model_validate(kept)
+            break
+        except ValidationError as error:
+            kept.pop(str(error.errors()[0]["loc"][0]))
+    data["agent"] = kept
 
 
 def _assign(data: dict[str, Any], dotted_key: str, value: Any) -> None:

@@ -10,8 +10,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-_LOSSES = ("train/policy_loss", "train/value_loss", "train/entropy", "train/td_loss", "train/q_mean")
-PLOTTED_METRICS = ("rollout/episode_return_mean", "time/env_steps_per_second", *_LOSSES)
+_LOSSES = ("train/policy_loss", "train/value_loss", "train/entropy", "train/td_loss", "train/q_mean",
+           "train/critic_loss", "train/actor_loss")
+_LAG = "async/policy_lag_mean"
+PLOTTED_METRICS = ("rollout/episode_return_mean", "time/env_steps_per_second", _LAG, *_LOSSES)
 
 
 def plot_learning_curve(
@@ -29,7 +31,8 @@ def plot_learning_curve(
     steps = np.array([h["time/env_steps"] for h in history], dtype=float)
 
     train_returns = np.array([h.get("rollout/episode_return_mean", np.nan) for h in history])
-    returns_ax.plot(steps, train_returns, color="tab:blue", alpha=0.45, lw=1, label="training episodes (mean)")
+    ended = np.isfinite(train_returns)  # async periods can be too short for an episode to end
+    returns_ax.plot(steps[ended], train_returns[ended], color="tab:blue", alpha=0.45, lw=1, label="training episodes (mean)")
     if evaluations:
         eval_steps, means, lows, highs = (np.array(column, dtype=float) for column in zip(*evaluations))
         returns_ax.fill_between(eval_steps, lows, highs, color="tab:orange", alpha=0.2, label="evaluation min-max")
@@ -52,6 +55,11 @@ def plot_learning_curve(
     speed = np.array([h.get("time/env_steps_per_second", np.nan) for h in history])
     speed_ax.plot(steps, speed, color="tab:purple", lw=1)
     speed_ax.set_ylabel("env steps / s\n(wall-clock)")
+    lag = np.array([h.get(_LAG, np.nan) for h in history])
+    if np.isfinite(lag).any():
+        lag_ax = speed_ax.twinx()
+        lag_ax.plot(steps[np.isfinite(lag)], lag[np.isfinite(lag)], color="tab:gray", lw=1, alpha=0.7)
+        lag_ax.set_ylabel("policy lag\n(versions, mean)", color="tab:gray")
     speed_ax.set_xlabel("environment steps")
     speed_ax.grid(alpha=0.3)
 

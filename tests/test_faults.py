@@ -1,6 +1,7 @@
-"""Fault drills with real processes: a Dask worker SIGKILLed in the middle of a rollout, and a
-rollout that hangs. SYNC runs must finish with exactly their shards and versions, and with the
-same weights as a clean run of the same preset and seed."""
+"""Fault drills with real processes: a Dask worker SIGKILLed in the middle of a rollout (SYNC and
+ASYNC), and a rollout that hangs. SYNC runs must finish with exactly their shards and versions,
+and with the same weights as a clean run of the same preset and seed; ASYNC runs with every
+chunk landed exactly once."""
 
 from __future__ import annotations
 
@@ -56,3 +57,27 @@ def test_a_hanging_rollout_is_timed_out_and_redone(clean_run, workspace):
     clean_summary, clean_weights = clean_run
     assert summary.versions_committed == clean_summary.versions_committed
     assert weights == clean_weights
+
+
+def test_an_async_worker_sigkilled_mid_chunk_loses_no_shard_and_counts_none_twice(prefect_api, workspace):
+    from tasks.checkpoints import committed_versions
+    from tasks.stream import read_ledger
+    from tests.test_async import ASYNC_TINY
+
+    once = workspace / "killed.once"
+    overrides = {**ASYNC_TINY, **local_overrides(workspace), "env.id": "envs.testing:Tripwire",
+                 "env.kwargs": {"at_step": 300, "once_file": str(once), "fault": "kill"}}
+    summary = improve("cartpole-dqn", overrides)
+    killed_pid = int(once.read_text())  # a worker process took SIGKILL in the middle of a chunk
+    assert killed_pid in {int(process.split(":")[1]) for process in summary.rollout_processes}
+    storage = Storage(StorageLocation(str(workspace / "data")))
+    layout = RunLayout(summary.run_id)
+    ledger = read_ledger(storage, summary.run_id)
+    accounted = ledger.inserted + ledger.dropped + ledger.unused
+    assert len(set(accounted)) == len(accounted)  # the rescheduled chunk landed once
+    assert sorted(accounted) == storage.list(f"{layout.prefix}/shards/async")
+    for worker in (0, 1):  # and no chunk number is missing
+        chunks = sorted(int(key.rsplit("/c", 1)[1][:6]) for key in accounted if f"/w{worker:03d}/" in key)
+        assert chunks == list(range(len(chunks)))
+    assert summary.env_steps >= 1024
+    assert committed_versions(storage, layout) == list(range(summary.versions_committed))
