@@ -17,6 +17,7 @@ from flows.cli import main
 from flows.improve import improve
 from tasks.checkpoints import read_checkpoint
 from tasks.storage import RunLayout, Storage, StorageLocation
+from tasks.stream import read_ledger
 from tests.conftest import local_overrides
 from tests.test_improve_flow import TINY
 
@@ -29,11 +30,18 @@ def _final_weights(root, summary) -> bytes:
                            ["policy.safetensors"])["policy.safetensors"]
 
 
+ASYNC = {"distribution.mode": "async", "distribution.samples_per_insert": 2, "distribution.commit_every_train_steps": 4,
+         "agent.batch_size": 16, "agent.hidden_sizes": [16], "schedule.heatup_env_steps": 128}
+
+
 @pytest.mark.parametrize(("preset", "extra"), [
     ("cartpole-ppo", {}),
     ("cartpole-dqn", {"agent.train_steps_per_iteration": 8, "agent.hidden_sizes": [16], "schedule.heatup_env_steps": 128}),
+    ("cartpole-dqn", ASYNC),
 ])
 def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, extra, prefect_api, workspace):
+    """SYNC: the same weights as the uninterrupted run. ASYNC (which version a chunk acts with
+    depends on timing): the same env steps, every chunk landed once."""
     from prefect.settings import PREFECT_API_URL
 
     run = {**TINY, "schedule.total_env_steps": 2560, **extra, **local_overrides(workspace)}  # 20 rounds
@@ -64,6 +72,12 @@ def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, e
     assert mlflow_run.info.status == "FINISHED"  # the same MLflow run, finished by the resumed flow
     steps = [m.step for m in client.get_metric_history(mlflow_run.info.run_id, "time/policy_version")]
     assert steps[0] < 1000 and steps[-1] == clean.env_steps  # before the kill, and to the end
+    if extra.get("distribution.mode") == "async":
+        ledger = read_ledger(storage, run_dir.name)
+        accounted = ledger.inserted + ledger.dropped + ledger.unused
+        assert sorted(accounted) == storage.list(f"runs/{run_dir.name}/shards/async")
+        assert len(set(accounted)) == len(accounted)
+        return
     resumed = type(clean)(run_dir.name, record["mlflow_run_id"], "", env_steps=steps[-1],
                           versions_committed=clean.versions_committed)
     assert _final_weights(killed_root, resumed) == _final_weights(workspace / "clean", clean)
