@@ -61,7 +61,8 @@ def _prefect(env, *args: str, timeout: float = 120) -> subprocess.CompletedProce
 def test_deploy_and_run_a_preset_through_a_process_worker(deployed, tmp_path):
     env = deployed
     listed = _prefect(env, "deployment", "ls").stdout
-    for name in ("improve/cartpole-ppo", "improve/cartpole-dqn", "retrain/cartpole-ppo-nightly"):
+    for name in ("improve/cartpole-ppo", "improve/cartpole-dqn", "improve/cartpole-dqn-async", "improve/pendulum-sac",
+                 "retrain/cartpole-ppo-nightly"):
         assert name.split("/")[1] in listed, listed
 
     worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "gymflow"], env=env, cwd=tmp_path,
