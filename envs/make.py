@@ -35,6 +35,8 @@ def check_env(
         env = make_env(env_id, kwargs)
     except EnvSpecError:
         raise
+    except gym.error.DependencyNotInstalled as error:
+        raise EnvSpecError("env.id", f"{env_id!r} needs a package that is not installed: {error}") from None
     except gym.error.Error as error:
         raise EnvSpecError(
             "env.id", f"{env_id!r} is not a registered Gymnasium id ({error}); "

@@ -14,9 +14,9 @@ from agents.core import Rollout
 from agents.dqn import DQNConfig, DQNLearner, epsilon_at
 from agents.ppo import PPOConfig, PPOLearner
 from agents.registry import algorithm_of
-from agents.sac import SACConfig, SACLearner
 from agents.replay import ReplayMemory, Transitions
 from agents.rollout import collect, evaluate
+from agents.sac import SACConfig, SACLearner
 from envs.vector import SeededVectorEnv
 from tasks.checkpoints import decode_state, encode_state
 

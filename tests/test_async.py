@@ -47,9 +47,9 @@ def _chunk_shards(storage: Storage, run_id: str) -> list[str]:
 @pytest.fixture(scope="module")
 def external_cluster():
     """Two Dask worker processes the flow does not own, so what is left on them afterwards shows."""
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
-        with Client(cluster) as client:
-            yield cluster.scheduler_address, client
+    with (LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
+          Client(cluster) as client):
+        yield cluster.scheduler_address, client
 
 
 def test_an_async_run_accounts_for_every_shard_and_stops_with_nothing_running(prefect_api, workspace, external_cluster):
@@ -98,7 +98,7 @@ def test_the_lag_bound_drops_stale_shards_and_counts_them(prefect_api, workspace
     # only the admitted shards reached replay: heatup plus the inserted chunks
     final = read_checkpoint(storage, RunLayout(summary.run_id), summary.versions_committed - 1, ["replay.npz"])
     replay = decode_arrays(final["replay.npz"])
-    size, _, inserted = replay["counters"]
+    _, _, inserted = replay["counters"]
     assert inserted == 64 + ledger.inserted_steps == 64 + 32 * len(ledger.inserted)
     assert not np.allclose(replay["priorities"], replay["priorities"][0])  # the learner updated them
 

@@ -8,7 +8,13 @@ import pytest
 from gymnasium import spaces
 
 from agents.dqn import DQNConfig, DQNLearner
-from agents.replay import PrioritizedReplayMemory, ReplayOptions, SumTree, Transitions, n_step_transitions
+from agents.replay import (
+    PrioritizedReplayMemory,
+    ReplayOptions,
+    SumTree,
+    Transitions,
+    n_step_transitions,
+)
 
 
 def _memory(size: int, alpha: float = 1.0, beta: float = 0.4) -> PrioritizedReplayMemory:

@@ -1,0 +1,107 @@
+"""The share of a whole `improve` run's training wall-clock not spent stepping envs or learning,
+against a plain in-process loop doing the same work side by side.
+
+    .venv/bin/python benchmarks/orchestration_overhead.py --presets cartpole-ppo cartpole-dqn --repeats 2
+
+Each preset runs with its target return switched off, so both sides do exactly the preset's
+budget of env steps and gradient steps. Baseline: one process, the same learner and the same
+collection code (`agents.rollout.collect` over one SeededVectorEnv of all the preset's envs,
+evaluation at the same cadence), nothing written, no Prefect, Dask, storage or MLflow. gymflow:
+the `improve` flow on its embedded defaults (LocalCluster, local folder, MLflow SQLite, a
+temporary Prefect API started before timing). Printed per run: the flow's own
+`summary/orchestration_share` (its loop's wall-clock minus the time the rollout jobs stepped
+envs, the learner learned and evaluation ran on the critical path) and the ratio of the two
+loops' wall-clock. The target share is <= 10%. Runs alternate baseline / gymflow, because this
+machine's per-core speed drifts by tens of percent within minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import tempfile
+import time
+
+import torch
+
+BUDGETS = {"cartpole-ppo": 40_960, "cartpole-dqn": 20_000, "cartpole-dqn-async": 20_000, "pendulum-sac": 4_000}
+
+
+def plain_loop(preset: str, total_env_steps: int) -> float:
+    """Seconds the same training takes in one process with nothing around it."""
+    from agents.rollout import collect, evaluate
+    from envs.vector import SeededVectorEnv
+    from presets.validate import resolve_experiment
+    from tasks.learn import create_learner
+
+    experiment = resolve_experiment(preset, {"schedule.total_env_steps": total_env_steps, "schedule.target_return": None})
+    config, algorithm, schedule = experiment.preset, experiment.algorithm, experiment.preset.schedule
+    learner = create_learner(experiment)
+    torch.set_num_threads(config.distribution.learner_threads)
+    env = SeededVectorEnv(config.env.id, dict(config.env.kwargs), config.envs_in_total, seed=0)
+    env.reset()
+    network = getattr(learner, "network", None) or getattr(learner, "q_network", None) or learner.actor
+    started = time.perf_counter()
+    steps, next_evaluation = 0, schedule.evaluate_every_env_steps
+    if schedule.heatup_env_steps:
+        from agents.core import RandomPolicy
+
+        rollout, _ = collect(RandomPolicy(env.action_space, 0), env, -(-schedule.heatup_env_steps // config.envs_in_total))
+        learner.remember([rollout])
+        steps += rollout.env_steps
+    while steps < total_env_steps:
+        policy = algorithm.policy(network, config.agent, algorithm.exploration(config.agent, steps), steps)
+        rollout, _ = collect(policy, env, schedule.rollout_steps_per_env)
+        if steps >= next_evaluation:
+            next_evaluation += schedule.evaluate_every_env_steps
+            evaluation_env = SeededVectorEnv(config.env.id, dict(config.env.kwargs), schedule.evaluation_episodes, seed=1)
+            evaluation_env.reset()
+            evaluate(algorithm.policy(network, config.agent, 0.0, 0), evaluation_env)
+        learner.learn([rollout], min(steps / total_env_steps, 1.0))
+        steps += rollout.env_steps
+    return time.perf_counter() - started
+
+
+def gymflow_run(preset: str, total_env_steps: int, folder: str):
+    from flows.improve import improve
+
+    return improve(preset, {
+        "schedule.total_env_steps": total_env_steps, "schedule.target_return": None,
+        "storage.root": os.path.join(folder, "data"), "tracking.tracking_uri": f"sqlite:///{os.path.join(folder, 'mlflow.db')}",
+    })
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", nargs="+", default=["cartpole-ppo", "cartpole-dqn"])
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+
+    from prefect.testing.utilities import prefect_test_harness
+
+    rows = []
+    with prefect_test_harness(server_startup_timeout=120), tempfile.TemporaryDirectory() as folder:
+        for preset in args.presets:
+            budget = BUDGETS.get(preset, 20_000)
+            for _ in range(args.repeats):
+                plain = plain_loop(preset, budget)
+                summary = gymflow_run(preset, budget, folder)
+                rows.append((preset, budget, plain, summary))
+
+    print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(f"{'preset':<18} {'env steps':>9} {'plain s':>8} {'gymflow s':>9} {'ratio':>6} {'orch share':>10}")
+    for preset, budget, plain, summary in rows:
+        print(f"{preset:<18} {summary.env_steps:>9,} {plain:>8.1f} {summary.wall_seconds:>9.1f} "
+              f"{summary.wall_seconds / plain:>6.2f} {100 * summary.orchestration_share:>9.1f}%")
+    for preset in args.presets:
+        mine = [(plain, summary) for p, _, plain, summary in rows if p == preset]
+        share = statistics.median(s.orchestration_share for _, s in mine)
+        ratio = statistics.median(s.wall_seconds / plain for plain, s in mine)
+        print(f"{preset}: median orchestration share {100 * share:.1f}% (target <= 10%), "
+              f"gymflow loop / plain loop {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
