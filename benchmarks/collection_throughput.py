@@ -1,19 +1,21 @@
 """Environment steps per second through gymflow's rollout path against a plain in-process loop.
 
-    .venv/bin/python benchmarks/collection_throughput.py --workers 2 --envs 8 --steps 128 --rounds 20
+    .venv/bin/python benchmarks/collection_throughput.py --workers 2 --envs 8 --steps 128 --rounds 20 --repeats 3
 
 Baseline: one process steps a SeededVectorEnv of CartPole-v1 with the same batched PPO policy
 (`agents.rollout.collect`), nothing written. gymflow: the same collection as Dask jobs on a
 LocalCluster of `--workers` processes, one job per worker per round, each loading its policy
 version from storage, writing its shard, and handing back a ShardRef (tasks.rollout's round
 logic, without the Prefect task around it). Ratio per core = (gymflow steps/s / workers) /
-baseline steps/s; the target is >= 0.9.
+baseline steps/s; the target is >= 0.9. With --repeats, baseline and gymflow alternate and the
+medians are compared: this machine's per-core speed drifts by tens of percent within minutes.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 import time
 
@@ -77,10 +79,18 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=8)
     parser.add_argument("--steps", type=int, default=128, help="steps per env per round")
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=1, help="alternate baseline and gymflow this many times")
     args = parser.parse_args()
-    baseline = plain_throughput(args.envs, args.steps, args.rounds)
-    gymflow, round_seconds = gymflow_throughput(args.workers, args.envs, args.steps, args.rounds)
-    print(f"machine: {os.cpu_count()} cores; CartPole-v1, {args.envs} envs x {args.steps} steps per job, {args.rounds} rounds")
+    baselines, gymflows, rounds = [], [], []
+    for _ in range(args.repeats):
+        baselines.append(plain_throughput(args.envs, args.steps, args.rounds))
+        throughput, round_seconds = gymflow_throughput(args.workers, args.envs, args.steps, args.rounds)
+        gymflows.append(throughput)
+        rounds.append(round_seconds)
+        print(f"  plain {baselines[-1]:,.0f} steps/s, gymflow {throughput:,.0f} steps/s")
+    baseline, gymflow, round_seconds = (statistics.median(v) for v in (baselines, gymflows, rounds))
+    print(f"machine: {os.cpu_count()} cores; CartPole-v1, {args.envs} envs x {args.steps} steps per job, "
+          f"{args.rounds} rounds, medians of {args.repeats}")
     print(f"plain loop, 1 process:           {baseline:>10,.0f} env steps/s")
     print(f"gymflow, {args.workers} Dask worker processes: {gymflow:>10,.0f} env steps/s "
           f"({gymflow / args.workers:,.0f} per worker)")
