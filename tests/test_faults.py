@@ -81,3 +81,21 @@ def test_an_async_worker_sigkilled_mid_chunk_loses_no_shard_and_counts_none_twic
         assert chunks == list(range(len(chunks)))
     assert summary.env_steps >= 1024
     assert committed_versions(storage, layout) == list(range(summary.versions_committed))
+
+
+def test_an_async_chunk_that_hangs_is_timed_out_and_redone(prefect_api, workspace):
+    from tasks.stream import read_ledger
+    from tests.test_async import ASYNC_TINY
+
+    once = workspace / "hung.once"
+    overrides = {**ASYNC_TINY, **local_overrides(workspace), "env.id": "envs.testing:Tripwire",
+                 "env.kwargs": {"at_step": 300, "once_file": str(once), "fault": "hang"},
+                 "distribution.rollout_timeout_s": 5, "schedule.total_env_steps": 768}
+    summary = improve("cartpole-dqn", overrides)
+    assert once.exists()  # a chunk hung; its worker was restarted and the chunk submitted again
+    storage = Storage(StorageLocation(str(workspace / "data")))
+    ledger = read_ledger(storage, summary.run_id)
+    accounted = ledger.inserted + ledger.dropped + ledger.unused
+    assert len(set(accounted)) == len(accounted)
+    assert sorted(accounted) == storage.list(f"{RunLayout(summary.run_id).prefix}/shards/async")
+    assert summary.env_steps >= 768

@@ -1,0 +1,119 @@
+"""Where a SYNC round's time goes: the profile behind docs/benchmarks.md's overhead table.
+
+    .venv/bin/python benchmarks/round_profile.py --preset cartpole-ppo --env-steps 40960
+
+Prints (1) the round trip of two no-op Dask jobs on a LocalCluster like the flow's, (2) one
+rollout job in a bare process (its wall-clock against its env stepping), and (3) timers around
+the improve loop's functions during a whole run of the preset (target off), against what the
+rollout jobs reported as stepping time inside the cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import statistics
+import tempfile
+import time
+
+
+def _noop(x):
+    return x
+
+
+def dask_round_trip(repeats: int = 100) -> float:
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        client.wait_for_workers(2)
+        times = []
+        for i in range(repeats):
+            started = time.perf_counter()
+            for future in [client.submit(_noop, i, pure=False) for _ in range(2)]:
+                future.result()
+            times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def bare_rollout_job(preset: str, rounds: int = 30) -> tuple[float, float]:
+    """(wall-clock, env-stepping seconds) of one rollout job run in this process."""
+    from presets.validate import resolve_experiment
+    from tasks.jobs import run_rollout
+    from tasks.learn import create_learner, save_checkpoint
+    from tasks.rounds import rollout_round, storage_location
+
+    with tempfile.TemporaryDirectory() as folder:
+        experiment = resolve_experiment(preset, {"storage.root": folder})
+        config, learner = experiment.preset, create_learner(experiment)
+        for version in range(rounds):
+            save_checkpoint(storage_location(config), "profile", version, learner, {}, False)
+        resume_from: list[str | None] = [None] * config.distribution.rollout_workers
+        walls, stepping = [], []
+        for version in range(rounds):
+            specs = rollout_round(config, "profile", version, 0.0, resume_from)
+            started = time.perf_counter()
+            refs = [run_rollout(spec) for spec in specs]
+            walls.append((time.perf_counter() - started) / len(specs))
+            stepping.append(statistics.mean(ref.collect_seconds for ref in refs))
+            resume_from = [ref.key for ref in refs]
+    return statistics.median(walls[2:]), statistics.median(stepping[2:])
+
+
+def loop_phases(preset: str, env_steps: int) -> tuple[dict[str, list[float]], object]:
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows import training
+    from flows.improve import improve
+    from presets.validate import resolve_experiment
+    from tasks import learn
+
+    timers: dict[str, list[float]] = collections.defaultdict(list)
+
+    def timed(owner, name: str, label: str) -> None:
+        function = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                timers[label].append(time.perf_counter() - started)
+
+        setattr(owner, name, wrapper)
+
+    timed(training, "collect_rollouts", "collect-rollouts task (round of Dask jobs)")
+    timed(training, "learn", "learn task")
+    timed(learn, "read_shard", "  shard read + sha256")
+    timed(learn, "save_checkpoint", "  checkpoint commit")
+    timed(resolve_experiment(preset).algorithm.learner, "learn", "  the algorithm's learn()")
+    with prefect_test_harness(server_startup_timeout=120), tempfile.TemporaryDirectory() as folder:
+        overrides = {"schedule.total_env_steps": env_steps, "schedule.target_return": None,
+                     "storage.root": os.path.join(folder, "data"),
+                     "tracking.tracking_uri": f"sqlite:///{os.path.join(folder, 'mlflow.db')}"}
+        improve(preset, {**overrides, "schedule.total_env_steps": 4096})  # warm-up
+        timers.clear()
+        summary = improve(preset, overrides)
+    return timers, summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="cartpole-ppo", help="a SYNC preset")
+    parser.add_argument("--env-steps", type=int, default=40_960)
+    args = parser.parse_args()
+    round_trip = dask_round_trip()
+    job_wall, job_stepping = bare_rollout_job(args.preset)
+    timers, summary = loop_phases(args.preset, args.env_steps)
+    print(f"\nmachine: {os.cpu_count()} cores")
+    print(f"Dask: two no-op jobs submitted and gathered: {1000 * round_trip:.1f} ms (median of 100)")
+    print(f"one rollout job in a bare process: {1000 * job_wall:.1f} ms wall, {1000 * job_stepping:.1f} ms stepping envs")
+    print(f"improve({args.preset!r}), {summary.env_steps:,} env steps: loop {summary.wall_seconds:.2f} s, "
+          f"work {summary.work_seconds:.2f} s, orchestration share {100 * summary.orchestration_share:.1f}%")
+    for label, values in timers.items():
+        print(f"  {label:<45} x{len(values):<4} median {1000 * statistics.median(values):7.1f} ms, total {sum(values):6.2f} s")
+
+
+if __name__ == "__main__":
+    main()
