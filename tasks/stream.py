@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from distributed import Client, Future, wait
+from prefect import get_run_logger
 
 from envs.seeding import derive_seed
 from presets.model import Preset
@@ -168,4 +169,8 @@ class RolloutStream:
             self.client.cancel([flight.future])
             if holders:
                 self.client.restart_workers(holders, raise_for_error=False)
+            get_run_logger().warning(
+                "rollout chunk %s still running after %.0f s (attempt %d of %d); restarted %s and submitting it again",
+                flight.spec.shard_key, self.timeout_s, flight.attempt, ROUND_ATTEMPTS, holders or "no worker",
+            )
             self.in_flight[worker] = _InFlight(self._send(flight.spec), flight.spec, time.monotonic(), flight.attempt + 1)
