@@ -6,7 +6,7 @@ Baseline: one process steps a SeededVectorEnv of CartPole-v1 with the same batch
 (`agents.rollout.collect`), nothing written. gymflow: the same collection as Dask jobs on a
 LocalCluster of `--workers` processes, one job per worker per round, each loading its policy
 version from storage, writing its shard, and handing back a ShardRef (tasks.rollout's round
-logic, without the Prefect task around it). Ratio per core = (gymflow steps/s / workers) /
+logic through the workers' job hosts, without the Prefect task around it). Ratio per core = (gymflow steps/s / workers) /
 baseline steps/s; the target is >= 0.9. With --repeats, baseline and gymflow alternate and the
 medians are compared: this machine's per-core speed drifts by tens of percent within minutes.
 """
@@ -14,12 +14,15 @@ medians are compared: this machine's per-core speed drifts by tens of percent wi
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import tempfile
 import time
 
 import torch
+
+LOGGER = logging.getLogger("benchmark")
 
 
 def plain_throughput(envs: int, steps: int, rounds: int) -> float:
@@ -46,10 +49,10 @@ def gymflow_throughput(workers: int, envs: int, steps: int, rounds: int) -> tupl
     """(env steps per second, seconds per round) of gymflow's rollout rounds on a LocalCluster of
     `workers` processes, shards written to a local folder."""
     from presets.validate import resolve_experiment
-    from tasks.cluster import dask_client
+    from tasks.cluster import dask_client, job_hosts
     from tasks.jobs import run_rollout
     from tasks.learn import create_learner, save_checkpoint
-    from tasks.rollout import _run_round
+    from tasks.rollout import run_round
     from tasks.rounds import rollout_round, storage_location
 
     with tempfile.TemporaryDirectory() as folder:
@@ -61,14 +64,14 @@ def gymflow_throughput(workers: int, envs: int, steps: int, rounds: int) -> tupl
         learner = create_learner(experiment)
         for version in range(rounds + 1):
             save_checkpoint(storage_location(config), "bench", version, learner, {}, include_replay=False)
-        with dask_client(config.distribution) as client:
+        with dask_client(config.distribution) as client, job_hosts(client, config.distribution) as hosts:
             client.wait_for_workers(min(workers, os.cpu_count() or 1))
             first = rollout_round(config, "bench", 0, 0.0, [None] * workers)
-            resume_from = [ref.key for ref in _run_round(client, run_rollout, first, 600, None)]  # warm-up
+            resume_from = [ref.key for ref in run_round(hosts, run_rollout, first, LOGGER)]  # warm-up
             started = time.perf_counter()
             for version in range(1, rounds + 1):
                 specs = rollout_round(config, "bench", version, 0.0, resume_from)
-                resume_from = [ref.key for ref in _run_round(client, run_rollout, specs, 600, None)]
+                resume_from = [ref.key for ref in run_round(hosts, run_rollout, specs, LOGGER)]
             seconds = time.perf_counter() - started
     return rounds * steps * envs * workers / seconds, seconds / rounds
 

@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/round_profile.py --preset cartpole-ppo --env-steps 40960
 
-Prints (1) the round trip of two no-op Dask jobs on a LocalCluster like the flow's, (2) one
+Prints (1) the round trip of two no-op jobs on a LocalCluster like the flow's, as Dask tasks and
+through gymflow's job hosts (Dask actors, tasks/hosts.py), side by side, (2) one
 rollout job in a bare process (its wall-clock against its env stepping), and (3) timers around
 the improve loop's functions during a whole run of the preset (target off), against what the
 rollout jobs reported as stepping time inside the cluster.
@@ -22,19 +23,34 @@ def _noop(x):
     return x
 
 
-def dask_round_trip(repeats: int = 100) -> float:
+def round_trips(repeats: int = 100) -> tuple[float, float]:
+    """(Dask tasks, job hosts): median seconds to run two no-op jobs, one on each of two workers,
+    and have both results back, on a LocalCluster like the flow's."""
+    import logging
+
     from distributed import Client, LocalCluster
+
+    from tasks.hosts import HostPool
+    from tasks.rollout import run_round
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         client.wait_for_workers(2)
-        times = []
+        workers = sorted(client.scheduler_info()["workers"])
+        tasks, hosts = [], []
+        pool = HostPool(client, None, 60)
+        run_round(pool, _noop, [0, 1], logging.getLogger())  # starts the hosts
         for i in range(repeats):
             started = time.perf_counter()
-            for future in [client.submit(_noop, i, pure=False) for _ in range(2)]:
+            futures = [client.submit(_noop, i, workers=[w], allow_other_workers=True, pure=False) for w in workers]
+            for future in futures:
                 future.result()
-            times.append(time.perf_counter() - started)
-    return statistics.median(times)
+            tasks.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            run_round(pool, _noop, [i, i], logging.getLogger())
+            hosts.append(time.perf_counter() - started)
+        pool.close()
+    return statistics.median(tasks), statistics.median(hosts)
 
 
 def bare_rollout_job(preset: str, rounds: int = 30) -> tuple[float, float]:
@@ -83,7 +99,7 @@ def loop_phases(preset: str, env_steps: int) -> tuple[dict[str, list[float]], ob
 
         setattr(owner, name, wrapper)
 
-    timed(training, "collect_rollouts", "collect-rollouts task (round of Dask jobs)")
+    timed(training, "collect_rollouts", "collect-rollouts task (round of jobs)")
     timed(training, "learn", "learn task")
     timed(learn, "read_shard", "  shard read + sha256")
     timed(learn, "save_checkpoint", "  checkpoint commit")
@@ -103,11 +119,12 @@ def main() -> None:
     parser.add_argument("--preset", default="cartpole-ppo", help="a SYNC preset")
     parser.add_argument("--env-steps", type=int, default=40_960)
     args = parser.parse_args()
-    round_trip = dask_round_trip()
+    task_trip, host_trip = round_trips()
     job_wall, job_stepping = bare_rollout_job(args.preset)
     timers, summary = loop_phases(args.preset, args.env_steps)
     print(f"\nmachine: {os.cpu_count()} cores")
-    print(f"Dask: two no-op jobs submitted and gathered: {1000 * round_trip:.1f} ms (median of 100)")
+    print(f"two no-op jobs on two workers, submitted and gathered (median of 100): as Dask tasks {1000 * task_trip:.1f} ms, "
+          f"through job hosts {1000 * host_trip:.1f} ms, ratio {task_trip / host_trip:.1f}")
     print(f"one rollout job in a bare process: {1000 * job_wall:.1f} ms wall, {1000 * job_stepping:.1f} ms stepping envs")
     print(f"improve({args.preset!r}), {summary.env_steps:,} env steps: loop {summary.wall_seconds:.2f} s, "
           f"work {summary.work_seconds:.2f} s, orchestration share {100 * summary.orchestration_share:.1f}%")

@@ -19,7 +19,7 @@ from flows.training import RunSummary, train_async, train_sync
 from presets.load import flatten, redacted
 from presets.overrides import PresetOverrides, as_dotted
 from presets.validate import Experiment, resolve_experiment
-from tasks.cluster import dask_client
+from tasks.cluster import dask_client, job_hosts
 from tasks.learn import create_learner
 from tasks.models import log_policy_model, read_warm_start
 from tasks.plots import plot_learning_curve
@@ -73,6 +73,7 @@ def improve(
     run_id = resume or f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     with (
         dask_client(config.distribution) as client,  # an unreachable cluster stops here
+        job_hosts(client, config.distribution) as hosts,
         s3_artifact_environment(config.storage.options),
     ):
         tags = {"gymflow.run_id": run_id, "prefect.flow_run_id": str(flow_run.id), "gymflow.preset": config.name}
@@ -91,7 +92,7 @@ def improve(
                 write_run_record(storage, run_id, {"mlflow_run_id": tracker.run_id, "experiment": config.tracking.experiment,
                                                    "tracking_uri": config.tracking.tracking_uri})
             train = train_async if config.distribution.mode == "async" else train_sync
-            history = train(experiment, learner, run_id, client, tracker, summary, logger, position)
+            history = train(experiment, learner, run_id, hosts, tracker, summary, logger, position)
             _log_artifacts(experiment, run_id, tracker, summary, history)
             succeeded = True
         finally:

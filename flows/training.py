@@ -21,6 +21,7 @@ from agents.core import Learner
 from flows.progress import ProgressLog
 from presets.validate import Experiment
 from tasks.async_learn import AsyncTraining, learn_async
+from tasks.hosts import HostPool
 from tasks.jobs import EvaluationResult
 from tasks.learn import fill_replay, learn, save_checkpoint
 from tasks.plots import PLOTTED_METRICS
@@ -68,21 +69,20 @@ class RunSummary:
 
 
 def train_sync(
-    experiment: Experiment, learner: Learner, run_id: str, client, tracker: Tracker, summary: RunSummary, logger,
+    experiment: Experiment, learner: Learner, run_id: str, hosts: HostPool, tracker: Tracker, summary: RunSummary, logger,
     position: dict[str, Any] | None = None,
 ) -> list[dict[str, float]]:
     """SYNC: rounds of collect -> learn, from the start or from `position` (a checkpoint's
     counters); fills `summary` and returns the per-round metrics."""
     config, algorithm, schedule = experiment.preset, experiment.algorithm, experiment.preset.schedule
-    timeout_s, location = config.distribution.rollout_timeout_s, storage_location(config)
-    resources = config.distribution.rollout_resources
+    location = storage_location(config)
     progress = ProgressLog(logger, schedule.total_env_steps)
     started = time.perf_counter()
     if position is None:
         history: list[dict[str, float]] = []
         position = _position(0, 0, schedule.evaluate_every_env_steps, [None] * config.distribution.rollout_workers)
         if not algorithm.on_policy and schedule.heatup_env_steps:
-            position |= _heatup(experiment, learner, run_id, client, progress)
+            position |= _heatup(experiment, learner, run_id, hosts, progress)
         save_checkpoint(location, run_id, 0, learner, position, include_replay=config.storage.checkpoint_replay)
     else:  # resumed: what was logged before the flow died is in MLflow
         history = tracker.metric_rows(PLOTTED_METRICS)
@@ -95,11 +95,11 @@ def train_sync(
         round_started = time.perf_counter()
         exploration = algorithm.exploration(config.agent, env_steps)
         specs = rollout_round(config, run_id, version, exploration, resume_from)
-        shards = collect_rollouts(client, specs, timeout_s, f"v{version}", resources)
+        shards = collect_rollouts(hosts, specs, f"v{version}")
         scoring = None
         if env_steps >= next_evaluation:  # scores version v on the workers while the learner learns
             next_evaluation += schedule.evaluate_every_env_steps
-            scoring = evaluate_policy.submit(client, evaluation_round(config, run_id, version), timeout_s, version, resources)
+            scoring = evaluate_policy.submit(hosts, evaluation_round(config, run_id, version), version)
         steps_after = env_steps + sum(shard.env_steps for shard in shards)
         learned = learn(
             learner, location, run_id, version, shards,
@@ -124,12 +124,12 @@ def train_sync(
             summary.solved = True
             break
 
-    _finish(experiment, client, run_id, version, env_steps, evaluation, started, tracker, summary, progress)
+    _finish(experiment, hosts, run_id, version, env_steps, evaluation, started, tracker, summary, progress)
     return history
 
 
 def train_async(
-    experiment: Experiment, learner: Learner, run_id: str, client, tracker: Tracker, summary: RunSummary, logger,
+    experiment: Experiment, learner: Learner, run_id: str, hosts: HostPool, tracker: Tracker, summary: RunSummary, logger,
     position: dict[str, Any] | None = None,
 ) -> list[dict[str, float]]:
     """ASYNC: rollout workers keep collecting while the learner inserts, trains and commits a
@@ -137,8 +137,7 @@ def train_async(
     Stops at the step budget or the target return with every chunk landed and accounted for in
     the run's ledger.json. Returns one metrics dict per committed version."""
     config, algorithm, schedule = experiment.preset, experiment.algorithm, experiment.preset.schedule
-    timeout_s, location = config.distribution.rollout_timeout_s, storage_location(config)
-    resources, workers = config.distribution.rollout_resources, config.distribution.rollout_workers
+    location, workers = storage_location(config), config.distribution.rollout_workers
     progress = ProgressLog(logger, schedule.total_env_steps)
     started = time.perf_counter()
     if position is None:
@@ -146,12 +145,12 @@ def train_async(
         position = {"version": 0, "env_steps": 0, "next_evaluation": schedule.evaluate_every_env_steps,
                     "resume_from": [None] * workers, "next_chunk": [0] * workers, "ledger": None}
         if schedule.heatup_env_steps:
-            position |= _heatup(experiment, learner, run_id, client, progress)
+            position |= _heatup(experiment, learner, run_id, hosts, progress)
         save_checkpoint(location, run_id, 0, learner, position, include_replay=config.storage.checkpoint_replay)
     else:  # resumed: what was logged before the flow died is in MLflow
         history = tracker.metric_rows(PLOTTED_METRICS)
         summary.evaluations = tracker.evaluation_rows()
-    stream = RolloutStream(client, config, run_id, location, position["next_chunk"], position["resume_from"])
+    stream = RolloutStream(hosts, config, run_id, location, position["next_chunk"], position["resume_from"])
     stream.submitted_steps = position["env_steps"]
     training = AsyncTraining(
         learner, stream, Ledger.from_dict(position["ledger"]), location, run_id, config.samples_per_insert,
@@ -168,7 +167,7 @@ def train_async(
         while not training.exhausted:
             if scoring is None and training.env_steps >= training.next_evaluation:
                 training.next_evaluation += schedule.evaluate_every_env_steps
-                future = evaluate_policy.submit(client, evaluation_round(config, run_id, version), timeout_s, version, resources)
+                future = evaluate_policy.submit(hosts, evaluation_round(config, run_id, version), version)
                 scoring = (future, training.env_steps)
             period_started = time.perf_counter()
             learned = learn_async(training, version)
@@ -204,16 +203,16 @@ def train_async(
     summary.shards_unused = len(training.ledger.unused)
     lags = list(training.ledger.lags.values())
     summary.policy_lag_mean, summary.policy_lag_max = (sum(lags) / len(lags), max(lags)) if lags else (0.0, 0)
-    _finish(experiment, client, run_id, version, training.env_steps, evaluation, started, tracker, summary, progress)
+    _finish(experiment, hosts, run_id, version, training.env_steps, evaluation, started, tracker, summary, progress)
     return history
 
 
-def _heatup(experiment: Experiment, learner: Learner, run_id: str, client, progress: ProgressLog) -> dict[str, Any]:
+def _heatup(experiment: Experiment, learner: Learner, run_id: str, hosts: HostPool, progress: ProgressLog) -> dict[str, Any]:
     """Fill replay with a uniform random policy, one shard a worker; no learning. Returns the
     counters it moves: env steps and the shards the workers' envs continue from."""
     config = experiment.preset
     specs = rollout_round(config, run_id, None, 1.0, [None] * config.distribution.rollout_workers, heatup_steps_per_env(config))
-    shards = collect_rollouts(client, specs, config.distribution.rollout_timeout_s, "heatup", config.distribution.rollout_resources)
+    shards = collect_rollouts(hosts, specs, "heatup")
     fill_replay(learner, storage_location(config), shards)
     env_steps = sum(shard.env_steps for shard in shards)
     progress.update(env_steps, "heatup done")
@@ -221,14 +220,13 @@ def _heatup(experiment: Experiment, learner: Learner, run_id: str, client, progr
 
 
 def _finish(
-    experiment: Experiment, client, run_id: str, version: int, env_steps: int, evaluation: EvaluationResult | None,
+    experiment: Experiment, hosts: HostPool, run_id: str, version: int, env_steps: int, evaluation: EvaluationResult | None,
     started: float, tracker: Tracker, summary: RunSummary, progress: ProgressLog,
 ) -> None:
     """Evaluate the last version unless the target was reached, and fill in the summary."""
     config = experiment.preset
-    timeout_s, resources = config.distribution.rollout_timeout_s, config.distribution.rollout_resources
     if not summary.solved:  # the final evaluation, of the last version
-        evaluation = evaluate_policy(client, evaluation_round(config, run_id, version), timeout_s, version, resources)
+        evaluation = evaluate_policy(hosts, evaluation_round(config, run_id, version), version)
         _record_evaluation(evaluation, env_steps, tracker, summary)
         summary.work_seconds += evaluation.seconds
         summary.solved = _target_reached(config.schedule.target_return, evaluation)

@@ -1,5 +1,6 @@
 """The Dask cluster a run fans out over: a LocalCluster of worker processes by default, an
-existing scheduler address, or a cluster class started and closed for the run."""
+existing scheduler address, or a cluster class started and closed for the run; and the job
+hosts (tasks/hosts.py) the run keeps on its workers."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from distributed import Client, LocalCluster
 
 from presets.errors import InvalidPreset
 from presets.model import DistributionConfig
+from tasks.hosts import HostPool
 
 CONNECT_TIMEOUT_S = 10
 
@@ -43,6 +45,16 @@ def dask_client(config: DistributionConfig) -> Iterator[Client]:
         client.wait_for_workers(1, timeout=config.cluster_start_timeout_s)
         _check_resources(client, config.rollout_resources, config.cluster_start_timeout_s)
         yield client
+
+
+@contextmanager
+def job_hosts(client: Client, config: DistributionConfig) -> Iterator[HostPool]:
+    """The run's job hosts on the workers offering the rollout resources, released at the end."""
+    hosts = HostPool(client, config.rollout_resources, config.rollout_timeout_s)
+    try:
+        yield hosts
+    finally:
+        hosts.close()
 
 
 def _check_resources(client: Client, resources: dict[str, float], wait_s: float) -> None:

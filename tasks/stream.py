@@ -4,9 +4,10 @@ The flow's process keeps one chunk job in flight per rollout worker. A chunk act
 newest committed policy version when it starts, continues its worker's envs from the previous
 chunk, and writes one shard tagged with the version it used. As a chunk lands, the worker's next
 one is submitted at once (unless the learner has fallen behind its ratio: then collection waits,
-as a Reverb rate limiter would). A worker process that dies mid-chunk is replaced by Dask and the
-chunk rescheduled under the same key; a chunk running past the deadline is treated as wedged,
-its worker restarted and the chunk submitted again. Every chunk lands once, in the `Ledger`.
+as a Reverb rate limiter would). Chunks go to the workers' job hosts (tasks/hosts.py). A chunk
+whose worker process dies is sent again under the same key to a live worker; a chunk running
+past the deadline is treated as wedged, its worker restarted and the chunk sent again. Every
+chunk lands once, in the `Ledger`.
 """
 
 from __future__ import annotations
@@ -16,13 +17,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from distributed import Client, Future, wait
 from prefect import get_run_logger
 
 from envs.seeding import derive_seed
 from presets.model import Preset
+from tasks.hosts import ATTEMPTS, Call, HostLost, HostPool, wait_first
 from tasks.jobs import RolloutSpec, run_rollout
-from tasks.rollout import ROUND_ATTEMPTS, able_workers
 from tasks.shards import ShardRef
 from tasks.storage import RunLayout, Storage, StorageLocation
 
@@ -66,27 +66,17 @@ def admits(shard_version: int, learner_version: int, max_policy_lag: int) -> boo
     return learner_version - shard_version <= max_policy_lag
 
 
-@dataclass
-class _InFlight:
-    future: Future
-    spec: RolloutSpec
-    submitted_at: float
-    attempt: int
-
-
 class RolloutStream:
     """One chunk in flight per rollout worker; see the module's docstring."""
 
     def __init__(
-        self, client: Client, preset: Preset, run_id: str, location: StorageLocation,
+        self, hosts: HostPool, preset: Preset, run_id: str, location: StorageLocation,
         next_chunk: Sequence[int], resume_from: Sequence[str | None],
     ):
-        self.client, self.preset, self.run_id, self.location = client, preset, run_id, location
-        self.resources = preset.distribution.rollout_resources
-        self.timeout_s = preset.distribution.rollout_timeout_s
+        self.hosts, self.preset, self.run_id, self.location = hosts, preset, run_id, location
         self.next_chunk = list(next_chunk)  # per worker: the next chunk number to submit
         self.resume_from = list(resume_from)  # per worker: the last landed shard, whose envs continue
-        self.in_flight: dict[int, _InFlight] = {}
+        self.in_flight: dict[int, Call] = {}
         self.submitted_steps = 0  # env steps of every chunk submitted by this stream
 
     @property
@@ -107,34 +97,39 @@ class RolloutStream:
             policy_seed=derive_seed(self.preset.seed, "policy", "async", worker, chunk),
             exploration=exploration, resume_from=self.resume_from[worker], chunk=chunk,
         )
-        self.in_flight[worker] = _InFlight(self._send(spec), spec, time.monotonic(), 1)
+        self.in_flight[worker] = self.hosts.call(run_rollout, spec, slot=worker)
         self.next_chunk[worker] += 1
         self.submitted_steps += self.preset.steps_per_chunk
 
     def landed(self, wait_s: float = 0.0) -> list[ShardRef]:
         """The chunks that finished, waiting up to `wait_s` for the first one. A failed chunk
-        raises; a wedged one is restarted."""
-        futures = [flight.future for flight in self.in_flight.values()]
-        if futures and wait_s > 0 and not any(f.done() for f in futures):
-            try:
-                wait(futures, timeout=wait_s, return_when="FIRST_COMPLETED")
-            except TimeoutError:
-                pass
+        raises; a lost or wedged one is sent again."""
+        if not any(call.done() for call in self.in_flight.values()):
+            wait_first(self.in_flight.values(), wait_s)
         refs = []
-        for worker, flight in sorted(self.in_flight.items(), key=lambda item: item[1].submitted_at):
-            if flight.future.done():
-                ref = flight.future.result()  # a chunk that failed for good raises here
+        for worker, call in sorted(self.in_flight.items(), key=lambda item: item[1].deadline):
+            if call.done():
+                try:
+                    ref = call.future.result()  # a chunk that failed for good raises here
+                except HostLost as lost:
+                    self.hosts.lost(call)
+                    self.in_flight[worker] = self.hosts.redo(call, f"chunk {call.spec.shard_key}: {lost}", get_run_logger())
+                    continue
                 del self.in_flight[worker]
                 self.resume_from[worker] = ref.key
                 refs.append(ref)
-        self._restart_wedged()
+            elif time.monotonic() > call.deadline:
+                self.hosts.restart(call)
+                self.in_flight[worker] = self.hosts.redo(
+                    call, f"rollout chunk {call.spec.shard_key} was still running after {self.hosts.timeout_s:.0f} s; "
+                          f"restarted its worker {call.worker}", get_run_logger())
         return refs
 
     def stop(self) -> list[ShardRef]:
         """Submit nothing more and wait for the chunks in flight; returns them. Afterwards no
         chunk of this run is queued or running anywhere."""
         refs = []
-        deadline = time.monotonic() + self.timeout_s * ROUND_ATTEMPTS
+        deadline = time.monotonic() + self.hosts.timeout_s * ATTEMPTS
         while self.in_flight:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(self.in_flight)} rollout chunks did not finish after the stop")
@@ -144,33 +139,4 @@ class RolloutStream:
     def cancel(self) -> None:
         """Give up on the chunks in flight (the run failed); a chunk already running finishes
         on its worker, and its shard is never read."""
-        self.client.cancel([flight.future for flight in self.in_flight.values()])
         self.in_flight.clear()
-
-    def _send(self, spec: RolloutSpec) -> Future:
-        workers = able_workers(self.client, self.resources)
-        if not workers:  # none yet, or all being replaced: wait for one
-            self.client.wait_for_workers(1, timeout=self.timeout_s)
-            workers = able_workers(self.client, self.resources)
-        return self.client.submit(
-            run_rollout, spec, workers=[workers[spec.worker % len(workers)]] if workers else None,
-            allow_other_workers=True, resources=self.resources or None, pure=False,
-        )
-
-    def _restart_wedged(self) -> None:
-        now = time.monotonic()
-        for worker, flight in list(self.in_flight.items()):
-            if now - flight.submitted_at <= self.timeout_s:
-                continue
-            if flight.attempt >= ROUND_ATTEMPTS:
-                raise TimeoutError(f"rollout chunk {flight.spec.shard_key} did not finish within "
-                                   f"{self.timeout_s:.0f} s, {ROUND_ATTEMPTS} times")
-            holders = [w for w, keys in self.client.processing().items() if flight.future.key in keys]
-            self.client.cancel([flight.future])
-            if holders:
-                self.client.restart_workers(holders, raise_for_error=False)
-            get_run_logger().warning(
-                "rollout chunk %s still running after %.0f s (attempt %d of %d); restarted %s and submitting it again",
-                flight.spec.shard_key, self.timeout_s, flight.attempt, ROUND_ATTEMPTS, holders or "no worker",
-            )
-            self.in_flight[worker] = _InFlight(self._send(flight.spec), flight.spec, time.monotonic(), flight.attempt + 1)

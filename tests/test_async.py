@@ -58,9 +58,11 @@ def test_an_async_run_accounts_for_every_shard_and_stops_with_nothing_running(pr
                  "storage.shared": True}
     summary = improve("cartpole-dqn", overrides)
 
-    # nothing of the run is queued or running on the cluster, and nothing is written afterwards
+    # nothing of the run is queued or running on the cluster, its job hosts are gone, and nothing
+    # is written afterwards
     assert all(not tasks for tasks in client.processing().values())
     assert sum(client.run(lambda dask_worker: dask_worker.state.executing_count).values()) == 0
+    assert sum(client.run(lambda dask_worker: len(dask_worker.state.actors)).values()) == 0
     storage = Storage(StorageLocation(str(workspace / "data")))
     shards_at_stop = _chunk_shards(storage, summary.run_id)
     time.sleep(1.0)

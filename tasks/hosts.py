@@ -1,0 +1,186 @@
+"""Job hosts: one Dask actor per worker process, through which rollout and evaluation jobs run.
+
+A Dask task's round trip (client -> scheduler -> worker -> scheduler -> client, then a gather)
+costs 10-15 ms on this machine whatever the task does; a call on an actor goes to the worker
+and back in about 1.5 ms (benchmarks/round_trip.py). A SYNC round of CartPole collection is
+20-40 ms of stepping, so the task round trip alone was a third of it. The jobs and their
+per-process caches (tasks/jobs.py: live envs, loaded policies) are unchanged: a host is only a
+door into the worker process.
+
+What Dask did for tasks, `HostPool` does for calls: it picks the worker (job i prefers worker i
+among those offering the rollout resources, so a worker finds its live envs again), tells a
+worker that died (`HostLost`: the call is redone elsewhere) from a job that failed (its own
+exception is raised), and restarts the worker of a call that outlives its deadline. Jobs run on
+the host's own threads, as many at once as the worker has threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from distributed import Client, get_worker
+
+ATTEMPTS = 3  # a job is tried this many times (worker deaths and deadlines together) before the run fails
+HOST_START_TIMEOUT_S = 30
+
+
+class HostLost(RuntimeError):
+    """The worker process holding a host died or was restarted while (or before) running a call."""
+
+
+@dataclass(frozen=True)
+class JobFailure:
+    """A job's own exception, carried back as a value so it is not mistaken for a lost worker."""
+
+    error: BaseException
+    trace: str
+
+
+class JobHost:
+    """Lives on a Dask worker (an actor) and runs jobs there on its own threads."""
+
+    def __init__(self) -> None:
+        self._threads = ThreadPoolExecutor(get_worker().state.nthreads, thread_name_prefix="gymflow-job")
+
+    async def run(self, function: Callable[[Any], Any], spec: Any) -> Any:
+        context = contextvars.copy_context()  # the job sees its worker (distributed.get_worker), as a task would
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._threads, context.run, function, spec)
+        except Exception as error:
+            return JobFailure(error, traceback.format_exc())
+
+
+@dataclass
+class Call:
+    """One job sent to one host; `future` holds its result, its exception or `HostLost`."""
+
+    future: concurrent.futures.Future
+    function: Callable[[Any], Any]
+    spec: Any
+    slot: int
+    worker: str
+    attempt: int
+    deadline: float  # time.monotonic() after which the call counts as wedged
+
+    def done(self) -> bool:
+        return self.future.done()
+
+
+class HostPool:
+    """The run's hosts on the workers that offer `resources`; see the module's docstring."""
+
+    def __init__(self, client: Client, resources: dict[str, float] | None, timeout_s: float):
+        self.client, self.resources, self.timeout_s = client, resources or {}, timeout_s
+        self._hosts: dict[str, Any] = {}  # worker address -> (the actor, its creation future)
+        self._lost: set[str] = set()  # addresses whose host died; skipped while the scheduler still lists them
+        self._lock = threading.Lock()  # calls come from the flow's thread and from Prefect task threads
+
+    def call(self, function: Callable[[Any], Any], spec: Any, slot: int, attempt: int = 1) -> Call:
+        """Start `function(spec)` on the host of the worker for `slot`; returns at once."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            worker, actor = self._host_for(slot)
+        except HostLost as lost:
+            future.set_exception(lost)
+            return Call(future, function, spec, slot, "", attempt, time.monotonic() + self.timeout_s)
+
+        async def relay() -> None:
+            try:
+                outcome = await actor.run(function, spec)
+            except (OSError, RuntimeError) as error:  # the actor could not be reached: its worker is gone
+                future.set_exception(HostLost(f"the worker {worker} was lost: {error}"))
+                return
+            if isinstance(outcome, JobFailure):
+                outcome.error.add_note(f"on the Dask worker {worker}:\n{outcome.trace}")
+                future.set_exception(outcome.error)
+            else:
+                future.set_result(outcome)
+
+        self.client.loop.add_callback(relay)
+        return Call(future, function, spec, slot, worker, attempt, time.monotonic() + self.timeout_s)
+
+    def redo(self, call: Call, reason: str, logger) -> Call:
+        """Send a lost or wedged call again (to a live worker), or raise once it has had its attempts."""
+        if call.attempt >= ATTEMPTS:
+            raise TimeoutError(f"a rollout job did not complete in {ATTEMPTS} attempts; the last {reason}")
+        logger.warning("%s (attempt %d of %d); submitting the job again", reason, call.attempt, ATTEMPTS)
+        return self.call(call.function, call.spec, call.slot, call.attempt + 1)
+
+    def lost(self, call: Call) -> None:
+        """Forget the host of a call that raised `HostLost`."""
+        self._forget(call.worker)
+
+    def restart(self, call: Call) -> None:
+        """Restart the worker process of a wedged call (its thread cannot be stopped otherwise)."""
+        if call.worker:
+            self.client.restart_workers([call.worker], raise_for_error=False)
+        self._forget(call.worker)
+
+    def close(self) -> None:
+        """Release every host; their workers keep running (they may belong to a shared cluster)."""
+        with self._lock:
+            futures = [creation for _, creation in self._hosts.values()]
+            self._hosts.clear()
+        self.client.cancel(futures)
+
+    def _host_for(self, slot: int) -> tuple[str, Any]:
+        workers = self._able_workers()
+        if not workers:  # none yet, or all being replaced: wait for one rather than fail
+            try:
+                self.client.wait_for_workers(1, timeout=self.timeout_s)
+            except TimeoutError:
+                raise HostLost(f"no Dask worker came up within {self.timeout_s:.0f} s") from None
+            workers = self._able_workers()
+        if not workers:
+            raise HostLost(f"no Dask worker offers {self.resources}")
+        worker = workers[slot % len(workers)]
+        with self._lock:
+            if worker not in self._hosts:
+                creation = self.client.submit(JobHost, workers=[worker], actor=True, pure=False)
+                try:
+                    actor = creation.result(timeout=HOST_START_TIMEOUT_S)
+                except Exception as error:
+                    self.client.cancel([creation])
+                    self._lost.add(worker)
+                    raise HostLost(f"could not start a job host on {worker}: {error}") from None
+                self._hosts[worker] = (actor, creation)
+            return worker, self._hosts[worker][0]
+
+    def _able_workers(self) -> list[str]:
+        listed = able_workers(self.client, self.resources)
+        with self._lock:
+            self._lost &= set(listed)  # a lost address the scheduler dropped may come back as a new worker
+            live = [address for address in listed if address not in self._lost]
+        return live or listed
+
+    def _forget(self, worker: str) -> None:
+        with self._lock:
+            host = self._hosts.pop(worker, None)
+            self._lost.add(worker)
+        if host is not None:
+            self.client.cancel([host[1]])
+
+
+def able_workers(client: Client, resources: dict[str, float] | None) -> list[str]:
+    """The workers offering every resource in `resources`, sorted by address."""
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    return sorted(
+        address for address, info in workers.items()
+        if all(info.get("resources", {}).get(name, 0) >= amount for name, amount in (resources or {}).items())
+    )
+
+
+def wait_first(calls: Iterable[Call], timeout_s: float) -> None:
+    """Block until one of `calls` is done or `timeout_s` passes."""
+    futures = [call.future for call in calls]
+    if futures and timeout_s > 0:
+        concurrent.futures.wait(futures, timeout=timeout_s, return_when=concurrent.futures.FIRST_COMPLETED)
