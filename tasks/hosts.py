@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import math
 import threading
 import time
 import traceback
@@ -31,6 +32,7 @@ from distributed import Client, get_worker
 
 ATTEMPTS = 3  # a job is tried this many times (worker deaths and deadlines together) before the run fails
 HOST_START_TIMEOUT_S = 30
+WORKER_LIST_TTL_S = 1.0  # how long the list of able workers is trusted; a lost host refreshes it at once
 
 
 class HostLost(RuntimeError):
@@ -82,6 +84,7 @@ class HostPool:
         self.client, self.resources, self.timeout_s = client, resources or {}, timeout_s
         self._hosts: dict[str, Any] = {}  # worker address -> (the actor, its creation future)
         self._lost: set[str] = set()  # addresses whose host died; skipped while the scheduler still lists them
+        self._listed: tuple[float, list[str]] = (-math.inf, [])  # (when, able workers): a scheduler RPC saved per call
         self._lock = threading.Lock()  # calls come from the flow's thread and from Prefect task threads
 
     def call(self, function: Callable[[Any], Any], spec: Any, slot: int, attempt: int = 1) -> Call:
@@ -156,7 +159,10 @@ class HostPool:
             return worker, self._hosts[worker][0]
 
     def _able_workers(self) -> list[str]:
-        listed = able_workers(self.client, self.resources)
+        listed_at, listed = self._listed
+        if time.monotonic() - listed_at > WORKER_LIST_TTL_S or not listed:
+            listed = able_workers(self.client, self.resources)
+            self._listed = (time.monotonic(), listed)
         with self._lock:
             self._lost &= set(listed)  # a lost address the scheduler dropped may come back as a new worker
             live = [address for address in listed if address not in self._lost]
@@ -166,6 +172,7 @@ class HostPool:
         with self._lock:
             host = self._hosts.pop(worker, None)
             self._lost.add(worker)
+            self._listed = (-math.inf, [])
         if host is not None:
             self.client.cancel([host[1]])
 
