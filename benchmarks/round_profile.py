@@ -83,7 +83,7 @@ def loop_phases(preset: str, env_steps: int) -> tuple[dict[str, list[float]], ob
     from flows import training
     from flows.improve import improve
     from presets.validate import resolve_experiment
-    from tasks import learn
+    from tasks import learn, rollout
 
     timers: dict[str, list[float]] = collections.defaultdict(list)
 
@@ -100,6 +100,7 @@ def loop_phases(preset: str, env_steps: int) -> tuple[dict[str, list[float]], ob
         setattr(owner, name, wrapper)
 
     timed(training, "collect_rollouts", "collect-rollouts task (round of jobs)")
+    timed(rollout, "run_round", "  the round's jobs, sent and gathered")
     timed(training, "learn", "learn task")
     timed(learn, "read_shard", "  shard read + sha256")
     timed(learn, "save_checkpoint", "  checkpoint commit")
