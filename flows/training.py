@@ -14,7 +14,9 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from agents.core import Learner
@@ -23,9 +25,9 @@ from presets.validate import Experiment
 from tasks.async_learn import AsyncTraining, learn_async
 from tasks.hosts import HostPool
 from tasks.jobs import EvaluationResult
-from tasks.learn import fill_replay, learn, save_checkpoint
+from tasks.learn import fill_replay, learn, save_checkpoint, train_stretch
 from tasks.plots import PLOTTED_METRICS
-from tasks.rollout import collect_rollouts, evaluate_policy
+from tasks.rollout import collect_heatup, collect_rollouts, evaluate_policy, evaluate_version
 from tasks.rounds import (
     evaluation_metrics,
     evaluation_round,
@@ -73,7 +75,8 @@ def train_sync(
     position: dict[str, Any] | None = None,
 ) -> list[dict[str, float]]:
     """SYNC: rounds of collect -> learn, from the start or from `position` (a checkpoint's
-    counters); fills `summary` and returns the per-round metrics."""
+    counters); fills `summary` and returns the per-round metrics. Rounds run in `train` task
+    stretches of a few seconds each."""
     config, algorithm, schedule = experiment.preset, experiment.algorithm, experiment.preset.schedule
     location = storage_location(config)
     progress = ProgressLog(logger, schedule.total_env_steps)
@@ -89,17 +92,19 @@ def train_sync(
         summary.evaluations = tracker.evaluation_rows()
     version, env_steps = position["version"], position["env_steps"]
     next_evaluation, resume_from = position["next_evaluation"], position["resume_from"]
-
     evaluation: EvaluationResult | None = None
-    while env_steps < schedule.total_env_steps:
+
+    def one_round(evaluations: ThreadPoolExecutor) -> bool:
+        """Collect with version v on every worker, learn, commit v + 1; True when training is over."""
+        nonlocal version, env_steps, next_evaluation, resume_from, evaluation
         round_started = time.perf_counter()
         exploration = algorithm.exploration(config.agent, env_steps)
         specs = rollout_round(config, run_id, version, exploration, resume_from)
-        shards = collect_rollouts(hosts, specs, f"v{version}")
+        shards = collect_rollouts(hosts, specs, logger)
         scoring = None
         if env_steps >= next_evaluation:  # scores version v on the workers while the learner learns
             next_evaluation += schedule.evaluate_every_env_steps
-            scoring = evaluate_policy.submit(hosts, evaluation_round(config, run_id, version), version)
+            scoring = evaluations.submit(evaluate_version, hosts, evaluation_round(config, run_id, version), version, logger)
         steps_after = env_steps + sum(shard.env_steps for shard in shards)
         learned = learn(
             learner, location, run_id, version, shards,
@@ -122,7 +127,11 @@ def train_sync(
         progress.update(env_steps, _status(version, metrics, summary))
         if _target_reached(schedule.target_return, evaluation):
             summary.solved = True
-            break
+        return summary.solved or env_steps >= schedule.total_env_steps
+
+    with ThreadPoolExecutor(1, thread_name_prefix="evaluation") as evaluations:
+        while not summary.solved and env_steps < schedule.total_env_steps:
+            train_stretch(partial(one_round, evaluations), f"v{version}")
 
     _finish(experiment, hosts, run_id, version, env_steps, evaluation, started, tracker, summary, progress)
     return history
@@ -135,7 +144,8 @@ def train_async(
     """ASYNC: rollout workers keep collecting while the learner inserts, trains and commits a
     version every `commit_every_train_steps` (tasks/async_learn.py); evaluation runs beside them.
     Stops at the step budget or the target return with every chunk landed and accounted for in
-    the run's ledger.json. Returns one metrics dict per committed version."""
+    the run's ledger.json. Commits run in `train` task stretches of a few seconds each. Returns
+    one metrics dict per committed version."""
     config, algorithm, schedule = experiment.preset, experiment.algorithm, experiment.preset.schedule
     location, workers = storage_location(config), config.distribution.rollout_workers
     progress = ProgressLog(logger, schedule.total_env_steps)
@@ -161,44 +171,50 @@ def train_async(
     )
     version = position["version"]
     evaluation: EvaluationResult | None = None
-    scoring: tuple[Any, int] | None = None  # (the evaluation task's future, env steps when it began)
+    scoring: tuple[Future, int] | None = None  # (the evaluation's future, env steps when it began)
     recent_returns: deque[float] = deque(maxlen=20)  # for the progress line
-    try:
-        while not training.exhausted:
-            if scoring is None and training.env_steps >= training.next_evaluation:
-                training.next_evaluation += schedule.evaluate_every_env_steps
-                future = evaluate_policy.submit(hosts, evaluation_round(config, run_id, version), version)
-                scoring = (future, training.env_steps)
-            period_started = time.perf_counter()
-            learned = learn_async(training, version)
-            metrics = learned.metrics | stream_metrics(learned.landed, training.env_steps, learned.version,
-                                                       time.perf_counter() - period_started)
-            tracker.log_metrics(metrics, step=training.env_steps)
-            history.append(metrics)
-            summary.work_seconds += learned.learn_seconds + learned.waiting_seconds
-            summary.rollout_processes.update(shard.collected_by for shard in learned.landed)
-            version = learned.version
-            recent_returns.extend(r for shard in learned.landed for r in shard.episode_returns)
-            recent = {"rollout/episode_return_mean": sum(recent_returns) / len(recent_returns)} if recent_returns else {}
-            progress.update(training.env_steps, _status(version, recent, summary))
-            if scoring is not None and scoring[0].state.is_final():
-                evaluation = scoring[0].result()
-                _record_evaluation(evaluation, scoring[1], tracker, summary)
-                scoring = None
-                if _target_reached(schedule.target_return, evaluation):
-                    summary.solved = True
-                    break
-    except BaseException:
-        stream.cancel()
-        raise
-    late = stream.stop()  # chunks that land after the stop are recorded, never inserted
-    training.ledger.unused += [shard.key for shard in late]
-    training.env_steps += sum(shard.env_steps for shard in late)
-    write_ledger(open_storage(location), run_id, training.ledger)
-    if scoring is not None:  # an evaluation still running at the budget's end: record it
-        evaluation = scoring[0].result()
-        _record_evaluation(evaluation, scoring[1], tracker, summary)
-        summary.solved = _target_reached(schedule.target_return, evaluation) and evaluation.version == version
+
+    def one_commit(evaluations: ThreadPoolExecutor) -> bool:
+        """Learn until the next commit, checking on the evaluation beside it; True when training is over."""
+        nonlocal version, evaluation, scoring
+        if scoring is None and training.env_steps >= training.next_evaluation:
+            training.next_evaluation += schedule.evaluate_every_env_steps
+            future = evaluations.submit(evaluate_version, hosts, evaluation_round(config, run_id, version), version, logger)
+            scoring = (future, training.env_steps)
+        period_started = time.perf_counter()
+        learned = learn_async(training, version)
+        metrics = learned.metrics | stream_metrics(learned.landed, training.env_steps, learned.version,
+                                                   time.perf_counter() - period_started)
+        tracker.log_metrics(metrics, step=training.env_steps)
+        history.append(metrics)
+        summary.work_seconds += learned.learn_seconds + learned.waiting_seconds
+        summary.rollout_processes.update(shard.collected_by for shard in learned.landed)
+        version = learned.version
+        recent_returns.extend(r for shard in learned.landed for r in shard.episode_returns)
+        recent = {"rollout/episode_return_mean": sum(recent_returns) / len(recent_returns)} if recent_returns else {}
+        progress.update(training.env_steps, _status(version, recent, summary))
+        if scoring is not None and scoring[0].done():
+            evaluation = scoring[0].result()
+            _record_evaluation(evaluation, scoring[1], tracker, summary)
+            scoring = None
+            summary.solved = _target_reached(schedule.target_return, evaluation)
+        return summary.solved or training.exhausted
+
+    with ThreadPoolExecutor(1, thread_name_prefix="evaluation") as evaluations:
+        try:
+            while not summary.solved and not training.exhausted:
+                train_stretch(partial(one_commit, evaluations), f"v{version}")
+        except BaseException:
+            stream.cancel()
+            raise
+        late = stream.stop()  # chunks that land after the stop are recorded, never inserted
+        training.ledger.unused += [shard.key for shard in late]
+        training.env_steps += sum(shard.env_steps for shard in late)
+        write_ledger(open_storage(location), run_id, training.ledger)
+        if scoring is not None:  # an evaluation still running at the budget's end: record it
+            evaluation = scoring[0].result()
+            _record_evaluation(evaluation, scoring[1], tracker, summary)
+            summary.solved = _target_reached(schedule.target_return, evaluation) and evaluation.version == version
     summary.shards_inserted, summary.shards_dropped = len(training.ledger.inserted), len(training.ledger.dropped)
     summary.shards_unused = len(training.ledger.unused)
     lags = list(training.ledger.lags.values())
@@ -212,7 +228,7 @@ def _heatup(experiment: Experiment, learner: Learner, run_id: str, hosts: HostPo
     counters it moves: env steps and the shards the workers' envs continue from."""
     config = experiment.preset
     specs = rollout_round(config, run_id, None, 1.0, [None] * config.distribution.rollout_workers, heatup_steps_per_env(config))
-    shards = collect_rollouts(hosts, specs, "heatup")
+    shards = collect_heatup(hosts, specs)
     fill_replay(learner, storage_location(config), shards)
     env_steps = sum(shard.env_steps for shard in shards)
     progress.update(env_steps, "heatup done")

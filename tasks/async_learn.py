@@ -16,9 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from agents.core import Learner
 from tasks.learn import save_checkpoint
 from tasks.shards import ShardRef, read_shard
@@ -78,7 +75,6 @@ class AsyncLearnResult:
     waiting_seconds: float = 0.0  # waiting for shards to land (the learner had nothing owed)
 
 
-@task(name="learn", task_run_name="learn-v{version}", cache_policy=NO_CACHE)
 def learn_async(training: AsyncTraining, version: int) -> AsyncLearnResult:
     """Insert landed shards and train until `commit_every` gradient steps are done (or the
     budget is used up), then commit `version + 1`."""

@@ -1,14 +1,18 @@
 """The learner's side of the improve loop: read exactly one round's shards, learn, commit.
 
-The learner lives in the flow's process for the whole run; these tasks give it data from
-storage and put its state back into storage as committed checkpoint versions.
+The learner lives in the flow's process for the whole run; these functions give it data from
+storage and put its state back into storage as committed checkpoint versions. `train_stretch`
+is the Prefect task training runs in: a stretch of rounds (SYNC) or commits (ASYNC) of about
+`TASK_SECONDS`, because a Prefect task run costs ~20 ms here (its engine in the flow's process,
+its states and events in the API server, on the same two cores): one a round was a quarter of a
+CartPole run's wall-clock (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +79,21 @@ def save_checkpoint(
     return commit_checkpoint(open_storage(location), RunLayout(run_id), version, blobs)
 
 
-@task(name="learn", task_run_name="learn-v{version}", cache_policy=NO_CACHE)
+TASK_SECONDS = 2.0  # the training one Prefect task run carries
+
+
+@task(name="train", task_run_name="train-from-{label}", cache_policy=NO_CACHE)
+def train_stretch(step: Callable[[], bool], label: str, seconds: float = TASK_SECONDS) -> int:
+    """Training steps (a SYNC round, or an ASYNC commit period) one after another for about
+    `seconds`, or until `step` answers that training is over. Returns how many ran."""
+    started = time.perf_counter()
+    steps = 0
+    while True:
+        steps += 1
+        if step() or time.perf_counter() - started >= seconds:
+            return steps
+
+
 def learn(
     learner: Learner,
     location: StorageLocation,

@@ -1,8 +1,8 @@
-"""The Prefect tasks that fan rollouts and evaluations out over Dask.
+"""Rounds of rollouts and evaluations fanned out over Dask: one job per worker, each a call on
+that worker's job host (tasks/hosts.py).
 
-A Prefect task wraps one whole round (every worker's job), so Prefect's per-task overhead is
-paid once per round, not once per worker; inside it, the jobs go to the workers' job hosts
-(tasks/hosts.py), a Dask actor call each.
+They run inside the `train` task's stretches (tasks/learn.py); heatup's collection and a run's
+final evaluation are Prefect tasks of their own.
 """
 
 from __future__ import annotations
@@ -19,22 +19,32 @@ from tasks.jobs import EvaluationResult, EvaluationSpec, RolloutSpec, run_evalua
 from tasks.shards import ShardRef
 
 
-@task(name="collect-rollouts", task_run_name="collect-rollouts-{label}", cache_policy=NO_CACHE)
-def collect_rollouts(hosts: HostPool, specs: Sequence[RolloutSpec], label: str) -> list[ShardRef]:
+def collect_rollouts(hosts: HostPool, specs: Sequence[RolloutSpec], logger) -> list[ShardRef]:
     """One round of collection: every worker's rollout, each writing one shard."""
-    return run_round(hosts, run_rollout, specs, get_run_logger())
+    return run_round(hosts, run_rollout, specs, logger)
 
 
-@task(name="evaluate", task_run_name="evaluate-v{version}", cache_policy=NO_CACHE)
-def evaluate_policy(hosts: HostPool, specs: Sequence[EvaluationSpec], version: int) -> EvaluationResult:
+def evaluate_version(hosts: HostPool, specs: Sequence[EvaluationSpec], version: int, logger) -> EvaluationResult:
     """Greedy evaluation of one version, its episodes split across the workers."""
-    results = run_round(hosts, run_evaluation, specs, get_run_logger())
+    results = run_round(hosts, run_evaluation, specs, logger)
     return EvaluationResult(
         version=version,
         returns=tuple(r for result in results for r in result.returns),
         lengths=tuple(n for result in results for n in result.lengths),
         seconds=max(result.seconds for result in results),
     )
+
+
+@task(name="collect-rollouts", task_run_name="collect-rollouts-heatup", cache_policy=NO_CACHE)
+def collect_heatup(hosts: HostPool, specs: Sequence[RolloutSpec]) -> list[ShardRef]:
+    """Heatup's round: every worker's rollout with a uniform random policy."""
+    return collect_rollouts(hosts, specs, get_run_logger())
+
+
+@task(name="evaluate", task_run_name="evaluate-v{version}", cache_policy=NO_CACHE)
+def evaluate_policy(hosts: HostPool, specs: Sequence[EvaluationSpec], version: int) -> EvaluationResult:
+    """A run's final evaluation, of the version it delivers."""
+    return evaluate_version(hosts, specs, version, get_run_logger())
 
 
 def run_round(hosts: HostPool, function: Callable, specs: Sequence[Any], logger) -> list[Any]:

@@ -42,7 +42,7 @@ def _task_run_names(flow_run_id) -> list[str]:
                 limit=200,
             )
         names = sorted(run.name for run in runs)
-        if any(name.startswith("evaluate") for name in names) and len(names) >= 6:
+        if any(name.startswith("evaluate") for name in names) and any(name.startswith("train") for name in names):
             return names
         time.sleep(0.25)
     return names
@@ -88,8 +88,8 @@ def test_ppo_sync_run_lands_checkpoints_shards_and_an_mlflow_run(prefect_api, wo
     _check_storage(workspace, summary, expect_heatup=False)
     _check_mlflow(workspace, summary, flow_run_id, "ppo")
     names = _task_run_names(flow_run_id)
-    assert [n for n in names if n.startswith("collect-rollouts")] == [f"collect-rollouts-v{v}" for v in range(5)]
-    assert [n for n in names if n.startswith("learn")] == [f"learn-v{v}" for v in range(5)]
+    # the rounds run in `train` stretches of a few seconds: this short run fits in the first
+    assert [n for n in names if n.startswith("train")] == ["train-from-v0"]
     assert "evaluate-v5" in names  # the final evaluation
     # rollouts ran in two Dask worker processes, not in the flow's process
     assert len(summary.rollout_processes) == 2
