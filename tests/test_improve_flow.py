@@ -88,8 +88,9 @@ def test_ppo_sync_run_lands_checkpoints_shards_and_an_mlflow_run(prefect_api, wo
     _check_storage(workspace, summary, expect_heatup=False)
     _check_mlflow(workspace, summary, flow_run_id, "ppo")
     names = _task_run_names(flow_run_id)
-    # the rounds run in `train` stretches of a few seconds: this short run fits in the first
-    assert [n for n in names if n.startswith("train")] == ["train-from-v0"]
+    # the rounds run in `train` stretches of a few seconds each, the first from v0
+    starts = sorted(int(n.removeprefix("train-from-v")) for n in names if n.startswith("train"))
+    assert starts[0] == 0 and len(set(starts)) == len(starts) and starts[-1] < 5
     assert "evaluate-v5" in names  # the final evaluation
     # rollouts ran in two Dask worker processes, not in the flow's process
     assert len(summary.rollout_processes) == 2
