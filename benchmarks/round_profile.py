@@ -99,9 +99,9 @@ def loop_phases(preset: str, env_steps: int) -> tuple[dict[str, list[float]], ob
 
         setattr(owner, name, wrapper)
 
-    timed(training, "collect_rollouts", "collect-rollouts task (round of jobs)")
+    timed(training, "collect_rollouts", "collect round")
     timed(rollout, "run_round", "  the round's jobs, sent and gathered")
-    timed(training, "learn", "learn task")
+    timed(training, "learn", "learn and commit")
     timed(learn, "read_shard", "  shard read + sha256")
     timed(learn, "save_checkpoint", "  checkpoint commit")
     timed(resolve_experiment(preset).algorithm.learner, "learn", "  the algorithm's learn()")
