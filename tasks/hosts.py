@@ -114,7 +114,7 @@ class HostPool:
     def redo(self, call: Call, reason: str, logger) -> Call:
         """Send a lost or wedged call again (to a live worker), or raise once it has had its attempts."""
         if call.attempt >= ATTEMPTS:
-            raise TimeoutError(f"a rollout job did not complete in {ATTEMPTS} attempts; the last {reason}")
+            raise TimeoutError(f"a {call.function.__name__} job did not complete in {ATTEMPTS} attempts; the last: {reason}")
         logger.warning("%s (attempt %d of %d); submitting the job again", reason, call.attempt, ATTEMPTS)
         return self.call(call.function, call.spec, call.slot, call.attempt + 1)
 
