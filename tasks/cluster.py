@@ -56,6 +56,7 @@ def dask_client(config: DistributionConfig) -> Iterator[Client]:
 def job_hosts(client: Client, config: DistributionConfig) -> Iterator[HostPool]:
     """The run's job hosts on the workers offering the rollout resources, released at the end."""
     hosts = HostPool(client, config.rollout_resources, config.rollout_timeout_s)
+    hosts.start(config.rollout_workers)
     try:
         yield hosts
     finally:

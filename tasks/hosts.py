@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from distributed import Client, get_worker
+from distributed import Client, Future, get_worker
 
 ATTEMPTS = 3  # a job is tried this many times (worker deaths and deadlines together) before the run fails
 HOST_START_TIMEOUT_S = 30
@@ -51,6 +51,8 @@ class JobHost:
     """Lives on a Dask worker (an actor) and runs jobs there on its own threads."""
 
     def __init__(self) -> None:
+        import tasks.jobs  # noqa: F401  (torch, gymnasium, the agents: imported as the host starts, not in the first job)
+
         self._threads = ThreadPoolExecutor(get_worker().state.nthreads, thread_name_prefix="gymflow-job")
 
     async def run(self, function: Callable[[Any], Any], spec: Any) -> Any:
@@ -82,7 +84,8 @@ class HostPool:
 
     def __init__(self, client: Client, resources: dict[str, float] | None, timeout_s: float):
         self.client, self.resources, self.timeout_s = client, resources or {}, timeout_s
-        self._hosts: dict[str, Any] = {}  # worker address -> (the actor, its creation future)
+        self._hosts: dict[str, Future] = {}  # worker address -> the future of its host (an actor)
+        self._actors: dict[str, Any] = {}  # worker address -> its host's proxy, once started
         self._lost: set[str] = set()  # addresses whose host died; skipped while the scheduler still lists them
         self._listed: tuple[float, list[str]] = (-math.inf, [])  # (when, able workers): a scheduler RPC saved per call
         self._lock = threading.Lock()  # calls come from the flow's thread and from Prefect task threads
@@ -128,11 +131,18 @@ class HostPool:
             self.client.restart_workers([call.worker], raise_for_error=False)
         self._forget(call.worker)
 
+    def start(self, slots: int) -> None:
+        """Start the hosts of slots 0..slots-1 now, without waiting: they warm up (imports) while
+        the run sets itself up, not in its first round."""
+        for worker in self._able_workers()[:slots]:
+            self._host_future(worker)
+
     def close(self) -> None:
         """Release every host; their workers keep running (they may belong to a shared cluster)."""
         with self._lock:
-            futures = [creation for _, creation in self._hosts.values()]
+            futures = list(self._hosts.values())
             self._hosts.clear()
+            self._actors.clear()
         self.client.cancel(futures)
 
     def _host_for(self, slot: int) -> tuple[str, Any]:
@@ -146,17 +156,20 @@ class HostPool:
         if not workers:
             raise HostLost(f"no Dask worker offers {self.resources}")
         worker = workers[slot % len(workers)]
+        actor = self._actors.get(worker)
+        if actor is None:
+            try:
+                actor = self._actors[worker] = self._host_future(worker).result(timeout=HOST_START_TIMEOUT_S)
+            except Exception as error:
+                self._forget(worker)
+                raise HostLost(f"could not start a job host on {worker}: {error}") from None
+        return worker, actor
+
+    def _host_future(self, worker: str) -> Future:
         with self._lock:
             if worker not in self._hosts:
-                creation = self.client.submit(JobHost, workers=[worker], actor=True, pure=False)
-                try:
-                    actor = creation.result(timeout=HOST_START_TIMEOUT_S)
-                except Exception as error:
-                    self.client.cancel([creation])
-                    self._lost.add(worker)
-                    raise HostLost(f"could not start a job host on {worker}: {error}") from None
-                self._hosts[worker] = (actor, creation)
-            return worker, self._hosts[worker][0]
+                self._hosts[worker] = self.client.submit(JobHost, workers=[worker], actor=True, pure=False)
+            return self._hosts[worker]
 
     def _able_workers(self) -> list[str]:
         listed_at, listed = self._listed
@@ -171,10 +184,11 @@ class HostPool:
     def _forget(self, worker: str) -> None:
         with self._lock:
             host = self._hosts.pop(worker, None)
+            self._actors.pop(worker, None)
             self._lost.add(worker)
             self._listed = (-math.inf, [])
         if host is not None:
-            self.client.cancel([host[1]])
+            self.client.cancel([host])
 
 
 def able_workers(client: Client, resources: dict[str, float] | None) -> list[str]:
