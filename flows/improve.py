@@ -92,6 +92,7 @@ def improve(
                 write_run_record(storage, run_id, {"mlflow_run_id": tracker.run_id, "experiment": config.tracking.experiment,
                                                    "tracking_uri": config.tracking.tracking_uri})
             train = train_async if config.distribution.mode == "async" else train_sync
+            hosts.wait_started()  # the workers' imports are start-up, not training
             history = train(experiment, learner, run_id, hosts, tracker, summary, logger, position)
             _log_artifacts(experiment, run_id, tracker, summary, history)
             succeeded = True

@@ -137,6 +137,16 @@ class HostPool:
         for worker in self._able_workers()[:slots]:
             self._host_future(worker)
 
+    def wait_started(self) -> None:
+        """Wait for the hosts `start` began (a host that fails to start is retried at its first job)."""
+        with self._lock:
+            pending = {worker: host for worker, host in self._hosts.items() if worker not in self._actors}
+        for worker, host in pending.items():
+            try:
+                self._actors[worker] = host.result(timeout=HOST_START_TIMEOUT_S)
+            except Exception:
+                self._forget(worker)
+
     def close(self) -> None:
         """Release every host; their workers keep running (they may belong to a shared cluster)."""
         with self._lock:
