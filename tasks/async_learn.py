@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from agents.core import Learner
 from tasks.learn import save_checkpoint
 from tasks.shards import ShardRef, read_shard

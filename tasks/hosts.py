@@ -59,7 +59,7 @@ class JobHost:
         context = contextvars.copy_context()  # the job sees its worker (distributed.get_worker), as a task would
         try:
             return await asyncio.get_running_loop().run_in_executor(self._threads, context.run, function, spec)
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 (any error of the job goes back to the caller, as itself)
             return JobFailure(error, traceback.format_exc())
 
 
@@ -144,7 +144,7 @@ class HostPool:
         for worker, host in pending.items():
             try:
                 self._actors[worker] = host.result(timeout=HOST_START_TIMEOUT_S)
-            except Exception:
+            except Exception:  # noqa: BLE001 (its first job tries again and reports why)
                 self._forget(worker)
 
     def close(self) -> None:
@@ -170,7 +170,7 @@ class HostPool:
         if actor is None:
             try:
                 actor = self._actors[worker] = self._host_future(worker).result(timeout=HOST_START_TIMEOUT_S)
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 (a worker gone or broken: the job goes elsewhere)
                 self._forget(worker)
                 raise HostLost(f"could not start a job host on {worker}: {error}") from None
         return worker, actor
