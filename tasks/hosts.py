@@ -2,7 +2,7 @@
 
 A Dask task's round trip (client -> scheduler -> worker -> scheduler -> client, then a gather)
 costs 10-15 ms on this machine whatever the task does; a call on an actor goes to the worker
-and back in about 1.5 ms (benchmarks/round_trip.py). A SYNC round of CartPole collection is
+and back in about 1.5 ms (benchmarks/round_profile.py). A SYNC round of CartPole collection is
 20-40 ms of stepping, so the task round trip alone was a third of it. The jobs and their
 per-process caches (tasks/jobs.py: live envs, loaded policies) are unchanged: a host is only a
 door into the worker process.
@@ -78,6 +78,11 @@ class Call:
     def done(self) -> bool:
         return self.future.done()
 
+    @property
+    def finished(self) -> bool:
+        """Done with its result or its job's own error, not with `HostLost`."""
+        return self.future.done() and not isinstance(self.future.exception(), HostLost)
+
 
 class HostPool:
     """The run's hosts on the workers that offer `resources`; see the module's docstring."""
@@ -114,22 +119,23 @@ class HostPool:
         self.client.loop.add_callback(relay)
         return Call(future, function, spec, slot, worker, attempt, time.monotonic() + self.timeout_s)
 
-    def redo(self, call: Call, reason: str, logger) -> Call:
-        """Send a lost or wedged call again (to a live worker), or raise once it has had its attempts."""
-        if call.attempt >= ATTEMPTS:
-            raise TimeoutError(f"a {call.function.__name__} job did not complete in {ATTEMPTS} attempts; the last: {reason}")
-        logger.warning("%s (attempt %d of %d); submitting the job again", reason, call.attempt, ATTEMPTS)
-        return self.call(call.function, call.spec, call.slot, call.attempt + 1)
-
-    def lost(self, call: Call) -> None:
-        """Forget the host of a call that raised `HostLost`."""
-        self._forget(call.worker)
-
-    def restart(self, call: Call) -> None:
-        """Restart the worker process of a wedged call (its thread cannot be stopped otherwise)."""
+    def settle(self, call: Call, logger) -> Call:
+        """`call` itself while it runs, or once it is `finished`; sent again (to a live worker) if
+        its worker was lost, or if it is still running past its deadline (its worker is restarted
+        first: a wedged thread cannot be stopped otherwise). Raises once a job has had its attempts."""
+        if call.done():
+            lost = call.future.exception()
+            if not isinstance(lost, HostLost):
+                return call
+            self._forget(call.worker)
+            return self._redo(call, f"{self._describe(call)}: {lost}", logger)
+        if time.monotonic() <= call.deadline:
+            return call
         if call.worker:
             self.client.restart_workers([call.worker], raise_for_error=False)
         self._forget(call.worker)
+        return self._redo(call, f"{self._describe(call)} was still running after {self.timeout_s:.0f} s; "
+                                f"restarted its worker {call.worker}", logger)
 
     def start(self, slots: int) -> None:
         """Start the hosts of slots 0..slots-1 now, without waiting: they warm up (imports) while
@@ -154,6 +160,17 @@ class HostPool:
             self._hosts.clear()
             self._actors.clear()
         self.client.cancel(futures)
+
+    def _redo(self, call: Call, reason: str, logger) -> Call:
+        if call.attempt >= ATTEMPTS:
+            raise TimeoutError(f"{self._describe(call)} did not complete in {ATTEMPTS} attempts; the last: {reason}")
+        logger.warning("%s (attempt %d of %d); submitting the job again", reason, call.attempt, ATTEMPTS)
+        return self.call(call.function, call.spec, call.slot, call.attempt + 1)
+
+    @staticmethod
+    def _describe(call: Call) -> str:
+        key = getattr(call.spec, "shard_key", None)  # a rollout names its shard
+        return f"{call.function.__name__} job {key or f'of slot {call.slot}'}"
 
     def _host_for(self, slot: int) -> tuple[str, Any]:
         workers = self._able_workers()

@@ -14,7 +14,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.hosts import HostLost, HostPool, wait_first
+from tasks.hosts import HostPool, wait_first
 from tasks.jobs import EvaluationResult, EvaluationSpec, RolloutSpec, run_evaluation, run_rollout
 from tasks.shards import ShardRef
 
@@ -59,15 +59,8 @@ def run_round(hosts: HostPool, function: Callable, specs: Sequence[Any], logger)
     while calls:
         wait_first(calls.values(), min(call.deadline for call in calls.values()) - time.monotonic())
         for index, call in list(calls.items()):
-            if call.done():
-                try:
-                    results[index] = call.future.result()  # a job that failed raises here
-                    del calls[index]
-                except HostLost as lost:
-                    hosts.lost(call)
-                    calls[index] = hosts.redo(call, str(lost), logger)
-            elif time.monotonic() > call.deadline:
-                hosts.restart(call)
-                calls[index] = hosts.redo(call, f"job {index} was still running after {hosts.timeout_s:.0f} s; "
-                                                f"restarted its worker {call.worker}", logger)
+            call = calls[index] = hosts.settle(call, logger)
+            if call.finished:
+                results[index] = call.future.result()  # a job that failed raises here
+                del calls[index]
     return [results[index] for index in range(len(specs))]

@@ -21,7 +21,7 @@ from prefect import get_run_logger
 
 from envs.seeding import derive_seed
 from presets.model import Preset
-from tasks.hosts import ATTEMPTS, Call, HostLost, HostPool, wait_first
+from tasks.hosts import ATTEMPTS, Call, HostPool, wait_first
 from tasks.jobs import RolloutSpec, run_rollout
 from tasks.shards import ShardRef
 from tasks.storage import RunLayout, Storage, StorageLocation
@@ -108,21 +108,12 @@ class RolloutStream:
             wait_first(self.in_flight.values(), wait_s)
         refs = []
         for worker, call in sorted(self.in_flight.items(), key=lambda item: item[1].deadline):
-            if call.done():
-                try:
-                    ref = call.future.result()  # a chunk that failed for good raises here
-                except HostLost as lost:
-                    self.hosts.lost(call)
-                    self.in_flight[worker] = self.hosts.redo(call, f"chunk {call.spec.shard_key}: {lost}", get_run_logger())
-                    continue
+            call = self.in_flight[worker] = self.hosts.settle(call, get_run_logger())
+            if call.finished:
+                ref = call.future.result()  # a chunk that failed for good raises here
                 del self.in_flight[worker]
                 self.resume_from[worker] = ref.key
                 refs.append(ref)
-            elif time.monotonic() > call.deadline:
-                self.hosts.restart(call)
-                self.in_flight[worker] = self.hosts.redo(
-                    call, f"rollout chunk {call.spec.shard_key} was still running after {self.hosts.timeout_s:.0f} s; "
-                          f"restarted its worker {call.worker}", get_run_logger())
         return refs
 
     def stop(self) -> list[ShardRef]:
