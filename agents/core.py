@@ -6,10 +6,13 @@ Nothing here knows about Prefect, Dask, storage or MLflow.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from abc import ABC, abstractmethod
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
+
+from gymflow.agents.replay import ReplayMemory
 
 
 class Rollout(NamedTuple):
@@ -52,26 +55,54 @@ class Policy(Protocol):
         ...
 
 
-class Learner(Protocol):
+class Learner(ABC):
     """The learning side of an agent: it owns networks, optimizers, counters and RNGs."""
 
+    @abstractmethod
     def learn(self, rollouts: Sequence[Rollout], progress: float) -> dict[str, float]:
-        """Learn from rollouts of the current policy; `progress` in [0, 1] drives schedules."""
-        ...
+        """Learn from one iteration's rollouts; `progress` in [0, 1] drives schedules."""
 
+    @abstractmethod
     def policy_weights(self) -> dict[str, torch.Tensor]:
         """The weights a rollout worker needs to act."""
-        ...
 
+    @abstractmethod
     def load_policy_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Start from another run's policy (a warm start); optimizer and counters stay fresh."""
-        ...
 
+    @abstractmethod
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: networks, optimizers, counters, RNG states."""
-        ...
 
+    @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class OnPolicyLearner(Learner):
+    """Learns only from rollouts of its current policy (PPO): each iteration's rollouts are
+    used once and dropped; there is no replay memory and no heatup."""
+
+
+class ReplayLearner(Learner):
+    """Learns off-policy from a replay memory (DQN, SAC): rollouts are remembered, and training
+    samples the memory. In SYNC mode `learn` remembers one iteration's rollouts, then trains its
+    preset's number of steps; in ASYNC mode the caller remembers shards as they land and trains
+    as many steps as the ratio of samples to inserts allows."""
+
+    replay: ReplayMemory
+
+    @property
+    @abstractmethod
+    def samples_per_train_step(self) -> int:
+        """Transitions one gradient step samples (the batch size)."""
+
+    @abstractmethod
+    def remember(self, rollouts: Sequence[Rollout]) -> None:
+        """Insert the rollouts' transitions into the replay memory."""
+
+    @abstractmethod
+    def train(self, steps: int, progress: float) -> dict[str, float]:
+        """`steps` gradient steps on samples of the replay memory."""
 
 
 class VectorEnv(Protocol):

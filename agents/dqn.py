@@ -19,9 +19,9 @@ from pydantic import ConfigDict, Field
 from torch import nn
 from torch.nn import functional as F
 
-from agents.core import Rollout
-from agents.networks import mlp, seeded_init
-from agents.replay import ReplayOptions, Sample, make_replay, n_step_transitions
+from gymflow.agents.core import ReplayLearner, Rollout
+from gymflow.agents.networks import mlp, seeded_init
+from gymflow.agents.replay import ReplayOptions, Sample, make_replay, n_step_transitions
 
 
 class DQNConfig(ReplayOptions):
@@ -95,7 +95,7 @@ class QPolicy:
         return actions, np.zeros(len(obs), dtype=np.float32)
 
 
-class DQNLearner:
+class DQNLearner(ReplayLearner):
     def __init__(self, config: DQNConfig, observation_space: spaces.Box, action_space: spaces.Discrete, seed: int):
         self.config = config
         with seeded_init(seed):

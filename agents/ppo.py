@@ -16,8 +16,8 @@ from gymnasium import spaces
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from agents.core import Rollout
-from agents.networks import mlp, seeded_init
+from gymflow.agents.core import OnPolicyLearner, Rollout
+from gymflow.agents.networks import mlp, seeded_init
 
 
 class PPOConfig(BaseModel):
@@ -88,7 +88,7 @@ def make_network(config: PPOConfig, observation_space: spaces.Box, action_space:
     return ActorCritic(int(observation_space.shape[0]), action_space, config.hidden_sizes)
 
 
-class PPOLearner:
+class PPOLearner(OnPolicyLearner):
     def __init__(self, config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space, seed: int):
         self.config = config
         with seeded_init(seed):

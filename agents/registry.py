@@ -9,8 +9,8 @@ from typing import Any
 from gymnasium import spaces
 from torch import nn
 
-from agents import dqn, ppo, sac
-from agents.core import Learner, Policy
+from gymflow.agents import dqn, ppo, sac
+from gymflow.agents.core import Learner, Policy
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.core import Episodes, Policy, Rollout, VectorEnv
+from gymflow.agents.core import Episodes, Policy, Rollout, VectorEnv
 
 
 def collect(policy: Policy, env: VectorEnv, steps: int, explore: bool = True) -> tuple[Rollout, Episodes]:

@@ -17,9 +17,9 @@ from gymnasium import spaces
 from pydantic import ConfigDict, Field
 from torch import nn
 
-from agents.core import Rollout
-from agents.networks import mlp, seeded_init
-from agents.replay import ReplayOptions, Sample, make_replay, n_step_transitions
+from gymflow.agents.core import ReplayLearner, Rollout
+from gymflow.agents.networks import mlp, seeded_init
+from gymflow.agents.replay import ReplayOptions, Sample, make_replay, n_step_transitions
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 
@@ -110,7 +110,7 @@ class SACPolicy:
         return actions.astype(np.float32), np.zeros(len(obs), dtype=np.float32)
 
 
-class SACLearner:
+class SACLearner(ReplayLearner):
     def __init__(self, config: SACConfig, observation_space: spaces.Box, action_space: spaces.Box, seed: int):
         self.config = config
         obs_size, action_size = int(np.prod(observation_space.shape)), int(np.prod(action_space.shape))

@@ -5,7 +5,7 @@
 Baseline: a plain process (spawned for it, nothing else running in it) steps a SeededVectorEnv
 of CartPole-v1 with the same batched PPO policy (`agents.rollout.collect`), nothing written. gymflow: the same collection on a LocalCluster of
 `--workers` processes, one job per worker per round, each loading its policy version from
-storage, writing its shard and handing back a ShardRef (tasks.rollout's `run_round` through the
+storage, writing its shard and handing back a ShardRef (gymflow.tasks.cluster.rounds's `run_round` through the
 workers' job hosts, without the Prefect task around it).
 
 This machine's per-core speed drifts by tens of percent within minutes, so the two sides are
@@ -31,10 +31,10 @@ LOGGER = logging.getLogger("benchmark")
 
 def _plain_loop(connection, envs: int, steps: int) -> None:
     """The baseline's process: on each request, collect one job's worth and answer its seconds."""
-    from agents.rollout import collect
-    from envs.vector import SeededVectorEnv
-    from presets.validate import resolve_experiment
-    from tasks.learn import create_learner
+    from gymflow.agents.rollout import collect
+    from gymflow.envs.vector import SeededVectorEnv
+    from gymflow.presets.validate import resolve_experiment
+    from gymflow.tasks.training.learning import create_learner
 
     torch.set_num_threads(1)
     experiment = resolve_experiment("cartpole-ppo")
@@ -52,12 +52,12 @@ def _plain_loop(connection, envs: int, steps: int) -> None:
 
 def interleaved(workers: int, envs: int, steps: int, rounds: int) -> tuple[list[float], list[float]]:
     """(plain seconds per job, gymflow seconds per round), one pair per round, interleaved."""
-    from presets.validate import resolve_experiment
-    from tasks.cluster import dask_client, job_hosts
-    from tasks.jobs import run_rollout
-    from tasks.learn import create_learner, save_checkpoint
-    from tasks.rollout import run_round
-    from tasks.rounds import rollout_round, storage_location
+    from gymflow.presets.validate import resolve_experiment
+    from gymflow.tasks.cluster.client import dask_client, job_hosts
+    from gymflow.tasks.cluster.jobs import run_rollout
+    from gymflow.tasks.training.learning import create_learner, save_checkpoint
+    from gymflow.tasks.cluster.rounds import run_round
+    from gymflow.tasks.tracking.metrics import rollout_round, storage_location
 
     here, there = multiprocessing.get_context("spawn").Pipe()
     baseline = multiprocessing.get_context("spawn").Process(target=_plain_loop, args=(there, envs, steps), daemon=True)

@@ -31,10 +31,10 @@ BUDGETS = {"cartpole-ppo": 40_960, "cartpole-dqn": 20_000, "cartpole-dqn-async":
 
 def plain_loop(preset: str, total_env_steps: int) -> float:
     """Seconds the same training takes in one process with nothing around it."""
-    from agents.rollout import collect, evaluate
-    from envs.vector import SeededVectorEnv
-    from presets.validate import resolve_experiment
-    from tasks.learn import create_learner
+    from gymflow.agents.rollout import collect, evaluate
+    from gymflow.envs.vector import SeededVectorEnv
+    from gymflow.presets.validate import resolve_experiment
+    from gymflow.tasks.training.learning import create_learner
 
     experiment = resolve_experiment(preset, {"schedule.total_env_steps": total_env_steps, "schedule.target_return": None})
     config, algorithm, schedule = experiment.preset, experiment.algorithm, experiment.preset.schedule
@@ -46,7 +46,7 @@ def plain_loop(preset: str, total_env_steps: int) -> float:
     started = time.perf_counter()
     steps, next_evaluation = 0, schedule.evaluate_every_env_steps
     if schedule.heatup_env_steps:
-        from agents.core import RandomPolicy
+        from gymflow.agents.core import RandomPolicy
 
         rollout, _ = collect(RandomPolicy(env.action_space, 0), env, -(-schedule.heatup_env_steps // config.envs_in_total))
         learner.remember([rollout])
@@ -65,7 +65,7 @@ def plain_loop(preset: str, total_env_steps: int) -> float:
 
 
 def gymflow_run(preset: str, total_env_steps: int, folder: str):
-    from flows.improve import improve
+    from gymflow.flows.improve import improve
 
     return improve(preset, {
         "schedule.total_env_steps": total_env_steps, "schedule.target_return": None,

@@ -30,8 +30,8 @@ def round_trips(repeats: int = 100) -> tuple[float, float]:
 
     from distributed import Client, LocalCluster
 
-    from tasks.hosts import HostPool
-    from tasks.rollout import run_round
+    from gymflow.tasks.cluster.hosts import HostPool
+    from gymflow.tasks.cluster.rounds import run_round
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
@@ -55,10 +55,10 @@ def round_trips(repeats: int = 100) -> tuple[float, float]:
 
 def bare_rollout_job(preset: str, rounds: int = 30) -> tuple[float, float]:
     """(wall-clock, env-stepping seconds) of one rollout job run in this process."""
-    from presets.validate import resolve_experiment
-    from tasks.jobs import run_rollout
-    from tasks.learn import create_learner, save_checkpoint
-    from tasks.rounds import rollout_round, storage_location
+    from gymflow.presets.validate import resolve_experiment
+    from gymflow.tasks.cluster.jobs import run_rollout
+    from gymflow.tasks.training.learning import create_learner, save_checkpoint
+    from gymflow.tasks.tracking.metrics import rollout_round, storage_location
 
     with tempfile.TemporaryDirectory() as folder:
         experiment = resolve_experiment(preset, {"storage.root": folder})
@@ -80,10 +80,10 @@ def bare_rollout_job(preset: str, rounds: int = 30) -> tuple[float, float]:
 def loop_phases(preset: str, env_steps: int) -> tuple[dict[str, list[float]], object]:
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows import training
-    from flows.improve import improve
-    from presets.validate import resolve_experiment
-    from tasks import learn, rollout
+    from gymflow.flows import training
+    from gymflow.flows.improve import improve
+    from gymflow.presets.validate import resolve_experiment
+    from gymflow.tasks import learn, rollout
 
     timers: dict[str, list[float]] = collections.defaultdict(list)
 

@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     args = parser.parse_args()
 
-    from flows.improve import improve
+    from gymflow.flows.improve import improve
 
     rows = []
     with tempfile.TemporaryDirectory() as folder:

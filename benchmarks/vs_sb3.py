@@ -43,7 +43,7 @@ def solve_with_sb3(seed: int) -> tuple[float, int, bool]:
 
 
 def solve_with_gymflow(seed: int, folder: str) -> tuple[float, int, bool]:
-    from flows.improve import improve
+    from gymflow.flows.improve import improve
 
     started = time.perf_counter()
     summary = improve("cartpole-ppo", {

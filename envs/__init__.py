@@ -1,6 +1,6 @@
 """Making and checking Gymnasium environments, reproducible vector envs, and small test envs."""
 
-from envs.make import EnvSpecError, check_env, make_env
-from envs.vector import EnvCursor, SeededVectorEnv
+from gymflow.envs.make import EnvSpecError, check_env, make_env
+from gymflow.envs.vector import EnvCursor, SeededVectorEnv
 
 __all__ = ["EnvCursor", "EnvSpecError", "SeededVectorEnv", "check_env", "make_env"]

@@ -19,8 +19,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from envs.make import make_env
-from envs.seeding import derive_seed
+from gymflow.envs.make import make_env
+from gymflow.envs.seeding import derive_seed
 
 
 @dataclass(frozen=True)

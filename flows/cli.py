@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 import yaml
 
-from presets import InvalidPreset, builtin_presets, parse_assignments
+from gymflow.errors import GymflowError
+from gymflow.presets import builtin_presets, parse_assignments
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,27 +23,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "checkpoints":
         return _checkpoints(args.run_id, args.root, parse_assignments(args.option))
     if args.command == "resume":
-        from tasks.resume import read_run_record
-        from tasks.storage import Storage, StorageLocation
+        from gymflow.tasks.storage.records import read_run_record
+        from gymflow.tasks.storage.objects import Storage, StorageLocation
 
         options = parse_assignments(args.option)
         try:
             read_run_record(Storage(StorageLocation(args.root, options)), args.run_id)
-        except InvalidPreset as error:
+        except GymflowError as error:
             print(f"gymflow: error: {error}", file=sys.stderr)
             return 2
         return _run("cartpole-ppo", {"storage.root": args.root, "storage.options": options}, args.quiet, args.run_id)
     try:
         overrides = parse_assignments(args.set)
-        from presets.validate import resolve_experiment
+        from gymflow.presets.validate import resolve_experiment
 
         experiment = resolve_experiment(args.preset, overrides)
         if args.command == "run":
-            from tasks.rounds import storage_location
-            from tasks.storage import check_storage
+            from gymflow.tasks.storage.objects import check_storage, storage_location
 
-            check_storage(storage_location(experiment.preset))
-    except InvalidPreset as error:
+            check_storage(storage_location(experiment.preset.storage))
+    except GymflowError as error:
         print(f"gymflow: error: {error}", file=sys.stderr)
         return 2
     if args.command == "show":
@@ -61,8 +61,8 @@ def _run(preset: str, overrides: dict, quiet: bool, resume: str | None = None) -
         TimeRemainingColumn,
     )
 
-    from flows.improve import improve
-    from flows.progress import showing_progress
+    from gymflow.flows.improve import improve
+    from gymflow.tasks.tracking.progress import showing_progress
 
     console = Console(stderr=True)
     bar = Progress(
@@ -87,7 +87,7 @@ def _run(preset: str, overrides: dict, quiet: bool, resume: str | None = None) -
     with bar, showing_progress(BarView()):
         try:
             summary = improve(preset, overrides, resume=resume)
-        except InvalidPreset as error:
+        except GymflowError as error:
             print(f"gymflow: error: {error}", file=sys.stderr)
             return 2
     verdict = "reached its target" if summary.solved else "did not reach its target"
@@ -102,13 +102,14 @@ def _run(preset: str, overrides: dict, quiet: bool, resume: str | None = None) -
 
 def _checkpoints(run_id: str, root: str, options: dict) -> int:
     """Check every checkpoint version of a run against its manifest; name the one a resume loads."""
-    from tasks.checkpoints import (
+    from gymflow.tasks.storage.checkpoints import (
         CheckpointError,
         committed_versions,
         read_checkpoint,
         read_newest_valid_checkpoint,
     )
-    from tasks.storage import RunLayout, Storage, StorageLocation
+    from gymflow.tasks.storage.layout import RunLayout
+    from gymflow.tasks.storage.objects import Storage, StorageLocation
 
     storage = Storage(StorageLocation(root, options))
     layout = RunLayout(run_id)

@@ -12,11 +12,11 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from pydantic import Field
 
-from envs.seeding import derive_seed
-from flows.improve import improve
-from presets.overrides import PresetOverrides, as_dotted
-from presets.validate import resolve_experiment
-from tasks.models import ModelRef, find_champion, promote, register_challenger, score_policy
+from gymflow.envs.seeding import derive_seed
+from gymflow.flows.improve import improve
+from gymflow.presets.overrides import PresetOverrides, as_dotted
+from gymflow.presets.validate import resolve_experiment
+from gymflow.tasks.tracking.models import ModelRef, find_champion, promote, register_challenger, score_policy
 
 
 @dataclass

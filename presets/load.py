@@ -11,12 +11,12 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from agents.registry import ALGORITHMS
-from agents.replay import ReplayOptions
-from presets.errors import InvalidPreset
-from presets.model import Preset
+from gymflow.agents.registry import ALGORITHMS
+from gymflow.agents.replay import ReplayOptions
+from gymflow.errors import InvalidPreset
+from gymflow.presets.model import Preset
 
-_BUILTIN = resources.files("presets") / "builtin"
+_BUILTIN = resources.files("gymflow.presets") / "builtin"
 
 
 def builtin_presets() -> dict[str, str]:

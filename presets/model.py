@@ -10,9 +10,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.dqn import DQNConfig
-from agents.ppo import PPOConfig
-from agents.sac import SACConfig
+from gymflow.agents.dqn import DQNConfig
+from gymflow.agents.ppo import PPOConfig
+from gymflow.agents.sac import SACConfig
 
 
 class _Strict(BaseModel):

@@ -9,8 +9,8 @@ from typing import Annotated, Any, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from presets.load import flatten
-from presets.model import Preset
+from gymflow.presets.load import flatten
+from gymflow.presets.model import Preset
 
 
 class _Overrides(BaseModel):

@@ -8,11 +8,11 @@ from typing import Any
 
 from gymnasium import spaces
 
-from agents.registry import Algorithm, algorithm_of
-from envs.make import EnvSpecError, check_env
-from presets.errors import InvalidPreset
-from presets.load import load_preset
-from presets.model import Preset
+from gymflow.agents.registry import Algorithm, algorithm_of
+from gymflow.envs.make import EnvSpecError, check_env
+from gymflow.errors import InvalidPreset
+from gymflow.presets.load import load_preset
+from gymflow.presets.model import Preset
 
 
 def _is_local_folder(root: str) -> bool:

@@ -10,15 +10,15 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from agents.core import Rollout
-from agents.dqn import DQNConfig, DQNLearner, epsilon_at
-from agents.ppo import PPOConfig, PPOLearner
-from agents.registry import algorithm_of
-from agents.replay import ReplayMemory, Transitions
-from agents.rollout import collect, evaluate
-from agents.sac import SACConfig, SACLearner
-from envs.vector import SeededVectorEnv
-from tasks.checkpoints import decode_state, encode_state
+from gymflow.agents.core import Rollout
+from gymflow.agents.dqn import DQNConfig, DQNLearner, epsilon_at
+from gymflow.agents.ppo import PPOConfig, PPOLearner
+from gymflow.agents.registry import algorithm_of
+from gymflow.agents.replay import ReplayMemory, Transitions
+from gymflow.agents.rollout import collect, evaluate
+from gymflow.agents.sac import SACConfig, SACLearner
+from gymflow.envs.vector import SeededVectorEnv
+from gymflow.tasks.storage.checkpoints import decode_state, encode_state
 
 OBS = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
 ACTIONS = spaces.Discrete(2)
@@ -72,14 +72,14 @@ def test_ppo_learns_the_corridor_in_a_few_iterations():
     torch.set_num_threads(1)
     config = PPOConfig(lr=3e-3, epochs=4, minibatch_size=64, anneal_lr=False, hidden_sizes=[32])
     algorithm = algorithm_of(config)
-    env = SeededVectorEnv("envs.testing:Corridor", {"length": 8, "max_steps": 40}, 8, seed=0)
+    env = SeededVectorEnv("gymflow.testing.envs:Corridor", {"length": 8, "max_steps": 40}, 8, seed=0)
     env.reset()
     learner = algorithm.learner(config, env.observation_space, env.action_space, 0)
     for iteration in range(15):
         policy = algorithm.policy(learner.network, config, 0.0, iteration)
         rollout, _ = collect(policy, env, 32)
         learner.learn([rollout], progress=iteration / 15)
-    evaluation_env = SeededVectorEnv("envs.testing:Corridor", {"length": 8, "max_steps": 40}, 8, seed=99)
+    evaluation_env = SeededVectorEnv("gymflow.testing.envs:Corridor", {"length": 8, "max_steps": 40}, 8, seed=99)
     evaluation_env.reset()
     returns = evaluate(algorithm.policy(learner.network, config, 0.0, 0), evaluation_env).returns
     assert returns.min() > 0.9  # reaches the end within a few steps every time
@@ -90,7 +90,7 @@ def test_dqn_learns_the_corridor():
     config = DQNConfig(lr=1e-3, hidden_sizes=[64], train_steps_per_iteration=32, target_update_every_train_steps=32,
                        epsilon_decay_env_steps=2000, batch_size=32)
     algorithm = algorithm_of(config)
-    env = SeededVectorEnv("envs.testing:Corridor", {"length": 6, "max_steps": 30}, 4, seed=0)
+    env = SeededVectorEnv("gymflow.testing.envs:Corridor", {"length": 6, "max_steps": 30}, 4, seed=0)
     env.reset()
     learner = algorithm.learner(config, env.observation_space, env.action_space, 0)
     steps = 0
@@ -100,7 +100,7 @@ def test_dqn_learns_the_corridor():
         steps += rollout.env_steps
         metrics = learner.learn([rollout], progress=0)
     assert metrics["replay_size"] == steps
-    evaluation_env = SeededVectorEnv("envs.testing:Corridor", {"length": 6, "max_steps": 30}, 6, seed=5)
+    evaluation_env = SeededVectorEnv("gymflow.testing.envs:Corridor", {"length": 6, "max_steps": 30}, 6, seed=5)
     evaluation_env.reset()
     returns = evaluate(algorithm.policy(learner.q_network, config, 0.0, 0), evaluation_env).returns
     assert returns.min() > 0.9
@@ -115,7 +115,7 @@ def test_dqn_variants_learn_the_corridor(options):
     config = DQNConfig(lr=1e-3, hidden_sizes=[64, 64], train_steps_per_iteration=32, target_update_every_train_steps=32,
                        epsilon_decay_env_steps=2000, batch_size=32, **options)
     algorithm = algorithm_of(config)
-    env = SeededVectorEnv("envs.testing:Corridor", {"length": 6, "max_steps": 30}, 4, seed=0)
+    env = SeededVectorEnv("gymflow.testing.envs:Corridor", {"length": 6, "max_steps": 30}, 4, seed=0)
     env.reset()
     learner = algorithm.learner(config, env.observation_space, env.action_space, 0)
     steps = 0
@@ -124,7 +124,7 @@ def test_dqn_variants_learn_the_corridor(options):
         rollout, _ = collect(policy, env, 16)
         steps += rollout.env_steps
         learner.learn([rollout], progress=steps / 2560)
-    evaluation_env = SeededVectorEnv("envs.testing:Corridor", {"length": 6, "max_steps": 30}, 6, seed=5)
+    evaluation_env = SeededVectorEnv("gymflow.testing.envs:Corridor", {"length": 6, "max_steps": 30}, 6, seed=5)
     evaluation_env.reset()
     returns = evaluate(algorithm.policy(learner.q_network, config, 0.0, 0), evaluation_env).returns
     assert returns.min() > 0.9
@@ -134,13 +134,13 @@ def test_sac_learns_the_continuous_corridor():
     torch.set_num_threads(1)
     config = SACConfig(lr=3e-3, hidden_sizes=[32, 32], batch_size=64, train_steps_per_iteration=16)
     algorithm = algorithm_of(config)
-    env = SeededVectorEnv("envs.testing:ContinuousCorridor", {"length": 6, "max_steps": 30}, 2, seed=0)
+    env = SeededVectorEnv("gymflow.testing.envs:ContinuousCorridor", {"length": 6, "max_steps": 30}, 2, seed=0)
     env.reset()
     learner = algorithm.learner(config, env.observation_space, env.action_space, 0)
     for iteration in range(60):
         rollout, _ = collect(algorithm.policy(learner.actor, config, 0.0, iteration), env, 16)
         learner.learn([rollout], progress=iteration / 60)
-    evaluation_env = SeededVectorEnv("envs.testing:ContinuousCorridor", {"length": 6, "max_steps": 30}, 6, seed=5)
+    evaluation_env = SeededVectorEnv("gymflow.testing.envs:ContinuousCorridor", {"length": 6, "max_steps": 30}, 6, seed=5)
     evaluation_env.reset()
     returns = evaluate(algorithm.policy(learner.actor, config, 0.0, 0), evaluation_env).returns
     assert returns.min() > 0.9

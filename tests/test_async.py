@@ -12,17 +12,17 @@ import pytest
 from distributed import Client, LocalCluster
 from mlflow.tracking import MlflowClient
 
-from flows.improve import improve
-from presets import InvalidPreset
-from tasks.checkpoints import committed_versions, decode_arrays, read_checkpoint
-from tasks.storage import RunLayout, Storage, StorageLocation
-from tasks.stream import read_ledger
+from gymflow.flows.improve import improve
+from gymflow.presets import InvalidPreset
+from gymflow.tasks.storage.checkpoints import committed_versions, decode_arrays, read_checkpoint
+from gymflow.tasks.storage.objects import RunLayout, Storage, StorageLocation
+from gymflow.tasks.training.stream import read_ledger
 from tests.conftest import local_overrides, written_files
 
 pytestmark = pytest.mark.e2e
 
 ASYNC_TINY = {
-    "env.id": "envs.testing:Corridor",
+    "env.id": "gymflow.testing.envs:Corridor",
     "agent.hidden_sizes": [32],
     "agent.batch_size": 16,
     "agent.epsilon_decay_env_steps": 500,
@@ -106,7 +106,7 @@ def test_the_lag_bound_drops_stale_shards_and_counts_them(prefect_api, workspace
 
 
 def test_sac_trains_async_on_a_continuous_env(prefect_api, workspace):
-    overrides = {**ASYNC_TINY, **local_overrides(workspace), "env.id": "envs.testing:ContinuousCorridor",
+    overrides = {**ASYNC_TINY, **local_overrides(workspace), "env.id": "gymflow.testing.envs:ContinuousCorridor",
                  "agent": {"algo": "sac", "hidden_sizes": [32], "batch_size": 16}, "schedule.total_env_steps": 512}
     summary = improve("cartpole-dqn", overrides)
     assert summary.env_steps >= 512 and summary.final_return is not None

@@ -9,8 +9,8 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from agents.ppo import PPOConfig, PPOLearner
-from tasks.checkpoints import (
+from gymflow.agents.ppo import PPOConfig, PPOLearner
+from gymflow.tasks.storage.checkpoints import (
     CheckpointError,
     commit_checkpoint,
     decode_arrays,
@@ -19,8 +19,8 @@ from tasks.checkpoints import (
     latest_version,
     read_checkpoint,
 )
-from tasks.learn import save_checkpoint
-from tasks.storage import RunLayout, Storage, StorageLocation
+from gymflow.tasks.training.learning import save_checkpoint
+from gymflow.tasks.storage.objects import RunLayout, Storage, StorageLocation
 
 
 @pytest.fixture

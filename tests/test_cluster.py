@@ -13,12 +13,12 @@ import psutil
 import pytest
 from distributed import Client
 
-from flows.cli import main
-from flows.improve import improve
-from presets import InvalidPreset
-from presets.validate import resolve_experiment
-from tasks.checkpoints import latest_version
-from tasks.storage import RunLayout, Storage, StorageLocation
+from gymflow.flows.cli import main
+from gymflow.flows.improve import improve
+from gymflow.presets import InvalidPreset
+from gymflow.presets.validate import resolve_experiment
+from gymflow.tasks.storage.checkpoints import latest_version
+from gymflow.tasks.storage.objects import RunLayout, Storage, StorageLocation
 from tests.conftest import free_port, local_overrides, written_files
 from tests.test_improve_flow import TINY
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.checkpoints import latest_version
-from tasks.storage import RunLayout, Storage, StorageLocation
+from gymflow.tasks.storage.checkpoints import latest_version
+from gymflow.tasks.storage.objects import RunLayout, Storage, StorageLocation
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.e2e
@@ -68,7 +68,7 @@ def test_deploy_and_run_a_preset_through_a_process_worker(deployed, tmp_path):
     worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "gymflow"], env=env, cwd=tmp_path,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        overrides = {"env.id": "envs.testing:Corridor", "schedule.total_env_steps": 512,
+        overrides = {"env.id": "gymflow.testing.envs:Corridor", "schedule.total_env_steps": 512,
                      "schedule.rollout_steps_per_env": 16, "distribution.envs_per_worker": 4,
                      "schedule.evaluate_every_env_steps": 256, "storage.root": str(tmp_path / "data"),
                      "tracking.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",

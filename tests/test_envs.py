@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.core import RandomPolicy
-from agents.rollout import collect
-from envs.vector import SeededVectorEnv
+from gymflow.agents.core import RandomPolicy
+from gymflow.agents.rollout import collect
+from gymflow.envs.vector import SeededVectorEnv
 
 
 def _advance(env: SeededVectorEnv, steps: int, seed: int):
@@ -28,7 +28,7 @@ def test_rebuilding_from_a_cursor_continues_exactly_where_the_live_envs_are():
 
 
 def test_episodes_run_past_round_boundaries_and_autoreset_in_the_same_step():
-    env = SeededVectorEnv("envs.testing:Corridor", {"length": 6, "max_steps": 30}, num_envs=2, seed=0)
+    env = SeededVectorEnv("gymflow.testing.envs:Corridor", {"length": 6, "max_steps": 30}, num_envs=2, seed=0)
     env.reset()
     rollout, episodes = _advance(env, 50, seed=0)
     assert len(episodes.returns) == len(rollout.done_index) > 0
@@ -42,7 +42,7 @@ def test_episodes_run_past_round_boundaries_and_autoreset_in_the_same_step():
 
 
 def test_next_obs_uses_the_final_observation_where_an_episode_ended():
-    env = SeededVectorEnv("envs.testing:Corridor", {"length": 4, "max_steps": 5}, num_envs=2, seed=3)
+    env = SeededVectorEnv("gymflow.testing.envs:Corridor", {"length": 4, "max_steps": 5}, num_envs=2, seed=3)
     env.reset()
     rollout, _ = _advance(env, 20, seed=3)
     next_obs = rollout.next_obs().reshape(-1, 2)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from flows.improve import improve
-from tasks.checkpoints import read_checkpoint
-from tasks.storage import RunLayout, Storage, StorageLocation
+from gymflow.flows.improve import improve
+from gymflow.tasks.storage.checkpoints import read_checkpoint
+from gymflow.tasks.storage.objects import RunLayout, Storage, StorageLocation
 from tests.conftest import local_overrides
 from tests.test_improve_flow import TINY
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 
 # 10 rounds of 128 steps (64 a worker process), evaluated once at the end: the 300th step a
 # worker process takes falls in the middle of its fifth rollout.
-DRILL = {**TINY, "env.id": "envs.testing:Tripwire", "schedule.total_env_steps": 1280,
+DRILL = {**TINY, "env.id": "gymflow.testing.envs:Tripwire", "schedule.total_env_steps": 1280,
          "schedule.evaluate_every_env_steps": 100_000}
 
 
@@ -60,12 +60,12 @@ def test_a_hanging_rollout_is_timed_out_and_redone(clean_run, workspace):
 
 
 def test_an_async_worker_sigkilled_mid_chunk_loses_no_shard_and_counts_none_twice(prefect_api, workspace):
-    from tasks.checkpoints import committed_versions
-    from tasks.stream import read_ledger
+    from gymflow.tasks.storage.checkpoints import committed_versions
+    from gymflow.tasks.training.stream import read_ledger
     from tests.test_async import ASYNC_TINY
 
     once = workspace / "killed.once"
-    overrides = {**ASYNC_TINY, **local_overrides(workspace), "env.id": "envs.testing:Tripwire",
+    overrides = {**ASYNC_TINY, **local_overrides(workspace), "env.id": "gymflow.testing.envs:Tripwire",
                  "env.kwargs": {"at_step": 300, "once_file": str(once), "fault": "kill"}}
     summary = improve("cartpole-dqn", overrides)
     killed_pid = int(once.read_text())  # a worker process took SIGKILL in the middle of a chunk
@@ -84,11 +84,11 @@ def test_an_async_worker_sigkilled_mid_chunk_loses_no_shard_and_counts_none_twic
 
 
 def test_an_async_chunk_that_hangs_is_timed_out_and_redone(prefect_api, workspace):
-    from tasks.stream import read_ledger
+    from gymflow.tasks.training.stream import read_ledger
     from tests.test_async import ASYNC_TINY
 
     once = workspace / "hung.once"
-    overrides = {**ASYNC_TINY, **local_overrides(workspace), "env.id": "envs.testing:Tripwire",
+    overrides = {**ASYNC_TINY, **local_overrides(workspace), "env.id": "gymflow.testing.envs:Tripwire",
                  "env.kwargs": {"at_step": 300, "once_file": str(once), "fault": "hang"},
                  "distribution.rollout_timeout_s": 5, "schedule.total_env_steps": 768}
     summary = improve("cartpole-dqn", overrides)

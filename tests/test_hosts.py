@@ -11,8 +11,8 @@ import time
 import pytest
 from distributed import Client, LocalCluster
 
-from tasks.hosts import HostPool
-from tasks.rollout import run_round
+from gymflow.tasks.cluster.hosts import HostPool
+from gymflow.tasks.cluster.rounds import run_round
 
 LOGGER = logging.getLogger("test")
 

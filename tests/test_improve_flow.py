@@ -9,15 +9,15 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.improve import improve
-from tasks.checkpoints import decode_arrays, latest_version, read_checkpoint
-from tasks.storage import RunLayout, Storage, StorageLocation
+from gymflow.flows.improve import improve
+from gymflow.tasks.storage.checkpoints import decode_arrays, latest_version, read_checkpoint
+from gymflow.tasks.storage.objects import RunLayout, Storage, StorageLocation
 from tests.conftest import local_overrides, written_files
 
 pytestmark = pytest.mark.e2e
 
 TINY = {
-    "env.id": "envs.testing:Corridor",
+    "env.id": "gymflow.testing.envs:Corridor",
     "distribution.rollout_workers": 2,
     "distribution.envs_per_worker": 4,
     "schedule.rollout_steps_per_env": 16,  # 128 env steps a round
@@ -67,7 +67,7 @@ def _check_mlflow(workspace, summary, flow_run_id, algo: str) -> None:
     run = client.get_run(summary.mlflow_run_id)
     assert run.info.status == "FINISHED"
     assert run.data.params["agent.algo"] == algo
-    assert run.data.params["env.id"] == "envs.testing:Corridor"
+    assert run.data.params["env.id"] == "gymflow.testing.envs:Corridor"
     assert run.data.tags["prefect.flow_run_id"] == str(flow_run_id)
     assert run.data.tags["gymflow.run_id"] == summary.run_id
     for metric in ("rollout/episode_return_mean", "eval/return_mean", "time/env_steps_per_second", "time/policy_version"):

@@ -5,20 +5,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from presets import load_preset
-from presets.validate import resolve_experiment
-from tasks import jobs
-from tasks.learn import save_checkpoint
-from tasks.rounds import evaluation_round, rollout_round, storage_location
-from tasks.shards import ShardError, read_shard
-from tasks.storage import RunLayout, open_storage
+from gymflow.presets import load_preset
+from gymflow.presets.validate import resolve_experiment
+from gymflow.tasks import jobs
+from gymflow.tasks.training.learning import save_checkpoint
+from gymflow.tasks.tracking.metrics import evaluation_round, rollout_round, storage_location
+from gymflow.tasks.storage.shards import ShardError, read_shard
+from gymflow.tasks.storage.objects import RunLayout, open_storage
 
 
 @pytest.fixture
 def experiment(tmp_path):
     return resolve_experiment(
         "cartpole-ppo",
-        {"storage.root": str(tmp_path / "store"), "env.id": "envs.testing:Corridor",
+        {"storage.root": str(tmp_path / "store"), "env.id": "gymflow.testing.envs:Corridor",
          "distribution.rollout_workers": 2, "distribution.envs_per_worker": 3, "schedule.rollout_steps_per_env": 20},
     )
 

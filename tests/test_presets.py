@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from flows.cli import main
-from presets import InvalidPreset, builtin_presets, load_preset, parse_assignments
-from presets.validate import resolve_experiment
+from gymflow.flows.cli import main
+from gymflow.presets import InvalidPreset, builtin_presets, load_preset, parse_assignments
+from gymflow.presets.validate import resolve_experiment
 from tests.conftest import written_files
 
 
@@ -33,7 +33,7 @@ def test_switching_algorithm_by_override_validates_the_new_agent():
 
 def test_a_preset_file_path_works(tmp_path):
     path = tmp_path / "mine.yaml"
-    path.write_text("name: mine\nenv: {id: 'envs.testing:Corridor'}\nagent: {algo: ppo}\n"
+    path.write_text("name: mine\nenv: {id: 'gymflow.testing.envs:Corridor'}\nagent: {algo: ppo}\n"
                     "schedule: {total_env_steps: 100, rollout_steps_per_env: 4, evaluate_every_env_steps: 50}\n")
     experiment = resolve_experiment(str(path))
     assert experiment.preset.name == "mine"
@@ -45,7 +45,7 @@ def test_a_preset_file_path_works(tmp_path):
     [
         ("nope", {}, "preset", "allowed: cartpole-dqn, cartpole-dqn-async, cartpole-ppo, lunarlander-ppo, pendulum-sac"),
         ("cartpole-ppo", {"env.id": "NoSuchEnv-v0"}, "env.id", "not a registered Gymnasium id"),
-        ("cartpole-ppo", {"env.id": "envs.testing:NoSuchClass"}, "env.id", "not a gymnasium.Env subclass"),
+        ("cartpole-ppo", {"env.id": "gymflow.testing.envs:NoSuchClass"}, "env.id", "not a gymnasium.Env subclass"),
         ("cartpole-ppo", {"agent.learning_rate": 1}, "agent.learning_rate", "allowed here: algo, anneal_lr"),
         ("cartpole-ppo", {"nonsense": 1}, "nonsense", "allowed here: agent, distribution, env"),
         ("cartpole-ppo", {"agent.lr": "fast"}, "agent.lr", "valid number"),
@@ -60,7 +60,7 @@ def test_a_preset_file_path_works(tmp_path):
         ("pendulum-sac", {"env.id": "CartPole-v1"}, "agent.algo", "sac supports Box action spaces"),
         ("cartpole-dqn-async", {"distribution.max_policy_lag": -1}, "distribution.max_policy_lag", "greater than or equal to 0"),
         ("cartpole-dqn", {"env.id": "Pendulum-v1"}, "agent.algo", "dqn supports Discrete action spaces"),
-        ("cartpole-dqn", {"env.id": "envs.testing:ContinuousCorridor"}, "agent.algo", "Discrete"),
+        ("cartpole-dqn", {"env.id": "gymflow.testing.envs:ContinuousCorridor"}, "agent.algo", "Discrete"),
         ("cartpole-ppo", {"schedule.heatup_env_steps": 100}, "schedule.heatup_env_steps", "on-policy"),
     ],
 )

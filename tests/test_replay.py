@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from agents.dqn import DQNConfig, DQNLearner
-from agents.replay import (
+from gymflow.agents.dqn import DQNConfig, DQNLearner
+from gymflow.agents.replay import (
     PrioritizedReplayMemory,
     ReplayOptions,
     SumTree,

@@ -13,11 +13,11 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.cli import main
-from flows.improve import improve
-from tasks.checkpoints import read_checkpoint
-from tasks.storage import RunLayout, Storage, StorageLocation
-from tasks.stream import read_ledger
+from gymflow.flows.cli import main
+from gymflow.flows.improve import improve
+from gymflow.tasks.storage.checkpoints import read_checkpoint
+from gymflow.tasks.storage.objects import RunLayout, Storage, StorageLocation
+from gymflow.tasks.training.stream import read_ledger
 from tests.conftest import local_overrides
 from tests.test_improve_flow import TINY
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from envs.vector import SeededVectorEnv
-from flows.retrain import retrain
+from gymflow.envs.vector import SeededVectorEnv
+from gymflow.flows.retrain import retrain
 from tests.conftest import local_overrides
 from tests.test_improve_flow import TINY
 
@@ -58,7 +58,7 @@ def test_the_logged_policy_loads_as_an_mlflow_model_and_runs_on_a_gymnasium_env(
                        model_name="docs-example", evaluation_episodes=4)
     mlflow.set_tracking_uri(local_overrides(workspace)["tracking.tracking_uri"])
     policy = mlflow.pyfunc.load_model("models:/docs-example@champion")
-    env = SeededVectorEnv("envs.testing:Corridor", {}, num_envs=4, seed=7)
+    env = SeededVectorEnv("gymflow.testing.envs:Corridor", {}, num_envs=4, seed=7)
     obs = env.reset()
     actions = policy.predict(obs)
     assert actions.shape == (4,) and set(np.unique(actions)) <= {0, 1}

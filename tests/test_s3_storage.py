@@ -9,18 +9,18 @@ import uuid
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.cli import main
-from flows.improve import improve
-from tasks.checkpoints import (
+from gymflow.flows.cli import main
+from gymflow.flows.improve import improve
+from gymflow.tasks.storage.checkpoints import (
     CheckpointError,
     commit_checkpoint,
     latest_version,
     read_checkpoint,
     read_newest_valid_checkpoint,
 )
-from tasks.faults import FaultyProxy
-from tasks.storage import RunLayout, Storage, StorageLocation
-from tasks.tracking import s3_artifact_environment
+from gymflow.testing.faults import FaultyProxy
+from gymflow.tasks.storage.objects import RunLayout, Storage, StorageLocation
+from gymflow.tasks.tracking.tracker import s3_artifact_environment
 from tests.conftest import free_port, written_files
 from tests.test_improve_flow import TINY
 
@@ -144,8 +144,8 @@ def test_damaged_checkpoints_on_s3_are_detected_and_an_earlier_valid_version_is_
 
 
 def test_the_usual_aws_environment_variables_configure_s3(s3_server, monkeypatch):
-    from presets import InvalidPreset
-    from tasks.storage import check_storage
+    from gymflow.presets import InvalidPreset
+    from gymflow.tasks.storage.objects import check_storage
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.key)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.improve import improve
+from gymflow.flows.improve import improve
 from tests.conftest import local_overrides
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]

@@ -19,13 +19,15 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from agents.core import Policy, RandomPolicy
-from agents.registry import algorithm_of
-from agents.rollout import collect, evaluate
-from envs.vector import SeededVectorEnv
-from tasks.checkpoints import decode_tensors, latest_version, read_checkpoint
-from tasks.shards import ShardRef, read_cursor, write_shard
-from tasks.storage import RunLayout, StorageLocation, open_storage
+from gymflow.agents.core import Policy, RandomPolicy
+from gymflow.agents.registry import algorithm_of
+from gymflow.agents.rollout import collect, evaluate
+from gymflow.envs.vector import SeededVectorEnv
+from gymflow.tasks.storage.checkpoints import POLICY_BLOB, latest_version, read_checkpoint
+from gymflow.tasks.storage.codec import decode_tensors
+from gymflow.tasks.storage.shards import Collected, ShardRef, read_cursor, write_shard
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import StorageLocation, open_storage
 
 
 @dataclass(frozen=True)
@@ -92,11 +94,11 @@ def run_rollout(spec: RolloutSpec) -> ShardRef:
     version = spec.policy_version
     if version == "newest":
         version = latest_version(storage, RunLayout(spec.run_id))
-    policy = _policy(spec.storage, spec.run_id, spec.agent, version, env, spec.exploration, spec.policy_seed)
+    policy = _policy(spec, version, env, spec.exploration, spec.policy_seed)
     started = time.perf_counter()
     rollout, episodes = collect(policy, env, spec.steps_per_env)
     seconds = time.perf_counter() - started
-    ref = write_shard(storage, spec.shard_key, version, spec.worker, rollout, episodes, env.cursor(), seconds)
+    ref = write_shard(storage, spec.shard_key, version, spec.worker, Collected(rollout, episodes, env.cursor(), seconds))
     _keep(_LIVE_ENVS, (spec.storage.root, spec.run_id, spec.worker), (spec.shard_key, env))
     return ref
 
@@ -107,7 +109,7 @@ def run_evaluation(spec: EvaluationSpec) -> EvaluationResult:
     started = time.perf_counter()
     env = SeededVectorEnv(spec.env_id, spec.env_kwargs, spec.episodes, spec.seed)
     env.reset()
-    policy = _policy(spec.storage, spec.run_id, spec.agent, spec.policy_version, env, 0.0, spec.seed)
+    policy = _policy(spec, spec.policy_version, env, 0.0, spec.seed)
     episodes = evaluate(policy, env)
     env.close()
     return EvaluationResult(
@@ -133,20 +135,21 @@ def _take_live_envs(spec: RolloutSpec) -> SeededVectorEnv:
 
 
 def _policy(
-    location: StorageLocation, run_id: str, agent: Any, version: int | None, env: SeededVectorEnv, exploration: float, seed: int
+    spec: RolloutSpec | EvaluationSpec, version: int | None, env: SeededVectorEnv, exploration: float, seed: int
 ) -> Policy:
+    """The policy of `version` of the spec's run (uniform random for None), its network cached."""
     if version is None:
         return RandomPolicy(env.action_space, seed)
-    algorithm = algorithm_of(agent)
-    key = (location.root, run_id, version)
+    algorithm = algorithm_of(spec.agent)
+    key = (spec.storage.root, spec.run_id, version)
     network = _NETWORKS.get(key)
     if network is None:
-        blobs = read_checkpoint(open_storage(location), RunLayout(run_id), version, ["policy.safetensors"])
-        network = algorithm.network(agent, env.observation_space, env.action_space)
-        network.load_state_dict(decode_tensors(blobs["policy.safetensors"]))
+        blobs = read_checkpoint(open_storage(spec.storage), RunLayout(spec.run_id), version, [POLICY_BLOB])
+        network = algorithm.network(spec.agent, env.observation_space, env.action_space)
+        network.load_state_dict(decode_tensors(blobs[POLICY_BLOB]))
         network.eval()
     _keep(_NETWORKS, key, network)
-    return algorithm.policy(network, agent, exploration, seed)
+    return algorithm.policy(network, spec.agent, exploration, seed)
 
 
 def _keep(cache: OrderedDict, key: Any, value: Any) -> None:

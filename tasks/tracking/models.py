@@ -4,6 +4,7 @@ fixed evaluation seeds: what the retraining flow needs."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,13 +17,14 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from safetensors.torch import load_file
 
-import agents
-import envs
-import presets
-from agents.rollout import evaluate
-from envs.vector import SeededVectorEnv
-from presets.errors import InvalidPreset
-from tasks.tracking import Tracker
+import gymflow
+import gymflow.agents
+import gymflow.envs
+import gymflow.presets
+from gymflow.agents.rollout import evaluate
+from gymflow.envs.vector import SeededVectorEnv
+from gymflow.errors import UnusableWarmStart
+from gymflow.tasks.tracking.tracker import Tracker
 
 MODEL_ARTIFACT = "policy"
 CHAMPION = "champion"
@@ -52,11 +54,25 @@ def log_policy_model(tracker: Tracker, policy: bytes, preset_yaml: bytes) -> str
             path=model_dir,
             python_model=_MODEL_CODE,
             artifacts={"policy": os.path.join(folder, "policy.safetensors"), "preset": os.path.join(folder, "preset.yaml")},
-            code_paths=[os.path.dirname(package.__file__) for package in (agents, envs, presets)],
+            code_paths=[_model_code(folder)],
             pip_requirements=_REQUIREMENTS,
         )
         tracker.log_artifact(model_dir, MODEL_ARTIFACT)
     return f"runs:/{tracker.run_id}/{MODEL_ARTIFACT}"
+
+
+def _model_code(folder: str) -> str:
+    """A `gymflow` package holding what loading a policy needs (agents, envs, presets), copied
+    under `folder`: the model carries it, so loading it needs no gymflow install."""
+    package = Path(folder, "code", "gymflow")
+    package.mkdir(parents=True)
+    for module in ("__init__.py", "errors.py"):
+        shutil.copy(Path(gymflow.__file__).with_name(module), package / module)
+    for subpackage in (gymflow.agents, gymflow.envs, gymflow.presets):
+        name = subpackage.__name__.rpartition(".")[2]
+        shutil.copytree(Path(subpackage.__file__).parent, package / name,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    return str(package)
 
 
 def read_warm_start(source: str, tracking_uri: str) -> dict:
@@ -70,7 +86,7 @@ def read_warm_start(source: str, tracking_uri: str) -> dict:
                 return load_file(local)
         return load_file(source)
     except (OSError, MlflowException) as error:
-        raise InvalidPreset("warm_start", f"cannot read a gymflow policy from {source!r}: {error}") from None
+        raise UnusableWarmStart("warm_start", f"cannot read a gymflow policy from {source!r}: {error}") from None
 
 
 @task(name="find-champion", cache_policy=NO_CACHE)

@@ -26,7 +26,8 @@ import traceback
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from logging import Logger, LoggerAdapter
+from typing import Any, Protocol
 
 from distributed import Client, Future, get_worker
 
@@ -51,7 +52,7 @@ class JobHost:
     """Lives on a Dask worker (an actor) and runs jobs there on its own threads."""
 
     def __init__(self) -> None:
-        import tasks.jobs  # noqa: F401  (torch, gymnasium, the agents: imported as the host starts, not in the first job)
+        import gymflow.tasks.cluster.jobs  # noqa: F401  (torch, gymnasium, the agents: imported as the host starts, not in the first job)
 
         self._threads = ThreadPoolExecutor(get_worker().state.nthreads, thread_name_prefix="gymflow-job")
 
@@ -82,6 +83,21 @@ class Call:
     def finished(self) -> bool:
         """Done with its result or its job's own error, not with `HostLost`."""
         return self.future.done() and not isinstance(self.future.exception(), HostLost)
+
+
+class Hosts(Protocol):
+    """Where a run's jobs go: `HostPool` (Dask workers) or, in tests, gymflow.testing's
+    in-process runner."""
+
+    timeout_s: float
+
+    def call(self, function: Callable[[Any], Any], spec: Any, slot: int, attempt: int = 1) -> Call:
+        """Start `function(spec)` for `slot`; returns at once."""
+        ...
+
+    def settle(self, call: Call, logger: Logger | LoggerAdapter) -> Call:
+        """`call` while it runs or once finished; sent again if its worker was lost or wedged."""
+        ...
 
 
 class HostPool:

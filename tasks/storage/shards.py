@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agents.core import Episodes, Rollout
-from envs.vector import EnvCursor
-from tasks.checkpoints import decode_arrays, encode_arrays
-from tasks.storage import Storage
+from gymflow.agents.core import Episodes, Rollout
+from gymflow.envs.vector import EnvCursor
+from gymflow.tasks.storage.codec import decode_arrays, encode_arrays
+from gymflow.tasks.storage.objects import Storage
 
 
 class ShardError(RuntimeError):
@@ -42,16 +42,18 @@ class ShardRef:
     written_at: float = 0.0  # wall-clock (time.time()) when the shard was stored: its age is measured from here
 
 
-def write_shard(
-    storage: Storage,
-    key: str,
-    version: int | None,
-    worker: int,
-    rollout: Rollout,
-    episodes: Episodes,
-    cursor: EnvCursor,
-    collect_seconds: float,
-) -> ShardRef:
+@dataclass(frozen=True)
+class Collected:
+    """What one rollout job collected, before it is stored."""
+
+    rollout: Rollout
+    episodes: Episodes
+    cursor: EnvCursor  # where the envs stand afterwards: the next rollout of the worker continues here
+    collect_seconds: float  # stepping envs and the policy, excluding storage
+
+
+def write_shard(storage: Storage, key: str, version: int | None, worker: int, collected: Collected) -> ShardRef:
+    rollout, episodes, cursor = collected.rollout, collected.episodes, collected.cursor
     arrays = {name: np.asarray(value) for name, value in rollout._asdict().items()}
     arrays |= {
         "episode_returns": episodes.returns,
@@ -71,7 +73,7 @@ def write_shard(
         episode_lengths=tuple(int(x) for x in episodes.lengths),
         size=len(data),
         sha256=hashlib.sha256(data).hexdigest(),
-        collect_seconds=collect_seconds,
+        collect_seconds=collected.collect_seconds,
         collected_by=f"{socket.gethostname()}:{os.getpid()}",
         written_at=time.time(),
     )

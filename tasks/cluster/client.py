@@ -14,9 +14,9 @@ from contextlib import contextmanager
 
 from distributed import Client, LocalCluster
 
-from presets.errors import InvalidPreset
-from presets.model import DistributionConfig
-from tasks.hosts import HostPool
+from gymflow.errors import ClusterUnavailable, InvalidPreset
+from gymflow.presets.model import DistributionConfig
+from gymflow.tasks.cluster.hosts import HostPool
 
 CONNECT_TIMEOUT_S = 10
 
@@ -95,7 +95,7 @@ def _check_resources(client: Client, resources: dict[str, float], wait_s: float)
         if any(all(have.get(name, 0) >= need for name, need in resources.items()) for have in offered):
             return
         if time.monotonic() > deadline:
-            raise InvalidPreset(
+            raise ClusterUnavailable(
                 "distribution.rollout_resources",
                 f"no Dask worker offers {resources} (workers offer {offered}); start workers with "
                 "`dask worker --resources NAME=AMOUNT`",
@@ -107,7 +107,7 @@ def _connect(address: str) -> Client:
     try:
         return Client(address, timeout=CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError) as error:
-        raise InvalidPreset(
+        raise ClusterUnavailable(
             "distribution.scheduler_address",
             f"no Dask scheduler answered at {address!r} within {CONNECT_TIMEOUT_S} s ({error})",
         ) from None

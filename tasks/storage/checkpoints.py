@@ -4,29 +4,25 @@ Commit protocol: write every blob, then `manifest.json` with each blob's size an
 move the `latest` pointer. A reader loads a version only through its manifest and checks every
 hash, so a half-written or tampered checkpoint is refused, never loaded.
 
-Blobs are safetensors (tensors) and JSON (everything else). Nested learner state — optimizer
-state dicts with integer keys, RNG states, counters — is split by `encode_state` into a flat
-tensor file and a JSON tree that points into it.
+Blobs are bytes encoded by tasks/storage/codec.py: safetensors, JSON and npz, never pickle.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import torch
-from safetensors.torch import load as load_tensors
-from safetensors.torch import save as save_tensors
-
-from tasks.storage import RunLayout, Storage
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage
 
 MANIFEST = "manifest.json"
+POLICY_BLOB = "policy.safetensors"  # what a rollout worker loads to act
+LEARNER_TENSORS, LEARNER_TREE = "learner.safetensors", "learner.json"  # the learner's state (codec.encode_state)
+REPLAY_BLOB = "replay.npz"  # the replay memory, where storage.checkpoint_replay asks for it
 
 
 class CheckpointError(RuntimeError):
@@ -96,67 +92,6 @@ def read_checkpoint(
             )
         loaded[name] = data
     return loaded
-
-
-def encode_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
-    return save_tensors({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()})
-
-
-def decode_tensors(data: bytes) -> dict[str, torch.Tensor]:
-    return load_tensors(data)
-
-
-def encode_state(tree: Any) -> tuple[bytes, bytes]:
-    """(safetensors bytes, JSON bytes) for a nested state of dicts, lists, scalars and tensors."""
-    tensors: dict[str, torch.Tensor] = {}
-
-    def encode(node: Any, path: str) -> Any:
-        if isinstance(node, torch.Tensor):
-            tensors[path] = node
-            return {"$tensor": path}
-        if isinstance(node, np.ndarray):
-            tensors[path] = torch.from_numpy(np.ascontiguousarray(node))
-            return {"$ndarray": path}
-        if isinstance(node, dict):
-            return {"$dict": [[key, encode(value, f"{path}/{key}")] for key, value in node.items()]}
-        if isinstance(node, (list, tuple)):
-            return [encode(value, f"{path}/{i}") for i, value in enumerate(node)]
-        if isinstance(node, np.generic):
-            return node.item()
-        if node is None or isinstance(node, (bool, int, float, str)):
-            return node
-        raise TypeError(f"cannot store {type(node).__name__} at {path or '/'} in a checkpoint")
-
-    tree_json = json.dumps(encode(tree, "")).encode()
-    return encode_tensors(tensors), tree_json
-
-
-def decode_state(tensor_bytes: bytes, tree_json: bytes) -> Any:
-    tensors = decode_tensors(tensor_bytes)
-
-    def decode(node: Any) -> Any:
-        if isinstance(node, list):
-            return [decode(value) for value in node]
-        if isinstance(node, dict):
-            if "$tensor" in node:
-                return tensors[node["$tensor"]]
-            if "$ndarray" in node:
-                return tensors[node["$ndarray"]].numpy()
-            return {key: decode(value) for key, value in node["$dict"]}
-        return node
-
-    return decode(json.loads(tree_json))
-
-
-def encode_arrays(arrays: dict[str, np.ndarray]) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
-
-
-def decode_arrays(data: bytes) -> dict[str, np.ndarray]:
-    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-        return {name: archive[name] for name in archive.files}
 
 
 def _sha256(data: bytes) -> str:

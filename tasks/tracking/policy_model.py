@@ -19,9 +19,9 @@ class GymflowPolicy(PythonModel):
     """Greedy actions of a gymflow policy for a batch of observations."""
 
     def load_context(self, context) -> None:
-        from agents.registry import algorithm_of
-        from envs.make import make_env
-        from presets.load import validate_preset_data
+        from gymflow.agents.registry import algorithm_of
+        from gymflow.envs.make import make_env
+        from gymflow.presets.load import validate_preset_data
 
         with open(context.artifacts["preset"]) as handle:
             preset = validate_preset_data(yaml.safe_load(handle))

@@ -1,6 +1,6 @@
 """Small, fast, deterministic environments for tests and smoke runs.
 
-Use them as `env.id: envs.testing:Corridor` in a preset.
+Use them as `env.id: gymflow.testing.envs:Corridor` in a preset.
 """
 
 from __future__ import annotations

@@ -16,12 +16,15 @@ import os
 import uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from presets.errors import InvalidPreset
+from gymflow.errors import StorageRefused
+
+if TYPE_CHECKING:
+    from gymflow.presets.model import StorageConfig
 
 S3_PROTOCOLS = ("s3", "s3a")
 S3_DEFAULTS: dict[str, Any] = {
@@ -99,6 +102,11 @@ class Storage:
                 handle.write(self.read(key))
 
 
+def storage_location(config: StorageConfig) -> StorageLocation:
+    """Where a preset's `storage` section points."""
+    return StorageLocation(config.root, dict(config.options))
+
+
 def open_storage(location: StorageLocation) -> Storage:
     """One Storage per location and process."""
     return _open_cached(location.root, json.dumps(location.options, sort_keys=True))
@@ -107,40 +115,6 @@ def open_storage(location: StorageLocation) -> Storage:
 @lru_cache(maxsize=16)
 def _open_cached(root: str, options_json: str) -> Storage:
     return Storage(StorageLocation(root, json.loads(options_json)))
-
-
-@dataclass(frozen=True)
-class RunLayout:
-    """Where each piece of a run lives, derived from the run id alone."""
-
-    run_id: str
-
-    @property
-    def prefix(self) -> str:
-        return f"runs/{self.run_id}"
-
-    @property
-    def preset(self) -> str:
-        return f"{self.prefix}/preset.yaml"
-
-    def shard(self, version: int | None, worker: int) -> str:
-        round_name = "heatup" if version is None else f"v{version:06d}"
-        return f"{self.prefix}/shards/{round_name}/w{worker:03d}.npz"
-
-    def chunk(self, worker: int, chunk: int) -> str:
-        """async: the `chunk`-th shard rollout worker `worker` collected."""
-        return f"{self.prefix}/shards/async/w{worker:03d}/c{chunk:06d}.npz"
-
-    @property
-    def checkpoints(self) -> str:
-        return f"{self.prefix}/checkpoints"
-
-    def checkpoint(self, version: int) -> str:
-        return f"{self.checkpoints}/v{version:06d}"
-
-    @property
-    def latest(self) -> str:
-        return f"{self.checkpoints}/latest"
 
 
 def check_storage(location: StorageLocation) -> None:
@@ -165,15 +139,15 @@ def _check_bucket(location: StorageLocation) -> None:
     try:
         fs.call_s3("list_objects_v2", Bucket=bucket, MaxKeys=1)
     except FileNotFoundError:
-        raise InvalidPreset("storage.root", f"bucket {bucket!r} does not exist at {endpoint}") from None
+        raise StorageRefused("storage.root", f"bucket {bucket!r} does not exist at {endpoint}") from None
     except PermissionError as error:
-        raise InvalidPreset(
+        raise StorageRefused(
             "storage.options",
             f"{endpoint} refused the credentials for bucket {bucket!r} ({error}); set storage.options "
             "key/secret or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY",
         ) from None
     except (OSError, BotoCoreError) as error:
-        raise InvalidPreset("storage.options.endpoint_url", f"cannot reach {endpoint}: {error}") from None
+        raise StorageRefused("storage.options.endpoint_url", f"cannot reach {endpoint}: {error}") from None
 
 
 def _check_local_folder(path: str) -> None:
@@ -181,6 +155,6 @@ def _check_local_folder(path: str) -> None:
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
-        raise InvalidPreset("storage.root", f"{existing!r} is a file, not a folder")
+        raise StorageRefused("storage.root", f"{existing!r} is a file, not a folder")
     if not os.access(existing, os.W_OK):
-        raise InvalidPreset("storage.root", f"{existing!r} is not writable")
+        raise StorageRefused("storage.root", f"{existing!r} is not writable")

@@ -1,0 +1,119 @@
+"""Rounds of jobs on the workers' job hosts (tasks/cluster/hosts.py), and the plan that derives
+every job's spec, seeds included, from the preset and the run id.
+
+A SYNC round is one rollout job per worker; an evaluation is its episodes split across the
+workers; an ASYNC chunk is one worker's next rollout. The plan is pure; `run_round` is the I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from logging import Logger, LoggerAdapter
+from typing import Any, Literal
+
+import numpy as np
+
+from gymflow.envs.seeding import derive_seed
+from gymflow.presets.model import Preset
+from gymflow.tasks.cluster.hosts import Hosts, wait_first
+from gymflow.tasks.cluster.jobs import EvaluationResult, EvaluationSpec, RolloutSpec, run_evaluation, run_rollout
+from gymflow.tasks.storage.objects import storage_location
+from gymflow.tasks.storage.shards import ShardRef
+
+AnyLogger = Logger | LoggerAdapter
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """The specs of one run's jobs."""
+
+    preset: Preset
+    run_id: str
+
+    @property
+    def workers(self) -> int:
+        return self.preset.distribution.rollout_workers
+
+    @property
+    def heatup_steps_per_env(self) -> int:
+        return math.ceil(self.preset.schedule.heatup_env_steps / self.preset.envs_in_total)
+
+    def rollouts(self, version: int | None, exploration: float, cursors: Sequence[str | None]) -> list[RolloutSpec]:
+        """One spec per rollout worker, continuing each worker's envs from `cursors`;
+        `version=None` is heatup's uniform random policy."""
+        steps = self.heatup_steps_per_env if version is None else self.preset.schedule.rollout_steps_per_env
+        round_name = "heatup" if version is None else version
+        return [
+            self._rollout(worker, version, exploration, cursors[worker], steps,
+                          policy_seed=derive_seed(self.preset.seed, "policy", round_name, worker))
+            for worker in range(self.workers)
+        ]
+
+    def chunk(self, worker: int, chunk: int, exploration: float, cursor: str | None) -> RolloutSpec:
+        """ASYNC: worker `worker`'s `chunk`-th rollout, acting with the newest committed version."""
+        seed = derive_seed(self.preset.seed, "policy", "async", worker, chunk)
+        spec = self._rollout(worker, "newest", exploration, cursor, self.preset.schedule.rollout_steps_per_env, seed)
+        return replace(spec, chunk=chunk)
+
+    def evaluations(self, version: int) -> list[EvaluationSpec]:
+        """The evaluation episodes split across workers; the same seeds at every evaluation."""
+        preset = self.preset
+        shares = np.array_split(np.arange(preset.schedule.evaluation_episodes), self.workers)
+        return [
+            EvaluationSpec(
+                storage=storage_location(preset.storage), run_id=self.run_id, env_id=preset.env.id,
+                env_kwargs=dict(preset.env.kwargs), agent=preset.agent, policy_version=version,
+                episodes=len(share), seed=derive_seed(preset.seed, "evaluation", part),
+            )
+            for part, share in enumerate(shares)
+            if len(share)
+        ]
+
+    def _rollout(self, worker: int, version: int | Literal["newest"] | None, exploration: float,
+                 cursor: str | None, steps: int, policy_seed: int) -> RolloutSpec:
+        preset = self.preset
+        return RolloutSpec(
+            storage=storage_location(preset.storage), run_id=self.run_id, env_id=preset.env.id,
+            env_kwargs=dict(preset.env.kwargs), agent=preset.agent, policy_version=version, worker=worker,
+            num_envs=preset.distribution.envs_per_worker, steps_per_env=steps,
+            env_seed=derive_seed(preset.seed, "envs", worker), policy_seed=policy_seed,
+            exploration=exploration, resume_from=cursor,
+        )
+
+
+def collect_round(hosts: Hosts, specs: Sequence[RolloutSpec], logger: AnyLogger) -> list[ShardRef]:
+    """One round of collection: every worker's rollout, each writing one shard."""
+    return run_round(hosts, run_rollout, specs, logger)
+
+
+def evaluate_version(hosts: Hosts, specs: Sequence[EvaluationSpec], logger: AnyLogger) -> EvaluationResult:
+    """Greedy evaluation of one version, its episodes split across the workers."""
+    results = run_round(hosts, run_evaluation, specs, logger)
+    return EvaluationResult(
+        version=specs[0].policy_version,
+        returns=tuple(r for result in results for r in result.returns),
+        lengths=tuple(n for result in results for n in result.lengths),
+        seconds=max(result.seconds for result in results),
+    )
+
+
+def run_round(hosts: Hosts, function: Callable, specs: Sequence[Any], logger: AnyLogger) -> list[Any]:
+    """Run one job per spec and return their results in spec order.
+
+    Job i goes to worker i among those offering the rollout resources (so its live envs are
+    found again). A job whose worker dies is sent to a live worker; a job still running at its
+    deadline is treated as wedged: its worker process is restarted and the job sent again. Each
+    job has `hosts.ATTEMPTS` tries; waiting forever is not an outcome."""
+    calls = {index: hosts.call(function, spec, slot=index) for index, spec in enumerate(specs)}
+    results: dict[int, Any] = {}
+    while calls:
+        wait_first(calls.values(), min(call.deadline for call in calls.values()) - time.monotonic())
+        for index, call in list(calls.items()):
+            call = calls[index] = hosts.settle(call, logger)
+            if call.finished:
+                results[index] = call.future.result()  # a job that failed raises here
+                del calls[index]
+    return [results[index] for index in range(len(specs))]

@@ -1,0 +1,82 @@
+"""Where the learner's experience comes from: the one interface the improve loop collects
+through, and its SYNC implementation (the ASYNC one is tasks/training/stream.py).
+
+SYNC: round v collects with policy version v on every rollout worker (one shard each) and the
+learner learns from exactly those shards; nothing runs between rounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from gymflow.tasks.cluster.hosts import Hosts
+from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, collect_round
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.shards import ShardRef
+from gymflow.tasks.training.state import LoopState
+
+Exploration = Callable[[int], float]  # env steps -> the exploration parameter rollouts act with
+
+
+@dataclass(frozen=True)
+class Experience:
+    """What one collection step hands the learner."""
+
+    shards: tuple[ShardRef, ...]  # to learn from, in this order
+    state: LoopState  # the loop's state after collecting: env steps, env cursors, stream position
+    landed: tuple[ShardRef, ...] = ()  # every shard that arrived, dropped ones included
+    train_steps: int | None = None  # ASYNC: gradient steps the ratio allows; None: the learner's own iteration
+    collect_seconds: float = 0.0  # collection on the critical path: the slowest rollout, or waiting for shards
+    metrics: dict[str, float] = field(default_factory=dict)  # the collection's own, namespaced
+
+
+class Collection(Protocol):
+    """The improve loop's source of experience: SYNC rounds or the ASYNC stream."""
+
+    def collect(self, state: LoopState) -> Experience:
+        """Experience for the learner's next step, from where `state` stands."""
+        ...
+
+    def drained(self) -> bool:
+        """Nothing is in flight and nothing collected is left to learn from."""
+        ...
+
+    def finish(self, state: LoopState) -> LoopState:
+        """Training is over: let what is in flight land (and account for it)."""
+        ...
+
+    def cancel(self) -> None:
+        """The run failed: give up on what is in flight."""
+        ...
+
+
+class SyncRounds:
+    """Round v: every rollout worker collects with version v, and the learner gets all shards."""
+
+    def __init__(self, hosts: Hosts, plan: RoundPlan, exploration: Exploration, logger: AnyLogger):
+        self.hosts, self.plan, self.exploration, self.logger = hosts, plan, exploration, logger
+
+    def collect(self, state: LoopState) -> Experience:
+        exploration = self.exploration(state.env_steps)
+        specs = self.plan.rollouts(state.version, exploration, state.env_cursors)
+        shards = tuple(collect_round(self.hosts, specs, self.logger))
+        env_steps = state.env_steps + sum(shard.env_steps for shard in shards)
+        after = replace(state, env_steps=env_steps, env_cursors=tuple(shard.key for shard in shards))
+        return Experience(shards, after, landed=shards, collect_seconds=max(shard.collect_seconds for shard in shards),
+                          metrics={"rollout/exploration": exploration} if exploration else {})
+
+    def drained(self) -> bool:
+        return True  # a round is over when `collect` returns
+
+    def finish(self, state: LoopState) -> LoopState:
+        return state
+
+    def cancel(self) -> None:
+        pass
+
+    @staticmethod
+    def inserted_shards(state: LoopState, layout: RunLayout, workers: int) -> list[str]:
+        """The shards a replay learner had inserted by `state`, in order: each round's, by version."""
+        return [layout.shard(version, worker) for version in range(state.version) for worker in range(workers)]

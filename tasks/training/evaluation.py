@@ -1,0 +1,90 @@
+"""When and how the greedy policy is scored: every `evaluate_every_env_steps`, one evaluation at
+a time, on the rollout workers beside the learner (a thread of the flow's process waits for it),
+so it does not stall training; and once more at the end, as a Prefect task of its own.
+
+SYNC rounds wait for the evaluation that ran beside their learning step, so a run stops at the
+same version on every try; the ASYNC stream only picks up evaluations that have finished.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from gymflow.tasks.cluster.hosts import Hosts
+from gymflow.tasks.cluster.jobs import EvaluationResult
+from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, evaluate_version
+from gymflow.tasks.training.state import LoopState
+
+
+@dataclass(frozen=True)
+class Scored:
+    """An evaluation, and the env steps the run had collected when its version was current."""
+
+    env_steps: int
+    result: EvaluationResult
+
+    @property
+    def version(self) -> int:
+        return self.result.version
+
+    @property
+    def mean_return(self) -> float:
+        return self.result.mean_return
+
+    def metrics(self) -> dict[str, float]:
+        returns = np.asarray(self.result.returns)
+        return {
+            "eval/return_mean": float(returns.mean()),
+            "eval/return_std": float(returns.std()),
+            "eval/return_min": float(returns.min()),
+            "eval/return_max": float(returns.max()),
+            "eval/episode_length_mean": float(np.mean(self.result.lengths)),
+            "eval/policy_version": float(self.result.version),
+        }
+
+
+class EvaluationSchedule:
+    """Evaluations during training; see the module's docstring. Close it when training ends."""
+
+    def __init__(self, hosts: Hosts, plan: RoundPlan, blocking: bool, logger: AnyLogger):
+        self.hosts, self.plan, self.blocking, self.logger = hosts, plan, blocking, logger
+        self.every = plan.preset.schedule.evaluate_every_env_steps
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="evaluation")
+        self._running: tuple[Future[EvaluationResult], int] | None = None
+
+    def start_if_due(self, state: LoopState) -> int:
+        """Start scoring `state.version` if an evaluation is due and none is running; returns
+        the env steps at which the next one is due."""
+        if self._running is not None or state.env_steps < state.next_evaluation:
+            return state.next_evaluation
+        specs = self.plan.evaluations(state.version)
+        self._running = (self._thread.submit(evaluate_version, self.hosts, specs, self.logger), state.env_steps)
+        return state.next_evaluation + self.every
+
+    def finished(self) -> Scored | None:
+        """The evaluation that finished: waited for if the schedule is blocking."""
+        if self._running is None or not (self.blocking or self._running[0].done()):
+            return None
+        return self.wait()
+
+    def wait(self) -> Scored | None:
+        """The evaluation still running, once it has finished; None if none runs."""
+        if self._running is None:
+            return None
+        future, env_steps = self._running
+        self._running = None
+        return Scored(env_steps, future.result())
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+
+@task(name="evaluate", task_run_name="evaluate-v{state.version}", cache_policy=NO_CACHE)
+def evaluate_final(hosts: Hosts, plan: RoundPlan, state: LoopState) -> Scored:
+    """A run's final evaluation, of the last version it committed."""
+    return Scored(state.env_steps, evaluate_version(hosts, plan.evaluations(state.version), get_run_logger()))

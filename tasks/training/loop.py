@@ -1,0 +1,165 @@
+"""The improve loop's stages, as the flow calls them: heatup, then training in steps of
+collect -> learn -> commit -> maybe evaluate until the stop rule says so, then the last
+evaluation.
+
+`ImproveLoop.step` is one step, the same for SYNC rounds and the ASYNC stream (they differ only
+in their `Collection`). Steps run inside `train` Prefect tasks of about `TASK_SECONDS` each,
+because a Prefect task run costs ~20 ms here (its engine in the flow's process, its states and
+events in the API server, on the same two cores): a task a round was a quarter of a CartPole
+run's wall-clock (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from gymflow.agents.core import Learner, ReplayLearner
+from gymflow.tasks.cluster.hosts import Hosts
+from gymflow.tasks.cluster.rounds import RoundPlan, collect_round
+from gymflow.tasks.storage.shards import ShardRef
+from gymflow.tasks.training.collection import Collection, Experience
+from gymflow.tasks.training.evaluation import EvaluationSchedule, Scored
+from gymflow.tasks.training.learning import Checkpoints, Learned, fill_replay, learn
+from gymflow.tasks.training.state import LoopState
+
+TASK_SECONDS = 2.0  # the training one `train` task run carries
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """Training stops once the env-step budget is collected and learned from, or once an
+    evaluation reaches the target return."""
+
+    total_env_steps: int
+    target_return: float | None
+
+    def reached(self, state: LoopState, drained: bool, latest: Scored | None) -> bool:
+        return (state.env_steps >= self.total_env_steps and drained) or self.target_reached(latest)
+
+    def target_reached(self, evaluation: Scored | None) -> bool:
+        return self.target_return is not None and evaluation is not None and evaluation.mean_return >= self.target_return
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one step did: logged to MLflow, shown as progress, summed into the run's summary."""
+
+    state: LoopState  # after the step's commit
+    metrics: dict[str, float]  # namespaced: rollout/, train/, async/, time/
+    work_seconds: float  # stepping envs, learning, an evaluation waited for: the step's critical path
+    collected_by: frozenset[str]  # host:pid of the processes whose shards landed
+
+
+class Observer(Protocol):
+    """Told of everything the loop does (the flow records it in MLflow and shows progress)."""
+
+    def stepped(self, report: StepReport) -> None: ...
+
+    def evaluated(self, scored: Scored, waited: bool = False) -> None:
+        """An evaluation finished; `waited`: the run waited for it, so its time is work."""
+        ...
+
+
+class ImproveLoop:
+    """The train stage of one run: its learner, where experience comes from, when evaluations
+    run, where versions are committed, when to stop, and who is told."""
+
+    def __init__(self, learner: Learner, collection: Collection, evaluations: EvaluationSchedule,
+                 checkpoints: Checkpoints, stop: StopRule, observer: Observer):
+        self.learner, self.collection, self.evaluations = learner, collection, evaluations
+        self.checkpoints, self.stop, self.observer = checkpoints, stop, observer
+        self.latest: Scored | None = None  # the newest evaluation that finished
+
+    def step(self, state: LoopState) -> LoopState:
+        """collect -> learn -> commit -> maybe evaluate; returns the state after the commit."""
+        started = time.perf_counter()
+        experience = self.collection.collect(state)
+        next_evaluation = self.evaluations.start_if_due(state)  # scores version v while the learner learns
+        learned = learn(self.learner, self.checkpoints.storage, experience, self._progress(state))
+        committed = experience.state.committed(next_evaluation)
+        self.checkpoints.commit(self.learner, committed)
+        evaluation = self.evaluations.finished()
+        waited = evaluation.result.seconds if evaluation is not None and self.evaluations.blocking else 0.0
+        self.observer.stepped(_report(experience, learned, committed, waited, time.perf_counter() - started))
+        if evaluation is not None:
+            self.latest = evaluation
+            self.observer.evaluated(evaluation)
+        return committed
+
+    def stopped(self, state: LoopState) -> bool:
+        return self.stop.reached(state, self.collection.drained(), self.latest)
+
+    def finish(self, state: LoopState) -> tuple[LoopState, Scored | None]:
+        """After the last step: what is in flight lands, and an evaluation still running is
+        waited for. Returns the final state and the evaluation that decides whether the run
+        reached its target (None: the last version still needs its final evaluation)."""
+        state = self.collection.finish(state)
+        late = self.evaluations.wait()
+        if late is not None:
+            self.observer.evaluated(late)
+        if self.stop.target_reached(self.latest):
+            return state, self.latest
+        return state, late if self.stop.target_reached(late) and late.version == state.version else None
+
+    def _progress(self, state: LoopState) -> float:
+        return min(state.env_steps / self.stop.total_env_steps, 1.0)
+
+
+@task(name="train", task_run_name="train-from-v{state.version}", cache_policy=NO_CACHE)
+def train(loop: ImproveLoop, state: LoopState, seconds: float = TASK_SECONDS) -> LoopState:
+    """Steps of the loop one after another for about `seconds`, or until it should stop."""
+    started = time.perf_counter()
+    while True:
+        state = loop.step(state)
+        if loop.stopped(state) or time.perf_counter() - started >= seconds:
+            return state
+
+
+def heatup(hosts: Hosts, plan: RoundPlan, learner: ReplayLearner, checkpoints: Checkpoints) -> LoopState:
+    """Fill the replay memory from one round of a uniform random policy, one shard a worker;
+    no learning. Its env steps count against the budget."""
+    state = LoopState.start(plan.workers, plan.preset.schedule.evaluate_every_env_steps)
+    shards = collect_heatup(hosts, plan.rollouts(None, 1.0, state.env_cursors))
+    fill_replay(learner, checkpoints.storage, shards)
+    return LoopState(0, sum(shard.env_steps for shard in shards), state.next_evaluation,
+                     tuple(shard.key for shard in shards))
+
+
+@task(name="collect-rollouts", task_run_name="collect-rollouts-heatup", cache_policy=NO_CACHE)
+def collect_heatup(hosts: Hosts, specs: list) -> list[ShardRef]:
+    """Heatup's round: every worker's rollout with a uniform random policy."""
+    return collect_round(hosts, specs, get_run_logger())
+
+
+def _report(experience: Experience, learned: Learned, state: LoopState, evaluation_seconds: float,
+            seconds: float) -> StepReport:
+    metrics = experience.metrics | rollout_metrics(experience.landed) | {
+        f"train/{name}": value for name, value in learned.metrics.items()
+    } | {
+        "time/env_steps": float(state.env_steps),
+        "time/policy_version": float(state.version),
+        "time/env_steps_per_second": sum(shard.env_steps for shard in experience.landed) / seconds,
+        "time/round_seconds": seconds,
+        "time/collect_seconds": experience.collect_seconds,
+        "time/learn_seconds": learned.seconds,
+    }
+    work = experience.collect_seconds + max(learned.seconds, evaluation_seconds)
+    return StepReport(state, metrics, work, frozenset(shard.collected_by for shard in experience.landed))
+
+
+def rollout_metrics(landed: tuple[ShardRef, ...]) -> dict[str, float]:
+    """What the shards that landed in one step say about the episodes that ended in them."""
+    returns = [r for shard in landed for r in shard.episode_returns]
+    lengths = [n for shard in landed for n in shard.episode_lengths]
+    metrics = {"rollout/episodes": float(len(returns)), "rollout/shards": float(len(landed)),
+               "rollout/shard_megabytes": sum(shard.size for shard in landed) / 1e6}
+    if returns:
+        metrics["rollout/episode_return_mean"] = float(np.mean(returns))
+        metrics["rollout/episode_length_mean"] = float(np.mean(lengths))
+    return metrics

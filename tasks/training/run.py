@@ -1,0 +1,146 @@
+"""Setting a run up for the improve flow: its identity, its learner (fresh, warm-started or
+restored), its MLflow run, and the parts of its loop; and its first state (heatup and version 0)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import yaml
+
+from gymflow.agents.core import Learner, ReplayLearner
+from gymflow.presets.load import flatten, redacted
+from gymflow.presets.model import Preset
+from gymflow.presets.validate import Experiment
+from gymflow.tasks.cluster.hosts import Hosts
+from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage, check_storage, open_storage, storage_location
+from gymflow.tasks.storage.records import RunRecord, read_run_record, write_run_record, write_stored_preset
+from gymflow.tasks.tracking.models import read_warm_start
+from gymflow.tasks.tracking.progress import ProgressLog
+from gymflow.tasks.tracking.tracker import Tracker
+from gymflow.tasks.training.collection import Collection, SyncRounds
+from gymflow.tasks.training.evaluation import EvaluationSchedule
+from gymflow.tasks.training.learning import Checkpoints, create_learner
+from gymflow.tasks.training.loop import ImproveLoop, StopRule, heatup
+from gymflow.tasks.training.resume import Restored, restore, stored_experiment
+from gymflow.tasks.training.state import LoopState
+from gymflow.tasks.training.stream import AsyncStream, Ratio
+from gymflow.tasks.training.summary import RunRecorder
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """A run about to train: validated, its storage reachable, its learner ready."""
+
+    experiment: Experiment
+    run_id: str
+    storage: Storage
+    learner: Learner
+    restored: Restored | None = None  # where a resumed run stands
+    record: RunRecord | None = None  # a resumed run's record: the MLflow run it continues
+
+    @property
+    def preset(self) -> Preset:
+        return self.experiment.preset
+
+    def preset_yaml(self) -> bytes:
+        return yaml.safe_dump(redacted(self.preset.model_dump(mode="json")), sort_keys=False).encode()
+
+
+def prepare_run(experiment: Experiment, warm_start: str | None, resume: str | None) -> PreparedRun:
+    """Check the storage (a missing bucket or refused credentials stop here), then make the
+    learner: from scratch, from a warm-start policy, or restored from `resume`'s checkpoints
+    (with that run's own preset)."""
+    location = storage_location(experiment.preset.storage)
+    check_storage(location)
+    storage = open_storage(location)
+    if resume is None:
+        weights = read_warm_start(warm_start, experiment.preset.tracking.tracking_uri) if warm_start else None
+        run_id = f"{experiment.preset.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        return PreparedRun(experiment, run_id, storage, create_learner(experiment, weights))
+    record = read_run_record(storage, resume)
+    experiment = stored_experiment(storage, resume, experiment)
+    learner = create_learner(experiment)
+    return PreparedRun(experiment, resume, storage, learner, restore(storage, resume, learner, experiment.preset),
+                       record)
+
+
+@contextmanager
+def tracked_run(run: PreparedRun, flow_run_id: str) -> Iterator[Tracker]:
+    """The run's MLflow run (a resumed run's own), finished as FINISHED or FAILED on the way out.
+    A new run's parameters, stored preset and record are written here."""
+    tracking, tags = run.preset.tracking, {"gymflow.run_id": run.run_id, "prefect.flow_run_id": flow_run_id,
+                                           "gymflow.preset": run.preset.name}
+    tracker = Tracker(tracking.tracking_uri, tracking.experiment, run_name=run.run_id, tags=tags,
+                      artifact_location=tracking.artifact_location,
+                      existing_run_id=run.record.mlflow_run_id if run.record else None)
+    succeeded = False
+    try:
+        if run.record is None:
+            tracker.log_params(flatten(redacted(run.preset.model_dump(mode="json"))))
+            write_stored_preset(run.storage, run.run_id, run.preset_yaml())
+            write_run_record(run.storage, run.run_id, RunRecord(tracker.run_id, tracking.experiment, tracking.tracking_uri))
+        yield tracker
+        succeeded = True
+    finally:
+        tracker.finish(succeeded)
+
+
+def run_recorder(run: PreparedRun, tracker: Tracker, logger: AnyLogger) -> RunRecorder:
+    progress = ProgressLog(logger, run.preset.schedule.total_env_steps)
+    return RunRecorder.resumed(tracker, progress) if run.restored else RunRecorder(tracker, progress)
+
+
+@contextmanager
+def improve_loop(run: PreparedRun, hosts: Hosts, recorder: RunRecorder, logger: AnyLogger) -> Iterator[ImproveLoop]:
+    """The run's loop: SYNC rounds or the ASYNC stream, evaluations beside the learner, commits,
+    the stop rule. On the way out the evaluation thread ends; on an error, what is in flight
+    is given up."""
+    preset, plan = run.preset, RoundPlan(run.preset, run.run_id)
+    evaluations = EvaluationSchedule(hosts, plan, blocking=preset.distribution.mode == "sync", logger=logger)
+    loop = ImproveLoop(
+        run.learner, _collection(run, hosts, plan, logger), evaluations,
+        Checkpoints(run.storage, run.run_id, preset.storage.checkpoint_replay),
+        StopRule(preset.schedule.total_env_steps, preset.schedule.target_return), recorder,
+    )
+    try:
+        yield loop
+    except BaseException:
+        loop.collection.cancel()
+        raise
+    finally:
+        evaluations.close()
+
+
+def first_state(run: PreparedRun, hosts: Hosts, loop: ImproveLoop, recorder: RunRecorder) -> LoopState:
+    """Where training starts: a resumed run's state, or heatup (off-policy agents) and version 0."""
+    if run.restored is not None:
+        return run.restored.state
+    plan, learner = RoundPlan(run.preset, run.run_id), run.learner
+    if isinstance(learner, ReplayLearner) and run.preset.schedule.heatup_env_steps:
+        state = heatup(hosts, plan, learner, loop.checkpoints)
+        recorder.progress.update(state.env_steps, "heatup done")
+    else:
+        state = LoopState.start(plan.workers, run.preset.schedule.evaluate_every_env_steps)
+    loop.checkpoints.commit(learner, state)
+    return state
+
+
+def storage_url(run: PreparedRun) -> str:
+    return run.storage.url(RunLayout(run.run_id).prefix)
+
+
+def _collection(run: PreparedRun, hosts: Hosts, plan: RoundPlan, logger: AnyLogger) -> Collection:
+    preset, learner = run.preset, run.learner
+    exploration = lambda env_steps: run.experiment.algorithm.exploration(preset.agent, env_steps)  # noqa: E731
+    if preset.distribution.mode == "sync":
+        return SyncRounds(hosts, plan, exploration, logger)
+    assert isinstance(learner, ReplayLearner)  # presets/validate.py refuses async for on-policy agents
+    ratio = Ratio(preset.samples_per_insert, learner.samples_per_train_step,
+                  preset.distribution.commit_every_train_steps, preset.distribution.max_policy_lag)
+    return AsyncStream(hosts, plan, ratio, exploration, logger)

@@ -1,0 +1,92 @@
+"""The improve loop's state: where a run stands after committing a policy version.
+
+`LoopState` is one immutable value. Each committed checkpoint stores it (`loop_state.json`), and a
+resumed run continues from the one it reads back; this module is the only place that writes
+or reads it. SYNC and ASYNC runs have the same state, except that an ASYNC run also carries its
+stream's position: the next chunk number of each rollout worker and the ledger of every shard
+that landed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage
+
+STATE_BLOB = "loop_state.json"  # in every checkpoint
+LEDGER = "ledger.json"  # an ASYNC run's final ledger, beside its preset
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """Every ASYNC shard that landed, in landing order, and what became of it. A resumed run
+    rebuilds its replay memory by inserting `inserted` again, in order."""
+
+    inserted: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()  # collected by a policy more versions behind than the lag bound
+    unused: tuple[str, ...] = ()  # landed after the run had stopped
+    lags: tuple[int, ...] = ()  # learner version minus the shard's, for each inserted or dropped shard
+    inserted_steps: int = 0  # transitions inserted into replay (heatup excluded)
+    sampled: int = 0  # transitions sampled for training (train steps x batch size)
+
+
+@dataclass(frozen=True)
+class StreamPosition:
+    """ASYNC: where the rollout stream stands."""
+
+    next_chunk: tuple[int, ...]  # per worker: the number of the next chunk to collect
+    ledger: Ledger = field(default_factory=Ledger)
+
+    @classmethod
+    def start(cls, workers: int) -> StreamPosition:
+        return cls(next_chunk=(0,) * workers)
+
+
+@dataclass(frozen=True)
+class LoopState:
+    """Where training stands once `version` is committed."""
+
+    version: int  # the newest committed policy version
+    env_steps: int  # collected so far, heatup's included
+    next_evaluation: int  # env steps at which the next evaluation is due
+    env_cursors: tuple[str | None, ...]  # per worker: the shard whose envs the next rollout continues
+    stream: StreamPosition | None = None  # ASYNC only
+
+    @classmethod
+    def start(cls, workers: int, first_evaluation: int) -> LoopState:
+        """Nothing collected yet: version 0, fresh envs on every worker."""
+        return cls(version=0, env_steps=0, next_evaluation=first_evaluation, env_cursors=(None,) * workers)
+
+    def committed(self, next_evaluation: int) -> LoopState:
+        """The state once the next version is committed."""
+        return replace(self, version=self.version + 1, next_evaluation=next_evaluation)
+
+    def to_json(self) -> bytes:
+        """The checkpoint blob `STATE_BLOB`."""
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> LoopState:
+        fields = json.loads(data)
+        stream = fields["stream"]
+        return cls(
+            version=fields["version"], env_steps=fields["env_steps"], next_evaluation=fields["next_evaluation"],
+            env_cursors=tuple(fields["env_cursors"]),
+            stream=None if stream is None else StreamPosition(tuple(stream["next_chunk"]), _ledger(stream["ledger"])),
+        )
+
+
+def write_ledger(storage: Storage, run_id: str, ledger: Ledger) -> None:
+    """The run's final accounting of its ASYNC shards, next to its preset."""
+    storage.write(f"{RunLayout(run_id).prefix}/{LEDGER}", json.dumps(asdict(ledger), indent=1).encode())
+
+
+def read_ledger(storage: Storage, run_id: str) -> Ledger:
+    return _ledger(json.loads(storage.read(f"{RunLayout(run_id).prefix}/{LEDGER}")))
+
+
+def _ledger(fields: dict[str, Any]) -> Ledger:
+    return Ledger(**{name: tuple(value) if isinstance(value, list) else value for name, value in fields.items()})

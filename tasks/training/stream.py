@@ -1,0 +1,208 @@
+"""ASYNC collection (off-policy agents): every rollout worker always has its next chunk on the way.
+
+The flow's process keeps one chunk job in flight per rollout worker. A chunk acts with the
+newest committed policy version when it starts, continues its worker's envs from the previous
+chunk, and writes one shard tagged with the version it used. Chunks go to the workers' job hosts
+(tasks/cluster/hosts.py): a chunk whose worker dies is sent again under the same key to a live
+worker, a chunk running past its deadline has its worker restarted and is sent again.
+
+The learner trains at a fixed ratio of samples to inserts, as a Reverb rate limiter would: it
+owes `samples_per_insert` x inserted - sampled samples. `collect` hands it the shards that landed
+once it owes a commit period's worth of gradient steps (or once nothing more can land), and
+collection pauses while the learner is more than one round of chunks behind. A shard collected
+by a policy more than `max_policy_lag` versions behind the learner's is dropped and counted.
+Every chunk lands once, in the ledger.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from gymflow.tasks.cluster.hosts import ATTEMPTS, Call, Hosts, wait_first
+from gymflow.tasks.cluster.jobs import run_rollout
+from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import open_storage, storage_location
+from gymflow.tasks.storage.shards import ShardRef
+from gymflow.tasks.training.collection import Experience, Exploration
+from gymflow.tasks.training.state import Ledger, LoopState, StreamPosition, write_ledger
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """How fast the learner may train against what lands."""
+
+    samples_per_insert: float
+    samples_per_train_step: int  # the learner's batch size
+    commit_every: int  # gradient steps between committed versions
+    max_policy_lag: int
+
+    def admits(self, shard_version: int, learner_version: int) -> bool:
+        """The lag bound: a shard is inserted only if its policy is at most `max_policy_lag`
+        versions behind the learner's newest committed one."""
+        return learner_version - shard_version <= self.max_policy_lag
+
+
+class LedgerBook:
+    """The ledger while the stream writes it; `ledger()` is its frozen copy for a checkpoint."""
+
+    def __init__(self, ledger: Ledger):
+        self.inserted, self.dropped, self.unused = list(ledger.inserted), list(ledger.dropped), list(ledger.unused)
+        self.lags, self.inserted_steps, self.sampled = list(ledger.lags), ledger.inserted_steps, ledger.sampled
+
+    def record(self, shard: ShardRef, lag: int, admitted: bool) -> None:
+        self.lags.append(lag)
+        if admitted:
+            self.inserted.append(shard.key)
+            self.inserted_steps += shard.env_steps
+        else:
+            self.dropped.append(shard.key)
+
+    def owed_samples(self, ratio: Ratio) -> float:
+        return ratio.samples_per_insert * self.inserted_steps - self.sampled
+
+    def ledger(self) -> Ledger:
+        return Ledger(tuple(self.inserted), tuple(self.dropped), tuple(self.unused), tuple(self.lags),
+                      self.inserted_steps, self.sampled)
+
+
+class AsyncStream:
+    """One chunk in flight per rollout worker; see the module's docstring."""
+
+    def __init__(self, hosts: Hosts, plan: RoundPlan, ratio: Ratio, exploration: Exploration, logger: AnyLogger):
+        self.hosts, self.plan, self.ratio, self.exploration, self.logger = hosts, plan, ratio, exploration, logger
+        self.in_flight: dict[int, Call] = {}
+        self.next_chunk: list[int] = []  # per worker: the next chunk number to submit
+        self.cursors: list[str | None] = []  # per worker: the last landed shard, whose envs continue
+        self.book = LedgerBook(Ledger())
+        self.submitted_steps = -1  # env steps of every chunk submitted, heatup's included; -1: not started
+
+    def _start_from(self, state: LoopState) -> None:
+        """Take up the stream where `state` left it (the first time the stream is asked)."""
+        if self.submitted_steps >= 0:
+            return
+        stream = state.stream or StreamPosition.start(self.plan.workers)
+        self.next_chunk, self.cursors = list(stream.next_chunk), list(state.env_cursors)
+        self.book, self.submitted_steps = LedgerBook(stream.ledger), state.env_steps
+
+    @property
+    def total_env_steps(self) -> int:
+        return self.plan.preset.schedule.total_env_steps
+
+    def collect(self, state: LoopState) -> Experience:
+        """The shards that landed until the learner owes a commit period of gradient steps, or
+        until nothing more can land; inserted or dropped by the lag bound against `state.version`."""
+        self._start_from(state)
+        admitted: list[ShardRef] = []
+        landed: list[ShardRef] = []
+        ages: list[float] = []
+        waited = 0.0
+        while True:
+            self._feed(state.env_steps + sum(shard.env_steps for shard in landed))
+            if self._owed_train_steps() >= self.ratio.commit_every or not self.in_flight:
+                break
+            started = time.perf_counter()
+            arrived = self._landed(wait_s=1.0)
+            waited += time.perf_counter() - started
+            for shard in arrived:
+                landed.append(shard)
+                admit = self.ratio.admits(shard.version, state.version)
+                self.book.record(shard, state.version - shard.version, admit)
+                if admit:
+                    admitted.append(shard)
+                    ages.append(time.time() - shard.written_at)
+        train_steps = min(self._owed_train_steps(), self.ratio.commit_every)
+        self.book.sampled += train_steps * self.ratio.samples_per_train_step
+        return Experience(tuple(admitted), self._state_after(state, landed), landed=tuple(landed),
+                          train_steps=train_steps, collect_seconds=waited,
+                          metrics=self._metrics(state.version, landed, ages))
+
+    def drained(self) -> bool:
+        started = self.submitted_steps >= 0
+        return started and self.submitted_steps >= self.total_env_steps and not self.in_flight and self._owed_train_steps() == 0
+
+    def finish(self, state: LoopState) -> LoopState:
+        """Submit nothing more and wait for the chunks in flight: they are recorded as unused,
+        never inserted. Afterwards no chunk of this run is queued or running anywhere, and the
+        run's ledger is written."""
+        self._start_from(state)
+        late: list[ShardRef] = []
+        deadline = time.monotonic() + self.hosts.timeout_s * ATTEMPTS
+        while self.in_flight:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(self.in_flight)} rollout chunks did not finish after the stop")
+            late += self._landed(wait_s=1.0)
+        self.book.unused += [shard.key for shard in late]
+        write_ledger(open_storage(storage_location(self.plan.preset.storage)), self.plan.run_id, self.book.ledger())
+        return self._state_after(state, late)
+
+    def cancel(self) -> None:
+        """Give up on the chunks in flight; a chunk already running finishes on its worker, and
+        its shard is never read."""
+        self.in_flight.clear()
+
+    @staticmethod
+    def inserted_shards(state: LoopState, layout: RunLayout, workers: int) -> list[str]:
+        """The shards the learner had inserted by `state`, in the order they were."""
+        return list(state.stream.ledger.inserted) if state.stream else []
+
+    def _owed_train_steps(self) -> int:
+        return max(math.floor(self.book.owed_samples(self.ratio) / self.ratio.samples_per_train_step), 0)
+
+    def _may_collect(self) -> bool:
+        """Under the budget, and the learner at most one round of chunks behind its ratio."""
+        allowance = self.ratio.samples_per_insert * self.plan.preset.steps_per_chunk * self.plan.workers
+        return self.submitted_steps < self.total_env_steps and self.book.owed_samples(self.ratio) <= allowance
+
+    def _feed(self, env_steps: int) -> None:
+        """Send each idle worker its next chunk, while collection may run."""
+        for worker in range(self.plan.workers):
+            if worker in self.in_flight:
+                continue
+            if not self._may_collect():
+                return
+            spec = self.plan.chunk(worker, self.next_chunk[worker], self.exploration(env_steps), self.cursors[worker])
+            self.in_flight[worker] = self.hosts.call(run_rollout, spec, slot=worker)
+            self.next_chunk[worker] += 1
+            self.submitted_steps += self.plan.preset.steps_per_chunk
+
+    def _landed(self, wait_s: float) -> list[ShardRef]:
+        """The chunks that finished, waiting up to `wait_s` for the first one. A failed chunk
+        raises; a lost or wedged one is sent again."""
+        if not any(call.done() for call in self.in_flight.values()):
+            wait_first(self.in_flight.values(), wait_s)
+        shards = []
+        for worker, call in sorted(self.in_flight.items(), key=lambda item: item[1].deadline):
+            call = self.in_flight[worker] = self.hosts.settle(call, self.logger)
+            if call.finished:
+                shard = call.future.result()  # a chunk that failed for good raises here
+                del self.in_flight[worker]
+                self.cursors[worker] = shard.key
+                shards.append(shard)
+        return shards
+
+    def _state_after(self, state: LoopState, landed: list[ShardRef]) -> LoopState:
+        # a resumed run collects again what is in flight now: from each worker's last landed chunk
+        next_chunk = tuple(n - (1 if w in self.in_flight else 0) for w, n in enumerate(self.next_chunk))
+        return replace(state, env_steps=state.env_steps + sum(shard.env_steps for shard in landed),
+                       env_cursors=tuple(self.cursors), stream=StreamPosition(next_chunk, self.book.ledger()))
+
+    def _metrics(self, version: int, landed: list[ShardRef], ages: list[float]) -> dict[str, float]:
+        lags = [version - shard.version for shard in landed]
+        book = self.book
+        metrics = {
+            "async/shards_inserted": float(len(book.inserted)),
+            "async/shards_dropped": float(len(book.dropped)),
+            "async/samples_per_insert": book.sampled / max(book.inserted_steps, 1),
+            "async/workers_collecting": float(len(self.in_flight)),
+        }
+        if lags:
+            metrics |= {"async/policy_lag_mean": float(np.mean(lags)), "async/policy_lag_max": float(max(lags))}
+        if ages:
+            metrics["async/shard_age_seconds"] = float(np.mean(ages))
+        return metrics
+

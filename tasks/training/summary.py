@@ -1,0 +1,111 @@
+"""What a run reports: recorded step by step as the loop runs (MLflow metrics, progress), and
+summed up once it is over. The report describes the loop; it never steers it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from gymflow.tasks.tracking.plots import PLOTTED_METRICS
+from gymflow.tasks.tracking.progress import ProgressLog
+from gymflow.tasks.tracking.tracker import Tracker
+from gymflow.tasks.training.evaluation import Scored
+from gymflow.tasks.training.loop import StepReport
+from gymflow.tasks.training.state import Ledger, LoopState
+
+
+class EvaluationRow(NamedTuple):
+    env_steps: int
+    mean: float
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    mlflow_run_id: str
+    storage_url: str
+    env_steps: int = 0
+    versions_committed: int = 0
+    delivered_version: int = 0  # the version the deciding evaluation scored, logged as the model
+    model_uri: str = ""  # the delivered policy as an MLflow model (runs:/<id>/policy)
+    final_return: float | None = None
+    best_return: float | None = None
+    solved: bool = False
+    wall_seconds: float = 0.0
+    work_seconds: float = 0.0  # stepping envs with the policy, learning, evaluating (critical path)
+    evaluations: tuple[EvaluationRow, ...] = ()
+    rollout_processes: frozenset[str] = frozenset()  # host:pid of every process that collected
+    shards_inserted: int = 0  # async: shards inserted into replay
+    shards_dropped: int = 0  # async: shards dropped by the policy-lag bound
+    shards_unused: int = 0  # async: shards that landed after the stop
+    policy_lag_mean: float = 0.0  # async: learner version minus the shard's, over every landed shard
+    policy_lag_max: int = 0
+
+    @property
+    def orchestration_share(self) -> float:
+        """The share of the training loop's wall-clock not spent stepping envs or learning."""
+        return 1.0 - self.work_seconds / self.wall_seconds if self.wall_seconds else 0.0
+
+
+@dataclass
+class RunRecorder:
+    """The loop's observer: logs each step and evaluation to MLflow, shows progress, and keeps
+    what the summary and the learning curve are made of. A resumed run starts from what MLflow
+    already holds."""
+
+    tracker: Tracker
+    progress: ProgressLog
+    history: list[dict[str, float]] = field(default_factory=list)
+    evaluations: list[EvaluationRow] = field(default_factory=list)
+    work_seconds: float = 0.0
+    processes: set[str] = field(default_factory=set)
+    _episode_return: float = float("nan")
+
+    @classmethod
+    def resumed(cls, tracker: Tracker, progress: ProgressLog) -> RunRecorder:
+        rows = [EvaluationRow(*row) for row in tracker.evaluation_rows()]
+        return cls(tracker, progress, tracker.metric_rows(PLOTTED_METRICS), rows)
+
+    def stepped(self, report: StepReport) -> None:
+        self.tracker.log_metrics(report.metrics, step=report.state.env_steps)
+        self.history.append(report.metrics)
+        self.work_seconds += report.work_seconds
+        self.processes |= report.collected_by
+        self._episode_return = report.metrics.get("rollout/episode_return_mean", self._episode_return)
+        self.progress.update(report.state.env_steps, self._status(report.state))
+
+    def evaluated(self, scored: Scored, waited: bool = False) -> None:
+        self.tracker.log_metrics(scored.metrics(), step=scored.env_steps)
+        returns = scored.result.returns
+        self.evaluations.append(EvaluationRow(scored.env_steps, scored.mean_return, min(returns), max(returns)))
+        self.work_seconds += scored.result.seconds if waited else 0.0
+
+    def _status(self, state: LoopState) -> str:
+        status = f"v{state.version} return {self._episode_return:.1f}"
+        return f"{status} eval {self.evaluations[-1].mean:.1f}" if self.evaluations else status
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    run_id: str
+    mlflow_run_id: str
+    storage_url: str
+
+
+def summarize(identity: RunIdentity, state: LoopState, recorder: RunRecorder, delivered: Scored,
+              solved: bool, wall_seconds: float) -> RunSummary:
+    """The run's report, from the loop's final state and what was recorded along the way."""
+    ledger = state.stream.ledger if state.stream else Ledger()
+    lags = ledger.lags
+    return RunSummary(
+        identity.run_id, identity.mlflow_run_id, identity.storage_url,
+        env_steps=state.env_steps, versions_committed=state.version + 1, delivered_version=delivered.version,
+        final_return=delivered.mean_return, best_return=max(row.mean for row in recorder.evaluations), solved=solved,
+        wall_seconds=wall_seconds, work_seconds=recorder.work_seconds, evaluations=tuple(recorder.evaluations),
+        rollout_processes=frozenset(recorder.processes), shards_inserted=len(ledger.inserted),
+        shards_dropped=len(ledger.dropped), shards_unused=len(ledger.unused),
+        policy_lag_mean=sum(lags) / len(lags) if lags else 0.0, policy_lag_max=max(lags, default=0),
+    )
