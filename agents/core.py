@@ -5,14 +5,14 @@ Nothing here knows about Prefect, Dask, storage or MLflow.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
 
-from gymflow.agents.replay import ReplayMemory
+from gymflow.agents.replay import ReplayMemory, Steps
 
 
 class Rollout(NamedTuple):
@@ -31,6 +31,10 @@ class Rollout(NamedTuple):
     @property
     def env_steps(self) -> int:
         return int(self.rewards.size)
+
+    def steps(self) -> Steps:
+        """The rollout as consecutive steps, each with the observation it led to."""
+        return Steps(self.obs, self.actions, self.rewards, self.next_obs(), self.terminated, self.truncated)
 
     def next_obs(self) -> np.ndarray:
         """[T, N, *obs]: the observation each step led to, the final one where an episode ended."""

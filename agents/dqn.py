@@ -45,7 +45,9 @@ class DQNConfig(ReplayOptions):
     )
     max_grad_norm: float = Field(default=10.0, gt=0, description="Gradient clipping norm.")
     hidden_sizes: list[int] = Field(default=[256, 256], min_length=1, description="MLP widths.")
-    double_q: bool = Field(default=False, description="Double Q-learning: the online network picks the next action, the target values it.")
+    double_q: bool = Field(
+        default=False, description="Double Q-learning: the online network picks the next action, the target values it."
+    )
     dueling: bool = Field(default=False, description="Dueling heads: Q = V + A - mean(A).")
     n_step: int = Field(default=1, ge=1, le=100, description="Bootstrap after this many rewards (n-step returns).")
 
@@ -119,12 +121,7 @@ class DQNLearner(ReplayLearner):
 
     def remember(self, rollouts: Sequence[Rollout]) -> None:
         for rollout in rollouts:
-            self.replay.add(
-                n_step_transitions(
-                    rollout.obs, rollout.actions, rollout.rewards, rollout.next_obs(), rollout.terminated,
-                    rollout.truncated, self.config.gamma, self.config.n_step,
-                )
-            )
+            self.replay.add(n_step_transitions(rollout.steps(), self.config.gamma, self.config.n_step))
 
     def learn(self, rollouts: Sequence[Rollout], progress: float) -> dict[str, float]:
         self.remember(rollouts)

@@ -156,7 +156,8 @@ class PPOLearner(OnPolicyLearner):
 
     @torch.no_grad()
     def _flatten(self, rollouts: Sequence[Rollout]) -> dict[str, torch.Tensor]:
-        parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("obs", "actions", "log_probs", "advantages", "returns", "values")}
+        names = ("obs", "actions", "log_probs", "advantages", "returns", "values")
+        parts: dict[str, list[torch.Tensor]] = {k: [] for k in names}
         for rollout in rollouts:
             values, advantages = self._advantages(rollout)
             parts["obs"].append(torch.from_numpy(rollout.obs).flatten(0, 1))

@@ -38,11 +38,15 @@ class ReplayOptions(BaseModel):
     replay: Literal["uniform", "prioritized"] = Field(
         default="uniform", description="uniform sampling, or prioritized by |TD error| (proportional)."
     )
-    priority_alpha: float = Field(default=0.6, ge=0, le=1, description="Prioritized: how strongly priorities shape sampling.")
+    priority_alpha: float = Field(
+        default=0.6, ge=0, le=1, description="Prioritized: how strongly priorities shape sampling."
+    )
     priority_beta_start: float = Field(
         default=0.4, ge=0, le=1, description="Prioritized: importance-weight exponent at the start, annealed to 1."
     )
-    priority_epsilon: float = Field(default=1e-6, gt=0, description="Prioritized: added to |TD error| so no priority is 0.")
+    priority_epsilon: float = Field(
+        default=1e-6, gt=0, description="Prioritized: added to |TD error| so no priority is 0."
+    )
 
 
 class ReplayMemory:
@@ -197,22 +201,25 @@ def make_replay(
     return ReplayMemory(capacity, obs_shape, action_shape, action_dtype)
 
 
-def n_step_transitions(
-    obs: np.ndarray,
-    actions: np.ndarray,
-    rewards: np.ndarray,
-    next_obs: np.ndarray,
-    terminated: np.ndarray,
-    truncated: np.ndarray,
-    gamma: float,
-    n: int,
-) -> Transitions:
+class Steps(NamedTuple):
+    """T consecutive steps of N envs, with the observation each step led to."""
+
+    obs: np.ndarray  # [T, N, *obs_shape]
+    actions: np.ndarray  # [T, N, *action_shape]
+    rewards: np.ndarray  # [T, N]
+    next_obs: np.ndarray  # [T, N, *obs_shape]: the final observation where an episode ended
+    terminated: np.ndarray  # [T, N] bool
+    truncated: np.ndarray  # [T, N] bool
+
+
+def n_step_transitions(batch: Steps, gamma: float, n: int) -> Transitions:
     """Flat n-step transitions from [T, N] arrays of consecutive steps.
 
     From step t: the discounted sum of up to n rewards, stopping at the first step that ends the
     episode, and the observation to bootstrap from with discount gamma^k (0 where the episode
     terminated; a truncated episode bootstraps from its final observation). The last steps of a
     batch use as many steps as the batch holds, so nothing is held back between batches."""
+    obs, actions, rewards, next_obs, terminated, truncated = batch
     steps, envs = rewards.shape
     total = np.zeros((steps, envs), np.float64)
     discount = np.ones((steps, envs), np.float64)

@@ -30,7 +30,9 @@ class SACConfig(ReplayOptions):
     algo: Literal["sac"] = "sac"
     lr: float = Field(default=3e-4, gt=0, le=1, description="Adam learning rate of actor, critics and temperature.")
     gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
-    tau: float = Field(default=0.005, gt=0, le=1, description="Polyak step of the target critics after each gradient step.")
+    tau: float = Field(
+        default=0.005, gt=0, le=1, description="Polyak step of the target critics after each gradient step."
+    )
     batch_size: int = Field(default=256, ge=1, description="Transitions per gradient step.")
     replay_capacity: int = Field(default=1_000_000, ge=1, description="Replay memory size.")
     train_steps_per_iteration: int = Field(
@@ -105,7 +107,8 @@ class SACPolicy:
         mean, log_std = self.actor(torch.from_numpy(obs))
         unsquashed = mean.numpy()
         if explore:
-            unsquashed = unsquashed + np.exp(log_std.numpy()) * self.rng.standard_normal(unsquashed.shape).astype(np.float32)
+            noise = self.rng.standard_normal(unsquashed.shape).astype(np.float32)
+            unsquashed = unsquashed + np.exp(log_std.numpy()) * noise
         actions = self.actor.to_env(torch.tanh(torch.from_numpy(unsquashed))).numpy()
         return actions.astype(np.float32), np.zeros(len(obs), dtype=np.float32)
 
@@ -125,7 +128,8 @@ class SACLearner(ReplayLearner):
         self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=config.lr, fused=True)
         self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=config.lr, fused=True)
         self.entropy_optimizer = torch.optim.Adam([self.log_entropy_coef], lr=config.lr)
-        self.replay = make_replay(config.replay_capacity, observation_space.shape, action_space.shape, np.float32, config)
+        self.replay = make_replay(config.replay_capacity, observation_space.shape, action_space.shape, np.float32,
+                                  config)
         self.rng = np.random.default_rng(seed)
         self.generator = torch.Generator().manual_seed(seed)
         self.train_steps = 0
@@ -142,12 +146,7 @@ class SACLearner(ReplayLearner):
 
     def remember(self, rollouts: Sequence[Rollout]) -> None:
         for rollout in rollouts:
-            self.replay.add(
-                n_step_transitions(
-                    rollout.obs, rollout.actions, rollout.rewards, rollout.next_obs(), rollout.terminated,
-                    rollout.truncated, self.config.gamma, 1,
-                )
-            )
+            self.replay.add(n_step_transitions(rollout.steps(), self.config.gamma, 1))
 
     def learn(self, rollouts: Sequence[Rollout], progress: float) -> dict[str, float]:
         self.remember(rollouts)
@@ -173,7 +172,8 @@ class SACLearner(ReplayLearner):
         self.critic_optimizer.zero_grad()
         critic_loss.backward()
         self.critic_optimizer.step()
-        self.replay.update_priorities(sample.index, (0.5 * ((q1 - targets).abs() + (q2 - targets).abs())).detach().numpy())
+        td_errors = 0.5 * ((q1 - targets).abs() + (q2 - targets).abs())
+        self.replay.update_priorities(sample.index, td_errors.detach().numpy())
 
         new_actions, log_prob = self.actor.sample(obs, self.generator)
         self.critic.requires_grad_(False)

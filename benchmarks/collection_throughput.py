@@ -55,9 +55,9 @@ def interleaved(workers: int, envs: int, steps: int, rounds: int) -> tuple[list[
     from gymflow.presets.validate import resolve_experiment
     from gymflow.tasks.cluster.client import dask_client, job_hosts
     from gymflow.tasks.cluster.jobs import run_rollout
-    from gymflow.tasks.training.learning import create_learner, save_checkpoint
     from gymflow.tasks.cluster.rounds import run_round
     from gymflow.tasks.tracking.metrics import rollout_round, storage_location
+    from gymflow.tasks.training.learning import create_learner, save_checkpoint
 
     here, there = multiprocessing.get_context("spawn").Pipe()
     baseline = multiprocessing.get_context("spawn").Process(target=_plain_loop, args=(there, envs, steps), daemon=True)

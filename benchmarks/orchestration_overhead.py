@@ -92,7 +92,7 @@ def main() -> None:
 
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print(f"{'preset':<18} {'env steps':>9} {'plain s':>8} {'gymflow s':>9} {'ratio':>6} {'orch share':>10}")
-    for preset, budget, plain, summary in rows:
+    for preset, _budget, plain, summary in rows:
         print(f"{preset:<18} {summary.env_steps:>9,} {plain:>8.1f} {summary.wall_seconds:>9.1f} "
               f"{summary.wall_seconds / plain:>6.2f} {100 * summary.orchestration_share:>9.1f}%")
     for preset in args.presets:

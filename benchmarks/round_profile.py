@@ -57,8 +57,8 @@ def bare_rollout_job(preset: str, rounds: int = 30) -> tuple[float, float]:
     """(wall-clock, env-stepping seconds) of one rollout job run in this process."""
     from gymflow.presets.validate import resolve_experiment
     from gymflow.tasks.cluster.jobs import run_rollout
-    from gymflow.tasks.training.learning import create_learner, save_checkpoint
     from gymflow.tasks.tracking.metrics import rollout_round, storage_location
+    from gymflow.tasks.training.learning import create_learner, save_checkpoint
 
     with tempfile.TemporaryDirectory() as folder:
         experiment = resolve_experiment(preset, {"storage.root": folder})

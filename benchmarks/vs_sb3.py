@@ -34,7 +34,8 @@ def solve_with_sb3(seed: int) -> tuple[float, int, bool]:
     stop = StopTrainingOnRewardThreshold(reward_threshold=TARGET, verbose=0)
     evaluation = EvalCallback(make_vec_env("CartPole-v1", n_envs=1, seed=seed + 1000), n_eval_episodes=10,
                               eval_freq=EVAL_EVERY // N_ENVS, deterministic=True, callback_on_new_best=stop, verbose=0)
-    linear = lambda start: (lambda progress: progress * start)
+    def linear(start):
+        return lambda progress: progress * start
     model = PPO("MlpPolicy", env, learning_rate=linear(0.001), clip_range=linear(0.2), seed=seed, verbose=0,
                 device="cpu", **RL_ZOO_PPO_CARTPOLE)
     model.learn(BUDGET, callback=evaluation)

@@ -23,8 +23,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "checkpoints":
         return _checkpoints(args.run_id, args.root, parse_assignments(args.option))
     if args.command == "resume":
-        from gymflow.tasks.storage.records import read_run_record
         from gymflow.tasks.storage.objects import Storage, StorageLocation
+        from gymflow.tasks.storage.records import read_run_record
 
         options = parse_assignments(args.option)
         try:

@@ -53,7 +53,7 @@ def improve(
         with improve_loop(run, hosts, recorder, logger) as loop:
             hosts.wait_started()  # the workers' imports are start-up, not training
             started = time.perf_counter()
-            state = first_state(run, hosts, loop, recorder)  # heatup and version 0, or where a resumed run stood
+            state = first_state(run, hosts, loop)  # heatup and version 0, or where a resumed run stood
             while not loop.stopped(state):
                 state = train(loop, state)  # ~2 s of collect -> learn -> commit -> maybe evaluate
             state, deciding = loop.finish(state)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-import numpy as np
 from mlflow.tracking import MlflowClient
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
@@ -16,7 +15,14 @@ from gymflow.envs.seeding import derive_seed
 from gymflow.flows.improve import improve
 from gymflow.presets.overrides import PresetOverrides, as_dotted
 from gymflow.presets.validate import resolve_experiment
-from gymflow.tasks.tracking.models import ModelRef, find_champion, promote, register_challenger, score_policy
+from gymflow.tasks.tracking.models import (
+    ModelRef,
+    find_champion,
+    mean_return,
+    promote,
+    register_challenger,
+    score_policy,
+)
 
 
 @dataclass
@@ -75,8 +81,8 @@ def retrain(
              "episodes": evaluation_episodes, "seed": seed}
     challenger_returns = score_policy(tracking_uri, **score)
     champion_returns = score_policy(tracking_uri, **{**score, "model": champion}) if champion else None
-    challenger_return = float(np.mean(challenger_returns))
-    champion_return = float(np.mean(champion_returns)) if champion_returns else None
+    challenger_return = mean_return(challenger_returns)
+    champion_return = mean_return(champion_returns) if champion_returns else None
     promoted = champion_return is None or challenger_return > champion_return + margin
     if promoted:
         promote(tracking_uri, challenger)
@@ -117,7 +123,8 @@ def _record(decision: RetrainDecision, tracking_uri: str, run_id: str) -> None:
     ]
     if decision.champion is not None:
         rows.append({"policy": "champion", "model": decision.champion.uri,
-                     "mean return": round(decision.champion_return, 3), "champion after": "no" if decision.promoted else "yes"})
+                     "mean return": round(decision.champion_return, 3),
+                     "champion after": "no" if decision.promoted else "yes"})
     create_table_artifact(
         key="retrain-decision",
         table=rows,

@@ -44,7 +44,10 @@ def _partial(name: str, *models: type[BaseModel]) -> type[BaseModel]:
     return create_model(name, __base__=_Overrides, **fields)
 
 
-class PresetOverrides(_partial("_PresetFields", Preset)):  # type: ignore[misc]
+_PresetFields: type[BaseModel] = _partial("_PresetFields", Preset)
+
+
+class PresetOverrides(_PresetFields):
     """Preset fields to override; unset fields keep the preset's values."""
 
     # Dotted keys ("agent.lr") must pass the Prefect server's schema check before they are

@@ -28,6 +28,45 @@ def workspace(tmp_path: Path, monkeypatch) -> Path:
     return tmp_path
 
 
+@pytest.fixture
+def tiny_budget() -> dict:
+    """A SYNC run in a second: the test corridor, 2 workers x 4 envs x 16 steps = 128 env steps a
+    round, 640 in all, evaluated every 256."""
+    return {
+        "env.id": "gymflow.testing.envs:Corridor",
+        "distribution.rollout_workers": 2,
+        "distribution.envs_per_worker": 4,
+        "schedule.rollout_steps_per_env": 16,
+        "schedule.total_env_steps": 640,
+        "schedule.evaluate_every_env_steps": 256,
+        "schedule.evaluation_episodes": 4,
+        "schedule.target_return": None,
+    }
+
+
+@pytest.fixture
+def async_budget() -> dict:
+    """An ASYNC DQN run in a few seconds: 2 workers x 2 envs x 16 steps = 32 env steps a chunk,
+    1,024 in all, a version every 8 gradient steps at 4 samples per insert."""
+    return {
+        "env.id": "gymflow.testing.envs:Corridor",
+        "agent.hidden_sizes": [32],
+        "agent.batch_size": 16,
+        "agent.epsilon_decay_env_steps": 500,
+        "distribution.mode": "async",
+        "distribution.rollout_workers": 2,
+        "distribution.envs_per_worker": 2,
+        "distribution.samples_per_insert": 4,
+        "distribution.commit_every_train_steps": 8,
+        "schedule.rollout_steps_per_env": 16,
+        "schedule.heatup_env_steps": 64,
+        "schedule.total_env_steps": 1024,
+        "schedule.evaluate_every_env_steps": 256,
+        "schedule.evaluation_episodes": 4,
+        "schedule.target_return": None,
+    }
+
+
 def local_overrides(workspace: Path) -> dict[str, str]:
     return {
         "storage.root": str(workspace / "data"),

@@ -4,7 +4,6 @@ nothing left running; on-policy agents are refused."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import numpy as np
@@ -14,31 +13,14 @@ from mlflow.tracking import MlflowClient
 
 from gymflow.flows.improve import improve
 from gymflow.presets import InvalidPreset
-from gymflow.tasks.storage.checkpoints import committed_versions, decode_arrays, read_checkpoint
-from gymflow.tasks.storage.objects import RunLayout, Storage, StorageLocation
-from gymflow.tasks.training.stream import read_ledger
+from gymflow.tasks.storage.checkpoints import committed_versions, read_checkpoint
+from gymflow.tasks.storage.codec import decode_arrays
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage, StorageLocation
+from gymflow.tasks.training.state import LoopState, read_ledger
 from tests.conftest import local_overrides, written_files
 
 pytestmark = pytest.mark.e2e
-
-ASYNC_TINY = {
-    "env.id": "gymflow.testing.envs:Corridor",
-    "agent.hidden_sizes": [32],
-    "agent.batch_size": 16,
-    "agent.epsilon_decay_env_steps": 500,
-    "distribution.mode": "async",
-    "distribution.rollout_workers": 2,
-    "distribution.envs_per_worker": 2,
-    "distribution.samples_per_insert": 4,
-    "distribution.commit_every_train_steps": 8,
-    "schedule.rollout_steps_per_env": 16,  # 32 env steps a chunk
-    "schedule.heatup_env_steps": 64,
-    "schedule.total_env_steps": 1024,
-    "schedule.evaluate_every_env_steps": 256,
-    "schedule.evaluation_episodes": 4,
-    "schedule.target_return": None,
-}
-
 
 def _chunk_shards(storage: Storage, run_id: str) -> list[str]:
     return storage.list(f"{RunLayout(run_id).prefix}/shards/async")
@@ -52,9 +34,9 @@ def external_cluster():
         yield cluster.scheduler_address, client
 
 
-def test_an_async_run_accounts_for_every_shard_and_stops_with_nothing_running(prefect_api, workspace, external_cluster):
+def test_an_async_run_accounts_for_every_shard_and_stops_with_nothing_running(prefect_api, workspace, external_cluster, async_budget):
     address, client = external_cluster
-    overrides = {**ASYNC_TINY, **local_overrides(workspace), "distribution.scheduler_address": address,
+    overrides = {**async_budget, **local_overrides(workspace), "distribution.scheduler_address": address,
                  "storage.shared": True}
     summary = improve("cartpole-dqn", overrides)
 
@@ -85,9 +67,9 @@ def test_an_async_run_accounts_for_every_shard_and_stops_with_nothing_running(pr
     assert metrics["async/shards_dropped"] == len(ledger.dropped)
 
 
-def test_the_lag_bound_drops_stale_shards_and_counts_them(prefect_api, workspace):
+def test_the_lag_bound_drops_stale_shards_and_counts_them(prefect_api, workspace, async_budget):
     # a commit every gradient step, so most chunks land more than 0 versions behind
-    overrides = {**ASYNC_TINY, **local_overrides(workspace), "distribution.max_policy_lag": 0,
+    overrides = {**async_budget, **local_overrides(workspace), "distribution.max_policy_lag": 0,
                  "distribution.commit_every_train_steps": 1, "schedule.total_env_steps": 512,
                  "agent.replay": "prioritized", "storage.checkpoint_replay": True}
     summary = improve("cartpole-dqn", overrides)
@@ -105,15 +87,15 @@ def test_the_lag_bound_drops_stale_shards_and_counts_them(prefect_api, workspace
     assert not np.allclose(replay["priorities"], replay["priorities"][0])  # the learner updated them
 
 
-def test_sac_trains_async_on_a_continuous_env(prefect_api, workspace):
-    overrides = {**ASYNC_TINY, **local_overrides(workspace), "env.id": "gymflow.testing.envs:ContinuousCorridor",
+def test_sac_trains_async_on_a_continuous_env(prefect_api, workspace, async_budget):
+    overrides = {**async_budget, **local_overrides(workspace), "env.id": "gymflow.testing.envs:ContinuousCorridor",
                  "agent": {"algo": "sac", "hidden_sizes": [32], "batch_size": 16}, "schedule.total_env_steps": 512}
     summary = improve("cartpole-dqn", overrides)
     assert summary.env_steps >= 512 and summary.final_return is not None
     assert (workspace / "data" / "runs" / summary.run_id / "ledger.json").exists()
-    counters = json.loads(read_checkpoint(Storage(StorageLocation(str(workspace / "data"))), RunLayout(summary.run_id),
-                                          summary.versions_committed - 1, ["counters.json"])["counters.json"])
-    assert counters["ledger"]["inserted"]
+    blobs = read_checkpoint(Storage(StorageLocation(str(workspace / "data"))), RunLayout(summary.run_id),
+                            summary.versions_committed - 1, ["loop_state.json"])
+    assert LoopState.from_json(blobs["loop_state.json"]).stream.ledger.inserted
 
 
 @pytest.mark.parametrize(("overrides", "field"), [

@@ -10,17 +10,12 @@ import torch
 from gymnasium import spaces
 
 from gymflow.agents.ppo import PPOConfig, PPOLearner
-from gymflow.tasks.storage.checkpoints import (
-    CheckpointError,
-    commit_checkpoint,
-    decode_arrays,
-    decode_state,
-    encode_state,
-    latest_version,
-    read_checkpoint,
-)
-from gymflow.tasks.training.learning import save_checkpoint
-from gymflow.tasks.storage.objects import RunLayout, Storage, StorageLocation
+from gymflow.tasks.storage.checkpoints import CheckpointError, commit_checkpoint, latest_version, read_checkpoint
+from gymflow.tasks.storage.codec import decode_arrays, decode_state, encode_state
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage, StorageLocation
+from gymflow.tasks.training.learning import Checkpoints
+from gymflow.tasks.training.state import LoopState
 
 
 @pytest.fixture
@@ -68,9 +63,11 @@ def test_a_version_without_manifest_or_pointer_is_never_loaded(storage):
 
 def test_learner_checkpoint_loads_without_executing_code(storage):
     learner = PPOLearner(PPOConfig(), spaces.Box(-1, 1, (3,)), spaces.Discrete(2), seed=0)
-    save_checkpoint(storage.location, "run-1", 0, learner, {"env_steps": 0}, include_replay=False)
+    state = LoopState.start(workers=2, first_evaluation=100)
+    Checkpoints(storage, "run-1", include_replay=False).commit(learner, state)
     blobs = read_checkpoint(storage, LAYOUT, 0)
-    assert set(blobs) == {"policy.safetensors", "learner.safetensors", "learner.json", "counters.json"}
+    assert set(blobs) == {"policy.safetensors", "learner.safetensors", "learner.json", "loop_state.json"}
+    assert LoopState.from_json(blobs["loop_state.json"]) == state
     for name, data in blobs.items():  # every blob is safetensors (a JSON header, raw bytes) or JSON
         if name.endswith(".safetensors"):
             header_size = int.from_bytes(data[:8], "little")

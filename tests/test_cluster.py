@@ -18,9 +18,9 @@ from gymflow.flows.improve import improve
 from gymflow.presets import InvalidPreset
 from gymflow.presets.validate import resolve_experiment
 from gymflow.tasks.storage.checkpoints import latest_version
-from gymflow.tasks.storage.objects import RunLayout, Storage, StorageLocation
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage, StorageLocation
 from tests.conftest import free_port, local_overrides, written_files
-from tests.test_improve_flow import TINY
 
 pytestmark = pytest.mark.e2e
 DASK = str(Path(sys.executable).with_name("dask"))
@@ -59,9 +59,9 @@ def _pids(summary) -> set[int]:
     return {int(process.split(":")[1]) for process in summary.rollout_processes}
 
 
-def test_improve_runs_on_a_scheduler_and_workers_started_by_hand_with_s3_storage(prefect_api, workspace, s3_server, dask_cluster):
+def test_improve_runs_on_a_scheduler_and_workers_started_by_hand_with_s3_storage(prefect_api, workspace, s3_server, dask_cluster, tiny_budget):
     address, workers = dask_cluster
-    overrides = {**TINY, **_s3(s3_server, "cluster-run"), "distribution.scheduler_address": address,
+    overrides = {**tiny_budget, **_s3(s3_server, "cluster-run"), "distribution.scheduler_address": address,
                  "tracking.tracking_uri": f"sqlite:///{workspace / 'mlflow.db'}"}
     summary = improve("cartpole-ppo", overrides)
     assert _pids(summary) == set(workers)  # rollouts ran on both workers
@@ -69,17 +69,17 @@ def test_improve_runs_on_a_scheduler_and_workers_started_by_hand_with_s3_storage
     assert latest_version(storage, RunLayout(summary.run_id)) == summary.versions_committed - 1 == 5
 
 
-def test_rollouts_go_only_to_workers_offering_the_resources_they_ask_for(prefect_api, workspace, s3_server, dask_cluster):
+def test_rollouts_go_only_to_workers_offering_the_resources_they_ask_for(prefect_api, workspace, s3_server, dask_cluster, tiny_budget):
     address, workers = dask_cluster
-    overrides = {**TINY, **_s3(s3_server, "resources"), "distribution.scheduler_address": address,
+    overrides = {**tiny_budget, **_s3(s3_server, "resources"), "distribution.scheduler_address": address,
                  "distribution.rollout_resources": {"ROLLOUT": 1}, "tracking.tracking_uri": f"sqlite:///{workspace / 'mlflow.db'}"}
     summary = improve("cartpole-ppo", overrides)
     assert _pids(summary) == {pid for pid, offered in workers.items() if offered.get("ROLLOUT")}
 
 
-def test_resources_no_worker_offers_are_refused_before_anything_is_written(prefect_api, workspace, s3_server, dask_cluster):
+def test_resources_no_worker_offers_are_refused_before_anything_is_written(prefect_api, workspace, s3_server, dask_cluster, tiny_budget):
     address, _ = dask_cluster
-    overrides = {**TINY, **_s3(s3_server, "no-gpu"), "distribution.scheduler_address": address,
+    overrides = {**tiny_budget, **_s3(s3_server, "no-gpu"), "distribution.scheduler_address": address,
                  "distribution.rollout_resources": {"GPU": 1}, "distribution.cluster_start_timeout_s": 2,
                  "tracking.tracking_uri": f"sqlite:///{workspace / 'mlflow.db'}"}
     state = improve("cartpole-ppo", overrides, return_state=True)
@@ -97,8 +97,8 @@ def test_a_local_folder_with_a_remote_cluster_is_refused_unless_declared_shared(
     assert written_files(workspace) == []
 
 
-def test_a_cluster_class_is_started_scaled_and_closed_for_the_run(prefect_api, workspace):
-    overrides = {**TINY, **local_overrides(workspace), "storage.shared": True,
+def test_a_cluster_class_is_started_scaled_and_closed_for_the_run(prefect_api, workspace, tiny_budget):
+    overrides = {**tiny_budget, **local_overrides(workspace), "storage.shared": True,
                  "distribution.cluster_class": "distributed.LocalCluster",
                  "distribution.cluster_kwargs": {"n_workers": 0, "threads_per_worker": 1, "processes": True,
                                                  "dashboard_address": ":0"}}

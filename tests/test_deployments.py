@@ -15,7 +15,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from gymflow.tasks.storage.checkpoints import latest_version
-from gymflow.tasks.storage.objects import RunLayout, Storage, StorageLocation
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage, StorageLocation
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.e2e

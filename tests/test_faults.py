@@ -9,20 +9,23 @@ import pytest
 
 from gymflow.flows.improve import improve
 from gymflow.tasks.storage.checkpoints import read_checkpoint
-from gymflow.tasks.storage.objects import RunLayout, Storage, StorageLocation
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage, StorageLocation
 from tests.conftest import local_overrides
-from tests.test_improve_flow import TINY
 
 pytestmark = pytest.mark.e2e
 
-# 10 rounds of 128 steps (64 a worker process), evaluated once at the end: the 300th step a
-# worker process takes falls in the middle of its fifth rollout.
-DRILL = {**TINY, "env.id": "gymflow.testing.envs:Tripwire", "schedule.total_env_steps": 1280,
-         "schedule.evaluate_every_env_steps": 100_000}
+
+@pytest.fixture
+def drill(tiny_budget) -> dict:
+    """10 rounds of 128 steps (64 a worker process), evaluated once at the end: the 300th step a
+    worker process takes falls in the middle of its fifth rollout."""
+    return {**tiny_budget, "env.id": "gymflow.testing.envs:Tripwire", "schedule.total_env_steps": 1280,
+            "schedule.evaluate_every_env_steps": 100_000}
 
 
-def _run(workspace, name: str, env_kwargs: dict, **extra):
-    overrides = {**DRILL, **local_overrides(workspace), "storage.root": str(workspace / name), "env.kwargs": env_kwargs, **extra}
+def _run(drill: dict, workspace, name: str, env_kwargs: dict, **extra):
+    overrides = {**drill, **local_overrides(workspace), "storage.root": str(workspace / name), "env.kwargs": env_kwargs, **extra}
     summary = improve("cartpole-ppo", overrides)
     storage = Storage(StorageLocation(str(workspace / name)))
     layout = RunLayout(summary.run_id)
@@ -34,13 +37,13 @@ def _run(workspace, name: str, env_kwargs: dict, **extra):
 
 
 @pytest.fixture
-def clean_run(prefect_api, workspace):
-    return _run(workspace, "clean", {"at_step": 10**9, "once_file": str(workspace / "never")})
+def clean_run(prefect_api, workspace, drill):
+    return _run(drill, workspace, "clean", {"at_step": 10**9, "once_file": str(workspace / "never")})
 
 
-def test_a_worker_sigkilled_mid_rollout_is_replaced_and_the_run_ends_as_a_clean_one(clean_run, workspace):
+def test_a_worker_sigkilled_mid_rollout_is_replaced_and_the_run_ends_as_a_clean_one(clean_run, workspace, drill):
     once = workspace / "killed.once"
-    summary, weights = _run(workspace, "killed", {"at_step": 300, "once_file": str(once), "fault": "kill"})
+    summary, weights = _run(drill, workspace, "killed", {"at_step": 300, "once_file": str(once), "fault": "kill"})
     killed_pid = int(once.read_text())  # the worker process that took SIGKILL, mid-step of a rollout
     pids = {int(process.split(":")[1]) for process in summary.rollout_processes}
     assert killed_pid in pids  # it had collected earlier rounds; others finished the run
@@ -49,9 +52,9 @@ def test_a_worker_sigkilled_mid_rollout_is_replaced_and_the_run_ends_as_a_clean_
     assert weights == clean_weights
 
 
-def test_a_hanging_rollout_is_timed_out_and_redone(clean_run, workspace):
+def test_a_hanging_rollout_is_timed_out_and_redone(clean_run, workspace, drill):
     once = workspace / "hung.once"
-    summary, weights = _run(workspace, "hung", {"at_step": 300, "once_file": str(once), "fault": "hang"},
+    summary, weights = _run(drill, workspace, "hung", {"at_step": 300, "once_file": str(once), "fault": "hang"},
                             **{"distribution.rollout_timeout_s": 5})
     assert once.exists()  # a rollout hung; the round timed out, its worker was restarted, the job redone
     clean_summary, clean_weights = clean_run
@@ -59,13 +62,11 @@ def test_a_hanging_rollout_is_timed_out_and_redone(clean_run, workspace):
     assert weights == clean_weights
 
 
-def test_an_async_worker_sigkilled_mid_chunk_loses_no_shard_and_counts_none_twice(prefect_api, workspace):
+def test_an_async_worker_sigkilled_mid_chunk_loses_no_shard_and_counts_none_twice(prefect_api, workspace, async_budget):
     from gymflow.tasks.storage.checkpoints import committed_versions
-    from gymflow.tasks.training.stream import read_ledger
-    from tests.test_async import ASYNC_TINY
-
+    from gymflow.tasks.training.state import read_ledger
     once = workspace / "killed.once"
-    overrides = {**ASYNC_TINY, **local_overrides(workspace), "env.id": "gymflow.testing.envs:Tripwire",
+    overrides = {**async_budget, **local_overrides(workspace), "env.id": "gymflow.testing.envs:Tripwire",
                  "env.kwargs": {"at_step": 300, "once_file": str(once), "fault": "kill"}}
     summary = improve("cartpole-dqn", overrides)
     killed_pid = int(once.read_text())  # a worker process took SIGKILL in the middle of a chunk
@@ -83,12 +84,10 @@ def test_an_async_worker_sigkilled_mid_chunk_loses_no_shard_and_counts_none_twic
     assert committed_versions(storage, layout) == list(range(summary.versions_committed))
 
 
-def test_an_async_chunk_that_hangs_is_timed_out_and_redone(prefect_api, workspace):
-    from gymflow.tasks.training.stream import read_ledger
-    from tests.test_async import ASYNC_TINY
-
+def test_an_async_chunk_that_hangs_is_timed_out_and_redone(prefect_api, workspace, async_budget):
+    from gymflow.tasks.training.state import read_ledger
     once = workspace / "hung.once"
-    overrides = {**ASYNC_TINY, **local_overrides(workspace), "env.id": "gymflow.testing.envs:Tripwire",
+    overrides = {**async_budget, **local_overrides(workspace), "env.id": "gymflow.testing.envs:Tripwire",
                  "env.kwargs": {"at_step": 300, "once_file": str(once), "fault": "hang"},
                  "distribution.rollout_timeout_s": 5, "schedule.total_env_steps": 768}
     summary = improve("cartpole-dqn", overrides)

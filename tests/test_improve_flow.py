@@ -10,23 +10,13 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from gymflow.flows.improve import improve
-from gymflow.tasks.storage.checkpoints import decode_arrays, latest_version, read_checkpoint
-from gymflow.tasks.storage.objects import RunLayout, Storage, StorageLocation
+from gymflow.tasks.storage.checkpoints import latest_version, read_checkpoint
+from gymflow.tasks.storage.codec import decode_arrays
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage, StorageLocation
 from tests.conftest import local_overrides, written_files
 
 pytestmark = pytest.mark.e2e
-
-TINY = {
-    "env.id": "gymflow.testing.envs:Corridor",
-    "distribution.rollout_workers": 2,
-    "distribution.envs_per_worker": 4,
-    "schedule.rollout_steps_per_env": 16,  # 128 env steps a round
-    "schedule.total_env_steps": 640,
-    "schedule.evaluate_every_env_steps": 256,
-    "schedule.evaluation_episodes": 4,
-    "schedule.target_return": None,
-}
-
 
 def _task_run_names(flow_run_id) -> list[str]:
     from prefect.client.orchestration import get_client
@@ -55,7 +45,7 @@ def _check_storage(workspace, summary, expect_heatup: bool) -> Storage:
     assert latest_version(storage, layout) == final
     for version in range(final + 1):  # every version committed, each with a valid manifest
         blobs = read_checkpoint(storage, layout, version)
-        assert {"policy.safetensors", "learner.safetensors", "learner.json", "counters.json"} <= set(blobs)
+        assert {"policy.safetensors", "learner.safetensors", "learner.json", "loop_state.json"} <= set(blobs)
     rounds = [f"v{v:06d}" for v in range(final)] + (["heatup"] if expect_heatup else [])
     expected = sorted(f"{layout.prefix}/shards/{r}/w{w:03d}.npz" for r in rounds for w in (0, 1))
     assert storage.list(f"{layout.prefix}/shards") == expected  # one shard per (version, worker)
@@ -79,8 +69,8 @@ def _check_mlflow(workspace, summary, flow_run_id, algo: str) -> None:
     assert "checkpoint/manifest.json" in {a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")}
 
 
-def test_ppo_sync_run_lands_checkpoints_shards_and_an_mlflow_run(prefect_api, workspace):
-    state = improve("cartpole-ppo", {**TINY, **local_overrides(workspace)}, return_state=True)
+def test_ppo_sync_run_lands_checkpoints_shards_and_an_mlflow_run(prefect_api, workspace, tiny_budget):
+    state = improve("cartpole-ppo", {**tiny_budget, **local_overrides(workspace)}, return_state=True)
     assert state.is_completed(), state.message
     summary = state.result()
     flow_run_id = state.state_details.flow_run_id
@@ -97,8 +87,8 @@ def test_ppo_sync_run_lands_checkpoints_shards_and_an_mlflow_run(prefect_api, wo
     assert str(os.getpid()) not in {p.split(":")[1] for p in summary.rollout_processes}
 
 
-def test_dqn_sync_run_heats_up_then_trains(prefect_api, workspace):
-    overrides = {**TINY, "agent.train_steps_per_iteration": 8, "agent.hidden_sizes": [16],
+def test_dqn_sync_run_heats_up_then_trains(prefect_api, workspace, tiny_budget):
+    overrides = {**tiny_budget, "agent.train_steps_per_iteration": 8, "agent.hidden_sizes": [16],
                  "schedule.heatup_env_steps": 128, "storage.checkpoint_replay": True, **local_overrides(workspace)}
     state = improve("cartpole-dqn", overrides, return_state=True)
     assert state.is_completed(), state.message
@@ -120,13 +110,13 @@ def test_bad_input_fails_the_flow_before_anything_is_written(prefect_api, worksp
     assert written_files(workspace) == []
 
 
-def test_an_unreachable_scheduler_fails_fast_with_nothing_written(prefect_api, workspace):
+def test_an_unreachable_scheduler_fails_fast_with_nothing_written(prefect_api, workspace, tiny_budget):
     import socket
 
     with socket.socket() as probe:  # a loopback port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    overrides = {**TINY, "distribution.scheduler_address": f"tcp://127.0.0.1:{port}", **local_overrides(workspace),
+    overrides = {**tiny_budget, "distribution.scheduler_address": f"tcp://127.0.0.1:{port}", **local_overrides(workspace),
                  "storage.shared": True}
     started = time.monotonic()
     state = improve("cartpole-ppo", overrides, return_state=True)
@@ -136,11 +126,11 @@ def test_an_unreachable_scheduler_fails_fast_with_nothing_written(prefect_api, w
     assert written_files(workspace) == []
 
 
-def test_a_running_scheduler_address_is_used_instead_of_a_local_cluster(prefect_api, workspace):
+def test_a_running_scheduler_address_is_used_instead_of_a_local_cluster(prefect_api, workspace, tiny_budget):
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
-        overrides = {**TINY, "schedule.total_env_steps": 256, "distribution.scheduler_address": cluster.scheduler_address,
+        overrides = {**tiny_budget, "schedule.total_env_steps": 256, "distribution.scheduler_address": cluster.scheduler_address,
                      **local_overrides(workspace), "storage.shared": True}  # the workers are on this machine
         summary = improve("cartpole-ppo", overrides)
         with Client(cluster) as client:

@@ -7,11 +7,13 @@ import pytest
 
 from gymflow.presets import load_preset
 from gymflow.presets.validate import resolve_experiment
-from gymflow.tasks import jobs
-from gymflow.tasks.training.learning import save_checkpoint
-from gymflow.tasks.tracking.metrics import evaluation_round, rollout_round, storage_location
+from gymflow.tasks.cluster import jobs
+from gymflow.tasks.cluster.rounds import RoundPlan
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import open_storage, storage_location
 from gymflow.tasks.storage.shards import ShardError, read_shard
-from gymflow.tasks.storage.objects import RunLayout, open_storage
+from gymflow.tasks.training.learning import Checkpoints
+from gymflow.tasks.training.state import LoopState
 
 
 @pytest.fixture
@@ -26,18 +28,19 @@ def experiment(tmp_path):
 def _commit_version(experiment, run_id: str, version: int) -> None:
     config = experiment.preset
     learner = experiment.algorithm.learner(config.agent, experiment.observation_space, experiment.action_space, config.seed)
-    save_checkpoint(storage_location(config), run_id, version, learner, {}, include_replay=False)
+    storage = open_storage(storage_location(config.storage))
+    Checkpoints(storage, run_id, include_replay=False).commit(learner, LoopState(version, 0, 0, (None, None)))
 
 
 def _two_rounds(experiment, run_id: str, forget_live_envs: bool):
     config = experiment.preset
     for version in (0, 1):
         _commit_version(experiment, run_id, version)
-    first = [jobs.run_rollout(spec) for spec in rollout_round(config, run_id, 0, 0.0, [None, None])]
+    first = [jobs.run_rollout(spec) for spec in RoundPlan(config, run_id).rollouts(0, 0.0, [None, None])]
     if forget_live_envs:  # as if round 1 landed on other worker processes
         jobs._LIVE_ENVS.clear()
-    second = [jobs.run_rollout(spec) for spec in rollout_round(config, run_id, 1, 0.0, [r.key for r in first])]
-    storage = open_storage(storage_location(config))
+    second = [jobs.run_rollout(spec) for spec in RoundPlan(config, run_id).rollouts(1, 0.0, [r.key for r in first])]
+    storage = open_storage(storage_location(config.storage))
     return [read_shard(storage, ref) for ref in first + second]
 
 
@@ -52,19 +55,19 @@ def test_a_round_continues_identically_from_live_envs_or_from_the_cursor_in_stor
 def test_shard_keys_derive_from_run_version_and_worker_so_a_retry_overwrites(experiment):
     config = experiment.preset
     _commit_version(experiment, "r", 0)
-    specs = rollout_round(config, "r", 0, 0.0, [None, None])
+    specs = RoundPlan(config, "r").rollouts(0, 0.0, [None, None])
     first = [jobs.run_rollout(spec) for spec in specs]
     jobs._LIVE_ENVS.clear()
     retried = [jobs.run_rollout(spec) for spec in specs]
     assert [r.key for r in first] == [RunLayout("r").shard(0, 0), RunLayout("r").shard(0, 1)]
     assert [r.sha256 for r in first] == [r.sha256 for r in retried]
-    assert open_storage(storage_location(config)).list(f"{RunLayout('r').prefix}/shards") == [r.key for r in first]
+    assert open_storage(storage_location(config.storage)).list(f"{RunLayout('r').prefix}/shards") == [r.key for r in first]
 
 
 def test_a_shard_that_changed_after_its_rollout_is_refused(experiment):
     _commit_version(experiment, "t", 0)
-    ref = jobs.run_rollout(rollout_round(experiment.preset, "t", 0, 0.0, [None, None])[0])
-    storage = open_storage(storage_location(experiment.preset))
+    ref = jobs.run_rollout(RoundPlan(experiment.preset, "t").rollouts(0, 0.0, [None, None])[0])
+    storage = open_storage(storage_location(experiment.preset.storage))
     storage.write(ref.key, storage.read(ref.key)[:-10])
     with pytest.raises(ShardError, match="does not match"):
         read_shard(storage, ref)
@@ -72,6 +75,6 @@ def test_a_shard_that_changed_after_its_rollout_is_refused(experiment):
 
 def test_evaluation_splits_episodes_across_workers_with_fixed_seeds(experiment):
     config = load_preset("cartpole-ppo", {"schedule.evaluation_episodes": 5, "distribution.rollout_workers": 2})
-    specs = evaluation_round(config, "e", 3)
+    specs = RoundPlan(config, "e").evaluations(3)
     assert [s.episodes for s in specs] == [3, 2]
-    assert [s.seed for s in specs] == [s.seed for s in evaluation_round(config, "e", 9)]
+    assert [s.seed for s in specs] == [s.seed for s in RoundPlan(config, "e").evaluations(9)]

@@ -11,6 +11,7 @@ from gymflow.agents.dqn import DQNConfig, DQNLearner
 from gymflow.agents.replay import (
     PrioritizedReplayMemory,
     ReplayOptions,
+    Steps,
     SumTree,
     Transitions,
     n_step_transitions,
@@ -104,7 +105,7 @@ def test_n_step_returns_stop_at_episode_ends_and_at_the_batch_edge():
     truncated = np.array([[False], [False], [False], [True], [False]])
     obs = np.arange(5, dtype=np.float32).reshape(5, 1, 1)
     next_obs = obs + 10
-    batch = n_step_transitions(obs, np.zeros((5, 1), np.int64), rewards, next_obs, terminated, truncated, 0.5, 3)
+    batch = n_step_transitions(Steps(obs, np.zeros((5, 1), np.int64), rewards, next_obs, terminated, truncated), 0.5, 3)
     np.testing.assert_allclose(batch.rewards, [1 + 0.5 * 2, 2, 3 + 0.5 * 4, 4, 5])
     np.testing.assert_allclose(batch.discounts, [0.0, 0.0, 0.25, 0.5, 0.5])
     np.testing.assert_allclose(batch.next_obs[:, 0], [11, 11, 13, 13, 14])

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -16,10 +17,10 @@ from mlflow.tracking import MlflowClient
 from gymflow.flows.cli import main
 from gymflow.flows.improve import improve
 from gymflow.tasks.storage.checkpoints import read_checkpoint
-from gymflow.tasks.storage.objects import RunLayout, Storage, StorageLocation
-from gymflow.tasks.training.stream import read_ledger
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage, StorageLocation
+from gymflow.tasks.training.state import read_ledger
 from tests.conftest import local_overrides
-from tests.test_improve_flow import TINY
 
 pytestmark = pytest.mark.e2e
 
@@ -39,12 +40,12 @@ ASYNC = {"distribution.mode": "async", "distribution.samples_per_insert": 2, "di
     ("cartpole-dqn", {"agent.train_steps_per_iteration": 8, "agent.hidden_sizes": [16], "schedule.heatup_env_steps": 128}),
     ("cartpole-dqn", ASYNC),
 ])
-def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, extra, prefect_api, workspace):
+def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, extra, prefect_api, workspace, tiny_budget):
     """SYNC: the same weights as the uninterrupted run. ASYNC (which version a chunk acts with
     depends on timing): the same env steps, every chunk landed once."""
     from prefect.settings import PREFECT_API_URL
 
-    run = {**TINY, "schedule.total_env_steps": 2560, **extra, **local_overrides(workspace)}  # 20 rounds
+    run = {**tiny_budget, "schedule.total_env_steps": 2560, **extra, **local_overrides(workspace)}  # 20 rounds
     clean = improve(preset, {**run, "storage.root": str(workspace / "clean")})
 
     killed_root = workspace / "killed"
@@ -78,6 +79,5 @@ def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, e
         assert sorted(accounted) == storage.list(f"runs/{run_dir.name}/shards/async")
         assert len(set(accounted)) == len(accounted)
         return
-    resumed = type(clean)(run_dir.name, record["mlflow_run_id"], "", env_steps=steps[-1],
-                          versions_committed=clean.versions_committed)
+    resumed = replace(clean, run_id=run_dir.name)
     assert _final_weights(killed_root, resumed) == _final_weights(workspace / "clean", clean)

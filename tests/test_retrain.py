@@ -10,19 +10,18 @@ from mlflow.tracking import MlflowClient
 from gymflow.envs.vector import SeededVectorEnv
 from gymflow.flows.retrain import retrain
 from tests.conftest import local_overrides
-from tests.test_improve_flow import TINY
 
 pytestmark = pytest.mark.e2e
 
 
-def test_first_run_registers_a_champion_then_better_challengers_win_and_worse_ones_do_not(prefect_api, workspace):
-    weak = {**TINY, "schedule.total_env_steps": 128, "schedule.evaluate_every_env_steps": 10_000, **local_overrides(workspace)}
+def test_first_run_registers_a_champion_then_better_challengers_win_and_worse_ones_do_not(prefect_api, workspace, tiny_budget):
+    weak = {**tiny_budget, "schedule.total_env_steps": 128, "schedule.evaluate_every_env_steps": 10_000, **local_overrides(workspace)}
     first = retrain("cartpole-ppo", weak, model_name="corridor", evaluation_episodes=8)
     assert first.outcome == "first champion registered" and first.promoted
     client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
     assert str(client.get_model_version_by_alias("corridor", "champion").version) == first.challenger.version
 
-    longer = {**TINY, "schedule.total_env_steps": 1280, **local_overrides(workspace)}
+    longer = {**tiny_budget, "schedule.total_env_steps": 1280, **local_overrides(workspace)}
     second = retrain("cartpole-ppo", longer, model_name="corridor", evaluation_episodes=8)
     assert second.champion == first.challenger
     assert second.promoted == (second.challenger_return > second.champion_return)
@@ -53,8 +52,8 @@ def test_a_worse_challenger_is_not_promoted(prefect_api, workspace):
         "keep", "champion").version == int(first.challenger.version)
 
 
-def test_the_logged_policy_loads_as_an_mlflow_model_and_runs_on_a_gymnasium_env(prefect_api, workspace):
-    decision = retrain("cartpole-ppo", {**TINY, "schedule.total_env_steps": 1280, **local_overrides(workspace)},
+def test_the_logged_policy_loads_as_an_mlflow_model_and_runs_on_a_gymnasium_env(prefect_api, workspace, tiny_budget):
+    decision = retrain("cartpole-ppo", {**tiny_budget, "schedule.total_env_steps": 1280, **local_overrides(workspace)},
                        model_name="docs-example", evaluation_episodes=4)
     mlflow.set_tracking_uri(local_overrides(workspace)["tracking.tracking_uri"])
     policy = mlflow.pyfunc.load_model("models:/docs-example@champion")

@@ -18,11 +18,11 @@ from gymflow.tasks.storage.checkpoints import (
     read_checkpoint,
     read_newest_valid_checkpoint,
 )
-from gymflow.testing.faults import FaultyProxy
-from gymflow.tasks.storage.objects import RunLayout, Storage, StorageLocation
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage, StorageLocation
 from gymflow.tasks.tracking.tracker import s3_artifact_environment
+from gymflow.testing.faults import FaultyProxy
 from tests.conftest import free_port, written_files
-from tests.test_improve_flow import TINY
 
 pytestmark = pytest.mark.e2e
 
@@ -49,9 +49,9 @@ def _check_run_landed(storage: Storage, summary) -> None:
     assert storage.list(f"{layout.prefix}/shards") == expected
 
 
-def test_improve_runs_on_s3_with_mlflow_artifacts_in_the_same_bucket(prefect_api, workspace, s3_server):
+def test_improve_runs_on_s3_with_mlflow_artifacts_in_the_same_bucket(prefect_api, workspace, s3_server, tiny_budget):
     prefix = f"e2e-{uuid.uuid4().hex[:6]}"
-    overrides = {**TINY, **_s3_overrides(s3_server, workspace, prefix),
+    overrides = {**tiny_budget, **_s3_overrides(s3_server, workspace, prefix),
                  "tracking.experiment": prefix, "tracking.artifact_location": f"s3://{s3_server.bucket}/{prefix}-mlflow"}
     summary = improve("cartpole-ppo", overrides)
     assert summary.storage_url.startswith(f"s3://{s3_server.bucket}/{prefix}/runs/")
@@ -67,10 +67,10 @@ def test_improve_runs_on_s3_with_mlflow_artifacts_in_the_same_bucket(prefect_api
     assert written_files(workspace) == ["mlflow.db"]  # nothing else lands on the local disk
 
 
-def test_a_run_through_failing_storage_completes_with_exactly_its_shards_and_versions(prefect_api, workspace, s3_server):
+def test_a_run_through_failing_storage_completes_with_exactly_its_shards_and_versions(prefect_api, workspace, s3_server, tiny_budget):
     prefix = f"faults-{uuid.uuid4().hex[:6]}"
     with FaultyProxy(s3_server.endpoint, fault_rate=0.15, seed=1) as proxy:
-        overrides = {**TINY, **_s3_overrides(s3_server, workspace, prefix, endpoint=proxy.url)}
+        overrides = {**tiny_budget, **_s3_overrides(s3_server, workspace, prefix, endpoint=proxy.url)}
         summary = improve("cartpole-ppo", overrides)
     assert set(proxy.faults) == {"503", "reset", "lost-reply"}, proxy.faults  # every kind happened
     assert sum(proxy.faults.values()) >= 10
@@ -107,8 +107,8 @@ def test_bad_storage_is_refused_in_one_line_before_anything_is_written(case, fie
     assert _storage(s3_server, prefix).list("") == []
 
 
-def test_the_flow_refuses_a_missing_bucket_before_it_starts(prefect_api, workspace, s3_server):
-    overrides = {**TINY, **_s3_overrides(s3_server, workspace, "x"), "storage.root": "s3://no-such-bucket/x"}
+def test_the_flow_refuses_a_missing_bucket_before_it_starts(prefect_api, workspace, s3_server, tiny_budget):
+    overrides = {**tiny_budget, **_s3_overrides(s3_server, workspace, "x"), "storage.root": "s3://no-such-bucket/x"}
     state = improve("cartpole-ppo", overrides, return_state=True)
     assert state.is_failed() and "storage.root: bucket 'no-such-bucket' does not exist" in state.message
     assert written_files(workspace) == []
@@ -144,7 +144,7 @@ def test_damaged_checkpoints_on_s3_are_detected_and_an_earlier_valid_version_is_
 
 
 def test_the_usual_aws_environment_variables_configure_s3(s3_server, monkeypatch):
-    from gymflow.presets import InvalidPreset
+    from gymflow.errors import StorageRefused
     from gymflow.tasks.storage.objects import check_storage
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
@@ -156,5 +156,5 @@ def test_the_usual_aws_environment_variables_configure_s3(s3_server, monkeypatch
     storage.write("a/b.bin", b"payload")
     assert storage.read("a/b.bin") == b"payload" and storage.list("a") == ["a/b.bin"]
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
-    with pytest.raises(InvalidPreset, match="^storage.options: .* refused the credentials"):
+    with pytest.raises(StorageRefused, match="^storage.options: .* refused the credentials"):
         check_storage(location)

@@ -52,7 +52,8 @@ class JobHost:
     """Lives on a Dask worker (an actor) and runs jobs there on its own threads."""
 
     def __init__(self) -> None:
-        import gymflow.tasks.cluster.jobs  # noqa: F401  (torch, gymnasium, the agents: imported as the host starts, not in the first job)
+        # torch, gymnasium, the agents: imported as the host starts, not in its first job
+        import gymflow.tasks.cluster.jobs  # noqa: F401
 
         self._threads = ThreadPoolExecutor(get_worker().state.nthreads, thread_name_prefix="gymflow-job")
 

@@ -25,9 +25,9 @@ from gymflow.agents.rollout import collect, evaluate
 from gymflow.envs.vector import SeededVectorEnv
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, latest_version, read_checkpoint
 from gymflow.tasks.storage.codec import decode_tensors
-from gymflow.tasks.storage.shards import Collected, ShardRef, read_cursor, write_shard
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import StorageLocation, open_storage
+from gymflow.tasks.storage.shards import Collected, ShardRef, read_cursor, write_shard
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ class RolloutSpec:
     env_id: str
     env_kwargs: dict[str, Any]
     agent: Any  # the agent's pydantic config
-    policy_version: int | Literal["newest"] | None  # None: uniform random (heatup); "newest": the newest committed (async)
+    # None: uniform random (heatup); "newest": the newest committed when the job starts (async)
+    policy_version: int | Literal["newest"] | None
     worker: int
     num_envs: int
     steps_per_env: int
@@ -98,7 +99,8 @@ def run_rollout(spec: RolloutSpec) -> ShardRef:
     started = time.perf_counter()
     rollout, episodes = collect(policy, env, spec.steps_per_env)
     seconds = time.perf_counter() - started
-    ref = write_shard(storage, spec.shard_key, version, spec.worker, Collected(rollout, episodes, env.cursor(), seconds))
+    collected = Collected(rollout, episodes, env.cursor(), seconds)
+    ref = write_shard(storage, spec.shard_key, version, spec.worker, collected)
     _keep(_LIVE_ENVS, (spec.storage.root, spec.run_id, spec.worker), (spec.shard_key, env))
     return ref
 

@@ -53,7 +53,8 @@ def log_policy_model(tracker: Tracker, policy: bytes, preset_yaml: bytes) -> str
         mlflow.pyfunc.save_model(
             path=model_dir,
             python_model=_MODEL_CODE,
-            artifacts={"policy": os.path.join(folder, "policy.safetensors"), "preset": os.path.join(folder, "preset.yaml")},
+            artifacts={"policy": os.path.join(folder, "policy.safetensors"),
+                       "preset": os.path.join(folder, "preset.yaml")},
             code_paths=[_model_code(folder)],
             pip_requirements=_REQUIREMENTS,
         )
@@ -111,7 +112,9 @@ def register_challenger(tracking_uri: str, name: str, run_id: str) -> ModelRef:
 
 
 @task(name="score-policy", task_run_name="score-{model.name}-v{model.version}", cache_policy=NO_CACHE)
-def score_policy(tracking_uri: str, model: ModelRef, env_id: str, env_kwargs: dict, episodes: int, seed: int) -> list[float]:
+def score_policy(
+    tracking_uri: str, model: ModelRef, env_id: str, env_kwargs: dict, episodes: int, seed: int
+) -> list[float]:
     """Greedy returns of a registered policy, loaded through MLflow, one episode per env; the same
     (env_id, episodes, seed) give the same episodes to every policy scored."""
     with tempfile.TemporaryDirectory() as folder:
@@ -122,6 +125,10 @@ def score_policy(tracking_uri: str, model: ModelRef, env_id: str, env_kwargs: di
         returns = evaluate(_PredictingPolicy(loaded), env).returns
         env.close()
     return [float(r) for r in returns]
+
+
+def mean_return(returns: list[float]) -> float:
+    return float(np.mean(returns))
 
 
 @task(name="promote", cache_policy=NO_CACHE)

@@ -32,7 +32,8 @@ def plot_learning_curve(
 
     train_returns = np.array([h.get("rollout/episode_return_mean", np.nan) for h in history])
     ended = np.isfinite(train_returns)  # async periods can be too short for an episode to end
-    returns_ax.plot(steps[ended], train_returns[ended], color="tab:blue", alpha=0.45, lw=1, label="training episodes (mean)")
+    returns_ax.plot(steps[ended], train_returns[ended], color="tab:blue", alpha=0.45, lw=1,
+                    label="training episodes (mean)")
     if evaluations:
         eval_steps, means, lows, highs = (np.array(column, dtype=float) for column in zip(*evaluations))
         returns_ax.fill_between(eval_steps, lows, highs, color="tab:orange", alpha=0.2, label="evaluation min-max")

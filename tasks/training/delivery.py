@@ -31,7 +31,8 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, history: li
         curve = plot_learning_curve(history, summary.evaluations, str(Path(folder, "learning_curve.png")), title=title,
                                     target_return=config.schedule.target_return)
         tracker.log_artifact(curve)
-    tracker.set_tags({"gymflow.delivered_version": str(summary.delivered_version), "gymflow.solved": str(summary.solved)})
+    tracker.set_tags({"gymflow.delivered_version": str(summary.delivered_version),
+                      "gymflow.solved": str(summary.solved)})
     tracker.log_metrics({
         "summary/wall_seconds": summary.wall_seconds,
         "summary/orchestration_share": summary.orchestration_share,

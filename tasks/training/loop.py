@@ -43,7 +43,9 @@ class StopRule:
         return (state.env_steps >= self.total_env_steps and drained) or self.target_reached(latest)
 
     def target_reached(self, evaluation: Scored | None) -> bool:
-        return self.target_return is not None and evaluation is not None and evaluation.mean_return >= self.target_return
+        if self.target_return is None or evaluation is None:
+            return False
+        return evaluation.mean_return >= self.target_return
 
 
 @dataclass(frozen=True)

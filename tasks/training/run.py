@@ -26,7 +26,7 @@ from gymflow.tasks.tracking.tracker import Tracker
 from gymflow.tasks.training.collection import Collection, SyncRounds
 from gymflow.tasks.training.evaluation import EvaluationSchedule
 from gymflow.tasks.training.learning import Checkpoints, create_learner
-from gymflow.tasks.training.loop import ImproveLoop, StopRule, heatup
+from gymflow.tasks.training.loop import ImproveLoop, Observer, StopRule, heatup
 from gymflow.tasks.training.resume import Restored, restore, stored_experiment
 from gymflow.tasks.training.state import LoopState
 from gymflow.tasks.training.stream import AsyncStream, Ratio
@@ -84,7 +84,8 @@ def tracked_run(run: PreparedRun, flow_run_id: str) -> Iterator[Tracker]:
         if run.record is None:
             tracker.log_params(flatten(redacted(run.preset.model_dump(mode="json"))))
             write_stored_preset(run.storage, run.run_id, run.preset_yaml())
-            write_run_record(run.storage, run.run_id, RunRecord(tracker.run_id, tracking.experiment, tracking.tracking_uri))
+            record = RunRecord(tracker.run_id, tracking.experiment, tracking.tracking_uri)
+            write_run_record(run.storage, run.run_id, record)
         yield tracker
         succeeded = True
     finally:
@@ -97,7 +98,7 @@ def run_recorder(run: PreparedRun, tracker: Tracker, logger: AnyLogger) -> RunRe
 
 
 @contextmanager
-def improve_loop(run: PreparedRun, hosts: Hosts, recorder: RunRecorder, logger: AnyLogger) -> Iterator[ImproveLoop]:
+def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: AnyLogger) -> Iterator[ImproveLoop]:
     """The run's loop: SYNC rounds or the ASYNC stream, evaluations beside the learner, commits,
     the stop rule. On the way out the evaluation thread ends; on an error, what is in flight
     is given up."""
@@ -106,7 +107,7 @@ def improve_loop(run: PreparedRun, hosts: Hosts, recorder: RunRecorder, logger: 
     loop = ImproveLoop(
         run.learner, _collection(run, hosts, plan, logger), evaluations,
         Checkpoints(run.storage, run.run_id, preset.storage.checkpoint_replay),
-        StopRule(preset.schedule.total_env_steps, preset.schedule.target_return), recorder,
+        StopRule(preset.schedule.total_env_steps, preset.schedule.target_return), observer,
     )
     try:
         yield loop
@@ -117,14 +118,13 @@ def improve_loop(run: PreparedRun, hosts: Hosts, recorder: RunRecorder, logger: 
         evaluations.close()
 
 
-def first_state(run: PreparedRun, hosts: Hosts, loop: ImproveLoop, recorder: RunRecorder) -> LoopState:
+def first_state(run: PreparedRun, hosts: Hosts, loop: ImproveLoop) -> LoopState:
     """Where training starts: a resumed run's state, or heatup (off-policy agents) and version 0."""
     if run.restored is not None:
         return run.restored.state
     plan, learner = RoundPlan(run.preset, run.run_id), run.learner
     if isinstance(learner, ReplayLearner) and run.preset.schedule.heatup_env_steps:
         state = heatup(hosts, plan, learner, loop.checkpoints)
-        recorder.progress.update(state.env_steps, "heatup done")
     else:
         state = LoopState.start(plan.workers, run.preset.schedule.evaluate_every_env_steps)
     loop.checkpoints.commit(learner, state)

@@ -80,6 +80,7 @@ class AsyncStream:
         self.cursors: list[str | None] = []  # per worker: the last landed shard, whose envs continue
         self.book = LedgerBook(Ledger())
         self.submitted_steps = -1  # env steps of every chunk submitted, heatup's included; -1: not started
+        self._period = (0.0, 0, 0)  # when the last commit period began, with the ledger's counters then
 
     def _start_from(self, state: LoopState) -> None:
         """Take up the stream where `state` left it (the first time the stream is asked)."""
@@ -88,6 +89,7 @@ class AsyncStream:
         stream = state.stream or StreamPosition.start(self.plan.workers)
         self.next_chunk, self.cursors = list(stream.next_chunk), list(state.env_cursors)
         self.book, self.submitted_steps = LedgerBook(stream.ledger), state.env_steps
+        self._period = (time.perf_counter(), self.book.inserted_steps, self.book.sampled)
 
     @property
     def total_env_steps(self) -> int:
@@ -123,7 +125,8 @@ class AsyncStream:
 
     def drained(self) -> bool:
         started = self.submitted_steps >= 0
-        return started and self.submitted_steps >= self.total_env_steps and not self.in_flight and self._owed_train_steps() == 0
+        budget_collected = started and self.submitted_steps >= self.total_env_steps
+        return budget_collected and not self.in_flight and self._owed_train_steps() == 0
 
     def finish(self, state: LoopState) -> LoopState:
         """Submit nothing more and wait for the chunks in flight: they are recorded as unused,
@@ -194,7 +197,11 @@ class AsyncStream:
     def _metrics(self, version: int, landed: list[ShardRef], ages: list[float]) -> dict[str, float]:
         lags = [version - shard.version for shard in landed]
         book = self.book
+        (began, inserted_steps, sampled), now = self._period, time.perf_counter()
+        self._period = (now, book.inserted_steps, book.sampled)
         metrics = {
+            "async/inserts_per_second": (book.inserted_steps - inserted_steps) / (now - began),
+            "async/samples_per_second": (book.sampled - sampled) / (now - began),
             "async/shards_inserted": float(len(book.inserted)),
             "async/shards_dropped": float(len(book.dropped)),
             "async/samples_per_insert": book.sampled / max(book.inserted_steps, 1),

@@ -1,0 +1,94 @@
+"""The code's layers and its packaging: who may import what, and what an install puts where."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVICES = {"prefect", "distributed", "dask", "fsspec", "s3fs", "mlflow"}
+STORAGE_KEY_MARKS = ("runs/", "shards/", "checkpoints/", ".npz", ".safetensors", "manifest.json")
+
+
+def _imports(folder: str) -> dict[str, set[str]]:
+    """Every module each file of `folder` imports, by its full dotted name."""
+    found = {}
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        found[str(path.relative_to(ROOT))] = names
+    return found
+
+
+def _roots(names: set[str]) -> set[str]:
+    return {name.split(".")[0] for name in names}
+
+
+@pytest.mark.parametrize("folder", ["agents", "envs"])
+def test_agents_and_envs_import_no_orchestration_storage_or_tracking(folder):
+    for path, names in _imports(folder).items():
+        assert not _roots(names) & SERVICES, f"{path} imports {_roots(names) & SERVICES}"
+        assert not {n for n in names if n.startswith(("gymflow.tasks", "gymflow.flows"))}, path
+
+
+def test_the_storage_code_imports_no_prefect_and_no_other_role():
+    for path, names in _imports("tasks/storage").items():
+        assert not _roots(names) & {"prefect", "distributed", "dask", "mlflow"}, path
+        others = {n for n in names if n.startswith("gymflow.tasks.") and not n.startswith("gymflow.tasks.storage")}
+        assert not others, f"{path} imports {others}"
+
+
+def test_flows_hold_no_storage_keys_and_no_math():
+    for path, names in _imports("flows").items():
+        assert not _roots(names) & {"numpy", "torch", "fsspec", "s3fs", "safetensors"}, path
+        tree = ast.parse((ROOT / path).read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and node.body
+                      and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        strings = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+                   and isinstance(node.value, str) and id(node) not in docstrings]
+        keys = [s for s in strings if any(mark in s for mark in STORAGE_KEY_MARKS)]
+        assert not keys, f"{path} spells storage keys: {keys}"
+
+
+def test_importing_the_agents_and_envs_loads_no_service_client():
+    code = ("import sys, gymflow.agents.registry, gymflow.envs, gymflow.presets.validate\n"
+            f"print(sorted(set(m.split('.')[0] for m in sys.modules) & set({sorted(SERVICES)!r})))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
+
+
+def test_the_wheel_installs_everything_under_the_gymflow_namespace(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path), str(ROOT)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("gymflow-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {name.split("/")[0] for name in names} == {"gymflow", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1]
+                                                     + ".dist-info"}
+    for module in ("gymflow/flows/improve.py", "gymflow/tasks/training/loop.py", "gymflow/agents/ppo.py",
+                   "gymflow/envs/vector.py", "gymflow/presets/builtin/cartpole-ppo.yaml", "gymflow/testing/envs.py"):
+        assert module in names, module
+    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "gymflow = gymflow.flows.cli:main" in entry_points
+
+
+def test_product_code_stays_within_its_size_limits():
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        import code_figures
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    figures, broken = code_figures.figures()
+    assert broken == [], broken
+    assert figures["max_parameters"] <= 6 and figures["max_function_lines"] <= 50
+
+
+def test_ruff_finds_nothing():
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", str(ROOT)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
