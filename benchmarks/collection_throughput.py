@@ -5,7 +5,7 @@
 Baseline: a plain process (spawned for it, nothing else running in it) steps a SeededVectorEnv
 of CartPole-v1 with the same batched PPO policy (`agents.rollout.collect`), nothing written. gymflow: the same collection on a LocalCluster of
 `--workers` processes, one job per worker per round, each loading its policy version from
-storage, writing its shard and handing back a ShardRef (gymflow.tasks.cluster.rounds's `run_round` through the
+storage, writing its shard and handing back a ShardRef (tasks/cluster/rounds.py's `run_round` through the
 workers' job hosts, without the Prefect task around it).
 
 This machine's per-core speed drifts by tens of percent within minutes, so the two sides are
@@ -55,9 +55,10 @@ def interleaved(workers: int, envs: int, steps: int, rounds: int) -> tuple[list[
     from gymflow.presets.validate import resolve_experiment
     from gymflow.tasks.cluster.client import dask_client, job_hosts
     from gymflow.tasks.cluster.jobs import run_rollout
-    from gymflow.tasks.cluster.rounds import run_round
-    from gymflow.tasks.tracking.metrics import rollout_round, storage_location
-    from gymflow.tasks.training.learning import create_learner, save_checkpoint
+    from gymflow.tasks.cluster.rounds import RoundPlan, run_round
+    from gymflow.tasks.storage.objects import open_storage, storage_location
+    from gymflow.tasks.training.learning import Checkpoints, create_learner
+    from gymflow.tasks.training.state import LoopState
 
     here, there = multiprocessing.get_context("spawn").Pipe()
     baseline = multiprocessing.get_context("spawn").Process(target=_plain_loop, args=(there, envs, steps), daemon=True)
@@ -70,17 +71,19 @@ def interleaved(workers: int, envs: int, steps: int, rounds: int) -> tuple[list[
         })
         config = experiment.preset
         learner = create_learner(experiment)
+        checkpoints = Checkpoints(open_storage(storage_location(config.storage)), "bench", include_replay=False)
         for version in range(rounds + 1):
-            save_checkpoint(storage_location(config), "bench", version, learner, {}, include_replay=False)
+            checkpoints.commit(learner, LoopState(version, 0, 0, (None,) * workers))
+        plan = RoundPlan(config, "bench")
         plain, gymflow = [], []
         with dask_client(config.distribution) as client, job_hosts(client, config.distribution) as hosts:
             client.wait_for_workers(min(workers, os.cpu_count() or 1))
-            first = rollout_round(config, "bench", 0, 0.0, [None] * workers)
+            first = plan.rollouts(0, 0.0, [None] * workers)
             resume_from = [ref.key for ref in run_round(hosts, run_rollout, first, LOGGER)]  # warm-up
             for version in range(1, rounds + 1):
                 here.send(True)
                 plain.append(here.recv())
-                specs = rollout_round(config, "bench", version, 0.0, resume_from)
+                specs = plan.rollouts(version, 0.0, resume_from)
                 started = time.perf_counter()
                 resume_from = [ref.key for ref in run_round(hosts, run_rollout, specs, LOGGER)]
                 gymflow.append(time.perf_counter() - started)

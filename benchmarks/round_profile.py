@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/round_profile.py --preset cartpole-ppo --env-steps 40960
 
 Prints (1) the round trip of two no-op jobs on a LocalCluster like the flow's, as Dask tasks and
-through gymflow's job hosts (Dask actors, tasks/hosts.py), side by side, (2) one
+through gymflow's job hosts (Dask actors, tasks/cluster/hosts.py), side by side, (2) one
 rollout job in a bare process (its wall-clock against its env stepping), and (3) timers around
 the improve loop's functions during a whole run of the preset (target off), against what the
 rollout jobs reported as stepping time inside the cluster.
@@ -57,18 +57,22 @@ def bare_rollout_job(preset: str, rounds: int = 30) -> tuple[float, float]:
     """(wall-clock, env-stepping seconds) of one rollout job run in this process."""
     from gymflow.presets.validate import resolve_experiment
     from gymflow.tasks.cluster.jobs import run_rollout
-    from gymflow.tasks.tracking.metrics import rollout_round, storage_location
-    from gymflow.tasks.training.learning import create_learner, save_checkpoint
+    from gymflow.tasks.cluster.rounds import RoundPlan
+    from gymflow.tasks.storage.objects import open_storage, storage_location
+    from gymflow.tasks.training.learning import Checkpoints, create_learner
+    from gymflow.tasks.training.state import LoopState
 
     with tempfile.TemporaryDirectory() as folder:
         experiment = resolve_experiment(preset, {"storage.root": folder})
         config, learner = experiment.preset, create_learner(experiment)
+        checkpoints = Checkpoints(open_storage(storage_location(config.storage)), "profile", include_replay=False)
+        workers = config.distribution.rollout_workers
         for version in range(rounds):
-            save_checkpoint(storage_location(config), "profile", version, learner, {}, False)
-        resume_from: list[str | None] = [None] * config.distribution.rollout_workers
+            checkpoints.commit(learner, LoopState(version, 0, 0, (None,) * workers))
+        resume_from: list[str | None] = [None] * workers
         walls, stepping = [], []
         for version in range(rounds):
-            specs = rollout_round(config, "profile", version, 0.0, resume_from)
+            specs = RoundPlan(config, "profile").rollouts(version, 0.0, resume_from)
             started = time.perf_counter()
             refs = [run_rollout(spec) for spec in specs]
             walls.append((time.perf_counter() - started) / len(specs))
@@ -80,10 +84,10 @@ def bare_rollout_job(preset: str, rounds: int = 30) -> tuple[float, float]:
 def loop_phases(preset: str, env_steps: int) -> tuple[dict[str, list[float]], object]:
     from prefect.testing.utilities import prefect_test_harness
 
-    from gymflow.flows import training
     from gymflow.flows.improve import improve
     from gymflow.presets.validate import resolve_experiment
-    from gymflow.tasks import learn, rollout
+    from gymflow.tasks.cluster import rounds
+    from gymflow.tasks.training import collection, learning, loop
 
     timers: dict[str, list[float]] = collections.defaultdict(list)
 
@@ -99,11 +103,11 @@ def loop_phases(preset: str, env_steps: int) -> tuple[dict[str, list[float]], ob
 
         setattr(owner, name, wrapper)
 
-    timed(training, "collect_rollouts", "collect round")
-    timed(rollout, "run_round", "  the round's jobs, sent and gathered")
-    timed(training, "learn", "learn and commit")
-    timed(learn, "read_shard", "  shard read + sha256")
-    timed(learn, "save_checkpoint", "  checkpoint commit")
+    timed(collection, "collect_round", "collect round")
+    timed(rounds, "run_round", "  the round's jobs, sent and gathered")
+    timed(loop, "learn", "learn (shard reads included)")
+    timed(learning, "read_shard", "  shard read + sha256")
+    timed(learning.Checkpoints, "commit", "checkpoint commit")
     timed(resolve_experiment(preset).algorithm.learner, "learn", "  the algorithm's learn()")
     with prefect_test_harness(server_startup_timeout=120), tempfile.TemporaryDirectory() as folder:
         overrides = {"schedule.total_env_steps": env_steps, "schedule.target_return": None,

@@ -112,7 +112,8 @@ class DistributionConfig(_Strict):
         "offering rollout_resources.",
     )
     rollout_timeout_s: float = Field(
-        default=600.0, gt=0, description="A rollout round that takes longer than this fails."
+        default=600.0, gt=0, description="A rollout or evaluation job still running after this many seconds is "
+        "taken as wedged: its worker is restarted and the job sent again (3 attempts in all, then the run fails)."
     )
 
 
@@ -132,7 +133,8 @@ class StorageConfig(_Strict):
     )
     checkpoint_replay: bool = Field(
         default=False,
-        description="Include the replay memory in the final checkpoint (off-policy agents).",
+        description="Include the replay memory in every checkpoint (off-policy agents), so a resume loads it "
+        "instead of rebuilding it from the run's shards.",
     )
 
 

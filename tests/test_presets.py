@@ -27,8 +27,12 @@ def test_overrides_reach_nested_fields_with_types():
 
 
 def test_switching_algorithm_by_override_validates_the_new_agent():
-    preset = load_preset("cartpole-dqn", {"agent.batch_size": 32})
-    assert preset.agent.algo == "dqn" and preset.agent.batch_size == 32
+    preset = load_preset("cartpole-dqn", {"agent.algo": "ppo", "agent.lr": 0.0005})
+    assert preset.agent.algo == "ppo" and preset.agent.lr == 0.0005
+    assert not hasattr(preset.agent, "replay_capacity")  # the DQN settings it does not have are gone
+    assert preset.agent.gamma == 0.99  # a setting both have is kept
+    with pytest.raises(InvalidPreset, match="^agent.replay: ppo is on-policy"):
+        load_preset("cartpole-dqn", {"agent.algo": "ppo", "agent.replay": "prioritized"})
 
 
 def test_a_preset_file_path_works(tmp_path):

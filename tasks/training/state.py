@@ -28,7 +28,7 @@ class Ledger:
     inserted: tuple[str, ...] = ()
     dropped: tuple[str, ...] = ()  # collected by a policy more versions behind than the lag bound
     unused: tuple[str, ...] = ()  # landed after the run had stopped
-    lags: tuple[int, ...] = ()  # learner version minus the shard's, for each inserted or dropped shard
+    lags: tuple[tuple[str, int], ...] = ()  # (key, learner version minus the shard's) of each inserted or dropped shard
     inserted_steps: int = 0  # transitions inserted into replay (heatup excluded)
     sampled: int = 0  # transitions sampled for training (train steps x batch size)
 
@@ -89,4 +89,6 @@ def read_ledger(storage: Storage, run_id: str) -> Ledger:
 
 
 def _ledger(fields: dict[str, Any]) -> Ledger:
-    return Ledger(**{name: tuple(value) if isinstance(value, list) else value for name, value in fields.items()})
+    lags = tuple((key, lag) for key, lag in fields.pop("lags"))
+    return Ledger(**{name: tuple(value) if isinstance(value, list) else value for name, value in fields.items()},
+                  lags=lags)

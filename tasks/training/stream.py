@@ -55,7 +55,7 @@ class LedgerBook:
         self.lags, self.inserted_steps, self.sampled = list(ledger.lags), ledger.inserted_steps, ledger.sampled
 
     def record(self, shard: ShardRef, lag: int, admitted: bool) -> None:
-        self.lags.append(lag)
+        self.lags.append((shard.key, lag))
         if admitted:
             self.inserted.append(shard.key)
             self.inserted_steps += shard.env_steps

@@ -99,7 +99,7 @@ def summarize(identity: RunIdentity, state: LoopState, recorder: RunRecorder, de
               solved: bool, wall_seconds: float) -> RunSummary:
     """The run's report, from the loop's final state and what was recorded along the way."""
     ledger = state.stream.ledger if state.stream else Ledger()
-    lags = ledger.lags
+    lags = [lag for _, lag in ledger.lags]
     return RunSummary(
         identity.run_id, identity.mlflow_run_id, identity.storage_url,
         env_steps=state.env_steps, versions_committed=state.version + 1, delivered_version=delivered.version,
