@@ -50,7 +50,7 @@ def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, e
 
     killed_root = workspace / "killed"
     flow = subprocess.Popen(
-        [sys.executable, "-c", ("import json, sys\nfrom flows.improve import improve\n"
+        [sys.executable, "-c", ("import json, sys\nfrom gymflow.flows.improve import improve\n"
                                 "if __name__ == '__main__':\n    improve(sys.argv[1], json.loads(sys.argv[2]))"),
          preset, json.dumps({**run, "storage.root": str(killed_root)})],
         env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},

@@ -1,6 +1,6 @@
 """The Dask cluster a run fans out over: a LocalCluster of worker processes by default, an
 existing scheduler address, or a cluster class started and closed for the run; and the job
-hosts (tasks/hosts.py) the run keeps on its workers."""
+hosts (tasks/cluster/hosts.py) the run keeps on its workers."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def _main_module_not_reimported() -> Iterator[None]:
     A LocalCluster spawns its worker processes, and multiprocessing's spawn imports the parent's
     main module in each child. Here that is gymflow's CLI, a Prefect engine or a test runner:
     Prefect, MLflow and the rest, 1-3 s of start-up per worker and memory for nothing, since
-    jobs reach their code by module name (tasks/jobs.py) and functions of a main module travel
+    jobs reach their code by module name (tasks/cluster/jobs.py) and functions of a main module travel
     by value (cloudpickle). A worker the nanny restarts later imports it again, which is only slower.
     """
     main = sys.modules["__main__"]

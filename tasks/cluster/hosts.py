@@ -4,7 +4,7 @@ A Dask task's round trip (client -> scheduler -> worker -> scheduler -> client, 
 costs 10-15 ms on this machine whatever the task does; a call on an actor goes to the worker
 and back in about 1.5 ms (benchmarks/round_profile.py). A SYNC round of CartPole collection is
 20-40 ms of stepping, so the task round trip alone was a third of it. The jobs and their
-per-process caches (tasks/jobs.py: live envs, loaded policies) are unchanged: a host is only a
+per-process caches (tasks/cluster/jobs.py: live envs, loaded policies) are unchanged: a host is only a
 door into the worker process.
 
 What Dask did for tasks, `HostPool` does for calls: it picks the worker (job i prefers worker i

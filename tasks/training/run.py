@@ -22,7 +22,7 @@ from gymflow.tasks.storage.objects import Storage, check_storage, open_storage, 
 from gymflow.tasks.storage.records import RunRecord, read_run_record, write_run_record, write_stored_preset
 from gymflow.tasks.tracking.models import read_warm_start
 from gymflow.tasks.tracking.progress import ProgressLog
-from gymflow.tasks.tracking.tracker import Tracker
+from gymflow.tasks.tracking.tracker import Tracker, s3_artifact_environment
 from gymflow.tasks.training.collection import Collection, SyncRounds
 from gymflow.tasks.training.evaluation import EvaluationSchedule
 from gymflow.tasks.training.learning import Checkpoints, create_learner
@@ -72,8 +72,14 @@ def prepare_run(experiment: Experiment, warm_start: str | None, resume: str | No
 
 @contextmanager
 def tracked_run(run: PreparedRun, flow_run_id: str) -> Iterator[Tracker]:
-    """The run's MLflow run (a resumed run's own), finished as FINISHED or FAILED on the way out.
-    A new run's parameters, stored preset and record are written here."""
+    """The run's MLflow run (a resumed run's own), finished as FINISHED or FAILED on the way out;
+    MLflow reaches artifacts on S3 with the storage's endpoint and credentials. A new run's
+    parameters, stored preset and record are written here."""
+    with s3_artifact_environment(run.preset.storage.options):
+        yield from _tracked(run, flow_run_id)
+
+
+def _tracked(run: PreparedRun, flow_run_id: str) -> Iterator[Tracker]:
     tracking, tags = run.preset.tracking, {"gymflow.run_id": run.run_id, "prefect.flow_run_id": flow_run_id,
                                            "gymflow.preset": run.preset.name}
     tracker = Tracker(tracking.tracking_uri, tracking.experiment, run_name=run.run_id, tags=tags,
