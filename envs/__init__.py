@@ -1,4 +1,5 @@
-"""Making and checking Gymnasium environments, reproducible vector envs, and small test envs."""
+"""Making and checking Gymnasium environments, and reproducible vector envs (small test envs
+are in gymflow.testing.envs)."""
 
 from gymflow.envs.make import EnvSpecError, check_env, make_env
 from gymflow.envs.vector import EnvCursor, SeededVectorEnv

@@ -1,1 +1,1 @@
-"""Prefect flows (the improve loop) and the command line."""
+"""Prefect flows (the improve loop, champion/challenger retraining) and the command line."""
