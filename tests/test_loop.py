@@ -6,6 +6,7 @@ them end to end."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from gymflow.presets.validate import resolve_experiment
 from gymflow.tasks.cluster.rounds import RoundPlan
@@ -147,13 +148,16 @@ def test_async_trains_at_its_ratio_and_accounts_for_every_chunk_once(async_budge
 
 def test_the_lag_bound_drops_what_a_policy_too_far_behind_collected(async_budget, tmp_path):
     run = _prepared(tmp_path, "cartpole-dqn", {**async_budget, "schedule.heatup_env_steps": 0,
-                                               "distribution.max_policy_lag": 0})
-    state, _, _ = _train(run)
-    ledger = state.stream.ledger
-    assert ledger.dropped  # chunks collected with a version before the learner's newest
-    lags = dict(ledger.lags)
-    assert set(lags) == set(ledger.inserted) | set(ledger.dropped)
-    assert all(lags[key] == 0 for key in ledger.inserted) and all(lags[key] > 0 for key in ledger.dropped)
+                                               "distribution.max_policy_lag": 1})
+    hosts = InProcessHosts()
+    with improve_loop(run, hosts, Recording(), LOGGER) as loop:
+        state = first_state(run, hosts, loop)  # version 0 is the only policy the workers can load
+        experience = loop.collection.collect(replace(state, version=2))  # as if the learner were at version 2
+    ledger = experience.state.stream.ledger
+    assert experience.landed and experience.shards == () and ledger.inserted == ()
+    assert ledger.dropped == tuple(shard.key for shard in experience.landed)
+    assert dict(ledger.lags) == {shard.key: 2 for shard in experience.landed}
+    assert experience.train_steps == 0 and experience.metrics["async/shards_dropped"] == len(ledger.dropped)
 
 
 def test_the_loop_state_round_trips_through_its_checkpoint_blob():

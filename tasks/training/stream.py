@@ -96,27 +96,26 @@ class AsyncStream:
         return self.plan.preset.schedule.total_env_steps
 
     def collect(self, state: LoopState) -> Experience:
-        """The shards that landed until the learner owes a commit period of gradient steps, or
-        until nothing more can land; inserted or dropped by the lag bound against `state.version`."""
+        """The shards that have landed, waiting for more until the learner owes a commit period
+        of gradient steps or nothing more can land; each inserted or dropped by the lag bound
+        against `state.version`. Workers whose chunk landed get their next one at once."""
         self._start_from(state)
-        admitted: list[ShardRef] = []
         landed: list[ShardRef] = []
-        ages: list[float] = []
         waited = 0.0
         while True:
             self._feed(state.env_steps + sum(shard.env_steps for shard in landed))
-            if self._owed_train_steps() >= self.ratio.commit_every or not self.in_flight:
-                break
+            enough = self._owed_train_steps() >= self.ratio.commit_every or not self.in_flight
             started = time.perf_counter()
-            arrived = self._landed(wait_s=1.0)
-            waited += time.perf_counter() - started
+            arrived = self._landed(wait_s=0.0 if enough else 1.0)  # what has landed is always taken
+            waited += 0.0 if enough else time.perf_counter() - started
             for shard in arrived:
-                landed.append(shard)
-                admit = self.ratio.admits(shard.version, state.version)
-                self.book.record(shard, state.version - shard.version, admit)
-                if admit:
-                    admitted.append(shard)
-                    ages.append(time.time() - shard.written_at)
+                self.book.record(shard, state.version - shard.version, self.ratio.admits(shard.version, state.version))
+            landed += arrived
+            if enough:
+                self._feed(state.env_steps + sum(shard.env_steps for shard in landed))  # the workers that landed
+                break
+        admitted = [shard for shard in landed if self.ratio.admits(shard.version, state.version)]
+        ages = [time.time() - shard.written_at for shard in admitted]
         train_steps = min(self._owed_train_steps(), self.ratio.commit_every)
         self.book.sampled += train_steps * self.ratio.samples_per_train_step
         return Experience(tuple(admitted), self._state_after(state, landed), landed=tuple(landed),
