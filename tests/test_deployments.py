@@ -55,6 +55,16 @@ def deployed(tmp_path_factory):
         server.wait(timeout=30)
 
 
+def _wait_for_no_children(pid: int, seconds: float) -> None:
+    """Wait until the process `pid` has no child processes left (a SIGTERM that reaches a worker
+    while its flow-run process is still shutting down races with that shutdown)."""
+    import psutil
+
+    deadline = time.monotonic() + seconds
+    while psutil.Process(pid).children(recursive=True) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 def _prefect(env, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([PREFECT, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False)
 
@@ -78,6 +88,7 @@ def test_deploy_and_run_a_preset_through_a_process_worker(deployed, tmp_path):
                        "--watch", timeout=400)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         assert "Completed" in run.stdout
+        _wait_for_no_children(worker.pid, 60)  # the flow run's process exits after its state is Completed
     finally:
         worker.terminate()
         worker.wait(timeout=30)
