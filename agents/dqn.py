@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from gymflow.agents.core import ReplayLearner, Rollout
-from gymflow.agents.networks import mlp, seeded_init
+from gymflow.agents.networks import LayerWidths, mlp, seeded_init
 from gymflow.agents.replay import ReplayOptions, Sample, make_replay, n_step_transitions
 
 
@@ -44,7 +44,7 @@ class DQNConfig(ReplayOptions):
         default=10_000, ge=1, description="Environment steps over which epsilon decays linearly."
     )
     max_grad_norm: float = Field(default=10.0, gt=0, description="Gradient clipping norm.")
-    hidden_sizes: list[int] = Field(default=[256, 256], min_length=1, description="MLP widths.")
+    hidden_sizes: LayerWidths = Field(default=[256, 256], min_length=1, description="MLP widths.")
     double_q: bool = Field(
         default=False, description="Double Q-learning: the online network picks the next action, the target values it."
     )

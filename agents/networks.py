@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Annotated
 
 import torch
+from pydantic import Field
 from torch import nn
+
+LayerWidths = list[Annotated[int, Field(ge=1, le=65_536)]]  # the hidden layers of an MLP, input to output
 
 
 def mlp(inputs: int, hidden: Sequence[int], outputs: int, activation: type[nn.Module]) -> nn.Sequential:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from gymflow.agents.core import OnPolicyLearner, Rollout
-from gymflow.agents.networks import mlp, seeded_init
+from gymflow.agents.networks import LayerWidths, mlp, seeded_init
 
 
 class PPOConfig(BaseModel):
@@ -35,7 +35,7 @@ class PPOConfig(BaseModel):
     entropy_coef: float = Field(default=0.0, ge=0, description="Weight of the entropy bonus.")
     max_grad_norm: float = Field(default=0.5, gt=0, description="Gradient clipping norm.")
     normalize_advantages: bool = Field(default=True, description="Normalise per minibatch.")
-    hidden_sizes: list[int] = Field(default=[64, 64], min_length=1, description="MLP widths.")
+    hidden_sizes: LayerWidths = Field(default=[64, 64], min_length=1, description="MLP widths.")
 
 
 class ActorCritic(nn.Module):

@@ -18,7 +18,7 @@ from pydantic import ConfigDict, Field
 from torch import nn
 
 from gymflow.agents.core import ReplayLearner, Rollout
-from gymflow.agents.networks import mlp, seeded_init
+from gymflow.agents.networks import LayerWidths, mlp, seeded_init
 from gymflow.agents.replay import ReplayOptions, Sample, make_replay, n_step_transitions
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
@@ -42,7 +42,9 @@ class SACConfig(ReplayOptions):
         default=None, gt=0, description="A fixed entropy coefficient; None learns it towards the target entropy."
     )
     target_entropy: float | None = Field(default=None, description="None: -(number of action dimensions).")
-    hidden_sizes: list[int] = Field(default=[256, 256], min_length=1, description="MLP widths of actor and critics.")
+    hidden_sizes: LayerWidths = Field(
+        default=[256, 256], min_length=1, description="MLP widths of actor and critics."
+    )
 
 
 class SquashedGaussianActor(nn.Module):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -16,6 +17,7 @@ from gymflow.presets import builtin_presets, parse_assignments
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    _working_folder_importable()
     if args.command == "presets":
         for name, description in builtin_presets().items():
             print(f"{name:<20} {description}")
@@ -49,6 +51,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(yaml.safe_dump(experiment.preset.model_dump(mode="json"), sort_keys=False), end="")
         return 0
     return _run(args.preset, overrides, quiet=args.quiet)
+
+
+def _working_folder_importable() -> None:
+    """`env.id: my_env:MyEnv` finds my_env.py in the working folder, as `python -m` would; the
+    run's LocalCluster workers start with this import path too."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 def _run(preset: str, overrides: dict, quiet: bool, resume: str | None = None) -> int:

@@ -188,6 +188,8 @@ def _one_line(error: ValidationError) -> InvalidPreset:
         message = "unknown setting"
     elif first["type"] == "missing":
         message = "required setting is missing"
+    elif first["type"] == "value_error":  # a validator's own words, which name the value
+        return InvalidPreset(field, message.removeprefix("Value error, "))
     if "input" in first and first["type"] not in ("missing", "extra_forbidden"):
         message = f"{message} (got {first['input']!r})"
     return InvalidPreset(field, message)

@@ -6,13 +6,18 @@ them before any work starts. Derived values are properties, never fields filled 
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gymflow.agents.dqn import DQNConfig
 from gymflow.agents.ppo import PPOConfig
 from gymflow.agents.sac import SACConfig
+
+STORAGE_SCHEMES = ("file", "s3", "s3a")
+TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "file")
+_WINDOWS_DRIVE = re.compile(r"^[a-zA-Z]:[\\/]")
 
 
 class _Strict(BaseModel):
@@ -122,6 +127,16 @@ class StorageConfig(_Strict):
         default="gymflow-data",
         description="Where shards and checkpoints live: a local folder, file:// or s3:// URL.",
     )
+
+    @field_validator("root")
+    @classmethod
+    def _a_folder_or_a_supported_url(cls, root: str) -> str:
+        if not root.strip():
+            raise ValueError("must name a local folder, file:// or s3:// URL, not be empty")
+        scheme = root.partition("://")[0].lower() if "://" in root else ""
+        if scheme and scheme not in STORAGE_SCHEMES:
+            raise ValueError(f"unsupported scheme {scheme!r}; allowed: a local folder, file:// or s3:// URL")
+        return root
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="fsspec/s3fs options, e.g. {'endpoint_url': 'http://127.0.0.1:9000'}.",
@@ -144,6 +159,15 @@ class TrackingConfig(_Strict):
         description="MLflow tracking URI; the default is a SQLite file in the working folder.",
     )
     experiment: str = Field(default="gymflow", min_length=1, description="MLflow experiment.")
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _a_scheme_mlflow_knows(cls, uri: str) -> str:
+        scheme = uri.partition(":")[0].lower() if ":" in uri and not _WINDOWS_DRIVE.match(uri) else ""
+        if not uri.strip() or (scheme and scheme.split("+")[0] not in TRACKING_SCHEMES):
+            allowed = ", ".join(f"{name}:" for name in TRACKING_SCHEMES)
+            raise ValueError(f"unsupported tracking URI {uri!r}; allowed: {allowed} or a local folder")
+        return uri
     artifact_location: str | None = Field(
         default=None,
         description="Where a new MLflow experiment keeps artifacts, e.g. s3://bucket/mlflow; "

@@ -54,3 +54,32 @@ def test_the_kinds_are_told_apart_but_all_are_gymflow_errors():
     kinds = (InvalidPreset, StorageRefused, ClusterUnavailable, UnusableWarmStart)
     assert all(issubclass(kind, GymflowError) for kind in kinds)
     assert not any(issubclass(a, b) for a in kinds for b in kinds if a is not b)
+
+
+@pytest.mark.parametrize(("overrides", "field", "says"), [
+    ({"storage.root": "ftp://files.example/runs"}, "storage.root", "unsupported scheme 'ftp'"),
+    ({"storage.root": ""}, "storage.root", "not be empty"),
+    ({"tracking.tracking_uri": "mongodb://db/runs"}, "tracking.tracking_uri", "unsupported tracking URI"),
+    ({"agent.hidden_sizes": [64, -4]}, "agent.hidden_sizes.1", "greater than or equal to 1"),
+])
+def test_bad_roots_uris_and_widths_are_refused_by_the_cli_before_anything_starts(overrides, field, says, tmp_path,
+                                                                               monkeypatch, capsys):
+    from gymflow.flows.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    settings = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
+    assert main(["run", "cartpole-ppo", *settings]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"gymflow: error: {field}: ") and says in error and "\n" not in error
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_an_env_class_in_the_working_folder_is_found(tmp_path, monkeypatch, capsys):
+    from gymflow.flows.cli import main
+
+    (tmp_path / "my_corridor.py").write_text("from gymflow.testing.envs import Corridor\n\n\nclass MyCorridor(Corridor):\n"
+                                            "    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
+    assert main(["show", "cartpole-ppo", "--set", "env.id=my_corridor:MyCorridor"]) == 0
+    assert "id: my_corridor:MyCorridor" in capsys.readouterr().out
