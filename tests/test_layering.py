@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -65,8 +66,11 @@ def test_importing_the_agents_and_envs_loads_no_service_client():
 
 
 def test_the_wheel_installs_everything_under_the_gymflow_namespace(tmp_path):
+    source = tmp_path / "source"  # a copy, so that no earlier build/ folder leaks stale modules into the wheel
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
+                                                                 "gymflow-data", "mlruns", "mlartifacts", "*.db"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path), str(ROOT)], check=True, capture_output=True)
+                    str(tmp_path), str(source)], check=True, capture_output=True)
     (wheel,) = tmp_path.glob("gymflow-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {name.split("/")[0] for name in names} == {"gymflow", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1]
