@@ -56,6 +56,8 @@ def _check_mlflow(workspace, summary, flow_run_id, algo: str) -> None:
     client = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}")
     run = client.get_run(summary.mlflow_run_id)
     assert run.info.status == "FINISHED"
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens its runs view
     assert run.data.params["agent.algo"] == algo
     assert run.data.params["env.id"] == "gymflow.testing.envs:Corridor"
     assert run.data.tags["prefect.flow_run_id"] == str(flow_run_id)

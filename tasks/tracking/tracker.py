@@ -15,6 +15,8 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.async_logging.run_operations import RunOperations
 
 _BATCH = 100  # MLflow accepts at most 100 params per batch
+# MLflow 3's UI opens an experiment in its GenAI view unless this tag says it is for model training
+EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 
 
 class Tracker:
@@ -38,9 +40,12 @@ class Tracker:
             return
         found = self.client.get_experiment_by_name(experiment)
         if found is None:
-            experiment_id = self.client.create_experiment(experiment, artifact_location=artifact_location)
+            experiment_id = self.client.create_experiment(experiment, artifact_location=artifact_location,
+                                                          tags={EXPERIMENT_KIND: MODEL_TRAINING})
         else:
             experiment_id = found.experiment_id
+            if EXPERIMENT_KIND not in found.tags:  # an experiment someone made without saying what for
+                self.client.set_experiment_tag(experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
         self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags)).info.run_id
         self.experiment_id = experiment_id
         self._pending: list[RunOperations] = []
