@@ -45,11 +45,12 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, history: li
 def summary_markdown(run: PreparedRun, summary: RunSummary, tracker: Tracker) -> str:
     """The run's summary as a Markdown table, for the Prefect UI."""
     config, uri = run.preset, run.preset.tracking.tracking_uri
+    # MLflow 3.17's UI shows every experiment in its GenAI view unless the link asks for model training
+    page = f"#/experiments/{tracker.experiment_id}/runs/{summary.mlflow_run_id}?workflowType=machine_learning"
     if uri.startswith(("http://", "https://")):
-        mlflow_link = (f"[{summary.mlflow_run_id}]({uri.rstrip('/')}/#/experiments/{tracker.experiment_id}"
-                       f"/runs/{summary.mlflow_run_id})")
+        mlflow_link = f"[{summary.mlflow_run_id}]({uri.rstrip('/')}/{page})"
     else:
-        mlflow_link = f"`{summary.mlflow_run_id}` (browse: `mlflow ui --backend-store-uri {uri}`)"
+        mlflow_link = f"`{summary.mlflow_run_id}` (`mlflow ui --backend-store-uri {uri}`, then `{page}`)"
     rows = [
         ("preset", f"`{config.name}`: {config.agent.algo.upper()} on `{config.env.id}`"),
         ("final evaluation return", f"{summary.final_return:.2f}"),
