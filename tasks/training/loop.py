@@ -12,7 +12,7 @@ run's wall-clock (docs/benchmarks.md).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -129,8 +129,8 @@ def heatup(hosts: Hosts, plan: RoundPlan, learner: ReplayLearner, checkpoints: C
     state = LoopState.start(plan.workers, plan.preset.schedule.evaluate_every_env_steps)
     shards = collect_heatup(hosts, plan.rollouts(None, 1.0, state.env_cursors))
     fill_replay(learner, checkpoints.storage, shards)
-    return LoopState(0, sum(shard.env_steps for shard in shards), state.next_evaluation,
-                     tuple(shard.key for shard in shards))
+    return replace(state, env_steps=sum(shard.env_steps for shard in shards),
+                   env_cursors=tuple(shard.key for shard in shards))
 
 
 @task(name="collect-rollouts", task_run_name="collect-rollouts-heatup", cache_policy=NO_CACHE)

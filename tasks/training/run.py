@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import yaml
 
@@ -143,7 +144,7 @@ def storage_url(run: PreparedRun) -> str:
 
 def _collection(run: PreparedRun, hosts: Hosts, plan: RoundPlan, logger: AnyLogger) -> Collection:
     preset, learner = run.preset, run.learner
-    exploration = lambda env_steps: run.experiment.algorithm.exploration(preset.agent, env_steps)  # noqa: E731
+    exploration = partial(run.experiment.algorithm.exploration, preset.agent)
     if preset.distribution.mode == "sync":
         return SyncRounds(hosts, plan, exploration, logger)
     assert isinstance(learner, ReplayLearner)  # presets/validate.py refuses async for on-policy agents
