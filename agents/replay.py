@@ -101,6 +101,16 @@ class ReplayMemory:
         for name in self.arrays:
             self.arrays[name][: self.size] = state[name]
 
+    def position(self) -> dict[str, int]:
+        """Where the memory stands: with the transitions inserted last, it is the whole memory."""
+        return {"size": self.size, "cursor": self.cursor, "inserted": self.inserted}
+
+    def start_at(self, inserted: int) -> None:
+        """Rebuilding from the newest transitions only: continue as if `inserted` transitions had
+        gone in before, so each of the next ones lands in the slot it first did. Once they cover
+        the capacity, the memory is the one that held them."""
+        self.inserted, self.cursor, self.size = inserted, inserted % self.capacity, min(inserted, self.capacity)
+
 
 class SumTree:
     """Priorities in the leaves of a complete binary tree whose nodes hold their children's sum:

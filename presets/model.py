@@ -151,6 +151,28 @@ class StorageConfig(_Strict):
         description="Include the replay memory in every checkpoint (off-policy agents), so a resume loads it "
         "instead of rebuilding it from the run's shards.",
     )
+    checkpoint_every_env_steps: int | None = Field(
+        default=None, gt=0,
+        description="Write a full checkpoint (learner, optimisers, loop state, RNG, replay if asked) every this "
+        "many environment steps. Every committed version's policy is published for the rollout workers "
+        "regardless, and a checkpoint is always written at version 0 and at the end. With both cadences None: "
+        "at every version that is evaluated.",
+    )
+    checkpoint_every_seconds: float | None = Field(
+        default=None, gt=0,
+        description="Write a full checkpoint every this many seconds of wall-clock (with "
+        "checkpoint_every_env_steps too: whichever comes first).",
+    )
+    keep_checkpoints: int = Field(
+        default=2, ge=1, le=1_000_000,
+        description="Full checkpoints kept: the newest this many, plus the delivered version's; older ones "
+        "are deleted.",
+    )
+    keep_shards: Literal["needed", "all"] = Field(
+        default="needed",
+        description="needed: delete a shard (and an async ledger segment) once no kept checkpoint can need it: "
+        "neither its envs' cursor nor the replay memory a resume rebuilds. all: keep every shard.",
+    )
 
 
 class TrackingConfig(_Strict):

@@ -13,11 +13,12 @@ from mlflow.tracking import MlflowClient
 
 from gymflow.flows.improve import improve
 from gymflow.presets import InvalidPreset
-from gymflow.tasks.storage.checkpoints import committed_versions, read_checkpoint
+from gymflow.tasks.storage.checkpoints import committed_versions, read_checkpoint, versions_on
 from gymflow.tasks.storage.codec import decode_arrays
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
-from gymflow.tasks.training.state import LoopState, read_ledger
+from gymflow.tasks.training.ledger import read_ledger
+from gymflow.tasks.training.state import LoopState
 from tests.conftest import local_overrides, written_files
 
 pytestmark = pytest.mark.e2e
@@ -55,8 +56,9 @@ def test_an_async_run_accounts_for_every_shard_and_stops_with_nothing_running(pr
     accounted = ledger.inserted + ledger.dropped + ledger.unused
     assert sorted(accounted) == shards_at_stop and len(set(accounted)) == len(accounted)
     assert summary.env_steps >= 1024 and summary.env_steps == 64 + 32 * len(accounted)
-    assert ledger.sampled / ledger.inserted_steps == pytest.approx(4, rel=0.15)  # the ratio held
-    assert committed_versions(storage, RunLayout(summary.run_id)) == list(range(summary.versions_committed))
+    assert ledger.counts.sampled / ledger.counts.inserted_steps == pytest.approx(4, rel=0.15)  # the ratio held
+    final, layout = summary.versions_committed - 1, RunLayout(summary.run_id)
+    assert committed_versions(storage, layout)[-1] == versions_on(storage, layout.policies)[-1] == final
     assert summary.versions_committed > 10
 
     mlflow = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}")
@@ -71,7 +73,7 @@ def test_the_lag_bound_drops_stale_shards_and_counts_them(prefect_api, workspace
     # a commit every gradient step, so most chunks land more than 0 versions behind
     overrides = {**async_budget, **local_overrides(workspace), "distribution.max_policy_lag": 0,
                  "distribution.commit_every_train_steps": 1, "schedule.total_env_steps": 512,
-                 "agent.replay": "prioritized", "storage.checkpoint_replay": True}
+                 "agent.replay": "prioritized", "storage.checkpoint_replay": True, "storage.keep_shards": "all"}
     summary = improve("cartpole-dqn", overrides)
     storage = Storage(StorageLocation(str(workspace / "data")))
     ledger = read_ledger(storage, summary.run_id)
@@ -84,7 +86,7 @@ def test_the_lag_bound_drops_stale_shards_and_counts_them(prefect_api, workspace
     final = read_checkpoint(storage, RunLayout(summary.run_id), summary.versions_committed - 1, ["replay.npz"])
     replay = decode_arrays(final["replay.npz"])
     _, _, inserted = replay["counters"]
-    assert inserted == 64 + ledger.inserted_steps == 64 + 32 * len(ledger.inserted)
+    assert inserted == 64 + ledger.counts.inserted_steps == 64 + 32 * len(ledger.inserted)
     assert not np.allclose(replay["priorities"], replay["priorities"][0])  # the learner updated them
 
 
@@ -96,7 +98,7 @@ def test_sac_trains_async_on_a_continuous_env(prefect_api, workspace, async_budg
     assert (workspace / "data" / "runs" / summary.run_id / "ledger.json").exists()
     blobs = read_checkpoint(Storage(StorageLocation(str(workspace / "data"))), RunLayout(summary.run_id),
                             summary.versions_committed - 1, ["loop_state.json"])
-    assert LoopState.from_json(blobs["loop_state.json"]).stream.ledger.inserted
+    assert LoopState.from_json(blobs["loop_state.json"]).stream.ledger.shards_inserted
 
 
 @pytest.mark.parametrize(("overrides", "field"), [

@@ -10,10 +10,12 @@ import torch
 from gymnasium import spaces
 
 from gymflow.agents.ppo import PPOConfig, PPOLearner
+from gymflow.presets.model import StorageConfig
 from gymflow.tasks.storage.checkpoints import CheckpointError, commit_checkpoint, latest_version, read_checkpoint
 from gymflow.tasks.storage.codec import decode_arrays, decode_state, encode_state
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
+from gymflow.tasks.storage.retention import ShardFloor
 from gymflow.tasks.training.learning import Checkpoints
 from gymflow.tasks.training.state import LoopState
 
@@ -57,16 +59,17 @@ def test_a_version_without_manifest_or_pointer_is_never_loaded(storage):
     storage.write(f"{LAYOUT.checkpoint(5)}/policy.safetensors", b"half written")
     with pytest.raises(CheckpointError, match="no manifest"):
         read_checkpoint(storage, LAYOUT, 5)
-    with pytest.raises(CheckpointError, match="no checkpoint has been committed"):
+    with pytest.raises(CheckpointError, match="no version has been committed"):
         latest_version(storage, LAYOUT)
 
 
 def test_learner_checkpoint_loads_without_executing_code(storage):
     learner = PPOLearner(PPOConfig(), spaces.Box(-1, 1, (3,)), spaces.Discrete(2), seed=0)
     state = LoopState.start(workers=2, first_evaluation=100)
-    Checkpoints(storage, "run-1", include_replay=False).commit(learner, state)
+    Checkpoints(storage, "run-1", StorageConfig(), policy_window=1).checkpoint(learner, state, ShardFloor(True))
     blobs = read_checkpoint(storage, LAYOUT, 0)
-    assert set(blobs) == {"policy.safetensors", "learner.safetensors", "learner.json", "loop_state.json"}
+    assert set(blobs) == {"policy.safetensors", "learner.safetensors", "learner.json", "loop_state.json",
+                          "shard_floor.json"}
     assert LoopState.from_json(blobs["loop_state.json"]) == state
     for name, data in blobs.items():  # every blob is safetensors (a JSON header, raw bytes) or JSON
         if name.endswith(".safetensors"):

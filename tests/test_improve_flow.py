@@ -10,11 +10,14 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from gymflow.flows.improve import improve
-from gymflow.tasks.storage.checkpoints import latest_version, read_checkpoint
+from gymflow.tasks.storage.checkpoints import (
+    read_checkpoint,
+)
 from gymflow.tasks.storage.codec import decode_arrays
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from tests.conftest import local_overrides, written_files
+from tests.stored import check_run_storage
 
 pytestmark = pytest.mark.e2e
 
@@ -38,20 +41,6 @@ def _task_run_names(flow_run_id) -> list[str]:
     return names
 
 
-def _check_storage(workspace, summary, expect_heatup: bool) -> Storage:
-    storage = Storage(StorageLocation(str(workspace / "data")))
-    layout = RunLayout(summary.run_id)
-    final = summary.versions_committed - 1
-    assert latest_version(storage, layout) == final
-    for version in range(final + 1):  # every version committed, each with a valid manifest
-        blobs = read_checkpoint(storage, layout, version)
-        assert {"policy.safetensors", "learner.safetensors", "learner.json", "loop_state.json"} <= set(blobs)
-    rounds = [f"v{v:06d}" for v in range(final)] + (["heatup"] if expect_heatup else [])
-    expected = sorted(f"{layout.prefix}/shards/{r}/w{w:03d}.npz" for r in rounds for w in (0, 1))
-    assert storage.list(f"{layout.prefix}/shards") == expected  # one shard per (version, worker)
-    return storage
-
-
 def _check_mlflow(workspace, summary, flow_run_id, algo: str) -> None:
     client = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}")
     run = client.get_run(summary.mlflow_run_id)
@@ -67,8 +56,8 @@ def _check_mlflow(workspace, summary, flow_run_id, algo: str) -> None:
     history = client.get_metric_history(run.info.run_id, "time/policy_version")
     assert [m.step for m in history] == sorted(m.step for m in history) and history[-1].step == summary.env_steps
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"preset.yaml", "learning_curve.png", "checkpoint"} <= artifacts
-    assert "checkpoint/manifest.json" in {a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")}
+    assert {"preset.yaml", "learning_curve.png", "policy"} <= artifacts
+    assert "policy/manifest.json" in {a.path for a in client.list_artifacts(run.info.run_id, "policy")}
 
 
 def test_ppo_sync_run_lands_checkpoints_shards_and_an_mlflow_run(prefect_api, workspace, tiny_budget):
@@ -77,7 +66,7 @@ def test_ppo_sync_run_lands_checkpoints_shards_and_an_mlflow_run(prefect_api, wo
     summary = state.result()
     flow_run_id = state.state_details.flow_run_id
     assert summary.env_steps == 640 and summary.versions_committed == 6
-    _check_storage(workspace, summary, expect_heatup=False)
+    check_run_storage(Storage(StorageLocation(str(workspace / "data"))), summary, expect_heatup=False)
     _check_mlflow(workspace, summary, flow_run_id, "ppo")
     names = _task_run_names(flow_run_id)
     # the rounds run in `train` stretches of a few seconds each, the first from v0
@@ -96,7 +85,7 @@ def test_dqn_sync_run_heats_up_then_trains(prefect_api, workspace, tiny_budget):
     assert state.is_completed(), state.message
     summary = state.result()
     assert summary.env_steps == 640  # heatup's 128 steps count against the budget
-    _check_storage(workspace, summary, expect_heatup=True)
+    check_run_storage(Storage(StorageLocation(str(workspace / "data"))), summary, expect_heatup=True)
     _check_mlflow(workspace, summary, state.state_details.flow_run_id, "dqn")
     run = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}").get_run(summary.mlflow_run_id)
     assert "train/td_loss" in run.data.metrics and "rollout/exploration" in run.data.metrics

@@ -5,66 +5,29 @@ them end to end."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 
-from gymflow.presets.validate import resolve_experiment
 from gymflow.tasks.cluster.rounds import RoundPlan
-from gymflow.tasks.storage.checkpoints import read_checkpoint
+from gymflow.tasks.storage.checkpoints import read_checkpoint, read_policy
 from gymflow.tasks.storage.layout import RunLayout
-from gymflow.tasks.storage.objects import open_storage, storage_location
 from gymflow.tasks.training.evaluation import EvaluationSchedule, Scored
 from gymflow.tasks.training.learning import Checkpoints, create_learner
-from gymflow.tasks.training.loop import StepReport, StopRule
+from gymflow.tasks.training.ledger import Ledger, read_ledger
+from gymflow.tasks.training.loop import StopRule
 from gymflow.tasks.training.resume import restore
 from gymflow.tasks.training.run import PreparedRun, first_state, improve_loop
-from gymflow.tasks.training.state import Ledger, LoopState, StreamPosition, read_ledger
+from gymflow.tasks.training.state import LoopState, StreamPosition
 from gymflow.testing.hosts import InProcessHosts
-
-LOGGER = logging.getLogger("test-loop")
-
-
-class Recording:
-    """An observer that keeps what the loop reports."""
-
-    def __init__(self) -> None:
-        self.reports: list[StepReport] = []
-        self.evaluations: list[Scored] = []
-
-    def stepped(self, report: StepReport) -> None:
-        self.reports.append(report)
-
-    def evaluated(self, scored: Scored, waited: bool = False) -> None:
-        self.evaluations.append(scored)
-
-
-def _prepared(tmp_path, preset: str, overrides: dict, run_id: str = "run") -> PreparedRun:
-    experiment = resolve_experiment(preset, {"storage.root": str(tmp_path / "store"), **overrides})
-    storage = open_storage(storage_location(experiment.preset.storage))
-    return PreparedRun(experiment, run_id, storage, create_learner(experiment))
-
-
-def _train(run: PreparedRun, steps: int | None = None) -> tuple[LoopState, Recording, Scored | None]:
-    """The flow's train stage, in-process: from the first state until the stop rule (or for
-    `steps` steps, as if the flow died there)."""
-    observer, hosts = Recording(), InProcessHosts()
-    with improve_loop(run, hosts, observer, LOGGER) as loop:
-        state = first_state(run, hosts, loop)
-        while not loop.stopped(state) and (steps is None or len(observer.reports) < steps):
-            state = loop.step(state)
-        if steps is not None:
-            return state, observer, None
-        state, deciding = loop.finish(state)
-    return state, observer, deciding
+from tests.in_process import LOGGER, Recording, prepared, train_in_process
 
 
 def _policy(run: PreparedRun, version: int) -> bytes:
-    return read_checkpoint(run.storage, RunLayout(run.run_id), version, ["policy.safetensors"])["policy.safetensors"]
+    return read_policy(run.storage, RunLayout(run.run_id), version, ["policy.safetensors"])["policy.safetensors"]
 
 
 def test_sync_rounds_collect_learn_commit_and_evaluate_on_schedule(tiny_budget, tmp_path):
-    run = _prepared(tmp_path, "cartpole-ppo", tiny_budget)  # 128 env steps a round, 640 in all
-    state, observer, deciding = _train(run)
+    run = prepared(tmp_path, "cartpole-ppo", tiny_budget)  # 128 env steps a round, 640 in all
+    state, observer, deciding = train_in_process(run)
     assert [r.state.env_steps for r in observer.reports] == [128, 256, 384, 512, 640]
     assert [r.state.version for r in observer.reports] == [1, 2, 3, 4, 5]
     assert state == observer.reports[-1].state
@@ -77,8 +40,8 @@ def test_sync_rounds_collect_learn_commit_and_evaluate_on_schedule(tiny_budget, 
 
 
 def test_a_target_reached_stops_the_run_at_the_version_that_reached_it(tiny_budget, tmp_path):
-    run = _prepared(tmp_path, "cartpole-ppo", {**tiny_budget, "schedule.target_return": -1000.0})
-    state, observer, deciding = _train(run)
+    run = prepared(tmp_path, "cartpole-ppo", {**tiny_budget, "schedule.target_return": -1000.0})
+    state, observer, deciding = train_in_process(run)
     assert deciding is not None and deciding.version == 2  # the first evaluation reaches it
     assert state.version == 3 and len(observer.reports) == 3  # the round it ran beside was committed
 
@@ -97,8 +60,8 @@ def test_stop_rule_needs_the_budget_and_nothing_left_to_learn_or_the_target():
 
 
 def test_one_evaluation_runs_at_a_time_and_the_schedule_moves_on_when_one_starts(tiny_budget, tmp_path):
-    run = _prepared(tmp_path, "cartpole-ppo", tiny_budget)
-    Checkpoints(run.storage, run.run_id, include_replay=False).commit(run.learner, LoopState.start(2, 256))
+    run = prepared(tmp_path, "cartpole-ppo", tiny_budget)
+    Checkpoints(run.storage, run.run_id, run.preset.storage, policy_window=1).publish(run.learner, 0)
     schedule = EvaluationSchedule(InProcessHosts(), RoundPlan(run.preset, run.run_id), blocking=False, logger=LOGGER)
     try:
         assert schedule.start_if_due(LoopState(0, 100, 256, (None, None))) == 256  # not due yet
@@ -115,15 +78,15 @@ def test_one_evaluation_runs_at_a_time_and_the_schedule_moves_on_when_one_starts
 def test_a_resumed_sync_run_ends_with_the_same_weights_and_replay_as_an_uninterrupted_one(tiny_budget, tmp_path):
     dqn = {**tiny_budget, "agent.train_steps_per_iteration": 8, "agent.hidden_sizes": [16],
            "schedule.total_env_steps": 1280, "schedule.heatup_env_steps": 0}
-    clean = _prepared(tmp_path / "clean", "cartpole-dqn", dqn)
-    clean_state, _, _ = _train(clean)
-    died = _prepared(tmp_path / "died", "cartpole-dqn", dqn)
-    _train(died, steps=4)  # the flow dies after committing version 4
+    clean = prepared(tmp_path / "clean", "cartpole-dqn", dqn)
+    clean_state, _, _ = train_in_process(clean)
+    died = prepared(tmp_path / "died", "cartpole-dqn", dqn)
+    train_in_process(died, steps=4)  # the flow dies after committing version 4
     learner = create_learner(died.experiment)
     restored = restore(died.storage, died.run_id, learner, died.preset)
     assert restored.state.version == 4 and restored.refused == ()
     resumed = PreparedRun(died.experiment, died.run_id, died.storage, learner, restored)
-    state, _, _ = _train(resumed)
+    state, _, _ = train_in_process(resumed)
     assert state == clean_state  # version, env steps, next evaluation, where every worker's envs stand
     assert _policy(resumed, state.version) == _policy(clean, clean_state.version)
     for mine, theirs in zip(learner.replay.state_dict().values(), clean.learner.replay.state_dict().values()):
@@ -131,15 +94,15 @@ def test_a_resumed_sync_run_ends_with_the_same_weights_and_replay_as_an_uninterr
 
 
 def test_async_trains_at_its_ratio_and_accounts_for_every_chunk_once(async_budget, tmp_path):
-    run = _prepared(tmp_path, "cartpole-dqn", {**async_budget, "schedule.heatup_env_steps": 0})
-    state, observer, _ = _train(run)
+    run = prepared(tmp_path, "cartpole-dqn", {**async_budget, "schedule.heatup_env_steps": 0})
+    state, observer, _ = train_in_process(run)
     ledger = read_ledger(run.storage, run.run_id)
     chunks = run.storage.list(f"{RunLayout(run.run_id).prefix}/shards/async")
     accounted = [*ledger.inserted, *ledger.dropped, *ledger.unused]
     assert sorted(accounted) == chunks and len(set(accounted)) == len(accounted)
     assert state.env_steps >= run.preset.schedule.total_env_steps
     # the learner sampled what the ratio allows, to within one batch
-    owed = run.preset.samples_per_insert * ledger.inserted_steps - ledger.sampled
+    owed = run.preset.samples_per_insert * ledger.counts.inserted_steps - ledger.counts.sampled
     assert 0 <= owed < run.preset.agent.batch_size
     train_steps = sum(r.metrics.get("train/train_steps", 0) > 0 for r in observer.reports)
     assert train_steps and all(r.metrics["async/samples_per_insert"] <= run.preset.samples_per_insert + 1
@@ -147,28 +110,29 @@ def test_async_trains_at_its_ratio_and_accounts_for_every_chunk_once(async_budge
 
 
 def test_the_lag_bound_drops_what_a_policy_too_far_behind_collected(async_budget, tmp_path):
-    run = _prepared(tmp_path, "cartpole-dqn", {**async_budget, "schedule.heatup_env_steps": 0,
+    run = prepared(tmp_path, "cartpole-dqn", {**async_budget, "schedule.heatup_env_steps": 0,
                                                "distribution.max_policy_lag": 1})
     hosts = InProcessHosts()
     with improve_loop(run, hosts, Recording(), LOGGER) as loop:
         state = first_state(run, hosts, loop)  # version 0 is the only policy the workers can load
         experience = loop.collection.collect(replace(state, version=2))  # as if the learner were at version 2
-    ledger = experience.state.stream.ledger
-    assert experience.landed and experience.shards == () and ledger.inserted == ()
-    assert ledger.dropped == tuple(shard.key for shard in experience.landed)
-    assert dict(ledger.lags) == {shard.key: 2 for shard in experience.landed}
-    assert experience.train_steps == 0 and experience.metrics["async/shards_dropped"] == len(ledger.dropped)
+    ledger, pending = experience.state.stream.ledger, loop.collection.book.pending
+    assert experience.landed and experience.shards == () and ledger.shards_inserted == 0
+    assert ledger.shards_dropped == len(experience.landed) == len(pending)
+    assert {(r.key, r.lag, r.admitted) for r in pending} == {(shard.key, 2, False) for shard in experience.landed}
+    assert experience.train_steps == 0 and experience.metrics["async/shards_dropped"] == ledger.shards_dropped
 
 
 def test_the_loop_state_round_trips_through_its_checkpoint_blob():
-    ledger = Ledger(("a", "b"), ("c",), ("d",), (("a", 0), ("b", 1), ("c", 2)), 96, 320)
+    ledger = Ledger(shards_inserted=2, shards_dropped=1, shards_unused=1, inserted_steps=96, sampled=320, lag_sum=3,
+                    lag_max=2)
     state = LoopState(7, 1234, 2048, ("k0", None), StreamPosition((3, 4), ledger))
     assert LoopState.from_json(state.to_json()) == state
     assert LoopState.from_json(LoopState.start(2, 100).to_json()) == LoopState.start(2, 100)
 
 
 def test_in_process_hosts_run_the_same_jobs_as_the_workers(tiny_budget, tmp_path):
-    run = _prepared(tmp_path, "cartpole-ppo", tiny_budget)
+    run = prepared(tmp_path, "cartpole-ppo", tiny_budget)
     hosts = InProcessHosts()
     with improve_loop(run, hosts, Recording(), LOGGER) as loop:
         loop.step(first_state(run, hosts, loop))

@@ -19,7 +19,7 @@ from gymflow.flows.improve import improve
 from gymflow.tasks.storage.checkpoints import read_checkpoint
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
-from gymflow.tasks.training.state import read_ledger
+from gymflow.tasks.training.ledger import read_ledger
 from tests.conftest import local_overrides
 
 pytestmark = pytest.mark.e2e
@@ -57,7 +57,7 @@ def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, e
         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 180
-    while not list(killed_root.glob("runs/*/checkpoints/v000004/manifest.json")):
+    while not list(killed_root.glob("runs/*/policies/v000004/manifest.json")):
         assert flow.poll() is None and time.monotonic() < deadline, "the flow ended before it could be killed"
         time.sleep(0.05)
     os.killpg(flow.pid, signal.SIGKILL)  # the flow's process, its Dask scheduler and workers

@@ -23,6 +23,7 @@ from gymflow.tasks.storage.objects import Storage, StorageLocation
 from gymflow.tasks.tracking.tracker import s3_artifact_environment
 from gymflow.testing.faults import FaultyProxy
 from tests.conftest import free_port, written_files
+from tests.stored import check_run_storage
 
 pytestmark = pytest.mark.e2e
 
@@ -39,29 +40,19 @@ def _storage(s3_server, prefix: str) -> Storage:
     return Storage(StorageLocation(f"s3://{s3_server.bucket}/{prefix}", s3_server.options()))
 
 
-def _check_run_landed(storage: Storage, summary) -> None:
-    layout = RunLayout(summary.run_id)
-    final = summary.versions_committed - 1
-    assert latest_version(storage, layout) == final
-    for version in range(final + 1):
-        assert "policy.safetensors" in read_checkpoint(storage, layout, version)
-    expected = sorted(f"{layout.prefix}/shards/v{v:06d}/w{w:03d}.npz" for v in range(final) for w in (0, 1))
-    assert storage.list(f"{layout.prefix}/shards") == expected
-
-
 def test_improve_runs_on_s3_with_mlflow_artifacts_in_the_same_bucket(prefect_api, workspace, s3_server, tiny_budget):
     prefix = f"e2e-{uuid.uuid4().hex[:6]}"
     overrides = {**tiny_budget, **_s3_overrides(s3_server, workspace, prefix),
                  "tracking.experiment": prefix, "tracking.artifact_location": f"s3://{s3_server.bucket}/{prefix}-mlflow"}
     summary = improve("cartpole-ppo", overrides)
     assert summary.storage_url.startswith(f"s3://{s3_server.bucket}/{prefix}/runs/")
-    _check_run_landed(_storage(s3_server, prefix), summary)
+    check_run_storage(_storage(s3_server, prefix), summary)
     with s3_artifact_environment(s3_server.options()):
         client = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}")
-        assert {"preset.yaml", "learning_curve.png", "checkpoint"} <= {a.path for a in client.list_artifacts(summary.mlflow_run_id)}
+        assert {"preset.yaml", "learning_curve.png", "policy"} <= {a.path for a in client.list_artifacts(summary.mlflow_run_id)}
     artifacts = _storage(s3_server, f"{prefix}-mlflow").list("")
     assert any(key.endswith("artifacts/learning_curve.png") for key in artifacts)
-    assert any(key.endswith("artifacts/checkpoint/manifest.json") for key in artifacts)
+    assert any(key.endswith("artifacts/policy/manifest.json") for key in artifacts)
     preset_yaml = _storage(s3_server, prefix).read(RunLayout(summary.run_id).preset).decode()
     assert s3_server.secret not in preset_yaml and "secret: '***'" in preset_yaml  # credentials never stored
     assert written_files(workspace) == ["mlflow.db"]  # nothing else lands on the local disk
@@ -74,7 +65,7 @@ def test_a_run_through_failing_storage_completes_with_exactly_its_shards_and_ver
         summary = improve("cartpole-ppo", overrides)
     assert set(proxy.faults) == {"503", "reset", "lost-reply"}, proxy.faults  # every kind happened
     assert sum(proxy.faults.values()) >= 10
-    _check_run_landed(_storage(s3_server, prefix), summary)
+    check_run_storage(_storage(s3_server, prefix), summary)
     assert summary.versions_committed == 6 and summary.env_steps == 640
 
 
@@ -137,7 +128,7 @@ def test_damaged_checkpoints_on_s3_are_detected_and_an_earlier_valid_version_is_
     assert len(loaded.refused) == 2 and "v3" in loaded.refused[0] and "v2" in loaded.refused[1]
 
     storage.fs.rm(storage.path(layout.latest))  # missing pointer
-    with pytest.raises(CheckpointError, match="no checkpoint has been committed"):
+    with pytest.raises(CheckpointError, match="no version has been committed"):
         latest_version(storage, layout)
     loaded = read_newest_valid_checkpoint(storage, layout)
     assert loaded.version == 1 and "latest is missing" in loaded.refused[0]

@@ -23,7 +23,7 @@ from gymflow.agents.core import Policy, RandomPolicy
 from gymflow.agents.registry import algorithm_of
 from gymflow.agents.rollout import collect, evaluate
 from gymflow.envs.vector import SeededVectorEnv
-from gymflow.tasks.storage.checkpoints import POLICY_BLOB, latest_version, read_checkpoint
+from gymflow.tasks.storage.checkpoints import POLICY_BLOB, CheckpointError, latest_policy_version, read_policy
 from gymflow.tasks.storage.codec import decode_tensors
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import StorageLocation, open_storage
@@ -85,6 +85,7 @@ class EvaluationResult:
 _LIVE_ENVS: OrderedDict[tuple[str, str, int], tuple[str, SeededVectorEnv]] = OrderedDict()
 _NETWORKS: OrderedDict[tuple[str, str, int], torch.nn.Module] = OrderedDict()
 _CACHE_SIZE = 32
+_RETIRED_ATTEMPTS = 5
 
 
 def run_rollout(spec: RolloutSpec) -> ShardRef:
@@ -92,15 +93,12 @@ def run_rollout(spec: RolloutSpec) -> ShardRef:
     torch.set_num_threads(1)
     storage = open_storage(spec.storage)
     env = _take_live_envs(spec)
-    version = spec.policy_version
-    if version == "newest":
-        version = latest_version(storage, RunLayout(spec.run_id))
-    policy = _policy(spec, version, env, spec.exploration, spec.policy_seed)
+    version, policy = _acting_policy(spec, env)
     started = time.perf_counter()
     rollout, episodes = collect(policy, env, spec.steps_per_env)
     seconds = time.perf_counter() - started
     collected = Collected(rollout, episodes, env.cursor(), seconds)
-    ref = write_shard(storage, spec.shard_key, version, spec.worker, collected)
+    ref = write_shard(storage, spec.shard_key, version, spec.worker, collected, spec.chunk)
     _keep(_LIVE_ENVS, (spec.storage.root, spec.run_id, spec.worker), (spec.shard_key, env))
     return ref
 
@@ -120,6 +118,25 @@ def run_evaluation(spec: EvaluationSpec) -> EvaluationResult:
         lengths=tuple(int(x) for x in episodes.lengths),
         seconds=time.perf_counter() - started,
     )
+
+
+def _acting_policy(spec: RolloutSpec, env: SeededVectorEnv) -> tuple[int | None, Policy]:
+    """The spec's policy version and its policy. "newest" is the newest published when the job
+    starts; a version retired between reading the pointer and loading it (the learner moved
+    more than the lag bound ahead meanwhile) is passed over for the new newest."""
+    if spec.policy_version != "newest":
+        return spec.policy_version, _policy(spec, spec.policy_version, env, spec.exploration, spec.policy_seed)
+    storage, layout = open_storage(spec.storage), RunLayout(spec.run_id)
+    version = latest_policy_version(storage, layout)
+    for _ in range(_RETIRED_ATTEMPTS - 1):
+        try:
+            return version, _policy(spec, version, env, spec.exploration, spec.policy_seed)
+        except CheckpointError:
+            newest = latest_policy_version(storage, layout)
+            if newest == version:  # not retired: broken
+                raise
+            version = newest
+    return version, _policy(spec, version, env, spec.exploration, spec.policy_seed)
 
 
 def _take_live_envs(spec: RolloutSpec) -> SeededVectorEnv:
@@ -146,7 +163,7 @@ def _policy(
     key = (spec.storage.root, spec.run_id, version)
     network = _NETWORKS.get(key)
     if network is None:
-        blobs = read_checkpoint(open_storage(spec.storage), RunLayout(spec.run_id), version, [POLICY_BLOB])
+        blobs = read_policy(open_storage(spec.storage), RunLayout(spec.run_id), version, [POLICY_BLOB])
         network = algorithm.network(spec.agent, env.observation_space, env.action_space)
         network.load_state_dict(decode_tensors(blobs[POLICY_BLOB]))
         network.eval()

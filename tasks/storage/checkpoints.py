@@ -1,8 +1,11 @@
-"""Versioned, atomically committed checkpoints that load without executing code.
+"""Versioned, atomically committed folders of blobs that load without executing code: a run's
+published policies (what rollout workers act with, one per committed version) and its
+checkpoints (what a resume needs, on the preset's cadence).
 
 Commit protocol: write every blob, then `manifest.json` with each blob's size and sha256, then
-move the `latest` pointer. A reader loads a version only through its manifest and checks every
-hash, so a half-written or tampered checkpoint is refused, never loaded.
+move the shelf's `latest` pointer. A reader loads a version only through its manifest and checks
+every hash, so a half-written or tampered version is refused, never loaded. Retiring a version
+deletes its manifest first, so a half-deleted version reads as never committed.
 
 Blobs are bytes encoded by tasks/storage/codec.py: safetensors, JSON and npz, never pickle.
 """
@@ -16,13 +19,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.layout import RunLayout, Shelf
 from gymflow.tasks.storage.objects import Storage
 
 MANIFEST = "manifest.json"
 POLICY_BLOB = "policy.safetensors"  # what a rollout worker loads to act
 LEARNER_TENSORS, LEARNER_TREE = "learner.safetensors", "learner.json"  # the learner's state (codec.encode_state)
 REPLAY_BLOB = "replay.npz"  # the replay memory, where storage.checkpoint_replay asks for it
+REPLAY_POSITION = "replay_position.json"  # else where the memory stood, to rebuild it from shards
+SHARD_FLOOR = "shard_floor.json"  # the oldest shards a resume from the checkpoint reads
 
 
 class CheckpointError(RuntimeError):
@@ -36,7 +41,16 @@ class CheckpointRef:
 
 
 def commit_checkpoint(storage: Storage, layout: RunLayout, version: int, blobs: dict[str, bytes]) -> CheckpointRef:
-    prefix = layout.checkpoint(version)
+    commit_version(storage, layout.checkpoint_shelf, version, blobs)
+    return CheckpointRef(layout.run_id, version)
+
+
+def publish_policy(storage: Storage, layout: RunLayout, version: int, blobs: dict[str, bytes]) -> None:
+    commit_version(storage, layout.policies, version, blobs)
+
+
+def commit_version(storage: Storage, shelf: Shelf, version: int, blobs: dict[str, bytes]) -> None:
+    prefix = shelf.folder(version)
     for name, data in blobs.items():
         storage.write(f"{prefix}/{name}", data)
     manifest = {
@@ -45,49 +59,76 @@ def commit_checkpoint(storage: Storage, layout: RunLayout, version: int, blobs: 
         "blobs": {name: {"size": len(data), "sha256": _sha256(data)} for name, data in blobs.items()},
     }
     storage.write(f"{prefix}/{MANIFEST}", json.dumps(manifest, indent=1).encode())
-    storage.write(layout.latest, json.dumps({"version": version}).encode())
-    return CheckpointRef(layout.run_id, version)
+    storage.write(shelf.latest, json.dumps({"version": version}).encode())
+
+
+def retire_version(storage: Storage, shelf: Shelf, version: int) -> None:
+    """Delete a version: its manifest first, so that no reader loads what is left of it."""
+    folder = shelf.folder(version)
+    storage.delete([f"{folder}/{MANIFEST}"])
+    storage.delete(storage.list(folder))
 
 
 def latest_version(storage: Storage, layout: RunLayout) -> int:
-    if not storage.exists(layout.latest):
-        raise CheckpointError(f"no checkpoint has been committed: {storage.url(layout.latest)} is missing")
+    """The newest checkpoint's version."""
+    return latest_on(storage, layout.checkpoint_shelf)
+
+
+def latest_policy_version(storage: Storage, layout: RunLayout) -> int:
+    """The newest published policy's version."""
+    return latest_on(storage, layout.policies)
+
+
+def latest_on(storage: Storage, shelf: Shelf) -> int:
+    if not storage.exists(shelf.latest):
+        raise CheckpointError(f"no version has been committed: {storage.url(shelf.latest)} is missing")
     try:
-        return int(json.loads(storage.read(layout.latest))["version"])
+        return int(json.loads(storage.read(shelf.latest))["version"])
     except (ValueError, KeyError, TypeError) as error:
-        raise CheckpointError(f"unreadable pointer {storage.url(layout.latest)}: {error}") from None
+        raise CheckpointError(f"unreadable pointer {storage.url(shelf.latest)}: {error}") from None
 
 
-def read_manifest(storage: Storage, layout: RunLayout, version: int) -> dict[str, Any]:
-    key = f"{layout.checkpoint(version)}/{MANIFEST}"
+def read_manifest(storage: Storage, shelf: Shelf, version: int) -> dict[str, Any]:
+    key = f"{shelf.folder(version)}/{MANIFEST}"
     if not storage.exists(key):
-        raise CheckpointError(f"checkpoint v{version} has no manifest ({storage.url(key)}); it was never committed")
+        raise CheckpointError(f"v{version} has no manifest ({storage.url(key)}); it was never committed or is retired")
     try:
         manifest = json.loads(storage.read(key))
         manifest["blobs"]
     except (ValueError, KeyError, TypeError) as error:
-        raise CheckpointError(f"checkpoint v{version} has an unreadable manifest: {error}") from None
+        raise CheckpointError(f"v{version} has an unreadable manifest: {error}") from None
     return manifest
 
 
 def read_checkpoint(
     storage: Storage, layout: RunLayout, version: int, names: Iterable[str] | None = None
 ) -> dict[str, bytes]:
-    """The named blobs (all by default) of a committed version, each checked against its manifest."""
-    blobs = read_manifest(storage, layout, version)["blobs"]
+    """The named blobs (all by default) of a checkpoint, each checked against its manifest."""
+    return read_version(storage, layout.checkpoint_shelf, version, names)
+
+
+def read_policy(storage: Storage, layout: RunLayout, version: int, names: Iterable[str] | None = None
+                ) -> dict[str, bytes]:
+    """The named blobs (all by default) of a published policy version, checked against its manifest."""
+    return read_version(storage, layout.policies, version, names)
+
+
+def read_version(storage: Storage, shelf: Shelf, version: int, names: Iterable[str] | None = None
+                 ) -> dict[str, bytes]:
+    blobs = read_manifest(storage, shelf, version)["blobs"]
     wanted = list(blobs) if names is None else list(names)
     loaded = {}
     for name in wanted:
         if name not in blobs:
-            raise CheckpointError(f"checkpoint v{version} has no blob {name!r}")
-        key = f"{layout.checkpoint(version)}/{name}"
+            raise CheckpointError(f"{shelf.prefix}/v{version} has no blob {name!r}")
+        key = f"{shelf.folder(version)}/{name}"
         if not storage.exists(key):
-            raise CheckpointError(f"checkpoint v{version}: blob {name!r} is missing")
+            raise CheckpointError(f"{shelf.prefix}/v{version}: blob {name!r} is missing")
         data = storage.read(key)
         expected = blobs[name]
         if len(data) != expected["size"] or _sha256(data) != expected["sha256"]:
             raise CheckpointError(
-                f"checkpoint v{version}: blob {name!r} does not match its manifest "
+                f"{shelf.prefix}/v{version}: blob {name!r} does not match its manifest "
                 f"({len(data)} bytes, expected {expected['size']}); refusing to load it"
             )
         loaded[name] = data
@@ -107,9 +148,14 @@ class LoadedCheckpoint:
 
 def committed_versions(storage: Storage, layout: RunLayout) -> list[int]:
     """Versions that have a folder under checkpoints/, committed or not, oldest first."""
+    return versions_on(storage, layout.checkpoint_shelf)
+
+
+def versions_on(storage: Storage, shelf: Shelf) -> list[int]:
+    """Versions that have a folder on the shelf, committed or not, oldest first."""
     versions = set()
-    for key in storage.list(layout.checkpoints):
-        folder = key[len(layout.checkpoints) + 1 :].split("/")[0]
+    for key in storage.list(shelf.prefix):
+        folder = key[len(shelf.prefix) + 1 :].split("/")[0]
         if folder.startswith("v") and folder[1:].isdigit():
             versions.add(int(folder[1:]))
     return sorted(versions)
@@ -120,13 +166,16 @@ def read_newest_valid_checkpoint(
 ) -> LoadedCheckpoint:
     """The version `latest` points to, or, where it cannot be loaded (pointer missing, manifest
     missing, a blob that does not match), the newest earlier version that can. Never a version
-    that fails its manifest."""
+    that fails its manifest. Checkpoints are kept on a cadence, so the earlier ones are the
+    folders on the shelf."""
     refused: list[str] = []
+    stored = sorted(committed_versions(storage, layout), reverse=True)
     try:
-        candidates = list(range(latest_version(storage, layout), -1, -1))
+        latest = latest_version(storage, layout)
+        candidates = [latest, *(version for version in stored if version < latest)]
     except CheckpointError as error:
         refused.append(str(error))
-        candidates = sorted(committed_versions(storage, layout), reverse=True)
+        candidates = stored
     for version in candidates:
         try:
             return LoadedCheckpoint(version, read_checkpoint(storage, layout, version, names), tuple(refused))

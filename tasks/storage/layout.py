@@ -6,6 +6,20 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class Shelf:
+    """Numbered versions, one folder each, and a `latest` pointer to the newest committed."""
+
+    prefix: str
+
+    def folder(self, version: int) -> str:
+        return f"{self.prefix}/v{version:06d}"
+
+    @property
+    def latest(self) -> str:
+        return f"{self.prefix}/latest"
+
+
+@dataclass(frozen=True)
 class RunLayout:
     """Where each piece of a run lives, derived from the run id alone."""
 
@@ -19,21 +33,43 @@ class RunLayout:
     def preset(self) -> str:
         return f"{self.prefix}/preset.yaml"
 
+    @property
+    def shards(self) -> str:
+        return f"{self.prefix}/shards"
+
     def shard(self, version: int | None, worker: int) -> str:
         round_name = "heatup" if version is None else f"v{version:06d}"
-        return f"{self.prefix}/shards/{round_name}/w{worker:03d}.npz"
+        return f"{self.shards}/{round_name}/w{worker:03d}.npz"
 
     def chunk(self, worker: int, chunk: int) -> str:
         """async: the `chunk`-th shard rollout worker `worker` collected."""
-        return f"{self.prefix}/shards/async/w{worker:03d}/c{chunk:06d}.npz"
+        return f"{self.shards}/async/w{worker:03d}/c{chunk:06d}.npz"
+
+    @property
+    def ledger(self) -> str:
+        """async: the ledger's segments, one per checkpoint that landed shards."""
+        return f"{self.prefix}/ledger"
+
+    def ledger_segment(self, version: int) -> str:
+        return f"{self.ledger}/v{version:06d}.json"
+
+    @property
+    def policies(self) -> Shelf:
+        """What rollout workers act with: every committed version, while it may be asked for."""
+        return Shelf(f"{self.prefix}/policies")
 
     @property
     def checkpoints(self) -> str:
         return f"{self.prefix}/checkpoints"
 
+    @property
+    def checkpoint_shelf(self) -> Shelf:
+        """What a resume needs: full checkpoints, on the preset's cadence."""
+        return Shelf(self.checkpoints)
+
     def checkpoint(self, version: int) -> str:
-        return f"{self.checkpoints}/v{version:06d}"
+        return self.checkpoint_shelf.folder(version)
 
     @property
     def latest(self) -> str:
-        return f"{self.checkpoints}/latest"
+        return self.checkpoint_shelf.latest

@@ -11,9 +11,11 @@ low-level read errors. Listing caches are off, so a key written by another proce
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -93,6 +95,31 @@ class Storage:
             return []
         found = self.fs.find(root)
         return sorted(path[len(self.base) + 1 :] for path in found if ".tmp-" not in path)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        """Remove objects (keys already gone are skipped); on a local folder, also the folders
+        this leaves empty."""
+        paths = [self.path(key) for key in keys]
+        if not paths:
+            return
+        if not self.local:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(paths)
+            return
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        for folder in sorted({os.path.dirname(path) for path in paths}, key=len, reverse=True):
+            self._remove_empty_folders(folder)
+
+    def _remove_empty_folders(self, folder: str) -> None:
+        """`folder` and its parents, up to the root, while they are empty."""
+        while folder.startswith(self.base + "/"):
+            try:
+                os.rmdir(folder)
+            except OSError:  # not empty, or already gone
+                return
+            folder = os.path.dirname(folder)
 
     def download(self, prefix: str, local_dir: str) -> None:
         for key in self.list(prefix):

@@ -40,6 +40,7 @@ class ShardRef:
     collect_seconds: float  # stepping envs and the policy, excluding storage
     collected_by: str  # host:pid of the process that collected it
     written_at: float = 0.0  # wall-clock (time.time()) when the shard was stored: its age is measured from here
+    chunk: int | None = None  # async: its number in its worker's stream of chunks
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,8 @@ class Collected:
     collect_seconds: float  # stepping envs and the policy, excluding storage
 
 
-def write_shard(storage: Storage, key: str, version: int | None, worker: int, collected: Collected) -> ShardRef:
+def write_shard(storage: Storage, key: str, version: int | None, worker: int, collected: Collected,
+                chunk: int | None = None) -> ShardRef:
     rollout, episodes, cursor = collected.rollout, collected.episodes, collected.cursor
     arrays = {name: np.asarray(value) for name, value in rollout._asdict().items()}
     arrays |= {
@@ -76,6 +78,7 @@ def write_shard(storage: Storage, key: str, version: int | None, worker: int, co
         collect_seconds=collected.collect_seconds,
         collected_by=f"{socket.gethostname()}:{os.getpid()}",
         written_at=time.time(),
+        chunk=chunk,
     )
 
 

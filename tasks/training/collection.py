@@ -7,13 +7,14 @@ learner learns from exactly those shards; nothing runs between rounds.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, collect_round
-from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.retention import ShardFloor
 from gymflow.tasks.storage.shards import ShardRef
 from gymflow.tasks.training.state import LoopState
 
@@ -51,12 +52,19 @@ class Collection(Protocol):
         """The run failed: give up on what is in flight."""
         ...
 
+    def checkpointed(self, state: LoopState) -> ShardFloor:
+        """`state` is being checkpointed: record what its accounting needs, and return the
+        oldest experience a resume from it reads."""
+        ...
+
 
 class SyncRounds:
     """Round v: every rollout worker collects with version v, and the learner gets all shards."""
 
-    def __init__(self, hosts: Hosts, plan: RoundPlan, exploration: Exploration, logger: AnyLogger):
+    def __init__(self, hosts: Hosts, plan: RoundPlan, exploration: Exploration, logger: AnyLogger,
+                 replay_window: int = 0):
         self.hosts, self.plan, self.exploration, self.logger = hosts, plan, exploration, logger
+        self.replay_window = replay_window  # transitions of past rounds a resume reads back into replay
 
     def collect(self, state: LoopState) -> Experience:
         exploration = self.exploration(state.env_steps)
@@ -76,7 +84,11 @@ class SyncRounds:
     def cancel(self) -> None:
         pass
 
-    @staticmethod
-    def inserted_shards(state: LoopState, layout: RunLayout, workers: int) -> list[str]:
-        """The shards a replay learner had inserted by `state`, in order: each round's, by version."""
-        return [layout.shard(version, worker) for version in range(state.version) for worker in range(workers)]
+    def checkpointed(self, state: LoopState) -> ShardFloor:
+        """Rounds are all the same size: a resume from `state` reads the last round (its envs
+        continue from it) and the rounds that cover the replay window, heatup's while the
+        window reaches back to it (or while version 0 continues heatup's envs)."""
+        per_round = self.plan.preset.env_steps_per_iteration
+        rounds = max(math.ceil(self.replay_window / per_round), 1)
+        heatup = state.version == 0 or state.version * per_round < self.replay_window
+        return ShardFloor(heatup, round=max(state.version - rounds, 0))

@@ -1,5 +1,6 @@
 """Delivering a finished run: the policy the deciding evaluation scored (as an MLflow model and
-as its checkpoint), the preset, the learning curve, and a summary for the Prefect UI."""
+as its published version, with its manifest), the preset, the learning curve, and a summary for
+the Prefect UI."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from gymflow.tasks.storage.checkpoints import POLICY_BLOB
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.tracking.models import log_policy_model
 from gymflow.tasks.tracking.plots import plot_learning_curve
@@ -23,10 +25,10 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, history: li
         preset_file = Path(folder, "preset.yaml")
         preset_file.write_bytes(run.preset_yaml())
         tracker.log_artifact(str(preset_file))
-        checkpoint_dir = Path(folder, "checkpoint")
-        run.storage.download(RunLayout(run.run_id).checkpoint(summary.delivered_version), str(checkpoint_dir))
-        tracker.log_artifact(str(checkpoint_dir), "checkpoint")
-        model_uri = log_policy_model(tracker, (checkpoint_dir / "policy.safetensors").read_bytes(), run.preset_yaml())
+        policy_dir = Path(folder, "policy")
+        run.storage.download(RunLayout(run.run_id).policies.folder(summary.delivered_version), str(policy_dir))
+        tracker.log_artifact(str(policy_dir), "policy")
+        model_uri = log_policy_model(tracker, (policy_dir / POLICY_BLOB).read_bytes(), run.preset_yaml())
         title = f"{config.name}: {config.agent.algo.upper()} on {config.env.id}"
         curve = plot_learning_curve(history, summary.evaluations, str(Path(folder, "learning_curve.png")), title=title,
                                     target_return=config.schedule.target_return)

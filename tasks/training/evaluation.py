@@ -55,7 +55,7 @@ class EvaluationSchedule:
         self.hosts, self.plan, self.blocking, self.logger = hosts, plan, blocking, logger
         self.every = plan.preset.schedule.evaluate_every_env_steps
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="evaluation")
-        self._running: tuple[Future[EvaluationResult], int] | None = None
+        self._running: tuple[Future[EvaluationResult], int, int] | None = None  # with env steps and version
 
     def start_if_due(self, state: LoopState) -> int:
         """Start scoring `state.version` if an evaluation is due and none is running; returns
@@ -63,8 +63,13 @@ class EvaluationSchedule:
         if self._running is not None or state.env_steps < state.next_evaluation:
             return state.next_evaluation
         specs = self.plan.evaluations(state.version)
-        self._running = (self._thread.submit(evaluate_version, self.hosts, specs, self.logger), state.env_steps)
+        future = self._thread.submit(evaluate_version, self.hosts, specs, self.logger)
+        self._running = (future, state.env_steps, state.version)
         return state.next_evaluation + self.every
+
+    def scoring(self) -> frozenset[int]:
+        """The version an evaluation is scoring, until its result has been taken."""
+        return frozenset() if self._running is None else frozenset({self._running[2]})
 
     def finished(self) -> Scored | None:
         """The evaluation that finished: waited for if the schedule is blocking."""
@@ -76,7 +81,7 @@ class EvaluationSchedule:
         """The evaluation still running, once it has finished; None if none runs."""
         if self._running is None:
             return None
-        future, env_steps = self._running
+        future, env_steps, _ = self._running
         self._running = None
         return Scored(env_steps, future.result())
 

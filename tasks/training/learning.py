@@ -1,15 +1,20 @@
 """The learner's side of the improve loop: it lives in the flow's process for the whole run;
 these functions make it, give it experience from storage, and commit its versions back.
 
-A committed version holds what a rollout worker needs to act (`policy.safetensors`) and what a
-resumed run needs (the learner's state, the loop's state and, where the preset asks for it,
-the replay memory); tasks/storage/checkpoints.py makes the commit atomic and verifiable.
+Every committed version publishes what a rollout worker needs to act (`policies/vN`, kept while
+the lag bound or an evaluation may ask for it). A full checkpoint — what a resumed run needs: the
+learner's state, the loop's state, the replay memory or where it stood — is written on the
+preset's cadence and at the end; the newest `storage.keep_checkpoints` are kept, and the shards
+no kept checkpoint needs are deleted (tasks/storage/retention.py). tasks/storage/checkpoints.py
+makes each commit atomic and verifiable.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -18,20 +23,31 @@ from prefect.cache_policies import NO_CACHE
 
 from gymflow.agents.core import Learner, ReplayLearner, Rollout
 from gymflow.errors import UnusableWarmStart
+from gymflow.presets.model import StorageConfig
 from gymflow.presets.validate import Experiment
 from gymflow.tasks.storage.checkpoints import (
     LEARNER_TENSORS,
     LEARNER_TREE,
     POLICY_BLOB,
     REPLAY_BLOB,
+    REPLAY_POSITION,
+    SHARD_FLOOR,
     CheckpointRef,
     commit_checkpoint,
+    committed_versions,
+    publish_policy,
+    read_checkpoint,
+    read_manifest,
+    retire_version,
+    versions_on,
 )
 from gymflow.tasks.storage.codec import encode_arrays, encode_state, encode_tensors
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage
+from gymflow.tasks.storage.retention import ShardFloor, delete_below
 from gymflow.tasks.storage.shards import ShardRef, read_shard
 from gymflow.tasks.training.collection import Experience
+from gymflow.tasks.training.ledger import discard_segments_after
 from gymflow.tasks.training.state import STATE_BLOB, LoopState
 
 
@@ -84,25 +100,92 @@ def replay_learner(learner: Learner) -> ReplayLearner:
 
 
 @dataclass(frozen=True)
+class Cadence:
+    """When a committed version also gets a full checkpoint (storage.checkpoint_every_*)."""
+
+    every_env_steps: int | None
+    every_seconds: float | None
+
+    def due(self, state: LoopState, last_env_steps: int, last_time: float) -> bool:
+        if self.every_env_steps is None and self.every_seconds is None:
+            return state.env_steps >= state.next_evaluation  # the version will be evaluated
+        by_steps = self.every_env_steps is not None and state.env_steps - last_env_steps >= self.every_env_steps
+        by_time = self.every_seconds is not None and time.monotonic() - last_time >= self.every_seconds
+        return by_steps or by_time
+
+
 class Checkpoints:
-    """Commits a run's versions."""
+    """Publishes every committed version's policy and writes full checkpoints on the cadence,
+    retiring what nothing can ask for any more; see the module's docstring."""
 
-    storage: Storage
-    run_id: str
-    include_replay: bool  # storage.checkpoint_replay
+    def __init__(self, storage: Storage, run_id: str, config: StorageConfig, policy_window: int):
+        self.storage, self.run_id, self.layout, self.config = storage, run_id, RunLayout(run_id), config
+        self.policy_window = policy_window  # versions behind the newest a rollout may still act with
+        self.cadence = Cadence(config.checkpoint_every_env_steps, config.checkpoint_every_seconds)
+        self.published = deque(versions_on(storage, self.layout.policies))  # a resumed run's, too
+        self._last: tuple[int, float] | None = None  # env steps and time of the last checkpoint
 
-    def commit(self, learner: Learner, state: LoopState) -> CheckpointRef:
-        """Everything needed to act and to resume from `state`, as version `state.version`."""
+    def publish(self, learner: Learner, version: int, pinned: Collection[int] = ()) -> None:
+        """Publish `version`'s policy; retire those older than the policy window, except the
+        `pinned` ones (an evaluation is scoring them)."""
+        publish_policy(self.storage, self.layout, version, {POLICY_BLOB: encode_tensors(learner.policy_weights())})
+        if not self.published or self.published[-1] != version:
+            self.published.append(version)
+        for old in [v for v in self.published if v < version - self.policy_window and v not in pinned]:
+            retire_version(self.storage, self.layout.policies, old)
+            self.published.remove(old)
+
+    def resumed(self, learner: Learner, state: LoopState) -> None:
+        """A resumed run continues from checkpoint `state.version`: what the dead run wrote after
+        it (policies, checkpoints that did not verify, ledger segments) is discarded, and its
+        policy is published again for the rollouts that continue from it."""
+        for version in [v for v in self.published if v > state.version]:
+            retire_version(self.storage, self.layout.policies, version)
+            self.published.remove(version)
+        for version in committed_versions(self.storage, self.layout):
+            if version > state.version:
+                retire_version(self.storage, self.layout.checkpoint_shelf, version)
+        discard_segments_after(self.storage, self.layout, state.version)
+        self.publish(learner, state.version)
+        self._last = (state.env_steps, time.monotonic())
+
+    def due(self, state: LoopState) -> bool:
+        if self._last is None:
+            return True
+        return self.cadence.due(state, *self._last)
+
+    def checkpoint(self, learner: Learner, state: LoopState, floor: ShardFloor, keep: Collection[int] = ()
+                   ) -> CheckpointRef:
+        """Everything needed to resume from `state`, as checkpoint `state.version`; then retire
+        all but the newest `keep_checkpoints` (and `keep`), and the shards none of them needs."""
         learner_tensors, learner_tree = encode_state(learner.state_dict())
         blobs = {
             POLICY_BLOB: encode_tensors(learner.policy_weights()),
             LEARNER_TENSORS: learner_tensors,
             LEARNER_TREE: learner_tree,
             STATE_BLOB: state.to_json(),
+            SHARD_FLOOR: floor.to_json(),
         }
-        if self.include_replay and isinstance(learner, ReplayLearner):
+        if isinstance(learner, ReplayLearner) and self.config.checkpoint_replay:
             blobs[REPLAY_BLOB] = encode_arrays(learner.replay.state_dict())
-        return commit_checkpoint(self.storage, RunLayout(self.run_id), state.version, blobs)
+        elif isinstance(learner, ReplayLearner):
+            blobs[REPLAY_POSITION] = json.dumps(learner.replay.position()).encode()
+        ref = commit_checkpoint(self.storage, self.layout, state.version, blobs)
+        self._last = (state.env_steps, time.monotonic())
+        self._retire_checkpoints({state.version, *keep})
+        return ref
+
+    def _retire_checkpoints(self, keep: set[int]) -> None:
+        stored = committed_versions(self.storage, self.layout)
+        kept = set(stored[-self.config.keep_checkpoints:]) | (keep & set(stored))
+        for version in stored:
+            if version not in kept:
+                retire_version(self.storage, self.layout.checkpoint_shelf, version)
+        if self.config.keep_shards == "needed":
+            oldest = min(kept)
+            if SHARD_FLOOR in read_manifest(self.storage, self.layout.checkpoint_shelf, oldest)["blobs"]:
+                floor = read_checkpoint(self.storage, self.layout, oldest, [SHARD_FLOOR])[SHARD_FLOOR]
+                delete_below(self.storage, self.layout, ShardFloor.from_json(floor))
 
 
 @task(name="fill-replay", cache_policy=NO_CACHE)

@@ -22,6 +22,7 @@ from prefect.cache_policies import NO_CACHE
 from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.rounds import RoundPlan, collect_round
+from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.storage.shards import ShardRef
 from gymflow.tasks.training.collection import Collection, Experience
 from gymflow.tasks.training.evaluation import EvaluationSchedule, Scored
@@ -85,14 +86,25 @@ class ImproveLoop:
         next_evaluation = self.evaluations.start_if_due(state)  # scores version v while the learner learns
         learned = learn(self.learner, self.checkpoints.storage, experience, self._progress(state))
         committed = experience.state.committed(next_evaluation)
-        self.checkpoints.commit(self.learner, committed)
         evaluation = self.evaluations.finished()
+        self.latest = evaluation or self.latest
+        commit_seconds = self.commit(committed)
         waited = evaluation.result.seconds if evaluation is not None and self.evaluations.blocking else 0.0
-        self.observer.stepped(_report(experience, learned, committed, waited, time.perf_counter() - started))
+        self.observer.stepped(_report(experience, learned, committed, waited, commit_seconds,
+                                      time.perf_counter() - started))
         if evaluation is not None:
-            self.latest = evaluation
             self.observer.evaluated(evaluation)
         return committed
+
+    def commit(self, state: LoopState) -> float:
+        """Publish `state.version`'s policy; checkpoint it when the cadence says so, and at the
+        end. Returns the seconds it took."""
+        started = time.perf_counter()
+        self.checkpoints.publish(self.learner, state.version, pinned=self.evaluations.scoring())
+        if self.checkpoints.due(state) or self.stopped(state):
+            delivered = {self.latest.version} if self.stop.target_reached(self.latest) else set()
+            self.checkpoints.checkpoint(self.learner, state, self.collection.checkpointed(state), keep=delivered)
+        return time.perf_counter() - started
 
     def stopped(self, state: LoopState) -> bool:
         return self.stop.reached(state, self.collection.drained(), self.latest)
@@ -123,12 +135,12 @@ def train(loop: ImproveLoop, state: LoopState, seconds: float = TASK_SECONDS) ->
             return state
 
 
-def heatup(hosts: Hosts, plan: RoundPlan, learner: ReplayLearner, checkpoints: Checkpoints) -> LoopState:
+def heatup(hosts: Hosts, plan: RoundPlan, learner: ReplayLearner, storage: Storage) -> LoopState:
     """Fill the replay memory from one round of a uniform random policy, one shard a worker;
     no learning. Its env steps count against the budget."""
     state = LoopState.start(plan.workers, plan.preset.schedule.evaluate_every_env_steps)
     shards = collect_heatup(hosts, plan.rollouts(None, 1.0, state.env_cursors))
-    fill_replay(learner, checkpoints.storage, shards)
+    fill_replay(learner, storage, shards)
     return replace(state, env_steps=sum(shard.env_steps for shard in shards),
                    env_cursors=tuple(shard.key for shard in shards))
 
@@ -140,7 +152,7 @@ def collect_heatup(hosts: Hosts, specs: list) -> list[ShardRef]:
 
 
 def _report(experience: Experience, learned: Learned, state: LoopState, evaluation_seconds: float,
-            seconds: float) -> StepReport:
+            commit_seconds: float, seconds: float) -> StepReport:
     metrics = experience.metrics | rollout_metrics(experience.landed) | {
         f"train/{name}": value for name, value in learned.metrics.items()
     } | {
@@ -150,6 +162,7 @@ def _report(experience: Experience, learned: Learned, state: LoopState, evaluati
         "time/round_seconds": seconds,
         "time/collect_seconds": experience.collect_seconds,
         "time/learn_seconds": learned.seconds,
+        "time/commit_seconds": commit_seconds,  # publishing the policy, and a checkpoint when one is due
     }
     work = experience.collect_seconds + max(learned.seconds, evaluation_seconds)
     return StepReport(state, metrics, work, frozenset(shard.collected_by for shard in experience.landed))

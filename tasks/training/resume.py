@@ -2,29 +2,38 @@
 
 The learner's state and the loop's state come from the newest checkpoint that verifies. The
 replay memory of an off-policy agent comes from the same checkpoint where it was stored
-(storage.checkpoint_replay), else it is rebuilt by inserting the run's shards again in their
-original order (heatup's, then SYNC rounds by version or the ASYNC ledger's order), which gives
-the same transitions the learner had; prioritized replay then restarts its priorities at the
-largest one.
+(storage.checkpoint_replay), else it is rebuilt from the newest shards it had inserted — read
+newest first until they cover its capacity (SYNC rounds by version, then heatup's; ASYNC from the
+ledger's segments), then inserted oldest first from the slot the first of them had taken. That
+gives the same memory the learner had, slot for slot; prioritized replay restarts its
+priorities at the largest one.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from gymflow.agents.core import Learner, ReplayLearner
+from gymflow.agents.core import Learner, ReplayLearner, Rollout
 from gymflow.presets.load import validate_preset_data
 from gymflow.presets.model import Preset
 from gymflow.presets.validate import Experiment, experiment_from
-from gymflow.tasks.storage.checkpoints import LEARNER_TENSORS, LEARNER_TREE, REPLAY_BLOB, read_newest_valid_checkpoint
+from gymflow.tasks.storage.checkpoints import (
+    LEARNER_TENSORS,
+    LEARNER_TREE,
+    REPLAY_BLOB,
+    REPLAY_POSITION,
+    CheckpointError,
+    read_newest_valid_checkpoint,
+)
 from gymflow.tasks.storage.codec import decode_arrays, decode_state
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.storage.records import read_stored_preset
 from gymflow.tasks.storage.shards import read_shard_at
-from gymflow.tasks.training.collection import SyncRounds
+from gymflow.tasks.training.ledger import records_newest_first
 from gymflow.tasks.training.state import STATE_BLOB, LoopState
-from gymflow.tasks.training.stream import AsyncStream
 
 
 @dataclass(frozen=True)
@@ -50,14 +59,40 @@ def restore(storage: Storage, run_id: str, learner: Learner, preset: Preset) -> 
     if isinstance(learner, ReplayLearner) and REPLAY_BLOB in loaded.blobs:
         learner.replay.load_state_dict(decode_arrays(loaded.blobs[REPLAY_BLOB]))
     elif isinstance(learner, ReplayLearner):
-        for key in inserted_shards(storage, layout, state, preset):
-            learner.remember([read_shard_at(storage, key)])
+        rebuild_replay(learner, storage, layout, state, preset, json.loads(loaded.blobs[REPLAY_POSITION]))
     return Restored(state, loaded.refused)
 
 
-def inserted_shards(storage: Storage, layout: RunLayout, state: LoopState, preset: Preset) -> list[str]:
-    """The shards a replay learner had inserted by `state`, in the order it inserted them."""
+def rebuild_replay(learner: ReplayLearner, storage: Storage, layout: RunLayout, state: LoopState, preset: Preset,
+                   position: dict[str, int]) -> None:
+    """Insert again the newest shards that cover the memory's capacity, from the slot the first
+    of them had, so the memory ends where the checkpoint says it stood."""
+    tail: list[list[Rollout]] = []
+    steps = 0
+    for keys in inserted_newest_first(storage, layout, state, preset):
+        if steps >= learner.replay.capacity:
+            break
+        rollouts = [read_shard_at(storage, key) for key in keys]
+        tail.append(rollouts)
+        steps += sum(rollout.env_steps for rollout in rollouts)
+    learner.replay.start_at(position["inserted"] - steps)
+    for rollouts in reversed(tail):
+        learner.remember(rollouts)
+    if learner.replay.position() != position:
+        raise CheckpointError(f"rebuilding the replay memory from {storage.url(layout.shards)} ended at "
+                              f"{learner.replay.position()}, not where checkpoint v{state.version} stood ({position})")
+
+
+def inserted_newest_first(storage: Storage, layout: RunLayout, state: LoopState, preset: Preset
+                          ) -> Iterator[list[str]]:
+    """The shards a replay learner had inserted by `state`, newest first, as the groups it
+    inserted together: each SYNC round, each ASYNC chunk, then heatup's."""
     workers = preset.distribution.rollout_workers
+    if preset.distribution.mode == "async":
+        yield from ([record.key] for record, _ in records_newest_first(storage, layout, state.version)
+                    if record.admitted)
+    else:
+        yield from ([layout.shard(version, w) for w in range(workers)] for version in range(state.version - 1, -1, -1))
     heatup = [layout.shard(None, w) for w in range(workers) if storage.exists(layout.shard(None, w))]
-    collection = AsyncStream if preset.distribution.mode == "async" else SyncRounds
-    return heatup + collection.inserted_shards(state, layout, workers)
+    if heatup:
+        yield heatup

@@ -113,7 +113,7 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
     evaluations = EvaluationSchedule(hosts, plan, blocking=preset.distribution.mode == "sync", logger=logger)
     loop = ImproveLoop(
         run.learner, _collection(run, hosts, plan, logger), evaluations,
-        Checkpoints(run.storage, run.run_id, preset.storage.checkpoint_replay),
+        Checkpoints(run.storage, run.run_id, preset.storage, policy_window=preset.distribution.max_policy_lag + 1),
         StopRule(preset.schedule.total_env_steps, preset.schedule.target_return), observer,
     )
     try:
@@ -128,13 +128,14 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
 def first_state(run: PreparedRun, hosts: Hosts, loop: ImproveLoop) -> LoopState:
     """Where training starts: a resumed run's state, or heatup (off-policy agents) and version 0."""
     if run.restored is not None:
+        loop.checkpoints.resumed(run.learner, run.restored.state)
         return run.restored.state
     plan, learner = RoundPlan(run.preset, run.run_id), run.learner
     if isinstance(learner, ReplayLearner) and run.preset.schedule.heatup_env_steps:
-        state = heatup(hosts, plan, learner, loop.checkpoints)
+        state = heatup(hosts, plan, learner, run.storage)
     else:
         state = LoopState.start(plan.workers, run.preset.schedule.evaluate_every_env_steps)
-    loop.checkpoints.commit(learner, state)
+    loop.commit(state)
     return state
 
 
@@ -145,9 +146,11 @@ def storage_url(run: PreparedRun) -> str:
 def _collection(run: PreparedRun, hosts: Hosts, plan: RoundPlan, logger: AnyLogger) -> Collection:
     preset, learner = run.preset, run.learner
     exploration = partial(run.experiment.algorithm.exploration, preset.agent)
+    rebuilt_from_shards = isinstance(learner, ReplayLearner) and not preset.storage.checkpoint_replay
+    replay_window = learner.replay.capacity if rebuilt_from_shards else 0
     if preset.distribution.mode == "sync":
-        return SyncRounds(hosts, plan, exploration, logger)
+        return SyncRounds(hosts, plan, exploration, logger, replay_window)
     assert isinstance(learner, ReplayLearner)  # presets/validate.py refuses async for on-policy agents
     ratio = Ratio(preset.samples_per_insert, learner.samples_per_train_step,
                   preset.distribution.commit_every_train_steps, preset.distribution.max_policy_lag)
-    return AsyncStream(hosts, plan, ratio, exploration, logger)
+    return AsyncStream(hosts, plan, ratio, exploration, logger, replay_window)

@@ -3,34 +3,17 @@
 `LoopState` is one immutable value. Each committed checkpoint stores it (`loop_state.json`), and a
 resumed run continues from the one it reads back; this module is the only place that writes
 or reads it. SYNC and ASYNC runs have the same state, except that an ASYNC run also carries its
-stream's position: the next chunk number of each rollout worker and the ledger of every shard
-that landed.
+stream's position: the next chunk number of each rollout worker and the ledger's counters.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
 
-from gymflow.tasks.storage.layout import RunLayout
-from gymflow.tasks.storage.objects import Storage
+from gymflow.tasks.training.ledger import Ledger
 
 STATE_BLOB = "loop_state.json"  # in every checkpoint
-LEDGER = "ledger.json"  # an ASYNC run's final ledger, beside its preset
-
-
-@dataclass(frozen=True)
-class Ledger:
-    """Every ASYNC shard that landed, in landing order, and what became of it. A resumed run
-    rebuilds its replay memory by inserting `inserted` again, in order."""
-
-    inserted: tuple[str, ...] = ()
-    dropped: tuple[str, ...] = ()  # collected by a policy more versions behind than the lag bound
-    unused: tuple[str, ...] = ()  # landed after the run had stopped
-    lags: tuple[tuple[str, int], ...] = ()  # (key, learner version minus the shard's) of each inserted or dropped shard
-    inserted_steps: int = 0  # transitions inserted into replay (heatup excluded)
-    sampled: int = 0  # transitions sampled for training (train steps x batch size)
 
 
 @dataclass(frozen=True)
@@ -75,20 +58,6 @@ class LoopState:
         return cls(
             version=fields["version"], env_steps=fields["env_steps"], next_evaluation=fields["next_evaluation"],
             env_cursors=tuple(fields["env_cursors"]),
-            stream=None if stream is None else StreamPosition(tuple(stream["next_chunk"]), _ledger(stream["ledger"])),
+            stream=None if stream is None else StreamPosition(tuple(stream["next_chunk"]), Ledger(**stream["ledger"])),
         )
 
-
-def write_ledger(storage: Storage, run_id: str, ledger: Ledger) -> None:
-    """The run's final accounting of its ASYNC shards, next to its preset."""
-    storage.write(f"{RunLayout(run_id).prefix}/{LEDGER}", json.dumps(asdict(ledger), indent=1).encode())
-
-
-def read_ledger(storage: Storage, run_id: str) -> Ledger:
-    return _ledger(json.loads(storage.read(f"{RunLayout(run_id).prefix}/{LEDGER}")))
-
-
-def _ledger(fields: dict[str, Any]) -> Ledger:
-    lags = tuple((key, lag) for key, lag in fields.pop("lags"))
-    return Ledger(**{name: tuple(value) if isinstance(value, list) else value for name, value in fields.items()},
-                  lags=lags)

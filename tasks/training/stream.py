@@ -11,7 +11,7 @@ owes `samples_per_insert` x inserted - sampled samples. `collect` hands it the s
 once it owes a commit period's worth of gradient steps (or once nothing more can land), and
 collection pauses while the learner is more than one round of chunks behind. A shard collected
 by a policy more than `max_policy_lag` versions behind the learner's is dropped and counted.
-Every chunk lands once, in the ledger.
+Every chunk lands once, in the ledger (tasks/training/ledger.py).
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ from gymflow.tasks.cluster.jobs import run_rollout
 from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import open_storage, storage_location
+from gymflow.tasks.storage.retention import ShardFloor
 from gymflow.tasks.storage.shards import ShardRef
 from gymflow.tasks.training.collection import Experience, Exploration
-from gymflow.tasks.training.state import Ledger, LoopState, StreamPosition, write_ledger
+from gymflow.tasks.training.ledger import Ledger, LedgerBook, replay_tail, write_final_ledger
+from gymflow.tasks.training.state import LoopState, StreamPosition
 
 
 @dataclass(frozen=True)
@@ -47,38 +49,18 @@ class Ratio:
         return learner_version - shard_version <= self.max_policy_lag
 
 
-class LedgerBook:
-    """The ledger while the stream writes it; `ledger()` is its frozen copy for a checkpoint."""
-
-    def __init__(self, ledger: Ledger):
-        self.inserted, self.dropped, self.unused = list(ledger.inserted), list(ledger.dropped), list(ledger.unused)
-        self.lags, self.inserted_steps, self.sampled = list(ledger.lags), ledger.inserted_steps, ledger.sampled
-
-    def record(self, shard: ShardRef, lag: int, admitted: bool) -> None:
-        self.lags.append((shard.key, lag))
-        if admitted:
-            self.inserted.append(shard.key)
-            self.inserted_steps += shard.env_steps
-        else:
-            self.dropped.append(shard.key)
-
-    def owed_samples(self, ratio: Ratio) -> float:
-        return ratio.samples_per_insert * self.inserted_steps - self.sampled
-
-    def ledger(self) -> Ledger:
-        return Ledger(tuple(self.inserted), tuple(self.dropped), tuple(self.unused), tuple(self.lags),
-                      self.inserted_steps, self.sampled)
-
-
 class AsyncStream:
     """One chunk in flight per rollout worker; see the module's docstring."""
 
-    def __init__(self, hosts: Hosts, plan: RoundPlan, ratio: Ratio, exploration: Exploration, logger: AnyLogger):
+    def __init__(self, hosts: Hosts, plan: RoundPlan, ratio: Ratio, exploration: Exploration, logger: AnyLogger,
+                 replay_window: int):
         self.hosts, self.plan, self.ratio, self.exploration, self.logger = hosts, plan, ratio, exploration, logger
+        self.storage, self.layout = open_storage(storage_location(plan.preset.storage)), RunLayout(plan.run_id)
         self.in_flight: dict[int, Call] = {}
         self.next_chunk: list[int] = []  # per worker: the next chunk number to submit
         self.cursors: list[str | None] = []  # per worker: the last landed shard, whose envs continue
-        self.book = LedgerBook(Ledger())
+        self.replay_window = replay_window  # transitions of inserted shards a resume reads back
+        self.book = LedgerBook(Ledger(), replay_window)
         self.submitted_steps = -1  # env steps of every chunk submitted, heatup's included; -1: not started
         self._period = (0.0, 0, 0)  # when the last commit period began, with the ledger's counters then
 
@@ -88,8 +70,9 @@ class AsyncStream:
             return
         stream = state.stream or StreamPosition.start(self.plan.workers)
         self.next_chunk, self.cursors = list(stream.next_chunk), list(state.env_cursors)
-        self.book, self.submitted_steps = LedgerBook(stream.ledger), state.env_steps
-        self._period = (time.perf_counter(), self.book.inserted_steps, self.book.sampled)
+        recent = replay_tail(self.storage, self.layout, state.version, self.replay_window) if state.stream else []
+        self.book, self.submitted_steps = LedgerBook(stream.ledger, self.replay_window, recent), state.env_steps
+        self._period = (time.perf_counter(), self.book.counts.inserted_steps, self.book.counts.sampled)
 
     @property
     def total_env_steps(self) -> int:
@@ -117,7 +100,7 @@ class AsyncStream:
         admitted = [shard for shard in landed if self.ratio.admits(shard.version, state.version)]
         ages = [time.time() - shard.written_at for shard in admitted]
         train_steps = min(self._owed_train_steps(), self.ratio.commit_every)
-        self.book.sampled += train_steps * self.ratio.samples_per_train_step
+        self.book.add_sampled(train_steps * self.ratio.samples_per_train_step)
         return Experience(tuple(admitted), self._state_after(state, landed), landed=tuple(landed),
                           train_steps=train_steps, collect_seconds=waited,
                           metrics=self._metrics(state.version, landed, ages))
@@ -138,8 +121,9 @@ class AsyncStream:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(self.in_flight)} rollout chunks did not finish after the stop")
             late += self._landed(wait_s=1.0)
-        self.book.unused += [shard.key for shard in late]
-        write_ledger(open_storage(storage_location(self.plan.preset.storage)), self.plan.run_id, self.book.ledger())
+        self.book.add_unused(late)
+        self.book.write_segment(self.storage, self.layout, state.version)  # what landed since the last checkpoint
+        write_final_ledger(self.storage, self.plan.run_id, self.book.counts, late)
         return self._state_after(state, late)
 
     def cancel(self) -> None:
@@ -147,18 +131,30 @@ class AsyncStream:
         its shard is never read."""
         self.in_flight.clear()
 
-    @staticmethod
-    def inserted_shards(state: LoopState, layout: RunLayout, workers: int) -> list[str]:
-        """The shards the learner had inserted by `state`, in the order they were."""
-        return list(state.stream.ledger.inserted) if state.stream else []
+    def checkpointed(self, state: LoopState) -> ShardFloor:
+        """`state` is being checkpointed: the shards that landed since the last checkpoint go to
+        the ledger's segment `state.version`. Returns the oldest shards a resume from it reads:
+        each worker's last landed chunk (its envs continue from it), the inserted chunks that
+        cover the replay window, heatup's while the window reaches back to it."""
+        self._start_from(state)
+        self.book.write_segment(self.storage, self.layout, state.version)
+        landed = state.stream.next_chunk if state.stream else (0,) * self.plan.workers
+        chunks = [max(count - 1, 0) for count in landed]
+        for entry in self.book.recent:
+            chunks[entry.record.worker] = min(chunks[entry.record.worker], entry.record.chunk)
+        heatup = not self.book.replay_covered or min(landed) == 0
+        segments = [entry.segment for entry in self.book.recent if entry.segment is not None]
+        return ShardFloor(heatup, chunks=tuple(chunks), segment=min(segments, default=state.version + 1))
 
     def _owed_train_steps(self) -> int:
-        return max(math.floor(self.book.owed_samples(self.ratio) / self.ratio.samples_per_train_step), 0)
+        owed = self.book.owed_samples(self.ratio.samples_per_insert)
+        return max(math.floor(owed / self.ratio.samples_per_train_step), 0)
 
     def _may_collect(self) -> bool:
         """Under the budget, and the learner at most one round of chunks behind its ratio."""
         allowance = self.ratio.samples_per_insert * self.plan.preset.steps_per_chunk * self.plan.workers
-        return self.submitted_steps < self.total_env_steps and self.book.owed_samples(self.ratio) <= allowance
+        return (self.submitted_steps < self.total_env_steps
+                and self.book.owed_samples(self.ratio.samples_per_insert) <= allowance)
 
     def _feed(self, env_steps: int) -> None:
         """Send each idle worker its next chunk, while collection may run."""
@@ -191,19 +187,19 @@ class AsyncStream:
         # a resumed run collects again what is in flight now: from each worker's last landed chunk
         next_chunk = tuple(n - (1 if w in self.in_flight else 0) for w, n in enumerate(self.next_chunk))
         return replace(state, env_steps=state.env_steps + sum(shard.env_steps for shard in landed),
-                       env_cursors=tuple(self.cursors), stream=StreamPosition(next_chunk, self.book.ledger()))
+                       env_cursors=tuple(self.cursors), stream=StreamPosition(next_chunk, self.book.counts))
 
     def _metrics(self, version: int, landed: list[ShardRef], ages: list[float]) -> dict[str, float]:
         lags = [version - shard.version for shard in landed]
-        book = self.book
+        counts = self.book.counts
         (began, inserted_steps, sampled), now = self._period, time.perf_counter()
-        self._period = (now, book.inserted_steps, book.sampled)
+        self._period = (now, counts.inserted_steps, counts.sampled)
         metrics = {
-            "async/inserts_per_second": (book.inserted_steps - inserted_steps) / (now - began),
-            "async/samples_per_second": (book.sampled - sampled) / (now - began),
-            "async/shards_inserted": float(len(book.inserted)),
-            "async/shards_dropped": float(len(book.dropped)),
-            "async/samples_per_insert": book.sampled / max(book.inserted_steps, 1),
+            "async/inserts_per_second": (counts.inserted_steps - inserted_steps) / (now - began),
+            "async/samples_per_second": (counts.sampled - sampled) / (now - began),
+            "async/shards_inserted": float(counts.shards_inserted),
+            "async/shards_dropped": float(counts.shards_dropped),
+            "async/samples_per_insert": counts.sampled / max(counts.inserted_steps, 1),
             "async/workers_collecting": float(len(self.in_flight)),
         }
         if lags:

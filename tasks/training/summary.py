@@ -11,8 +11,9 @@ from gymflow.tasks.tracking.plots import PLOTTED_METRICS
 from gymflow.tasks.tracking.progress import ProgressLog
 from gymflow.tasks.tracking.tracker import Tracker
 from gymflow.tasks.training.evaluation import Scored
+from gymflow.tasks.training.ledger import Ledger
 from gymflow.tasks.training.loop import StepReport
-from gymflow.tasks.training.state import Ledger, LoopState
+from gymflow.tasks.training.state import LoopState
 
 
 class EvaluationRow(NamedTuple):
@@ -99,13 +100,12 @@ def summarize(identity: RunIdentity, state: LoopState, recorder: RunRecorder, de
               solved: bool, wall_seconds: float) -> RunSummary:
     """The run's report, from the loop's final state and what was recorded along the way."""
     ledger = state.stream.ledger if state.stream else Ledger()
-    lags = [lag for _, lag in ledger.lags]
     return RunSummary(
         identity.run_id, identity.mlflow_run_id, identity.storage_url,
         env_steps=state.env_steps, versions_committed=state.version + 1, delivered_version=delivered.version,
         final_return=delivered.mean_return, best_return=max(row.mean for row in recorder.evaluations), solved=solved,
         wall_seconds=wall_seconds, work_seconds=recorder.work_seconds, evaluations=tuple(recorder.evaluations),
-        rollout_processes=frozenset(recorder.processes), shards_inserted=len(ledger.inserted),
-        shards_dropped=len(ledger.dropped), shards_unused=len(ledger.unused),
-        policy_lag_mean=sum(lags) / len(lags) if lags else 0.0, policy_lag_max=max(lags, default=0),
+        rollout_processes=frozenset(recorder.processes), shards_inserted=ledger.shards_inserted,
+        shards_dropped=ledger.shards_dropped, shards_unused=ledger.shards_unused,
+        policy_lag_mean=ledger.lag_mean, policy_lag_max=ledger.lag_max,
     )

@@ -1,0 +1,62 @@
+"""What a run keeps in storage, and what it deletes once nothing can need it.
+
+Each checkpoint records its `ShardFloor`: the oldest shards (and ASYNC ledger segments) a resume
+from it reads — the env cursors its rollouts continue from, and the inserted shards whose
+transitions its replay memory still held (when the replay memory is rebuilt from shards rather
+than stored in the checkpoint). Floors only rise as a run goes on, so once the old checkpoints
+are retired, everything below the floor of the oldest checkpoint kept is deleted: no resume, from
+any checkpoint left, reads it. Shards above it — the rounds and chunks since — are what the live
+run is working on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage
+
+_ROUND = re.compile(r"/shards/v(\d{6})/w\d{3}\.npz$")
+_CHUNK = re.compile(r"/shards/async/w(\d{3})/c(\d{6})\.npz$")
+_HEATUP = re.compile(r"/shards/heatup/w\d{3}\.npz$")
+_SEGMENT = re.compile(r"/ledger/v(\d{6})\.json$")
+
+
+@dataclass(frozen=True)
+class ShardFloor:
+    """The oldest stored experience a resume from one checkpoint reads."""
+
+    heatup: bool  # heatup's shards
+    round: int = 0  # sync: the rounds of this version and later
+    chunks: tuple[int, ...] = ()  # async: per rollout worker, its chunks from this number on
+    segment: int = 0  # async: the ledger segments of this version and later
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ShardFloor:
+        fields = json.loads(data)
+        return cls(fields["heatup"], fields["round"], tuple(fields["chunks"]), fields["segment"])
+
+    def needs(self, key: str) -> bool:
+        """Whether a resume from the checkpoint may read the shard or segment at `key`."""
+        if _HEATUP.search(key):
+            return self.heatup
+        if found := _ROUND.search(key):
+            return int(found[1]) >= self.round
+        if found := _CHUNK.search(key):
+            worker, chunk = int(found[1]), int(found[2])
+            return worker >= len(self.chunks) or chunk >= self.chunks[worker]
+        if found := _SEGMENT.search(key):
+            return int(found[1]) >= self.segment
+        return True
+
+
+def delete_below(storage: Storage, layout: RunLayout, floor: ShardFloor) -> int:
+    """Delete the shards and ledger segments under `floor`; returns how many."""
+    stale = [key for key in [*storage.list(layout.shards), *storage.list(layout.ledger)] if not floor.needs(key)]
+    storage.delete(stale)
+    return len(stale)

@@ -1,0 +1,35 @@
+"""Checks of what a finished run leaves in storage."""
+
+from __future__ import annotations
+
+from gymflow.tasks.storage.checkpoints import (
+    committed_versions,
+    latest_version,
+    read_checkpoint,
+    read_policy,
+    versions_on,
+)
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage
+
+
+def check_run_storage(storage: Storage, summary, expect_heatup: bool = False) -> None:
+    """What a finished run leaves in storage with the default retention."""
+    layout = RunLayout(summary.run_id)
+    final = summary.versions_committed - 1
+    assert latest_version(storage, layout) == final
+    checkpoints = committed_versions(storage, layout)  # the newest two (storage.keep_checkpoints), verified
+    assert len(checkpoints) == 2 and checkpoints[-1] == final
+    for version in checkpoints:
+        blobs = read_checkpoint(storage, layout, version)
+        assert {"policy.safetensors", "learner.safetensors", "learner.json", "loop_state.json"} <= set(blobs)
+    policies = versions_on(storage, layout.policies)  # the newest, and max_policy_lag (4) + 1 behind it
+    assert policies[-1] == final and len(policies) <= 6
+    for version in policies:
+        assert read_policy(storage, layout, version)
+    # the shards left are those a resume from the oldest checkpoint reads (its envs' cursors) and later
+    oldest = checkpoints[0]
+    rounds = [f"v{v:06d}" for v in range(max(oldest - 1, 0), final)] + (["heatup"] if expect_heatup and not oldest
+                                                                         else [])
+    expected = sorted(f"{layout.prefix}/shards/{r}/w{w:03d}.npz" for r in rounds for w in (0, 1))
+    assert storage.list(f"{layout.prefix}/shards") == expected  # one shard per (version, worker)
