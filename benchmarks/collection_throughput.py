@@ -58,7 +58,6 @@ def interleaved(workers: int, envs: int, steps: int, rounds: int) -> tuple[list[
     from gymflow.tasks.cluster.rounds import RoundPlan, run_round
     from gymflow.tasks.storage.objects import open_storage, storage_location
     from gymflow.tasks.training.learning import Checkpoints, create_learner
-    from gymflow.tasks.training.state import LoopState
 
     here, there = multiprocessing.get_context("spawn").Pipe()
     baseline = multiprocessing.get_context("spawn").Process(target=_plain_loop, args=(there, envs, steps), daemon=True)
@@ -71,9 +70,10 @@ def interleaved(workers: int, envs: int, steps: int, rounds: int) -> tuple[list[
         })
         config = experiment.preset
         learner = create_learner(experiment)
-        checkpoints = Checkpoints(open_storage(storage_location(config.storage)), "bench", include_replay=False)
+        checkpoints = Checkpoints(open_storage(storage_location(config.storage)), "bench", config.storage,
+                                  policy_window=10**6)
         for version in range(rounds + 1):
-            checkpoints.commit(learner, LoopState(version, 0, 0, (None,) * workers))
+            checkpoints.publish(learner, version)
         plan = RoundPlan(config, "bench")
         plain, gymflow = [], []
         with dask_client(config.distribution) as client, job_hosts(client, config.distribution) as hosts:

@@ -60,15 +60,15 @@ def bare_rollout_job(preset: str, rounds: int = 30) -> tuple[float, float]:
     from gymflow.tasks.cluster.rounds import RoundPlan
     from gymflow.tasks.storage.objects import open_storage, storage_location
     from gymflow.tasks.training.learning import Checkpoints, create_learner
-    from gymflow.tasks.training.state import LoopState
 
     with tempfile.TemporaryDirectory() as folder:
         experiment = resolve_experiment(preset, {"storage.root": folder})
         config, learner = experiment.preset, create_learner(experiment)
-        checkpoints = Checkpoints(open_storage(storage_location(config.storage)), "profile", include_replay=False)
+        checkpoints = Checkpoints(open_storage(storage_location(config.storage)), "profile", config.storage,
+                                  policy_window=10**6)
         workers = config.distribution.rollout_workers
         for version in range(rounds):
-            checkpoints.commit(learner, LoopState(version, 0, 0, (None,) * workers))
+            checkpoints.publish(learner, version)
         resume_from: list[str | None] = [None] * workers
         walls, stepping = [], []
         for version in range(rounds):

@@ -13,7 +13,6 @@ from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import open_storage, storage_location
 from gymflow.tasks.storage.shards import ShardError, read_shard
 from gymflow.tasks.training.learning import Checkpoints
-from gymflow.tasks.training.state import LoopState
 
 
 @pytest.fixture
@@ -29,7 +28,7 @@ def _commit_version(experiment, run_id: str, version: int) -> None:
     config = experiment.preset
     learner = experiment.algorithm.learner(config.agent, experiment.observation_space, experiment.action_space, config.seed)
     storage = open_storage(storage_location(config.storage))
-    Checkpoints(storage, run_id, include_replay=False).commit(learner, LoopState(version, 0, 0, (None, None)))
+    Checkpoints(storage, run_id, config.storage, policy_window=10).publish(learner, version)
 
 
 def _two_rounds(experiment, run_id: str, forget_live_envs: bool):

@@ -49,10 +49,10 @@ def test_improve_runs_on_s3_with_mlflow_artifacts_in_the_same_bucket(prefect_api
     check_run_storage(_storage(s3_server, prefix), summary)
     with s3_artifact_environment(s3_server.options()):
         client = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}")
-        assert {"preset.yaml", "learning_curve.png", "policy"} <= {a.path for a in client.list_artifacts(summary.mlflow_run_id)}
+        assert {"preset.yaml", "learning_curve.png", "checkpoint"} <= {a.path for a in client.list_artifacts(summary.mlflow_run_id)}
     artifacts = _storage(s3_server, f"{prefix}-mlflow").list("")
     assert any(key.endswith("artifacts/learning_curve.png") for key in artifacts)
-    assert any(key.endswith("artifacts/policy/manifest.json") for key in artifacts)
+    assert any(key.endswith("artifacts/checkpoint/manifest.json") for key in artifacts)
     preset_yaml = _storage(s3_server, prefix).read(RunLayout(summary.run_id).preset).decode()
     assert s3_server.secret not in preset_yaml and "secret: '***'" in preset_yaml  # credentials never stored
     assert written_files(workspace) == ["mlflow.db"]  # nothing else lands on the local disk

@@ -1,5 +1,5 @@
-"""Delivering a finished run: the policy the deciding evaluation scored (as an MLflow model and
-as its published version, with its manifest), the preset, the learning curve, and a summary for
+"""Delivering a finished run: the policy the deciding evaluation scored (as an MLflow model, and
+its checkpoint where the cadence wrote one), the preset, the learning curve, and a summary for
 the Prefect UI."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from gymflow.tasks.storage.checkpoints import POLICY_BLOB
+from gymflow.tasks.storage.checkpoints import POLICY_BLOB, committed_versions, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.tracking.models import log_policy_model
 from gymflow.tasks.tracking.plots import plot_learning_curve
@@ -25,10 +25,13 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, history: li
         preset_file = Path(folder, "preset.yaml")
         preset_file.write_bytes(run.preset_yaml())
         tracker.log_artifact(str(preset_file))
-        policy_dir = Path(folder, "policy")
-        run.storage.download(RunLayout(run.run_id).policies.folder(summary.delivered_version), str(policy_dir))
-        tracker.log_artifact(str(policy_dir), "policy")
-        model_uri = log_policy_model(tracker, (policy_dir / POLICY_BLOB).read_bytes(), run.preset_yaml())
+        layout, delivered = RunLayout(run.run_id), summary.delivered_version
+        if delivered in committed_versions(run.storage, layout):  # kept beside the newest checkpoints
+            checkpoint_dir = Path(folder, "checkpoint")
+            run.storage.download(layout.checkpoint(delivered), str(checkpoint_dir))
+            tracker.log_artifact(str(checkpoint_dir), "checkpoint")
+        policy = read_policy(run.storage, layout, delivered, [POLICY_BLOB])[POLICY_BLOB]
+        model_uri = log_policy_model(tracker, policy, run.preset_yaml())
         title = f"{config.name}: {config.agent.algo.upper()} on {config.env.id}"
         curve = plot_learning_curve(history, summary.evaluations, str(Path(folder, "learning_curve.png")), title=title,
                                     target_return=config.schedule.target_return)
