@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -15,6 +16,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.async_logging.run_operations import RunOperations
 
 _BATCH = 100  # MLflow accepts at most 100 params per batch
+_MAX_PENDING = 256  # queued metric batches held before waiting on the oldest
 # MLflow 3's UI opens an experiment in its GenAI view unless this tag says it is for model training
 EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 
@@ -36,7 +38,7 @@ class Tracker:
             self.client.update_run(existing_run_id, status="RUNNING")
             self.client.set_tag(existing_run_id, "prefect.flow_run_id.resumed", tags.get("prefect.flow_run_id", ""))
             self.run_id, self.experiment_id = existing_run_id, run.info.experiment_id
-            self._pending: list[RunOperations] = []
+            self._pending: deque[RunOperations] = deque()
             return
         found = self.client.get_experiment_by_name(experiment)
         if found is None:
@@ -48,7 +50,7 @@ class Tracker:
                 self.client.set_experiment_tag(experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
         self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags)).info.run_id
         self.experiment_id = experiment_id
-        self._pending: list[RunOperations] = []
+        self._pending: deque[RunOperations] = deque()
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         items = [Param(key, str(value)[:6000]) for key, value in params.items()]
@@ -62,6 +64,8 @@ class Tracker:
         for start in range(0, len(items), 1000):
             operation = self.client.log_batch(self.run_id, metrics=items[start : start + 1000], synchronous=False)
             self._pending.append(operation)
+        while len(self._pending) > _MAX_PENDING:  # long runs: hold a bounded queue, the oldest long written
+            self._pending.popleft().wait()
 
     def metric_rows(self, keys: Sequence[str]) -> list[dict[str, float]]:
         """What was logged so far, one dict per step (with 'time/env_steps'), for the given keys."""
@@ -90,7 +94,7 @@ class Tracker:
     def flush(self) -> None:
         """Wait until every queued metric is written."""
         while self._pending:
-            self._pending.pop(0).wait()
+            self._pending.popleft().wait()
 
     def finish(self, succeeded: bool) -> None:
         self.flush()

@@ -51,6 +51,10 @@ class RunSummary:
         return 1.0 - self.work_seconds / self.wall_seconds if self.wall_seconds else 0.0
 
 
+CURVE_POINTS = 2_000
+_CURVE_KEYS = frozenset((*PLOTTED_METRICS, "time/env_steps"))
+
+
 @dataclass
 class RunRecorder:
     """The loop's observer: logs each step and evaluation to MLflow, shows progress, and keeps
@@ -67,12 +71,14 @@ class RunRecorder:
 
     @classmethod
     def resumed(cls, tracker: Tracker, progress: ProgressLog) -> RunRecorder:
-        rows = [EvaluationRow(*row) for row in tracker.evaluation_rows()]
-        return cls(tracker, progress, tracker.metric_rows(PLOTTED_METRICS), rows)
+        recorder = cls(tracker, progress, evaluations=[EvaluationRow(*row) for row in tracker.evaluation_rows()])
+        for row in tracker.metric_rows(PLOTTED_METRICS):
+            recorder._keep_for_curve(row)
+        return recorder
 
     def stepped(self, report: StepReport) -> None:
         self.tracker.log_metrics(report.metrics, step=report.state.env_steps)
-        self.history.append(report.metrics)
+        self._keep_for_curve(report.metrics)
         self.work_seconds += report.work_seconds
         self.processes |= report.collected_by
         self._episode_return = report.metrics.get("rollout/episode_return_mean", self._episode_return)
@@ -83,6 +89,13 @@ class RunRecorder:
         returns = scored.result.returns
         self.evaluations.append(EvaluationRow(scored.env_steps, scored.mean_return, min(returns), max(returns)))
         self.work_seconds += scored.result.seconds if waited else 0.0
+
+    def _keep_for_curve(self, metrics: dict[str, float]) -> None:
+        """The learning curve's points: the plotted metrics of each step, thinned to every other
+        point whenever they pass 2 x CURVE_POINTS, so a run of any length holds a bounded history."""
+        self.history.append({key: value for key, value in metrics.items() if key in _CURVE_KEYS})
+        if len(self.history) > 2 * CURVE_POINTS:
+            self.history = self.history[::-2][::-1]  # the newest point stays
 
     def _status(self, state: LoopState) -> str:
         status = f"v{state.version} return {self._episode_return:.1f}"
