@@ -9,6 +9,7 @@ import pytest
 from gymflow.tasks.storage.checkpoints import committed_versions, read_policy, versions_on
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage
+from gymflow.tasks.storage.retention import ShardFloor
 from gymflow.tasks.training.learning import Checkpoints, create_learner
 from gymflow.tasks.training.ledger import read_ledger, segment_versions
 from gymflow.tasks.training.resume import restore
@@ -122,3 +123,14 @@ def test_policies_retire_outside_the_window_unless_an_evaluation_is_scoring_them
         if version == 9:
             assert versions_on(run.storage, RunLayout(run.run_id).policies) == [3, 7, 8, 9]
     assert versions_on(run.storage, RunLayout(run.run_id).policies) == [8, 9, 10]
+
+
+def test_a_rising_floor_frees_exactly_what_a_listing_would_find():
+    layout = RunLayout("run")
+    stored = ([layout.shard(None, w) for w in (0, 1)] + [layout.shard(v, w) for v in range(6) for w in (0, 1)]
+              + [layout.chunk(w, c) for w in (0, 1) for c in range(8)] + [layout.ledger_segment(v) for v in (0, 3, 6, 9)])
+    earlier = ShardFloor(2, heatup=True, round=1, chunks=(2, 1), segment=3)
+    later = ShardFloor(2, heatup=False, round=4, chunks=(5, 1), segment=7)
+    listed = {key for key in stored if earlier.needs(key) and not later.needs(key)}
+    assert set(later.released_since(earlier, layout)) & set(stored) == listed
+    assert layout.chunk(0, 4) in listed and layout.chunk(1, 1) not in listed and layout.ledger_segment(6) in listed

@@ -28,6 +28,7 @@ _SEGMENT = re.compile(r"/ledger/v(\d{6})\.json$")
 class ShardFloor:
     """The oldest stored experience a resume from one checkpoint reads."""
 
+    workers: int  # rollout workers, each with a heatup shard, a shard a round, a stream of chunks
     heatup: bool  # heatup's shards
     round: int = 0  # sync: the rounds of this version and later
     chunks: tuple[int, ...] = ()  # async: per rollout worker, its chunks from this number on
@@ -39,7 +40,17 @@ class ShardFloor:
     @classmethod
     def from_json(cls, data: bytes) -> ShardFloor:
         fields = json.loads(data)
-        return cls(fields["heatup"], fields["round"], tuple(fields["chunks"]), fields["segment"])
+        return cls(fields["workers"], fields["heatup"], fields["round"], tuple(fields["chunks"]), fields["segment"])
+
+    def released_since(self, earlier: ShardFloor, layout: RunLayout) -> list[str]:
+        """The keys under this floor that were not under `earlier`: what rising from `earlier` to
+        here frees, found without listing storage."""
+        workers = range(self.workers)
+        keys = [layout.shard(None, w) for w in workers] if earlier.heatup and not self.heatup else []
+        keys += [layout.shard(v, w) for v in range(earlier.round, self.round) for w in workers]
+        for worker, (before, now) in enumerate(zip(earlier.chunks, self.chunks)):
+            keys += [layout.chunk(worker, chunk) for chunk in range(before, now)]
+        return keys + [layout.ledger_segment(v) for v in range(earlier.segment, self.segment)]
 
     def needs(self, key: str) -> bool:
         """Whether a resume from the checkpoint may read the shard or segment at `key`."""
@@ -55,8 +66,10 @@ class ShardFloor:
         return True
 
 
-def delete_below(storage: Storage, layout: RunLayout, floor: ShardFloor) -> int:
-    """Delete the shards and ledger segments under `floor`; returns how many."""
-    stale = [key for key in [*storage.list(layout.shards), *storage.list(layout.ledger)] if not floor.needs(key)]
-    storage.delete(stale)
-    return len(stale)
+def delete_below(storage: Storage, layout: RunLayout, floor: ShardFloor, earlier: ShardFloor | None = None) -> None:
+    """Delete the shards and ledger segments under `floor`: those freed since `earlier`, the
+    floor deleted below last time, or where there is none, whatever a listing finds under it."""
+    if earlier is not None:
+        storage.delete(floor.released_since(earlier, layout))
+        return
+    storage.delete(key for key in [*storage.list(layout.shards), *storage.list(layout.ledger)] if not floor.needs(key))

@@ -91,4 +91,4 @@ class SyncRounds:
         per_round = self.plan.preset.env_steps_per_iteration
         rounds = max(math.ceil(self.replay_window / per_round), 1)
         heatup = state.version == 0 or state.version * per_round < self.replay_window
-        return ShardFloor(heatup, round=max(state.version - rounds, 0))
+        return ShardFloor(self.plan.workers, heatup, round=max(state.version - rounds, 0))

@@ -124,6 +124,7 @@ class Checkpoints:
         self.cadence = Cadence(config.checkpoint_every_env_steps, config.checkpoint_every_seconds)
         self.published = deque(versions_on(storage, self.layout.policies))  # a resumed run's, too
         self._last: tuple[int, float] | None = None  # env steps and time of the last checkpoint
+        self._deleted_below: ShardFloor | None = None  # the floor the shards were last deleted below
 
     def publish(self, learner: Learner, version: int, pinned: Collection[int] = ()) -> None:
         """Publish `version`'s policy; retire those older than the policy window, except the
@@ -184,8 +185,10 @@ class Checkpoints:
         if self.config.keep_shards == "needed":
             oldest = min(kept)
             if SHARD_FLOOR in read_manifest(self.storage, self.layout.checkpoint_shelf, oldest)["blobs"]:
-                floor = read_checkpoint(self.storage, self.layout, oldest, [SHARD_FLOOR])[SHARD_FLOOR]
-                delete_below(self.storage, self.layout, ShardFloor.from_json(floor))
+                blob = read_checkpoint(self.storage, self.layout, oldest, [SHARD_FLOOR])[SHARD_FLOOR]
+                floor = ShardFloor.from_json(blob)
+                delete_below(self.storage, self.layout, floor, self._deleted_below)
+                self._deleted_below = floor
 
 
 @task(name="fill-replay", cache_policy=NO_CACHE)

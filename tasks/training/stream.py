@@ -144,7 +144,8 @@ class AsyncStream:
             chunks[entry.record.worker] = min(chunks[entry.record.worker], entry.record.chunk)
         heatup = not self.book.replay_covered or min(landed) == 0
         segments = [entry.segment for entry in self.book.recent if entry.segment is not None]
-        return ShardFloor(heatup, chunks=tuple(chunks), segment=min(segments, default=state.version + 1))
+        return ShardFloor(self.plan.workers, heatup, chunks=tuple(chunks),
+                          segment=min(segments, default=state.version + 1))
 
     def _owed_train_steps(self) -> int:
         owed = self.book.owed_samples(self.ratio.samples_per_insert)
