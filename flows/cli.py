@@ -6,12 +6,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import yaml
 
 from gymflow.errors import GymflowError
 from gymflow.presets import builtin_presets, parse_assignments
+
+if TYPE_CHECKING:
+    from gymflow.tasks.training.summary import RunSummary
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,6 +65,33 @@ def _working_folder_importable() -> None:
 
 
 def _run(preset: str, overrides: dict, quiet: bool, resume: str | None = None) -> int:
+    """Train, with a progress bar; Ctrl-C or SIGTERM stops it within seconds (flows/stopping.py)."""
+    from gymflow.flows.stopping import stopping_cleanly, temporary_api
+
+    with stopping_cleanly(), temporary_api() as api_ready:
+        from gymflow.flows.improve import improve  # loads while the API starts
+
+        api_ready()
+        try:
+            summary = _with_progress_bar(lambda: improve(preset, overrides, resume=resume), quiet)
+        except GymflowError as error:
+            print(f"gymflow: error: {error}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("gymflow: stopped. What was committed stays: `gymflow resume RUN_ID --root ROOT` continues the "
+                  "run (its id is in the log above)", file=sys.stderr)
+            return 130
+    verdict = "reached its target" if summary.solved else "did not reach its target"
+    print(
+        f"run {summary.run_id} {verdict}: evaluation return {summary.final_return:.1f} "
+        f"(best {summary.best_return:.1f}) after {summary.env_steps:,} env steps in "
+        f"{summary.wall_seconds:.1f} s of training; orchestration {100 * summary.orchestration_share:.1f}% "
+        f"of it\n  checkpoints and shards: {summary.storage_url}\n  MLflow run: {summary.mlflow_run_id}"
+    )
+    return 0
+
+
+def _with_progress_bar(train: Callable[[], RunSummary], quiet: bool) -> RunSummary:
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -70,10 +101,8 @@ def _run(preset: str, overrides: dict, quiet: bool, resume: str | None = None) -
         TimeRemainingColumn,
     )
 
-    from gymflow.flows.improve import improve
     from gymflow.tasks.tracking.progress import showing_progress
 
-    console = Console(stderr=True)
     bar = Progress(
         TextColumn("[bold]training"),
         BarColumn(),
@@ -81,7 +110,7 @@ def _run(preset: str, overrides: dict, quiet: bool, resume: str | None = None) -
         TimeElapsedColumn(),
         TimeRemainingColumn(),
         TextColumn("{task.fields[status]}"),
-        console=console,
+        console=Console(stderr=True),
         disable=quiet,
     )
 
@@ -94,19 +123,7 @@ def _run(preset: str, overrides: dict, quiet: bool, resume: str | None = None) -
             bar.update(self.task_id, completed=min(env_steps, total), status=status)
 
     with bar, showing_progress(BarView()):
-        try:
-            summary = improve(preset, overrides, resume=resume)
-        except GymflowError as error:
-            print(f"gymflow: error: {error}", file=sys.stderr)
-            return 2
-    verdict = "reached its target" if summary.solved else "did not reach its target"
-    print(
-        f"run {summary.run_id} {verdict}: evaluation return {summary.final_return:.1f} "
-        f"(best {summary.best_return:.1f}) after {summary.env_steps:,} env steps in "
-        f"{summary.wall_seconds:.1f} s of training; orchestration {100 * summary.orchestration_share:.1f}% "
-        f"of it\n  checkpoints and shards: {summary.storage_url}\n  MLflow run: {summary.mlflow_run_id}"
-    )
-    return 0
+        return train()
 
 
 def _checkpoints(run_id: str, root: str, options: dict) -> int:

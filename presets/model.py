@@ -64,6 +64,16 @@ class ScheduleConfig(_Strict):
     )
 
 
+class TLSConfig(_Strict):
+    """Mutual TLS to a Dask scheduler that requires it (Dask's `Security`): files on the machine
+    the flow runs on."""
+
+    ca_file: str = Field(min_length=1, description="PEM file of the CA that signed the scheduler's and workers' "
+                         "certificates.")
+    cert_file: str = Field(min_length=1, description="PEM certificate the flow presents, signed by that CA.")
+    key_file: str = Field(min_length=1, description="PEM private key of cert_file.")
+
+
 class DistributionConfig(_Strict):
     mode: Literal["sync", "async"] = Field(
         default="sync",
@@ -95,6 +105,12 @@ class DistributionConfig(_Strict):
         default=None,
         description="Address of a running Dask scheduler (tcp://host:8786). "
         "None starts a LocalCluster for the run.",
+    )
+    tls: TLSConfig | None = Field(
+        default=None,
+        description="Connect to a tls:// scheduler_address with these certificates; a scheduler started with "
+        "--tls-ca-file/--tls-cert/--tls-key refuses clients without them. None: plain tcp:// (or Dask's own "
+        "distributed.comm.tls configuration).",
     )
     cluster_class: str | None = Field(
         default=None,

@@ -55,6 +55,9 @@ def experiment_from(config: Preset) -> Experiment:
             f"async needs an off-policy agent (dqn, sac); {algorithm.name} learns only from its current "
             "policy's rollouts: use sync",
         )
+    tls, address = config.distribution.tls, config.distribution.scheduler_address
+    if tls is not None and not (address or "").startswith("tls://"):
+        raise InvalidPreset("distribution.tls", f"needs a tls:// distribution.scheduler_address, not {address!r}")
     if algorithm.on_policy and config.schedule.heatup_env_steps:
         raise InvalidPreset("schedule.heatup_env_steps", f"must be 0 for the on-policy {algorithm.name}")
     return Experiment(config, algorithm, observation_space, action_space)

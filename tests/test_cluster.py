@@ -123,3 +123,66 @@ def _is_dask_worker(process: psutil.Process) -> bool:
     except psutil.Error:
         return False
     return "multiprocessing" in command and "spawn" in command
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory):
+    """`dask scheduler` and a `dask worker` that speak only mutual TLS (self-signed CA) on
+    loopback. Yields (address, the certificates, a set of certificates from another CA)."""
+    from gymflow.testing.tls import write_certificates
+
+    folder = tmp_path_factory.mktemp("tls")
+    files, strangers = write_certificates(folder), write_certificates(folder / "other", "stranger")
+    tls = ["--tls-ca-file", files.ca_file, "--tls-cert", files.cert_file, "--tls-key", files.key_file]
+    port = free_port()
+    address = f"tls://127.0.0.1:{port}"
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    processes = [subprocess.Popen([DASK, "scheduler", "--protocol", "tls", "--host", "127.0.0.1", "--port", str(port),
+                                   "--dashboard-address", ":0", *tls], **quiet)]
+    try:
+        processes.append(subprocess.Popen([DASK, "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
+                                           "--dashboard-address", ":0", *tls], **quiet))
+        from distributed.security import Security
+
+        security = Security(tls_ca_file=files.ca_file, tls_client_cert=files.cert_file,
+                            tls_client_key=files.key_file, require_encryption=True)
+        with Client(address, timeout=60, security=security) as client:
+            client.wait_for_workers(1, timeout=60)
+        yield address, files, strangers
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=30)
+
+
+def test_a_run_goes_through_a_tls_scheduler_with_the_presets_certificates(prefect_api, workspace, tls_cluster,
+                                                                          tiny_budget):
+    address, files, _ = tls_cluster
+    tls = {"ca_file": files.ca_file, "cert_file": files.cert_file, "key_file": files.key_file}
+    overrides = {**tiny_budget, **local_overrides(workspace), "storage.shared": True,
+                 "distribution.scheduler_address": address, "distribution.tls": tls}
+    summary = improve("cartpole-ppo", overrides)
+    assert summary.env_steps == 640 and len(_pids(summary)) == 1  # the TLS cluster's one worker collected
+
+
+def test_a_tls_scheduler_refuses_a_client_without_its_certificates(prefect_api, workspace, tls_cluster, tiny_budget):
+    address, files, strangers = tls_cluster
+    base = {**tiny_budget, **local_overrides(workspace), "storage.shared": True, "distribution.scheduler_address": address}
+    state = improve("cartpole-ppo", base, return_state=True)  # no certificates
+    assert state.is_failed() and "distribution.tls: the scheduler 'tls://" in state.message
+    stranger = {"ca_file": files.ca_file, "cert_file": strangers.cert_file, "key_file": strangers.key_file}
+    state = improve("cartpole-ppo", {**base, "distribution.tls": stranger}, return_state=True)  # signed by another CA
+    assert state.is_failed() and "distribution.scheduler_address: no Dask scheduler answered" in state.message
+    assert written_files(workspace) == []  # refused before anything was written
+
+
+def test_tls_settings_are_refused_before_any_work_without_a_tls_address_or_their_files(workspace, tiny_budget):
+    tls = {"ca_file": "ca.pem", "cert_file": "cert.pem", "key_file": "key.pem"}
+    remote = {**tiny_budget, "storage.shared": True, "distribution.tls": tls}
+    with pytest.raises(InvalidPreset, match="distribution.tls: needs a tls:// distribution.scheduler_address"):
+        resolve_experiment("cartpole-ppo", {**remote, "distribution.scheduler_address": "tcp://127.0.0.1:8786"})
+    assert main(["run", "cartpole-ppo", *(f"--set={k}={v}" for k, v in {
+        "distribution.scheduler_address": "tls://127.0.0.1:8786", "distribution.tls.ca_file": "ca.pem",
+        "distribution.tls.cert_file": "cert.pem", "distribution.tls.key_file": "key.pem",
+        "storage.shared": "true"}.items())]) == 2

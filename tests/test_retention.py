@@ -121,7 +121,9 @@ def test_policies_retire_outside_the_window_unless_an_evaluation_is_scoring_them
     for version in range(11):
         checkpoints.publish(run.learner, version, pinned={3} if version < 10 else set())
         if version == 9:
+            checkpoints.retirement.wait()  # retiring runs beside the commits
             assert versions_on(run.storage, RunLayout(run.run_id).policies) == [3, 7, 8, 9]
+    checkpoints.close()
     assert versions_on(run.storage, RunLayout(run.run_id).policies) == [8, 9, 10]
 
 

@@ -12,10 +12,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import dask
 from distributed import Client, LocalCluster
+from distributed.security import Security
 
 from gymflow.errors import ClusterUnavailable, InvalidPreset
-from gymflow.presets.model import DistributionConfig
+from gymflow.presets.model import DistributionConfig, TLSConfig
 from gymflow.tasks.cluster.hosts import HostPool
 
 CONNECT_TIMEOUT_S = 10
@@ -25,7 +27,7 @@ CONNECT_TIMEOUT_S = 10
 def dask_client(config: DistributionConfig) -> Iterator[Client]:
     logging.getLogger("distributed").setLevel(logging.WARNING)
     if config.scheduler_address:
-        client = _connect(config.scheduler_address)
+        client = _connect(config.scheduler_address, _security(config.tls))
         with client:
             _check_resources(client, config.rollout_resources, config.cluster_start_timeout_s)
             yield client
@@ -103,9 +105,23 @@ def _check_resources(client: Client, resources: dict[str, float], wait_s: float)
         time.sleep(0.5)
 
 
-def _connect(address: str) -> Client:
+def _security(tls: TLSConfig | None) -> Security | None:
+    """Dask's Security for the preset's certificates; a file that is not there is refused here."""
+    if tls is None:
+        return None
+    for name in ("ca_file", "cert_file", "key_file"):
+        if not os.path.isfile(getattr(tls, name)):
+            raise ClusterUnavailable(f"distribution.tls.{name}", f"no such file {getattr(tls, name)!r}")
+    return Security(tls_ca_file=tls.ca_file, tls_client_cert=tls.cert_file, tls_client_key=tls.key_file,
+                    require_encryption=True)
+
+
+def _connect(address: str, security: Security | None) -> Client:
+    if address.startswith("tls://") and security is None and not dask.config.get("distributed.comm.tls.ca-file"):
+        raise ClusterUnavailable("distribution.tls", f"the scheduler {address!r} speaks TLS: give the flow's "
+                                 "certificates (ca_file, cert_file, key_file)")
     try:
-        return Client(address, timeout=CONNECT_TIMEOUT_S)
+        return Client(address, timeout=CONNECT_TIMEOUT_S, security=security)
     except (OSError, TimeoutError) as error:
         raise ClusterUnavailable(
             "distribution.scheduler_address",

@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -32,12 +33,12 @@ from gymflow.tasks.storage.checkpoints import (
     REPLAY_BLOB,
     REPLAY_POSITION,
     SHARD_FLOOR,
+    CheckpointError,
     CheckpointRef,
     commit_checkpoint,
     committed_versions,
     publish_policy,
     read_checkpoint,
-    read_manifest,
     retire_version,
     versions_on,
 )
@@ -114,9 +115,38 @@ class Cadence:
         return by_steps or by_time
 
 
+class Retirement:
+    """Deletes what nothing needs any more on a thread of its own, in the order asked: deleting
+    files costs tens of milliseconds a checkpoint once a run is past its replay window, and the
+    commit path should not pay it. A deletion that failed is raised at the next request."""
+
+    def __init__(self) -> None:
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="retirement")
+        self._pending: list[Future[None]] = []
+
+    def later(self, delete: Callable[..., None], *args: object) -> None:
+        self._raise_failures()
+        self._pending.append(self._thread.submit(delete, *args))
+
+    def wait(self) -> None:
+        """Wait for every deletion asked for so far."""
+        for future in list(self._pending):
+            future.exception()  # waits
+        self._raise_failures()
+
+    def close(self) -> None:
+        self.wait()
+        self._thread.shutdown()
+
+    def _raise_failures(self) -> None:
+        for future in [future for future in self._pending if future.done()]:
+            self._pending.remove(future)
+            future.result()
+
+
 class Checkpoints:
     """Publishes every committed version's policy and writes full checkpoints on the cadence,
-    retiring what nothing can ask for any more; see the module's docstring."""
+    retiring what nothing can ask for any more; see the module's docstring. Close it at the end."""
 
     def __init__(self, storage: Storage, run_id: str, config: StorageConfig, policy_window: int):
         self.storage, self.run_id, self.layout, self.config = storage, run_id, RunLayout(run_id), config
@@ -125,6 +155,7 @@ class Checkpoints:
         self.published = deque(versions_on(storage, self.layout.policies))  # a resumed run's, too
         self._last: tuple[int, float] | None = None  # env steps and time of the last checkpoint
         self._deleted_below: ShardFloor | None = None  # the floor the shards were last deleted below
+        self.retirement = Retirement()
 
     def publish(self, learner: Learner, version: int, pinned: Collection[int] = ()) -> None:
         """Publish `version`'s policy; retire those older than the policy window, except the
@@ -133,7 +164,7 @@ class Checkpoints:
         if not self.published or self.published[-1] != version:
             self.published.append(version)
         for old in [v for v in self.published if v < version - self.policy_window and v not in pinned]:
-            retire_version(self.storage, self.layout.policies, old)
+            self.retirement.later(retire_version, self.storage, self.layout.policies, old)
             self.published.remove(old)
 
     def resumed(self, learner: Learner, state: LoopState) -> None:
@@ -181,14 +212,20 @@ class Checkpoints:
         kept = set(stored[-self.config.keep_checkpoints:]) | (keep & set(stored))
         for version in stored:
             if version not in kept:
-                retire_version(self.storage, self.layout.checkpoint_shelf, version)
-        if self.config.keep_shards == "needed":
-            oldest = min(kept)
-            if SHARD_FLOOR in read_manifest(self.storage, self.layout.checkpoint_shelf, oldest)["blobs"]:
-                blob = read_checkpoint(self.storage, self.layout, oldest, [SHARD_FLOOR])[SHARD_FLOOR]
-                floor = ShardFloor.from_json(blob)
-                delete_below(self.storage, self.layout, floor, self._deleted_below)
-                self._deleted_below = floor
+                self.retirement.later(retire_version, self.storage, self.layout.checkpoint_shelf, version)
+        if self.config.keep_shards == "all":
+            return
+        try:
+            blob = read_checkpoint(self.storage, self.layout, min(kept), [SHARD_FLOOR])[SHARD_FLOOR]
+        except CheckpointError:  # an unverifiable or older-format checkpoint: keep every shard it may need
+            return
+        floor = ShardFloor.from_json(blob)
+        self.retirement.later(delete_below, self.storage, self.layout, floor, self._deleted_below)
+        self._deleted_below = floor
+
+    def close(self) -> None:
+        """Wait for the deletions under way."""
+        self.retirement.close()
 
 
 @task(name="fill-replay", cache_policy=NO_CACHE)

@@ -123,6 +123,7 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
         raise
     finally:
         evaluations.close()
+        loop.checkpoints.close()
 
 
 def first_state(run: PreparedRun, hosts: Hosts, loop: ImproveLoop) -> LoopState:

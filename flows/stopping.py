@@ -1,0 +1,132 @@
+"""How a command-line run stops: Ctrl-C or SIGTERM ends it within seconds, with nothing left running.
+
+Left to itself, Prefect starts its temporary API server inside the terminal's process group, so
+Ctrl-C reaches the server too: it dies first, and the run's last state reports and Prefect's
+exit-time log drain then retry a server that is gone. A SIGTERM (`timeout`, a supervisor) ends
+the process without running any exit handler, leaving that server behind as an orphan.
+
+So here:
+- `temporary_api()` starts the temporary server itself, in a session of its own (Ctrl-C does not
+  reach it), while gymflow's imports load, and stops it last, after Prefect's exit-time drains;
+- `stopping_cleanly()` takes SIGTERM as Ctrl-C (KeyboardInterrupt: the flow run is marked
+  crashed, the Dask cluster closed, the MLflow run marked failed on the way out; what was
+  committed stays, for `gymflow resume`), and a second signal, or a stop that takes more than
+  `STOP_GRACE_S`, ends the process at once with every process it started.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+STOP_GRACE_S = 8.0
+API_START_TIMEOUT_S = 60.0
+
+
+class TemporaryApi:
+    """A Prefect API server of this process's own, on a free loopback port."""
+
+    def __init__(self) -> None:
+        import prefect  # the package's location only: light
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        environment = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+                       "PREFECT__SERVER_FINAL": "1"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--app-dir", os.path.dirname(prefect.__path__[0]), "--factory",
+             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+             "--log-level", "error", "--lifespan", "on"],
+            env=environment, start_new_session=True, stdout=subprocess.DEVNULL,
+        )
+        atexit.register(self.stop)  # registered before Prefect's drains, so it runs after them
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def wait_ready(self) -> None:
+        import httpx
+
+        deadline = time.monotonic() + API_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the temporary Prefect API exited with {self.process.returncode}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"the temporary Prefect API did not answer within {API_START_TIMEOUT_S:.0f} s")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@contextmanager
+def temporary_api() -> Iterator[Callable[[], None]]:
+    """Where no Prefect API is configured (PREFECT_API_URL, a profile), a temporary one of this
+    process's own for what runs inside. Yields the wait for it to answer: the caller's imports
+    load while it starts."""
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    if get_current_settings().api.url:
+        yield lambda: None
+        return
+    api = TemporaryApi()
+    with temporary_settings(updates={PREFECT_API_URL: api.url}):
+        yield api.wait_ready
+
+
+@contextmanager
+def stopping_cleanly() -> Iterator[None]:
+    """SIGTERM as Ctrl-C; a second signal or an overlong stop ends everything at once."""
+    stopping = threading.Event()
+
+    def interrupt(signum: int, frame: object) -> None:
+        if stopping.is_set():
+            _exit_now(f"signal {signum} again")
+        stopping.set()
+        watchdog = threading.Timer(STOP_GRACE_S, _exit_now, args=(f"still stopping after {STOP_GRACE_S:.0f} s",))
+        watchdog.daemon = True
+        watchdog.start()
+        print("\ngymflow: stopping (again to stop at once)", file=sys.stderr)
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _exit_now(why: str) -> None:
+    """End this process and every process it started, now."""
+    import psutil
+
+    print(f"gymflow: {why}: ending the run's processes", file=sys.stderr)
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(children, timeout=2)
+    os._exit(130)

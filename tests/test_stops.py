@@ -1,0 +1,97 @@
+"""Stopping a command-line run: Ctrl-C in a terminal (SIGINT to the whole process group) and
+SIGTERM to the `gymflow` process each end it within 10 s, leave none of its processes running
+(the temporary Prefect API, Dask workers and nannies, multiprocessing's resource tracker), and
+leave what it committed for `gymflow resume`, which runs it to the same end as an uninterrupted
+run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from mlflow.tracking import MlflowClient
+
+from gymflow.flows.cli import main
+from gymflow.flows.improve import improve
+from gymflow.tasks.storage.checkpoints import read_policy
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage, StorageLocation
+from tests.conftest import local_overrides
+
+pytestmark = pytest.mark.e2e
+GYMFLOW = str(Path(sys.executable).with_name("gymflow"))
+
+
+def _started_run(root: Path, run: dict, env: dict) -> tuple[subprocess.Popen, list[psutil.Process]]:
+    """`gymflow run` in a session of its own, once it has published version 3; with every process
+    it has started by then."""
+    flow = subprocess.Popen([GYMFLOW, "run", "cartpole-ppo", "--quiet", *(f"--set={k}={json.dumps(v)}"
+                                                                          for k, v in run.items())],
+                            env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+    while not list(root.glob("runs/*/policies/v000003/manifest.json")):
+        assert flow.poll() is None and time.monotonic() < deadline, flow.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
+    return flow, psutil.Process(flow.pid).children(recursive=True)
+
+
+def _stopped_within(flow: subprocess.Popen, started: list[psutil.Process], seconds: float) -> float:
+    """Seconds until the run and every process it had started were gone."""
+    began = time.monotonic()
+    flow.wait(seconds)
+    _, alive = psutil.wait_procs(started, timeout=max(seconds - (time.monotonic() - began), 0.1))
+    assert not alive, f"still running after {seconds} s: {[p.cmdline()[:4] for p in alive]}"
+    return time.monotonic() - began
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_a_stopped_run_ends_within_10_s_leaves_nothing_running_and_resumes_to_the_same_end(how, prefect_api, workspace,
+                                                                                           tiny_budget):
+    from prefect.settings import PREFECT_API_URL
+
+    run = {**tiny_budget, "schedule.total_env_steps": 25_600, "schedule.evaluate_every_env_steps": 2560,
+           **local_overrides(workspace)}
+    clean = improve("cartpole-ppo", {**run, "storage.root": str(workspace / "clean")})
+    root = workspace / "stopped"
+    env = dict(os.environ)
+    if how == "sigterm":  # the test's Prefect API, so the flow run's last state can be read back
+        env["PREFECT_API_URL"] = PREFECT_API_URL.value()
+    else:  # none configured: the run starts its own temporary API, which must go too
+        env.pop("PREFECT_API_URL", None)
+    flow, started = _started_run(root, {**run, "storage.root": str(root)}, env)
+    assert any("uvicorn" in " ".join(p.cmdline()) for p in started) == (how == "ctrl-c")
+    if how == "ctrl-c":
+        os.killpg(flow.pid, signal.SIGINT)  # a terminal sends it to the whole foreground group
+    else:
+        flow.send_signal(signal.SIGTERM)  # `timeout`, a supervisor
+    _stopped_within(flow, started, 10)
+    assert flow.returncode == 130, flow.stderr.read().decode()[-2000:]
+
+    (run_dir,) = (root / "runs").iterdir()
+    record = json.loads((run_dir / "run.json").read_text())
+    mlflow = MlflowClient(run["tracking.tracking_uri"])
+    assert mlflow.get_run(record["mlflow_run_id"]).info.status == "FAILED"
+    if how == "sigterm":
+        assert _flow_run_state(mlflow.get_run(record["mlflow_run_id"]).data.tags["prefect.flow_run_id"]) == "CRASHED"
+
+    assert main(["resume", run_dir.name, "--root", str(root), "--quiet"]) == 0
+    final = f"v{clean.versions_committed - 1}"
+    storage, layout = Storage(StorageLocation(str(root))), RunLayout(run_dir.name)
+    clean_policy = read_policy(Storage(StorageLocation(str(workspace / "clean"))), RunLayout(clean.run_id),
+                               clean.versions_committed - 1, ["policy.safetensors"])
+    assert read_policy(storage, layout, clean.versions_committed - 1, ["policy.safetensors"]) == clean_policy, final
+    assert mlflow.get_run(record["mlflow_run_id"]).info.status == "FINISHED"
+
+
+def _flow_run_state(flow_run_id: str) -> str:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id).state.type.value
