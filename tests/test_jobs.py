@@ -77,3 +77,19 @@ def test_evaluation_splits_episodes_across_workers_with_fixed_seeds(experiment):
     specs = RoundPlan(config, "e").evaluations(3)
     assert [s.episodes for s in specs] == [3, 2]
     assert [s.seed for s in specs] == [s.seed for s in RoundPlan(config, "e").evaluations(9)]
+
+
+def test_a_chunk_whose_newest_version_was_retired_meanwhile_acts_with_the_new_newest(experiment, monkeypatch):
+    """The race the policy window allows: the job reads `latest` (v0), the learner publishes on and
+    retires v0 before the job loads it. The job takes the new newest rather than failing."""
+    run_id = "retired"
+    for version in (0, 1, 2):
+        _commit_version(experiment, run_id, version)
+    storage = open_storage(storage_location(experiment.preset.storage))
+    from gymflow.tasks.storage.checkpoints import retire_version
+
+    retire_version(storage, RunLayout(run_id).policies, 0)
+    pointer = iter([0, 2])  # as read before and after the retirement
+    monkeypatch.setattr(jobs, "latest_policy_version", lambda storage, layout: next(pointer))
+    shard = jobs.run_rollout(RoundPlan(experiment.preset, run_id).chunk(0, 0, 0.0, None))
+    assert shard.version == 2 and shard.chunk == 0
