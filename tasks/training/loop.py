@@ -100,7 +100,8 @@ class ImproveLoop:
         """Publish `state.version`'s policy; checkpoint it when the cadence says so, and at the
         end. Returns the seconds it took."""
         started = time.perf_counter()
-        self.checkpoints.publish(self.learner, state.version, pinned=self.evaluations.scoring())
+        scored = {self.latest.version} if self.latest else set()  # the run may deliver it
+        self.checkpoints.publish(self.learner, state.version, pinned=self.evaluations.scoring() | scored)
         if self.checkpoints.due(state) or self.stopped(state):
             delivered = {self.latest.version} if self.stop.target_reached(self.latest) else set()
             self.checkpoints.checkpoint(self.learner, state, self.collection.checkpointed(state), keep=delivered)
