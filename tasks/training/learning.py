@@ -149,7 +149,7 @@ class Checkpoints:
     retiring what nothing can ask for any more; see the module's docstring. Close it at the end."""
 
     def __init__(self, storage: Storage, run_id: str, config: StorageConfig, policy_window: int):
-        self.storage, self.run_id, self.layout, self.config = storage, run_id, RunLayout(run_id), config
+        self.storage, self.layout, self.config = storage, RunLayout(run_id), config
         self.policy_window = policy_window  # versions behind the newest a rollout may still act with
         self.cadence = Cadence(config.checkpoint_every_env_steps, config.checkpoint_every_seconds)
         self.published = deque(versions_on(storage, self.layout.policies))  # a resumed run's, too

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage
@@ -76,19 +76,20 @@ class LedgerBook:
         record = LedgerRecord(shard.key, shard.worker, shard.chunk, shard.env_steps, lag, admitted)
         self.pending.append(record)
         counts = self.counts
-        self.counts = Ledger(
-            counts.shards_inserted + admitted, counts.shards_dropped + (not admitted), counts.shards_unused,
-            counts.inserted_steps + (shard.env_steps if admitted else 0), counts.sampled,
-            counts.lag_sum + lag, max(counts.lag_max, lag),
+        self.counts = replace(
+            counts, shards_inserted=counts.shards_inserted + admitted,
+            shards_dropped=counts.shards_dropped + (not admitted),
+            inserted_steps=counts.inserted_steps + (shard.env_steps if admitted else 0),
+            lag_sum=counts.lag_sum + lag, lag_max=max(counts.lag_max, lag),
         )
         if admitted and self.replay_window:
             self._remember_recent(_Recent(record, None))
 
     def add_sampled(self, samples: int) -> None:
-        self.counts = Ledger(**{**asdict(self.counts), "sampled": self.counts.sampled + samples})
+        self.counts = replace(self.counts, sampled=self.counts.sampled + samples)
 
     def add_unused(self, shards: list[ShardRef]) -> None:
-        self.counts = Ledger(**{**asdict(self.counts), "shards_unused": self.counts.shards_unused + len(shards)})
+        self.counts = replace(self.counts, shards_unused=self.counts.shards_unused + len(shards))
 
     def owed_samples(self, samples_per_insert: float) -> float:
         return samples_per_insert * self.counts.inserted_steps - self.counts.sampled
