@@ -9,6 +9,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
+from gymflow.flows.stopping import cancellable
 from gymflow.presets.overrides import PresetOverrides, as_dotted
 from gymflow.presets.validate import resolve_experiment
 from gymflow.tasks.cluster.client import dask_client, job_hosts
@@ -43,6 +44,7 @@ def improve(
     run = prepare_run(experiment, warm_start, resume)  # so does an unusable storage root or warm start
     logger = get_run_logger()
     with (
+        cancellable(flow_run.id),  # a Prefect cancellation: the run closes all below, then ends within seconds
         dask_client(run.preset.distribution) as client,  # an unreachable cluster stops here
         job_hosts(client, run.preset.distribution) as hosts,
         tracked_run(run, str(flow_run.id)) as tracker,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from gymflow.tasks.storage.checkpoints import latest_version
+from gymflow.flows.improve import improve
+from gymflow.tasks.storage.checkpoints import latest_version, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from tests.conftest import free_port
@@ -70,40 +72,51 @@ def _prefect(env, *args: str, timeout: float = 120) -> subprocess.CompletedProce
     return subprocess.run([PREFECT, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def test_deploy_and_run_a_preset_through_a_process_worker(deployed, tmp_path):
+@pytest.fixture
+def worker(deployed, tmp_path):
+    """A `prefect worker` polling the gymflow pool; its log in worker.log."""
+    import psutil
+
+    log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 (closed below)
+    process = subprocess.Popen([PREFECT, "worker", "start", "--pool", "gymflow"], env=deployed, cwd=tmp_path,
+                               stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield process
+    finally:
+        left = [" ".join(p.cmdline()[:4]) for p in psutil.Process(process.pid).children(recursive=True)]
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # Prefect's worker sometimes outlives SIGTERM
+            process.kill()
+            process.wait(timeout=30)
+            warnings.warn(f"the Prefect worker ignored SIGTERM for 30 s and was killed; its children then: {left}; "
+                          f"its log ends: {(tmp_path / 'worker.log').read_text()[-2000:]}", stacklevel=1)
+        log.close()
+
+
+def _corridor_overrides(tmp_path: Path, total_env_steps: int, evaluate_every_env_steps: int) -> dict:
+    """A short run on the test corridor, its storage and MLflow store in tmp_path (not in the checkout)."""
+    return {"env.id": "gymflow.testing.envs:Corridor", "schedule.total_env_steps": total_env_steps,
+            "schedule.rollout_steps_per_env": 16, "distribution.envs_per_worker": 4,
+            "schedule.evaluate_every_env_steps": evaluate_every_env_steps, "storage.root": str(tmp_path / "data"),
+            "tracking.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+            "tracking.artifact_location": str(tmp_path / "mlartifacts")}
+
+
+def test_deploy_and_run_a_preset_through_a_process_worker(deployed, worker, tmp_path):
     env = deployed
     listed = _prefect(env, "deployment", "ls").stdout
     for name in ("improve/cartpole-ppo", "improve/cartpole-dqn", "improve/cartpole-dqn-async", "improve/pendulum-sac",
                  "retrain/cartpole-ppo-nightly"):
         assert name.split("/")[1] in listed, listed
 
-    log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 (closed below)
-    worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "gymflow"], env=env, cwd=tmp_path,
-                              stdout=log, stderr=subprocess.STDOUT)
-    try:
-        overrides = {"env.id": "gymflow.testing.envs:Corridor", "schedule.total_env_steps": 512,
-                     "schedule.rollout_steps_per_env": 16, "distribution.envs_per_worker": 4,
-                     "schedule.evaluate_every_env_steps": 256, "storage.root": str(tmp_path / "data"),
-                     "tracking.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-                     "tracking.artifact_location": str(tmp_path / "mlartifacts")}  # not in the checkout
-        run = _prefect(env, "deployment", "run", "improve/cartpole-ppo", "-p", f"overrides={json.dumps(overrides)}",
-                       "--watch", timeout=400)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        assert "Completed" in run.stdout
-        _wait_for_no_children(worker.pid, 60)  # the flow run's process exits after its state is Completed
-    finally:
-        import psutil
-
-        left = [" ".join(p.cmdline()[:4]) for p in psutil.Process(worker.pid).children(recursive=True)]
-        worker.terminate()
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:  # Prefect's worker sometimes outlives SIGTERM (issue: clean stops)
-            worker.kill()
-            worker.wait(timeout=30)
-            warnings.warn(f"the Prefect worker ignored SIGTERM for 30 s and was killed; its children then: {left}; "
-                          f"its log ends: {(tmp_path / 'worker.log').read_text()[-2000:]}", stacklevel=1)
-        log.close()
+    overrides = _corridor_overrides(tmp_path, total_env_steps=512, evaluate_every_env_steps=256)
+    run = _prefect(env, "deployment", "run", "improve/cartpole-ppo", "-p", f"overrides={json.dumps(overrides)}",
+                   "--watch", timeout=400)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "Completed" in run.stdout
+    _wait_for_no_children(worker.pid, 60)  # the flow run's process exits after its state is Completed
 
     storage = Storage(StorageLocation(str(tmp_path / "data")))
     runs = [key.split("/")[1] for key in storage.list("runs") if key.endswith("preset.yaml")]
@@ -125,3 +138,61 @@ def test_flow_parameters_show_as_a_form_with_the_preset_models_descriptions_and_
     assert "ScheduleConfigOverrides" in inspected and "AgentOverrides" in inspected
     assert "Stop after this many" in inspected
     assert "exclusiveMinimum" in inspected
+
+
+
+def _flow_run(env: dict, flow_run_id: str) -> dict:
+    with urllib.request.urlopen(f"{env['PREFECT_API_URL']}/flow_runs/{flow_run_id}", timeout=10) as response:
+        return json.load(response)
+
+
+def _deployment_run(env: dict, **parameters: object) -> str:
+    """Start a run of improve/cartpole-ppo; its flow run id."""
+    started = _prefect(env, "deployment", "run", "improve/cartpole-ppo",
+                       *(arg for name, value in parameters.items() for arg in ("-p", f"{name}={json.dumps(value)}")))
+    assert started.returncode == 0, started.stdout + started.stderr
+    return re.search(r"UUID: ([0-9a-f-]{36})", started.stdout).group(1)
+
+
+def _wait_for_state(env: dict, flow_run_id: str, states: set[str], seconds: float) -> str:
+    deadline = time.monotonic() + seconds
+    while (state := _flow_run(env, flow_run_id)["state_type"]) not in states:
+        assert time.monotonic() < deadline, f"flow run {flow_run_id} still {state} after {seconds} s"
+        time.sleep(0.1)
+    return state
+
+
+def test_a_cancelled_deployment_run_stops_within_10_s_leaves_nothing_running_and_resumes_to_the_same_end(
+        deployed, worker, prefect_api, tmp_path):
+    import psutil
+
+    env, root = deployed, tmp_path / "data"
+    overrides = _corridor_overrides(tmp_path, total_env_steps=12_800, evaluate_every_env_steps=1280)
+    clean = improve("cartpole-ppo", {**overrides, "storage.root": str(tmp_path / "clean")})
+    flow_run_id = _deployment_run(env, overrides=overrides)
+    deadline = time.monotonic() + 240
+    while not list(root.glob("runs/*/policies/v000003/manifest.json")):
+        assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
+        time.sleep(0.05)
+    running = psutil.Process(worker.pid).children(recursive=True)  # the flow's process, its Dask workers, ...
+    began = time.monotonic()
+    cancel = _prefect(env, "flow-run", "cancel", flow_run_id)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert _wait_for_state(env, flow_run_id, {"CANCELLED", "CRASHED", "FAILED", "COMPLETED"}, 10) == "CANCELLED"
+    _, alive = psutil.wait_procs(running, timeout=max(10 - (time.monotonic() - began), 0.1))
+    assert not alive, f"still running 10 s after the cancellation: {[p.cmdline()[:4] for p in alive]}"
+
+    (run_dir,) = (root / "runs").iterdir()
+    mlflow = MlflowClient(overrides["tracking.tracking_uri"])
+    mlflow_run_id = json.loads((run_dir / "run.json").read_text())["mlflow_run_id"]
+    assert mlflow.get_run(mlflow_run_id).info.status == "KILLED"
+
+    resumed = _deployment_run(env, overrides={"storage.root": str(root)}, resume=run_dir.name)
+    assert _wait_for_state(env, resumed, {"CANCELLED", "CRASHED", "FAILED", "COMPLETED"}, 300) == "COMPLETED"
+    final = clean.versions_committed - 1
+    clean_policy = read_policy(Storage(StorageLocation(str(tmp_path / "clean"))), RunLayout(clean.run_id), final,
+                               ["policy.safetensors"])
+    resumed_policy = read_policy(Storage(StorageLocation(str(root))), RunLayout(run_dir.name), final,
+                                 ["policy.safetensors"])
+    assert resumed_policy == clean_policy
+    assert mlflow.get_run(mlflow_run_id).info.status == "FINISHED"

@@ -77,7 +77,7 @@ def test_a_stopped_run_ends_within_10_s_leaves_nothing_running_and_resumes_to_th
     (run_dir,) = (root / "runs").iterdir()
     record = json.loads((run_dir / "run.json").read_text())
     mlflow = MlflowClient(run["tracking.tracking_uri"])
-    assert mlflow.get_run(record["mlflow_run_id"]).info.status == "FAILED"
+    assert mlflow.get_run(record["mlflow_run_id"]).info.status == "KILLED"
     if how == "sigterm":
         assert _flow_run_state(mlflow.get_run(record["mlflow_run_id"]).data.tags["prefect.flow_run_id"]) == "CRASHED"
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from mlflow.entities import Metric, Param, RunStatus
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from mlflow.utils.async_logging.run_operations import RunOperations
 
@@ -96,10 +96,10 @@ class Tracker:
         while self._pending:
             self._pending.popleft().wait()
 
-    def finish(self, succeeded: bool) -> None:
+    def finish(self, status: str) -> None:
+        """End the MLflow run as FINISHED, FAILED or KILLED."""
         self.flush()
-        status = RunStatus.FINISHED if succeeded else RunStatus.FAILED
-        self.client.set_terminated(self.run_id, RunStatus.to_string(status))
+        self.client.set_terminated(self.run_id, status)
 
 
 @contextmanager

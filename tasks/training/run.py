@@ -73,7 +73,8 @@ def prepare_run(experiment: Experiment, warm_start: str | None, resume: str | No
 
 @contextmanager
 def tracked_run(run: PreparedRun, flow_run_id: str) -> Iterator[Tracker]:
-    """The run's MLflow run (a resumed run's own), finished as FINISHED or FAILED on the way out;
+    """The run's MLflow run (a resumed run's own), ended on the way out as FINISHED, FAILED (an
+    error) or KILLED (stopped from outside: Ctrl-C, SIGTERM, a Prefect cancellation);
     MLflow reaches artifacts on S3 with the storage's endpoint and credentials. A new run's
     parameters, stored preset and record are written here."""
     with s3_artifact_environment(run.preset.storage.options):
@@ -86,7 +87,7 @@ def _tracked(run: PreparedRun, flow_run_id: str) -> Iterator[Tracker]:
     tracker = Tracker(tracking.tracking_uri, tracking.experiment, run_name=run.run_id, tags=tags,
                       artifact_location=tracking.artifact_location,
                       existing_run_id=run.record.mlflow_run_id if run.record else None)
-    succeeded = False
+    status = "FINISHED"
     try:
         if run.record is None:
             tracker.log_params(flatten(redacted(run.preset.model_dump(mode="json"))))
@@ -94,9 +95,11 @@ def _tracked(run: PreparedRun, flow_run_id: str) -> Iterator[Tracker]:
             record = RunRecord(tracker.run_id, tracking.experiment, tracking.tracking_uri)
             write_run_record(run.storage, run.run_id, record)
         yield tracker
-        succeeded = True
+    except BaseException as ended:  # KeyboardInterrupt, Prefect's TerminationSignal: a stop, not an error
+        status = "FAILED" if isinstance(ended, Exception) else "KILLED"
+        raise
     finally:
-        tracker.finish(succeeded)
+        tracker.finish(status)
 
 
 def run_recorder(run: PreparedRun, tracker: Tracker, logger: AnyLogger) -> RunRecorder:
