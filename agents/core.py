@@ -12,6 +12,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import torch
 
+from gymflow.agents.normalization import ObservationNormalizer, observe
 from gymflow.agents.replay import ReplayMemory, Steps
 
 
@@ -94,6 +95,7 @@ class ReplayLearner(Learner):
     as many steps as the ratio of samples to inserts allows."""
 
     replay: ReplayMemory
+    normalizer: ObservationNormalizer | None = None  # its networks' one normaliser, if they normalise
 
     @property
     @abstractmethod
@@ -103,6 +105,12 @@ class ReplayLearner(Learner):
     @abstractmethod
     def remember(self, rollouts: Sequence[Rollout]) -> None:
         """Insert the rollouts' transitions into the replay memory."""
+
+    def insert(self, rollouts: Sequence[Rollout]) -> None:
+        """New experience: update the observation statistics (where normalising), then remember
+        it. A resume rebuilding its memory only remembers: its statistics come with the checkpoint."""
+        observe(self.normalizer, (rollout.obs for rollout in rollouts))
+        self.remember(rollouts)
 
     @abstractmethod
     def train(self, steps: int, progress: float) -> dict[str, float]:

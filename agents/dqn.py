@@ -21,10 +21,11 @@ from torch.nn import functional as F
 
 from gymflow.agents.core import ReplayLearner, Rollout
 from gymflow.agents.networks import LayerWidths, mlp, seeded_init
+from gymflow.agents.normalization import ObservationNormalization, observation_normalizer, share_normalizer
 from gymflow.agents.replay import ReplayOptions, Sample, make_replay, n_step_transitions
 
 
-class DQNConfig(ReplayOptions):
+class DQNConfig(ReplayOptions, ObservationNormalization):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     algo: Literal["dqn"] = "dqn"
@@ -60,23 +61,26 @@ def epsilon_at(config: DQNConfig, env_steps: int) -> float:
 class DuelingQNetwork(nn.Module):
     """A shared trunk, then a state value and action advantages: Q = V + A - mean(A)."""
 
-    def __init__(self, inputs: int, hidden: list[int], actions: int):
+    def __init__(self, inputs: int, hidden: list[int], actions: int, obs_norm: nn.Module):
         super().__init__()
+        self.obs_norm = obs_norm
         self.trunk = mlp(inputs, hidden[:-1], hidden[-1], nn.ReLU) if len(hidden) > 1 else nn.Linear(inputs, hidden[0])
         self.value = nn.Linear(hidden[-1], 1)
         self.advantage = nn.Linear(hidden[-1], actions)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        features = torch.relu(self.trunk(obs))
+        features = torch.relu(self.trunk(self.obs_norm(obs)))
         advantage = self.advantage(features)
         return self.value(features) + advantage - advantage.mean(dim=1, keepdim=True)
 
 
 def make_network(config: DQNConfig, observation_space: spaces.Box, action_space: spaces.Discrete) -> nn.Module:
     inputs, actions = int(observation_space.shape[0]), int(action_space.n)
+    obs_norm = observation_normalizer(config, observation_space.shape)
     if config.dueling:
-        return DuelingQNetwork(inputs, config.hidden_sizes, actions)
-    return mlp(inputs, config.hidden_sizes, actions, nn.ReLU)
+        return DuelingQNetwork(inputs, config.hidden_sizes, actions, obs_norm)
+    q_values = mlp(inputs, config.hidden_sizes, actions, nn.ReLU)
+    return q_values if isinstance(obs_norm, nn.Identity) else nn.Sequential(obs_norm, *q_values)
 
 
 class QPolicy:
@@ -103,6 +107,7 @@ class DQNLearner(ReplayLearner):
         with seeded_init(seed):
             self.q_network = make_network(config, observation_space, action_space)
         self.target_network = copy.deepcopy(self.q_network).requires_grad_(False)
+        self.normalizer = share_normalizer(self.q_network, self.target_network)
         self.optimizer = torch.optim.Adam(self.q_network.parameters(), lr=config.lr, fused=True)
         self.replay = make_replay(config.replay_capacity, observation_space.shape, (), np.int64, config)
         self.rng = np.random.default_rng(seed)
@@ -124,7 +129,7 @@ class DQNLearner(ReplayLearner):
             self.replay.add(n_step_transitions(rollout.steps(), self.config.gamma, self.config.n_step))
 
     def learn(self, rollouts: Sequence[Rollout], progress: float) -> dict[str, float]:
-        self.remember(rollouts)
+        self.insert(rollouts)
         return self.train(self.config.train_steps_per_iteration, progress)
 
     def train(self, steps: int, progress: float) -> dict[str, float]:

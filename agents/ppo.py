@@ -13,14 +13,21 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from gymnasium import spaces
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from torch import nn
 
 from gymflow.agents.core import OnPolicyLearner, Rollout
 from gymflow.agents.networks import LayerWidths, mlp, seeded_init
+from gymflow.agents.normalization import (
+    ObservationNormalization,
+    RewardScaler,
+    observation_normalizer,
+    observe,
+    share_normalizer,
+)
 
 
-class PPOConfig(BaseModel):
+class PPOConfig(ObservationNormalization):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     algo: Literal["ppo"] = "ppo"
@@ -36,13 +43,18 @@ class PPOConfig(BaseModel):
     max_grad_norm: float = Field(default=0.5, gt=0, description="Gradient clipping norm.")
     normalize_advantages: bool = Field(default=True, description="Normalise per minibatch.")
     hidden_sizes: LayerWidths = Field(default=[64, 64], min_length=1, description="MLP widths.")
+    normalize_rewards: bool = Field(
+        default=False, description="Divide rewards by the running std of the discounted return (learner only)."
+    )
 
 
 class ActorCritic(nn.Module):
-    """Separate actor and critic MLPs; categorical actions for Discrete, Gaussian for Box."""
+    """Separate actor and critic MLPs; categorical actions for Discrete, Gaussian for Box; both
+    read the observations through `obs_norm` (the identity unless normalising)."""
 
-    def __init__(self, obs_dim: int, action_space: spaces.Space, hidden: Sequence[int]):
+    def __init__(self, obs_dim: int, action_space: spaces.Space, hidden: Sequence[int], obs_norm: nn.Module):
         super().__init__()
+        self.obs_norm = obs_norm
         self.discrete = isinstance(action_space, spaces.Discrete)
         action_dim = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
         self.actor = mlp(obs_dim, hidden, action_dim, nn.Tanh)
@@ -50,10 +62,14 @@ class ActorCritic(nn.Module):
         self.log_std = nn.Parameter(torch.zeros(0 if self.discrete else action_dim))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs).squeeze(-1)
+        return self.critic(self.obs_norm(obs)).squeeze(-1)
+
+    def action_output(self, obs: torch.Tensor) -> torch.Tensor:
+        """Logits (Discrete) or the Gaussian's mean (Box)."""
+        return self.actor(self.obs_norm(obs))
 
     def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
-        out = self.actor(obs)
+        out = self.action_output(obs)
         if self.discrete:
             return torch.distributions.Categorical(logits=out)
         return torch.distributions.Independent(torch.distributions.Normal(out, self.log_std.exp()), 1)
@@ -68,7 +84,7 @@ class PPOPolicy:
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
-        out = self.network.actor(torch.from_numpy(obs)).numpy().astype(np.float64)
+        out = self.network.action_output(torch.from_numpy(obs)).numpy().astype(np.float64)
         if self.network.discrete:
             log_p = out - out.max(axis=1, keepdims=True)
             log_p -= np.log(np.exp(log_p).sum(axis=1, keepdims=True))
@@ -85,7 +101,8 @@ class PPOPolicy:
 
 
 def make_network(config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space) -> ActorCritic:
-    return ActorCritic(int(observation_space.shape[0]), action_space, config.hidden_sizes)
+    obs_norm = observation_normalizer(config, observation_space.shape)
+    return ActorCritic(int(observation_space.shape[0]), action_space, config.hidden_sizes, obs_norm)
 
 
 class PPOLearner(OnPolicyLearner):
@@ -96,6 +113,8 @@ class PPOLearner(OnPolicyLearner):
         self.optimizer = torch.optim.Adam(self.network.parameters(), lr=config.lr, eps=1e-5, fused=True)
         self.generator = torch.Generator().manual_seed(seed)
         self.train_steps = 0
+        self.normalizer = share_normalizer(self.network)
+        self.reward_scaler = RewardScaler(config.gamma) if config.normalize_rewards else None
 
     def policy_weights(self) -> dict[str, torch.Tensor]:
         return self.network.state_dict()
@@ -104,6 +123,9 @@ class PPOLearner(OnPolicyLearner):
         self.network.load_state_dict(weights)
 
     def learn(self, rollouts: Sequence[Rollout], progress: float) -> dict[str, float]:
+        observe(self.normalizer, (rollout.obs for rollout in rollouts))
+        if self.reward_scaler is not None:  # rollout i continues the envs of the last iteration's rollout i
+            self.reward_scaler.update([r.rewards for r in rollouts], [r.terminated | r.truncated for r in rollouts])
         batch = self._flatten(rollouts)
         lr = self.config.lr * (1.0 - progress) if self.config.anneal_lr else self.config.lr
         for group in self.optimizer.param_groups:
@@ -184,7 +206,8 @@ class PPOLearner(OnPolicyLearner):
             index = torch.from_numpy(rollout.done_index)
             next_values[index] = torch.where(ended_terminal, 0.0, final_values)
         next_values = next_values.view(steps, n)
-        rewards = torch.from_numpy(rollout.rewards)
+        scaled = rollout.rewards if self.reward_scaler is None else self.reward_scaler.scale(rollout.rewards)
+        rewards = torch.from_numpy(scaled)
         continues = torch.from_numpy(~(rollout.terminated | rollout.truncated)).float()
         deltas = rewards + gamma * next_values - values
         advantages = torch.zeros_like(values)
@@ -200,13 +223,15 @@ class PPOLearner(OnPolicyLearner):
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(),
             "train_steps": self.train_steps,
-        }
+        } | ({"reward_scaler": self.reward_scaler.state_dict()} if self.reward_scaler else {})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.network.load_state_dict(state["network"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
         self.train_steps = int(state["train_steps"])
+        if self.reward_scaler is not None:
+            self.reward_scaler.load_state_dict(state["reward_scaler"])
 
 
 def _explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:

@@ -19,12 +19,13 @@ from torch import nn
 
 from gymflow.agents.core import ReplayLearner, Rollout
 from gymflow.agents.networks import LayerWidths, mlp, seeded_init
+from gymflow.agents.normalization import ObservationNormalization, observation_normalizer, share_normalizer
 from gymflow.agents.replay import ReplayOptions, Sample, make_replay, n_step_transitions
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 
 
-class SACConfig(ReplayOptions):
+class SACConfig(ReplayOptions, ObservationNormalization):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     algo: Literal["sac"] = "sac"
@@ -51,8 +52,9 @@ class SquashedGaussianActor(nn.Module):
     """obs -> (mean, log_std) of a Gaussian whose samples are squashed by tanh and scaled to the
     action bounds."""
 
-    def __init__(self, inputs: int, hidden: list[int], action_space: spaces.Box):
+    def __init__(self, inputs: int, hidden: list[int], action_space: spaces.Box, obs_norm: nn.Module):
         super().__init__()
+        self.obs_norm = obs_norm
         self.trunk = mlp(inputs, hidden[:-1], hidden[-1], nn.ReLU)
         self.mean = nn.Linear(hidden[-1], int(np.prod(action_space.shape)))
         self.log_std = nn.Linear(hidden[-1], int(np.prod(action_space.shape)))
@@ -61,7 +63,7 @@ class SquashedGaussianActor(nn.Module):
         self.register_buffer("action_bias", (high + low) / 2)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        features = torch.relu(self.trunk(obs))
+        features = torch.relu(self.trunk(self.obs_norm(obs)))
         return self.mean(features), self.log_std(features).clamp(LOG_STD_MIN, LOG_STD_MAX)
 
     def sample(self, obs: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,18 +85,20 @@ class SquashedGaussianActor(nn.Module):
 
 
 class TwinCritic(nn.Module):
-    def __init__(self, obs_size: int, action_size: int, hidden: list[int]):
+    def __init__(self, obs_size: int, action_size: int, hidden: list[int], obs_norm: nn.Module):
         super().__init__()
+        self.obs_norm = obs_norm
         self.q1 = mlp(obs_size + action_size, hidden, 1, nn.ReLU)
         self.q2 = mlp(obs_size + action_size, hidden, 1, nn.ReLU)
 
     def forward(self, obs: torch.Tensor, squashed_actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs = torch.cat([obs, squashed_actions], dim=1)
+        inputs = torch.cat([self.obs_norm(obs), squashed_actions], dim=1)
         return self.q1(inputs).squeeze(1), self.q2(inputs).squeeze(1)
 
 
 def make_actor(config: SACConfig, observation_space: spaces.Box, action_space: spaces.Box) -> SquashedGaussianActor:
-    return SquashedGaussianActor(int(np.prod(observation_space.shape)), config.hidden_sizes, action_space)
+    obs_norm = observation_normalizer(config, observation_space.shape)
+    return SquashedGaussianActor(int(np.prod(observation_space.shape)), config.hidden_sizes, action_space, obs_norm)
 
 
 class SACPolicy:
@@ -121,8 +125,10 @@ class SACLearner(ReplayLearner):
         obs_size, action_size = int(np.prod(observation_space.shape)), int(np.prod(action_space.shape))
         with seeded_init(seed):
             self.actor = make_actor(config, observation_space, action_space)
-            self.critic = TwinCritic(obs_size, action_size, config.hidden_sizes)
+            critic_norm = observation_normalizer(config, observation_space.shape)
+            self.critic = TwinCritic(obs_size, action_size, config.hidden_sizes, critic_norm)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
+        self.normalizer = share_normalizer(self.actor, self.critic, self.target_critic)
         self.log_entropy_coef = torch.zeros(1, requires_grad=config.entropy_coef is None)
         if config.entropy_coef is not None:
             self.log_entropy_coef.data.fill_(float(np.log(config.entropy_coef)))
@@ -151,7 +157,7 @@ class SACLearner(ReplayLearner):
             self.replay.add(n_step_transitions(rollout.steps(), self.config.gamma, 1))
 
     def learn(self, rollouts: Sequence[Rollout], progress: float) -> dict[str, float]:
-        self.remember(rollouts)
+        self.insert(rollouts)
         return self.train(self.config.train_steps_per_iteration, progress)
 
     def train(self, steps: int, progress: float) -> dict[str, float]:

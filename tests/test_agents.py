@@ -164,6 +164,9 @@ def test_replay_memory_wraps_around_and_round_trips():
 
 @pytest.mark.parametrize("make", [
     lambda: PPOLearner(PPOConfig(), OBS, ACTIONS, 1),
+    lambda: PPOLearner(PPOConfig(normalize_observations=True, normalize_rewards=True), OBS, BOX_ACTIONS, 1),
+    lambda: DQNLearner(DQNConfig(hidden_sizes=[8], normalize_observations=True), OBS, ACTIONS, 1),
+    lambda: SACLearner(SACConfig(hidden_sizes=[8], batch_size=4, normalize_observations=True), OBS, BOX_ACTIONS, 1),
     lambda: DQNLearner(DQNConfig(hidden_sizes=[8]), OBS, ACTIONS, 1),
     lambda: DQNLearner(DQNConfig(hidden_sizes=[8, 8], replay="prioritized", double_q=True, dueling=True, n_step=3,
                                  batch_size=4), OBS, ACTIONS, 1),

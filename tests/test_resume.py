@@ -35,13 +35,17 @@ ASYNC = {"distribution.mode": "async", "distribution.samples_per_insert": 2, "di
          "agent.batch_size": 16, "agent.hidden_sizes": [16], "schedule.heatup_env_steps": 128}
 
 
+NORMALIZED = {"agent.normalize_observations": True}  # the statistics resume with the learner, counted once
+
+
 @pytest.mark.parametrize(("preset", "extra"), [
-    ("cartpole-ppo", {}),
-    ("cartpole-dqn", {"agent.train_steps_per_iteration": 8, "agent.hidden_sizes": [16], "schedule.heatup_env_steps": 128}),
-    ("cartpole-dqn", ASYNC),
+    ("cartpole-ppo", {**NORMALIZED, "agent.normalize_rewards": True}),
+    ("cartpole-dqn", {"agent.train_steps_per_iteration": 8, "agent.hidden_sizes": [16], "schedule.heatup_env_steps": 128,
+                      **NORMALIZED}),
+    ("cartpole-dqn", {**ASYNC, **NORMALIZED}),
 ])
 def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, extra, prefect_api, workspace, tiny_budget):
-    """SYNC: the same weights as the uninterrupted run. ASYNC (which version a chunk acts with
+    """SYNC (with normalisation): the same weights and statistics as the uninterrupted run. ASYNC (which version a chunk acts with
     depends on timing): the same env steps, every chunk landed once."""
     from prefect.settings import PREFECT_API_URL
 

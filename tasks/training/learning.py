@@ -90,7 +90,7 @@ def learn(learner: Learner, storage: Storage, experience: Experience, progress: 
 
 def _remember_and_train(learner: ReplayLearner, rollouts: Sequence[Rollout], steps: int,
                         progress: float) -> dict[str, float]:
-    learner.remember(rollouts)
+    learner.insert(rollouts)
     return learner.train(steps, progress) if steps else {}
 
 
@@ -231,5 +231,5 @@ class Checkpoints:
 @task(name="fill-replay", cache_policy=NO_CACHE)
 def fill_replay(learner: ReplayLearner, storage: Storage, shards: Sequence[ShardRef]) -> int:
     """Insert heatup's shards into the replay memory; no learning. Returns the memory's size."""
-    learner.remember([read_shard(storage, shard) for shard in shards])
+    learner.insert([read_shard(storage, shard) for shard in shards])
     return len(learner.replay)
