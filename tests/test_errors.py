@@ -48,6 +48,10 @@ def test_a_policy_that_does_not_fit_or_cannot_be_read_is_an_unusable_warm_start(
     with pytest.raises(UnusableWarmStart) as caught:
         read_warm_start(str(tmp_path / "missing.safetensors"), f"sqlite:///{tmp_path / 'mlflow.db'}")
     _one_line(caught.value, "warm_start")
+    normalized = create_learner(resolve_experiment("cartpole-ppo", {"agent.normalize_observations": True}))
+    with pytest.raises(UnusableWarmStart, match="agent.normalize_observations must be as it was") as caught:
+        create_learner(experiment, normalized.policy_weights())
+    _one_line(caught.value, "warm_start")
 
 
 def test_the_kinds_are_told_apart_but_all_are_gymflow_errors():

@@ -70,6 +70,8 @@ def create_learner(experiment: Experiment, warm_start: dict[str, torch.Tensor] |
             learner.load_policy_weights(warm_start)
         except RuntimeError as error:
             first_line = str(error).splitlines()[1].strip() if "\n" in str(error) else str(error)
+            if "mean\"" in first_line or "mean'" in first_line:  # an ObservationNormalizer's buffers
+                first_line = "agent.normalize_observations must be as it was in the run that trained the policy"
             raise UnusableWarmStart("warm_start", f"the policy does not fit this preset's network: {first_line}") \
                 from None
     return learner
