@@ -43,23 +43,31 @@ class PPOConfig(ObservationNormalization):
     max_grad_norm: float = Field(default=0.5, gt=0, description="Gradient clipping norm.")
     normalize_advantages: bool = Field(default=True, description="Normalise per minibatch.")
     hidden_sizes: LayerWidths = Field(default=[64, 64], min_length=1, description="MLP widths.")
+    activation: Literal["tanh", "relu"] = Field(default="tanh", description="Hidden-layer activation.")
+    log_std_init: float = Field(
+        default=0.0, ge=-20, le=2, description="Box actions: the initial log standard deviation (state-independent)."
+    )
     normalize_rewards: bool = Field(
         default=False, description="Divide rewards by the running std of the discounted return (learner only)."
     )
+
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
 class ActorCritic(nn.Module):
     """Separate actor and critic MLPs; categorical actions for Discrete, Gaussian for Box; both
     read the observations through `obs_norm` (the identity unless normalising)."""
 
-    def __init__(self, obs_dim: int, action_space: spaces.Space, hidden: Sequence[int], obs_norm: nn.Module):
+    def __init__(self, obs_dim: int, action_space: spaces.Space, config: PPOConfig, obs_norm: nn.Module):
         super().__init__()
         self.obs_norm = obs_norm
         self.discrete = isinstance(action_space, spaces.Discrete)
         action_dim = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
-        self.actor = mlp(obs_dim, hidden, action_dim, nn.Tanh)
-        self.critic = mlp(obs_dim, hidden, 1, nn.Tanh)
-        self.log_std = nn.Parameter(torch.zeros(0 if self.discrete else action_dim))
+        activation = ACTIVATIONS[config.activation]
+        self.actor = mlp(obs_dim, config.hidden_sizes, action_dim, activation)
+        self.critic = mlp(obs_dim, config.hidden_sizes, 1, activation)
+        self.log_std = nn.Parameter(torch.full((0 if self.discrete else action_dim,), config.log_std_init))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self.obs_norm(obs)).squeeze(-1)
@@ -102,7 +110,7 @@ class PPOPolicy:
 
 def make_network(config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space) -> ActorCritic:
     obs_norm = observation_normalizer(config, observation_space.shape)
-    return ActorCritic(int(observation_space.shape[0]), action_space, config.hidden_sizes, obs_norm)
+    return ActorCritic(int(observation_space.shape[0]), action_space, config, obs_norm)
 
 
 class PPOLearner(OnPolicyLearner):

@@ -27,6 +27,12 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env:
     return gym.make(env_id, **kwargs)
 
 
+def _extra_for(env_id: str) -> str:
+    """The gymflow extra that installs a registered env's simulator."""
+    entry_point = str(getattr(gym.spec(env_id), "entry_point", ""))
+    return "mujoco" if "mujoco" in entry_point else "box2d" if "box2d" in entry_point else "mujoco,box2d"
+
+
 def check_env(
     env_id: str, kwargs: dict[str, Any], action_spaces: tuple[type[spaces.Space], ...], algo: str
 ) -> tuple[spaces.Box, spaces.Space]:
@@ -35,8 +41,9 @@ def check_env(
         env = make_env(env_id, kwargs)
     except EnvSpecError:
         raise
-    except gym.error.DependencyNotInstalled as error:
-        raise EnvSpecError("env.id", f"{env_id!r} needs a package that is not installed: {error}") from None
+    except (gym.error.DependencyNotInstalled, ImportError) as error:  # gymnasium's MuJoCo envs: ImportError
+        raise EnvSpecError("env.id", f"{env_id!r} needs a package that is not installed ({error}); "
+                           f"gymflow's extras have them: pip install 'gymflow[{_extra_for(env_id)}]'") from None
     except gym.error.Error as error:
         raise EnvSpecError(
             "env.id", f"{env_id!r} is not a registered Gymnasium id ({error}); "

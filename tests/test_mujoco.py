@@ -1,0 +1,28 @@
+"""The MuJoCo presets end to end, on a tiny budget: a real Prefect API, Dask worker processes,
+Gymnasium's MuJoCo envs (the mujoco extra), MLflow."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from gymflow.flows.improve import improve
+from tests.conftest import local_overrides
+
+pytestmark = pytest.mark.e2e
+SMALL = {"distribution.rollout_workers": 2, "distribution.envs_per_worker": 2, "schedule.rollout_steps_per_env": 64,
+         "schedule.total_env_steps": 1024, "schedule.evaluate_every_env_steps": 512,
+         "schedule.evaluation_episodes": 2, "agent.hidden_sizes": [32, 32]}
+
+
+@pytest.mark.parametrize(("preset", "extra"), [
+    ("hopper-ppo", {"agent.minibatch_size": 64}),
+    ("halfcheetah-sac", {"schedule.heatup_env_steps": 256, "agent.batch_size": 32, "agent.train_steps_per_iteration": 8}),
+])
+def test_a_mujoco_preset_runs_end_to_end(preset, extra, prefect_api, workspace):
+    summary = improve(preset, {**SMALL, **extra, **local_overrides(workspace)})
+    rounds = (1024 - extra.get("schedule.heatup_env_steps", 0)) // 256  # heatup's steps count in the budget
+    assert summary.env_steps == 1024 and summary.versions_committed == rounds + 1
+    client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
+    run = client.get_run(summary.mlflow_run_id)
+    assert run.info.status == "FINISHED" and "eval/return_mean" in run.data.metrics
