@@ -16,6 +16,17 @@ from gymflow.agents.normalization import ObservationNormalizer, observe
 from gymflow.agents.replay import ReplayMemory, Steps
 
 
+def on_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A numpy array as a tensor on the learner's device (a view of it on the CPU)."""
+    return torch.from_numpy(array).to(device)
+
+
+def cpu_weights(network: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A network's weights on the CPU, where rollout workers, checkpoints and MLflow read them
+    (the live tensors themselves when the learner is on the CPU)."""
+    return {name: tensor.cpu() for name, tensor in network.state_dict().items()}
+
+
 class Rollout(NamedTuple):
     """T steps of N envs, as one rollout worker collected them."""
 

@@ -19,7 +19,7 @@ from pydantic import ConfigDict, Field
 from torch import nn
 from torch.nn import functional as F
 
-from gymflow.agents.core import ReplayLearner, Rollout
+from gymflow.agents.core import ReplayLearner, Rollout, cpu_weights, on_device
 from gymflow.agents.networks import LayerWidths, mlp, seeded_init
 from gymflow.agents.normalization import ObservationNormalization, observation_normalizer, share_normalizer
 from gymflow.agents.replay import ReplayOptions, Sample, make_replay, n_step_transitions
@@ -102,10 +102,12 @@ class QPolicy:
 
 
 class DQNLearner(ReplayLearner):
-    def __init__(self, config: DQNConfig, observation_space: spaces.Box, action_space: spaces.Discrete, seed: int):
+    def __init__(self, config: DQNConfig, observation_space: spaces.Box, action_space: spaces.Discrete, seed: int,
+                 device: str = "cpu"):
         self.config = config
+        self.device = torch.device(device)
         with seeded_init(seed):
-            self.q_network = make_network(config, observation_space, action_space)
+            self.q_network = make_network(config, observation_space, action_space).to(self.device)
         self.target_network = copy.deepcopy(self.q_network).requires_grad_(False)
         self.normalizer = share_normalizer(self.q_network, self.target_network)
         self.optimizer = torch.optim.Adam(self.q_network.parameters(), lr=config.lr, fused=True)
@@ -114,7 +116,7 @@ class DQNLearner(ReplayLearner):
         self.train_steps = 0
 
     def policy_weights(self) -> dict[str, torch.Tensor]:
-        return self.q_network.state_dict()
+        return cpu_weights(self.q_network)
 
     def load_policy_weights(self, weights: dict[str, torch.Tensor]) -> None:
         self.q_network.load_state_dict(weights)
@@ -152,25 +154,26 @@ class DQNLearner(ReplayLearner):
 
     def _update(self, sample: Sample) -> tuple[float, float]:
         batch = sample.transitions
-        obs = torch.from_numpy(batch.obs)
-        actions = torch.from_numpy(batch.actions)
+        device = self.device
+        obs = on_device(batch.obs, device)
+        actions = on_device(batch.actions, device)
         with torch.no_grad():
-            next_obs = torch.from_numpy(batch.next_obs)
+            next_obs = on_device(batch.next_obs, device)
             next_target_q = self.target_network(next_obs)
             if self.config.double_q:
                 next_actions = self.q_network(next_obs).argmax(dim=1, keepdim=True)
                 next_q = next_target_q.gather(1, next_actions).squeeze(1)
             else:
                 next_q = next_target_q.max(dim=1).values
-            targets = torch.from_numpy(batch.rewards) + torch.from_numpy(batch.discounts) * next_q
+            targets = on_device(batch.rewards, device) + on_device(batch.discounts, device) * next_q
         q_taken = self.q_network(obs).gather(1, actions[:, None]).squeeze(1)
-        weights = torch.from_numpy(sample.weights)
+        weights = on_device(sample.weights, device)
         loss = (weights * F.smooth_l1_loss(q_taken, targets, reduction="none")).mean()
         self.optimizer.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(self.q_network.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
-        self.replay.update_priorities(sample.index, (targets - q_taken).detach().numpy())
+        self.replay.update_priorities(sample.index, (targets - q_taken).detach().cpu().numpy())
         return loss.item(), q_taken.mean().item()
 
     def state_dict(self) -> dict[str, Any]:

@@ -48,7 +48,7 @@ class RunningMeanVar(nn.Module):
         """Merge a batch of samples, [B, *shape]."""
         if len(batch) == 0:
             return
-        values = torch.from_numpy(np.asarray(batch, dtype=np.float64))
+        values = torch.from_numpy(np.asarray(batch, dtype=np.float64)).to(self.mean.device)
         batch_mean, batch_var, batch_count = values.mean(0), values.var(0, unbiased=False), float(len(values))
         total = self.count + batch_count
         delta = batch_mean - self.mean

@@ -16,7 +16,7 @@ from gymnasium import spaces
 from pydantic import ConfigDict, Field
 from torch import nn
 
-from gymflow.agents.core import OnPolicyLearner, Rollout
+from gymflow.agents.core import OnPolicyLearner, Rollout, cpu_weights, on_device
 from gymflow.agents.networks import LayerWidths, mlp, seeded_init
 from gymflow.agents.normalization import (
     ObservationNormalization,
@@ -114,10 +114,12 @@ def make_network(config: PPOConfig, observation_space: spaces.Box, action_space:
 
 
 class PPOLearner(OnPolicyLearner):
-    def __init__(self, config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space, seed: int):
+    def __init__(self, config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space, seed: int,
+                 device: str = "cpu"):
         self.config = config
+        self.device = torch.device(device)
         with seeded_init(seed):
-            self.network = make_network(config, observation_space, action_space)
+            self.network = make_network(config, observation_space, action_space).to(self.device)
         self.optimizer = torch.optim.Adam(self.network.parameters(), lr=config.lr, eps=1e-5, fused=True)
         self.generator = torch.Generator().manual_seed(seed)
         self.train_steps = 0
@@ -125,7 +127,7 @@ class PPOLearner(OnPolicyLearner):
         self.reward_scaler = RewardScaler(config.gamma) if config.normalize_rewards else None
 
     def policy_weights(self) -> dict[str, torch.Tensor]:
-        return self.network.state_dict()
+        return cpu_weights(self.network)
 
     def load_policy_weights(self, weights: dict[str, torch.Tensor]) -> None:
         self.network.load_state_dict(weights)
@@ -142,7 +144,7 @@ class PPOLearner(OnPolicyLearner):
         sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
         updates = 0
         for _ in range(self.config.epochs):
-            order = torch.randperm(size, generator=self.generator)
+            order = torch.randperm(size, generator=self.generator).to(self.device)
             for start in range(0, size, self.config.minibatch_size):
                 index = order[start : start + self.config.minibatch_size]
                 for key, value in self._update({k: v[index] for k, v in batch.items()}).items():
@@ -190,10 +192,10 @@ class PPOLearner(OnPolicyLearner):
         parts: dict[str, list[torch.Tensor]] = {k: [] for k in names}
         for rollout in rollouts:
             values, advantages = self._advantages(rollout)
-            parts["obs"].append(torch.from_numpy(rollout.obs).flatten(0, 1))
-            actions = torch.from_numpy(rollout.actions).flatten(0, 1)
+            parts["obs"].append(on_device(rollout.obs, self.device).flatten(0, 1))
+            actions = on_device(rollout.actions, self.device).flatten(0, 1)
             parts["actions"].append(actions if self.network.discrete else actions.float())
-            parts["log_probs"].append(torch.from_numpy(rollout.log_probs).flatten())
+            parts["log_probs"].append(on_device(rollout.log_probs, self.device).flatten())
             parts["advantages"].append(advantages.flatten())
             parts["returns"].append((advantages + values).flatten())
             parts["values"].append(values.flatten())
@@ -204,22 +206,23 @@ class PPOLearner(OnPolicyLearner):
         observation; a terminated one from zero; neither leaks into the next episode."""
         gamma, lam = self.config.gamma, self.config.gae_lambda
         steps, n = rollout.rewards.shape
-        obs = torch.from_numpy(rollout.obs)
+        device = self.device
+        obs = on_device(rollout.obs, device)
         values = self.network.value(obs.flatten(0, 1)).view(steps, n)
-        next_values = torch.cat([values[1:], self.network.value(torch.from_numpy(rollout.last_obs))[None]])
+        next_values = torch.cat([values[1:], self.network.value(on_device(rollout.last_obs, device))[None]])
         next_values = next_values.flatten()
         if len(rollout.done_index):
-            final_values = self.network.value(torch.from_numpy(rollout.done_obs))
-            ended_terminal = torch.from_numpy(rollout.terminated.reshape(-1)[rollout.done_index])
-            index = torch.from_numpy(rollout.done_index)
+            final_values = self.network.value(on_device(rollout.done_obs, device))
+            ended_terminal = on_device(rollout.terminated.reshape(-1)[rollout.done_index], device)
+            index = on_device(rollout.done_index, device)
             next_values[index] = torch.where(ended_terminal, 0.0, final_values)
         next_values = next_values.view(steps, n)
         scaled = rollout.rewards if self.reward_scaler is None else self.reward_scaler.scale(rollout.rewards)
-        rewards = torch.from_numpy(scaled)
-        continues = torch.from_numpy(~(rollout.terminated | rollout.truncated)).float()
+        rewards = on_device(scaled, device)
+        continues = on_device(~(rollout.terminated | rollout.truncated), device).float()
         deltas = rewards + gamma * next_values - values
         advantages = torch.zeros_like(values)
-        running = torch.zeros(n)
+        running = torch.zeros(n, device=device)
         for t in reversed(range(steps)):
             running = deltas[t] + gamma * lam * continues[t] * running
             advantages[t] = running

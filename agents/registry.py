@@ -18,7 +18,7 @@ class Algorithm:
     name: str
     on_policy: bool
     action_spaces: tuple[type[spaces.Space], ...]
-    learner: Callable[[Any, spaces.Box, spaces.Space, int], Learner]
+    learner: Callable[..., Learner]  # (config, observation_space, action_space, seed, device="cpu")
     network: Callable[[Any, spaces.Box, spaces.Space], nn.Module]
     policy: Callable[[nn.Module, Any, float, int], Policy]  # (network, config, exploration, seed)
     exploration: Callable[[Any, int], float]  # (config, env_steps) -> exploration parameter

@@ -17,7 +17,7 @@ from gymnasium import spaces
 from pydantic import ConfigDict, Field
 from torch import nn
 
-from gymflow.agents.core import ReplayLearner, Rollout
+from gymflow.agents.core import ReplayLearner, Rollout, cpu_weights, on_device
 from gymflow.agents.networks import LayerWidths, mlp, seeded_init
 from gymflow.agents.normalization import ObservationNormalization, observation_normalizer, share_normalizer
 from gymflow.agents.replay import ReplayOptions, Sample, make_replay, n_step_transitions
@@ -70,7 +70,7 @@ class SquashedGaussianActor(nn.Module):
         """(squashed actions in [-1, 1], their log-probabilities), reparameterised."""
         mean, log_std = self(obs)
         std = log_std.exp()
-        noise = torch.randn(mean.shape, generator=generator)
+        noise = torch.randn(mean.shape, generator=generator).to(mean.device)  # the CPU generator: same draws anywhere
         unsquashed = mean + std * noise
         squashed = torch.tanh(unsquashed)
         gaussian = -0.5 * noise.pow(2) - log_std - 0.5 * np.log(2 * np.pi)
@@ -120,16 +120,20 @@ class SACPolicy:
 
 
 class SACLearner(ReplayLearner):
-    def __init__(self, config: SACConfig, observation_space: spaces.Box, action_space: spaces.Box, seed: int):
+    def __init__(self, config: SACConfig, observation_space: spaces.Box, action_space: spaces.Box, seed: int,
+                 device: str = "cpu"):
         self.config = config
+        self.device = torch.device(device)
         obs_size, action_size = int(np.prod(observation_space.shape)), int(np.prod(action_space.shape))
         with seeded_init(seed):
             self.actor = make_actor(config, observation_space, action_space)
             critic_norm = observation_normalizer(config, observation_space.shape)
             self.critic = TwinCritic(obs_size, action_size, config.hidden_sizes, critic_norm)
+        self.actor.to(self.device)
+        self.critic.to(self.device)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.normalizer = share_normalizer(self.actor, self.critic, self.target_critic)
-        self.log_entropy_coef = torch.zeros(1, requires_grad=config.entropy_coef is None)
+        self.log_entropy_coef = torch.zeros(1, device=self.device, requires_grad=config.entropy_coef is None)
         if config.entropy_coef is not None:
             self.log_entropy_coef.data.fill_(float(np.log(config.entropy_coef)))
         self.target_entropy = config.target_entropy if config.target_entropy is not None else -float(action_size)
@@ -147,7 +151,7 @@ class SACLearner(ReplayLearner):
         return self.config.batch_size
 
     def policy_weights(self) -> dict[str, torch.Tensor]:
-        return self.actor.state_dict()
+        return cpu_weights(self.actor)
 
     def load_policy_weights(self, weights: dict[str, torch.Tensor]) -> None:
         self.actor.load_state_dict(weights)
@@ -167,21 +171,22 @@ class SACLearner(ReplayLearner):
 
     def _update(self, sample: Sample) -> dict[str, float]:
         batch = sample.transitions
-        obs, next_obs = torch.from_numpy(batch.obs), torch.from_numpy(batch.next_obs)
-        actions = self.actor.from_env(torch.from_numpy(batch.actions))
+        device = self.device
+        obs, next_obs = on_device(batch.obs, device), on_device(batch.next_obs, device)
+        actions = self.actor.from_env(on_device(batch.actions, device))
         entropy_coef = self.log_entropy_coef.exp().detach()
         with torch.no_grad():
             next_actions, next_log_prob = self.actor.sample(next_obs, self.generator)
             next_q = torch.min(*self.target_critic(next_obs, next_actions)) - entropy_coef * next_log_prob
-            targets = torch.from_numpy(batch.rewards) + torch.from_numpy(batch.discounts) * next_q
+            targets = on_device(batch.rewards, device) + on_device(batch.discounts, device) * next_q
         q1, q2 = self.critic(obs, actions)
-        weights = torch.from_numpy(sample.weights)
+        weights = on_device(sample.weights, device)
         critic_loss = 0.5 * (weights * ((q1 - targets).pow(2) + (q2 - targets).pow(2))).mean()
         self.critic_optimizer.zero_grad()
         critic_loss.backward()
         self.critic_optimizer.step()
         td_errors = 0.5 * ((q1 - targets).abs() + (q2 - targets).abs())
-        self.replay.update_priorities(sample.index, td_errors.detach().numpy())
+        self.replay.update_priorities(sample.index, td_errors.detach().cpu().numpy())
 
         new_actions, log_prob = self.actor.sample(obs, self.generator)
         self.critic.requires_grad_(False)

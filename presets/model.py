@@ -128,6 +128,12 @@ class DistributionConfig(_Strict):
     learner_threads: int = Field(
         default=1, ge=1, le=256, description="torch threads of the learner in the flow's process."
     )
+    learner_device: str = Field(
+        default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
+        description="Where the learner's networks, optimisers and sampled batches live: auto (cuda where torch "
+        "sees a GPU, else cpu), cpu, cuda or cuda:N. Rollout workers act on the CPU either way; checkpoints and "
+        "the MLflow model are stored as CPU tensors.",
+    )
     cluster_start_timeout_s: float = Field(
         default=120.0, gt=0, description="How long to wait for the cluster's first worker, and for one "
         "offering rollout_resources.",

@@ -58,6 +58,30 @@ def experiment_from(config: Preset) -> Experiment:
     tls, address = config.distribution.tls, config.distribution.scheduler_address
     if tls is not None and not (address or "").startswith("tls://"):
         raise InvalidPreset("distribution.tls", f"needs a tls:// distribution.scheduler_address, not {address!r}")
+    if config.distribution.learner_device.startswith("cuda"):
+        _check_cuda(config.distribution.learner_device)
     if algorithm.on_policy and config.schedule.heatup_env_steps:
         raise InvalidPreset("schedule.heatup_env_steps", f"must be 0 for the on-policy {algorithm.name}")
     return Experiment(config, algorithm, observation_space, action_space)
+
+
+def _check_cuda(device: str) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise InvalidPreset("distribution.learner_device", f"{device} asked for, but torch {torch.__version__} sees "
+                            "no CUDA device on this machine; use auto or cpu")
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise InvalidPreset("distribution.learner_device",
+                            f"{device} asked for, but this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
+def learner_device(config: Preset) -> str:
+    """The torch device the learner runs on: auto is cuda where torch sees a GPU, else cpu."""
+    import torch
+
+    wanted = config.distribution.learner_device
+    if wanted == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return wanted

@@ -184,3 +184,27 @@ def test_learner_state_round_trips_through_a_checkpoint_into_a_fresh_learner(mak
         restored.replay.load_state_dict(learner.replay.state_dict())
     a, b = learner.learn([rollout], 0.2), restored.learn([rollout], 0.2)
     assert a == pytest.approx(b, nan_ok=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("make", [
+    lambda device: PPOLearner(PPOConfig(normalize_observations=True, normalize_rewards=True), OBS, BOX_ACTIONS, 1,
+                              device),
+    lambda device: DQNLearner(DQNConfig(hidden_sizes=[8], replay="prioritized", batch_size=4,
+                                        normalize_observations=True), OBS, ACTIONS, 1, device),
+    lambda device: SACLearner(SACConfig(hidden_sizes=[8], batch_size=4, normalize_observations=True), OBS,
+                              BOX_ACTIONS, 1, device),
+])
+def test_a_gpu_learner_hands_out_cpu_weights_and_its_checkpoint_resumes_on_a_cpu(make):
+    learner = make("cuda")
+    rollout = _rollout(np.ones(8), [False] * 7 + [True], [False] * 8, obs=np.random.rand(8, 1, 2).astype(np.float32))
+    if not isinstance(learner, DQNLearner):
+        rollout = rollout._replace(actions=np.random.uniform(-1, 1, (8, 1, 1)).astype(np.float32))
+    learner.learn([rollout], 0.1)
+    assert all(tensor.device.type == "cpu" for tensor in learner.policy_weights().values())
+    on_cpu = make("cpu")
+    on_cpu.load_state_dict(decode_state(*encode_state(learner.state_dict())))  # what a CPU-only resume does
+    if hasattr(learner, "replay"):
+        on_cpu.replay.load_state_dict(learner.replay.state_dict())
+    metrics = on_cpu.learn([rollout], 0.2)
+    assert all(np.isfinite(value) for value in metrics.values())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from gymflow.flows.cli import main
 from gymflow.presets import InvalidPreset, builtin_presets, load_preset, parse_assignments
@@ -66,6 +67,11 @@ def test_a_preset_file_path_works(tmp_path):
         ("cartpole-dqn", {"env.id": "Pendulum-v1"}, "agent.algo", "dqn supports Discrete action spaces"),
         ("cartpole-dqn", {"env.id": "gymflow.testing.envs:ContinuousCorridor"}, "agent.algo", "Discrete"),
         ("cartpole-ppo", {"schedule.heatup_env_steps": 100}, "schedule.heatup_env_steps", "on-policy"),
+        ("cartpole-ppo", {"distribution.learner_device": "tpu"}, "distribution.learner_device", "should match pattern"),
+        ("cartpole-ppo", {"distribution.learner_device": "cuda:99"}, "distribution.learner_device", "asked for, but"),
+        *([] if torch.cuda.is_available() else [  # a machine without a GPU refuses cuda before any work
+            ("cartpole-ppo", {"distribution.learner_device": "cuda"}, "distribution.learner_device",
+             "sees no CUDA device on this machine; use auto or cpu")]),
     ],
 )
 def test_bad_input_is_one_line_naming_the_field(preset, overrides, field, says):

@@ -31,7 +31,7 @@ def encode_state(tree: Any) -> tuple[bytes, bytes]:
 
     def encode(node: Any, path: str) -> Any:
         if isinstance(node, torch.Tensor):
-            tensors[path] = node
+            tensors[path] = node.detach().cpu()  # a learner's GPU state loads on a CPU-only machine
             return {"$tensor": path}
         if isinstance(node, np.ndarray):
             tensors[path] = torch.from_numpy(np.ascontiguousarray(node))

@@ -25,7 +25,7 @@ from prefect.cache_policies import NO_CACHE
 from gymflow.agents.core import Learner, ReplayLearner, Rollout
 from gymflow.errors import UnusableWarmStart
 from gymflow.presets.model import StorageConfig
-from gymflow.presets.validate import Experiment
+from gymflow.presets.validate import Experiment, learner_device
 from gymflow.tasks.storage.checkpoints import (
     LEARNER_TENSORS,
     LEARNER_TREE,
@@ -64,7 +64,7 @@ def create_learner(experiment: Experiment, warm_start: dict[str, torch.Tensor] |
     config = experiment.preset
     torch.set_num_threads(config.distribution.learner_threads)
     learner = experiment.algorithm.learner(config.agent, experiment.observation_space, experiment.action_space,
-                                           config.seed)
+                                           config.seed, learner_device(config))
     if warm_start is not None:
         try:
             learner.load_policy_weights(warm_start)
