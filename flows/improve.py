@@ -7,7 +7,7 @@ import time
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
-from prefect.runtime import flow_run
+from prefect.runtime import deployment, flow_run
 
 from gymflow.flows.stopping import cancellable
 from gymflow.presets.overrides import PresetOverrides, as_dotted
@@ -44,7 +44,7 @@ def improve(
     run = prepare_run(experiment, warm_start, resume)  # so does an unusable storage root or warm start
     logger = get_run_logger()
     with (
-        cancellable(flow_run.id),  # a Prefect cancellation: the run closes all below, then ends within seconds
+        cancellable(flow_run.id, deployment.id),  # a Prefect cancellation ends the run within seconds
         dask_client(run.preset.distribution) as client,  # an unreachable cluster stops here
         job_hosts(client, run.preset.distribution) as hosts,
         tracked_run(run, str(flow_run.id)) as tracker,

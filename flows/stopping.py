@@ -22,6 +22,7 @@ cluster, and `cancellable()` ends the rest within seconds (see there).
 from __future__ import annotations
 
 import atexit
+import contextvars
 import gc
 import os
 import signal
@@ -32,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 from uuid import UUID
 
 STOP_GRACE_S = 8.0
@@ -140,24 +142,75 @@ def _exit_now(why: str) -> None:
     os._exit(130)
 
 
-@contextmanager
-def cancellable(flow_run_id: str) -> Iterator[None]:
-    """A Prefect cancellation of this flow run ends it within seconds.
+CANCEL_POLL_S = 1.0
 
-    The cancelling worker marks the run Cancelled only after the whole process group is gone
-    (it looks every 3 s) and after importing the flow's module again to look for cancellation
-    hooks: 10-15 s with gymflow's imports. So, once the flow has closed its cluster and MLflow
-    run (what this wraps), a run that is being cancelled marks itself Cancelled, and its process
-    skips the collection of its whole heap at exit (1-3 s).
+
+@contextmanager
+def cancellable(flow_run_id: str, deployment_id: str | None) -> Iterator[None]:
+    """A Prefect cancellation of this deployment run ends it within seconds.
+
+    The worker learns of a cancellation from an events websocket, or, when that connection is
+    lost (it happens on a loaded machine), by polling every 10 s; then it SIGTERMs the process
+    group, and marks the run Cancelled only after the whole group is gone (it looks every 3 s) and
+    after importing the flow's module again to look for cancellation hooks (5 s with gymflow's
+    imports). So the run watches its own state too (every `CANCEL_POLL_S`) and, once Cancelling,
+    stops itself with the SIGTERM Prefect's engine turns into TerminationSignal; once the flow has
+    closed its cluster and MLflow run (what this wraps), it marks itself Cancelled, and its
+    process skips the collection of its whole heap at exit (1-3 s). Prefect cancels only
+    deployment runs: other runs are not watched.
     """
     from prefect.exceptions import TerminationSignal
 
+    watching = threading.Event()
+    engine_handler = signal.getsignal(signal.SIGTERM)
+    if deployment_id and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _first_sigterm_only(engine_handler))
+        watching.set()
+        context = contextvars.copy_context()  # the flow's Prefect settings, for the thread's client
+        threading.Thread(target=context.run, args=(_stop_when_cancelling, flow_run_id, watching),
+                         name="gymflow-cancellation", daemon=True).start()
     try:
         yield
     except TerminationSignal:
+        watching.clear()
         _mark_cancelled_if_cancelling(flow_run_id)
         gc.freeze()  # the process ends next: nothing left for a collection to free
         raise
+    finally:
+        if watching.is_set():
+            watching.clear()
+            signal.signal(signal.SIGTERM, engine_handler)
+
+
+def _first_sigterm_only(engine_handler: Any) -> Callable[[int, Any], None]:
+    """Prefect's SIGTERM handling, once: the run stops on its own SIGTERM and the worker's comes
+    after it, which must not cut the flow's clean-up (cluster, MLflow run) short. A run that
+    hangs anyway is SIGKILLed by the worker 30 s later."""
+
+    def once(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if callable(engine_handler):
+            engine_handler(signum, frame)
+        else:
+            raise SystemExit(128 + signum)
+
+    return once
+
+
+def _stop_when_cancelling(flow_run_id: str, watching: threading.Event) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+
+    with get_client(sync_client=True) as client:
+        while watching.is_set():
+            time.sleep(CANCEL_POLL_S)
+            try:
+                state = client.read_flow_run(UUID(flow_run_id)).state
+            except Exception:  # the API busy or restarting: look again next time
+                continue
+            if watching.is_set() and state is not None and state.type == StateType.CANCELLING:
+                os.kill(os.getpid(), signal.SIGTERM)  # this process only: its Dask workers are closed by the flow
+                return
 
 
 def _mark_cancelled_if_cancelling(flow_run_id: str) -> None:
@@ -170,3 +223,4 @@ def _mark_cancelled_if_cancelling(flow_run_id: str) -> None:
         if state is not None and state.type == StateType.CANCELLING:
             cancelled = Cancelled(message="Cancelled; what was committed stays for `gymflow resume`")
             client.set_flow_run_state(UUID(flow_run_id), cancelled)
+            print("gymflow: cancelled; the run's cluster and MLflow run are closed", file=sys.stderr, flush=True)

@@ -176,12 +176,16 @@ def test_a_cancelled_deployment_run_stops_within_10_s_leaves_nothing_running_and
         assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
         time.sleep(0.05)
     running = psutil.Process(worker.pid).children(recursive=True)  # the flow's process, its Dask workers, ...
-    began = time.monotonic()
     cancel = _prefect(env, "flow-run", "cancel", flow_run_id)
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
-    assert _wait_for_state(env, flow_run_id, {"CANCELLED", "CRASHED", "FAILED", "COMPLETED"}, 10) == "CANCELLED"
-    _, alive = psutil.wait_procs(running, timeout=max(10 - (time.monotonic() - began), 0.1))
-    assert not alive, f"still running 10 s after the cancellation: {[p.cmdline()[:4] for p in alive]}"
+    accepted = time.monotonic()  # the server has the run as Cancelling (the CLI's own start-up is not the run's)
+    try:
+        assert _wait_for_state(env, flow_run_id, {"CANCELLED", "CRASHED", "FAILED", "COMPLETED"}, 10) == "CANCELLED"
+        _, alive = psutil.wait_procs(running, timeout=max(10 - (time.monotonic() - accepted), 0.1))
+        assert not alive, f"still running 10 s after the cancellation: {[p.cmdline()[:4] for p in alive]}"
+    except AssertionError as failed:
+        time.sleep(20)  # let the worker finish, so its log tells what took the time
+        raise AssertionError(f"{failed}\nworker log: {(tmp_path / 'worker.log').read_text()[-4000:]}") from None
 
     (run_dir,) = (root / "runs").iterdir()
     mlflow = MlflowClient(overrides["tracking.tracking_uri"])
