@@ -85,7 +85,7 @@ def run_gymflow(preset: str, seed: int, steps: int, folder: str) -> tuple[float,
     summary = improve(preset, {
         "seed": seed, "schedule.total_env_steps": steps, "schedule.evaluate_every_env_steps": steps,
         "schedule.evaluation_episodes": EVALUATION_EPISODES, "storage.root": os.path.join(folder, f"data-{seed}"),
-        "tracking.tracking_uri": f"sqlite:///{folder}/mlflow.db",
+        "tracking.tracking_uri": f"sqlite:///{folder}/mlflow.db", "tracking.artifact_location": f"{folder}/mlartifacts",
     })
     return summary.final_return, time.perf_counter() - started
 

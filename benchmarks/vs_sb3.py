@@ -50,6 +50,7 @@ def solve_with_gymflow(seed: int, folder: str) -> tuple[float, int, bool]:
     summary = improve("cartpole-ppo", {
         "seed": seed, "schedule.total_env_steps": BUDGET, "schedule.evaluate_every_env_steps": EVAL_EVERY,
         "storage.root": os.path.join(folder, "data"), "tracking.tracking_uri": f"sqlite:///{folder}/mlflow.db",
+        "tracking.artifact_location": f"{folder}/mlartifacts",
     })
     return time.perf_counter() - started, summary.env_steps, summary.solved
 
