@@ -5,6 +5,7 @@ hosts (tasks/cluster/hosts.py) the run keeps on its workers."""
 from __future__ import annotations
 
 import importlib
+import itertools
 import logging
 import os
 import sys
@@ -23,6 +24,10 @@ from gymflow.tasks.cluster.hosts import HostPool
 CONNECT_TIMEOUT_S = 10
 
 
+_shared_client: Client | None = None  # a sweep's LocalCluster, used by every run started in this process
+_runs_on_shared_cluster = itertools.count()  # each starts on the next worker
+
+
 @contextmanager
 def dask_client(config: DistributionConfig) -> Iterator[Client]:
     logging.getLogger("distributed").setLevel(logging.WARNING)
@@ -32,20 +37,15 @@ def dask_client(config: DistributionConfig) -> Iterator[Client]:
             _check_resources(client, config.rollout_resources, config.cluster_start_timeout_s)
             yield client
         return
+    if config.cluster_class is None and _shared_client is not None:
+        _check_resources(_shared_client, config.rollout_resources, config.cluster_start_timeout_s)
+        yield _shared_client  # one client for all: actors are bound to the client they came through
+        return
     if config.cluster_class:
         cluster = _cluster_class(config.cluster_class)(**config.cluster_kwargs)
         cluster.scale(config.rollout_workers)
     else:
-        with _main_module_not_reimported():
-            cluster = LocalCluster(
-                n_workers=min(config.rollout_workers, os.cpu_count() or 1),
-                threads_per_worker=1,
-                processes=True,
-                dashboard_address=":0",
-                silence_logs=logging.ERROR,
-                resources=config.rollout_resources or None,  # its workers offer what rollouts ask for
-                preload=["gymflow.tasks.cluster.local_worker"],  # signals to the flow's group are the flow's
-            )
+        cluster = _local_cluster(config, min(config.rollout_workers, os.cpu_count() or 1))
     # a LocalCluster's workers are reachable from here: job calls go to them directly, not
     # through the scheduler (0.9 ms a call instead of 1.7 ms here)
     direct = isinstance(cluster, LocalCluster)
@@ -56,9 +56,42 @@ def dask_client(config: DistributionConfig) -> Iterator[Client]:
 
 
 @contextmanager
+def shared_local_cluster(config: DistributionConfig, workers: int) -> Iterator[Client | None]:
+    """One LocalCluster for every run this process starts while inside (a sweep's trials, which
+    would otherwise start and stop a cluster each), when `config` asks for a LocalCluster; runs
+    of presets that name a scheduler or a cluster class keep theirs."""
+    global _shared_client
+    if config.scheduler_address or config.cluster_class:
+        yield None
+        return
+    cluster = _local_cluster(config, min(workers, os.cpu_count() or 1))
+    with cluster, Client(cluster, direct_to_workers=True) as client:
+        client.wait_for_workers(1, timeout=config.cluster_start_timeout_s)
+        _shared_client = client
+        try:
+            yield client
+        finally:
+            _shared_client = None
+
+
+def _local_cluster(config: DistributionConfig, workers: int) -> LocalCluster:
+    with _main_module_not_reimported():
+        return LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            silence_logs=logging.ERROR,
+            resources=config.rollout_resources or None,  # its workers offer what rollouts ask for
+            preload=["gymflow.tasks.cluster.local_worker"],  # signals to the flow's group are the flow's
+        )
+
+
+@contextmanager
 def job_hosts(client: Client, config: DistributionConfig) -> Iterator[HostPool]:
     """The run's job hosts on the workers offering the rollout resources, released at the end."""
-    hosts = HostPool(client, config.rollout_resources, config.rollout_timeout_s)
+    first_worker = next(_runs_on_shared_cluster) if client is _shared_client else 0
+    hosts = HostPool(client, config.rollout_resources, config.rollout_timeout_s, first_worker)
     hosts.start(config.rollout_workers)
     try:
         yield hosts

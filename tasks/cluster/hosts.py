@@ -104,8 +104,11 @@ class Hosts(Protocol):
 class HostPool:
     """The run's hosts on the workers that offer `resources`; see the module's docstring."""
 
-    def __init__(self, client: Client, resources: dict[str, float] | None, timeout_s: float):
+    def __init__(self, client: Client, resources: dict[str, float] | None, timeout_s: float, first_worker: int = 0):
+        """`first_worker`: slot 0's worker in the sorted list, so runs that share a cluster (a
+        sweep's) start on different workers."""
         self.client, self.resources, self.timeout_s = client, resources or {}, timeout_s
+        self.first_worker = first_worker
         self._hosts: dict[str, Future] = {}  # worker address -> the future of its host (an actor)
         self._actors: dict[str, Any] = {}  # worker address -> its host's proxy, once started
         self._lost: set[str] = set()  # addresses whose host died; skipped while the scheduler still lists them
@@ -157,8 +160,9 @@ class HostPool:
     def start(self, slots: int) -> None:
         """Start the hosts of slots 0..slots-1 now, without waiting: they warm up (imports) while
         the run sets itself up, not in its first round."""
-        for worker in self._able_workers()[:slots]:
-            self._host_future(worker)
+        workers = self._able_workers()
+        for slot in range(min(slots, len(workers))):
+            self._host_future(workers[(slot + self.first_worker) % len(workers)])
 
     def wait_started(self) -> None:
         """Wait for the hosts `start` began (a host that fails to start is retried at its first job)."""
@@ -199,7 +203,7 @@ class HostPool:
             workers = self._able_workers()
         if not workers:
             raise HostLost(f"no Dask worker offers {self.resources}")
-        worker = workers[slot % len(workers)]
+        worker = workers[(slot + self.first_worker) % len(workers)]
         actor = self._actors.get(worker)
         if actor is None:
             try:

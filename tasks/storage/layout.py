@@ -73,3 +73,8 @@ class RunLayout:
     @property
     def latest(self) -> str:
         return self.checkpoint_shelf.latest
+
+
+def sweep_best_preset(sweep_id: str) -> str:
+    """A sweep's best configuration as a preset YAML (beside its runs' folders)."""
+    return f"sweeps/{sweep_id}/best-preset.yaml"

@@ -28,9 +28,14 @@ def write_run_record(storage: Storage, run_id: str, record: RunRecord) -> None:
     storage.write(f"{RunLayout(run_id).prefix}/{RUN_RECORD}", json.dumps(asdict(record), indent=1).encode())
 
 
+def has_run_record(storage: Storage, run_id: str) -> bool:
+    """Whether a run of this id was started under this storage (it can be resumed)."""
+    return storage.exists(f"{RunLayout(run_id).prefix}/{RUN_RECORD}")
+
+
 def read_run_record(storage: Storage, run_id: str) -> RunRecord:
     key = f"{RunLayout(run_id).prefix}/{RUN_RECORD}"
-    if not storage.exists(key):
+    if not has_run_record(storage, run_id):
         raise InvalidPreset("resume", f"no run {run_id!r} under {storage.url('runs')}")
     return RunRecord(**json.loads(storage.read(key)))
 

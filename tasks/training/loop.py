@@ -32,16 +32,27 @@ from gymflow.tasks.training.state import LoopState
 TASK_SECONDS = 2.0  # the training one `train` task run carries
 
 
+class EarlyStop(Protocol):
+    """An outside judge of evaluations (a sweep's pruner) that may end a run early."""
+
+    def should_stop(self, evaluation: Scored) -> bool: ...
+
+
 @dataclass(frozen=True)
 class StopRule:
-    """Training stops once the env-step budget is collected and learned from, or once an
-    evaluation reaches the target return."""
+    """Training stops once the env-step budget is collected and learned from, once an
+    evaluation reaches the target return, or once the early-stop judge says so."""
 
     total_env_steps: int
     target_return: float | None
+    early_stop: EarlyStop | None = None
 
     def reached(self, state: LoopState, drained: bool, latest: Scored | None) -> bool:
-        return (state.env_steps >= self.total_env_steps and drained) or self.target_reached(latest)
+        budget_spent = state.env_steps >= self.total_env_steps and drained
+        return budget_spent or self.target_reached(latest) or self.stopped_early(latest)
+
+    def stopped_early(self, evaluation: Scored | None) -> bool:
+        return self.early_stop is not None and evaluation is not None and self.early_stop.should_stop(evaluation)
 
     def target_reached(self, evaluation: Scored | None) -> bool:
         if self.target_return is None or evaluation is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -13,21 +13,29 @@ from functools import partial
 import yaml
 
 from gymflow.agents.core import Learner, ReplayLearner
+from gymflow.errors import InvalidPreset
 from gymflow.presets.load import flatten, redacted
 from gymflow.presets.model import Preset
 from gymflow.presets.validate import Experiment
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan
+from gymflow.tasks.storage.checkpoints import committed_versions
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, check_storage, open_storage, storage_location
-from gymflow.tasks.storage.records import RunRecord, read_run_record, write_run_record, write_stored_preset
+from gymflow.tasks.storage.records import (
+    RunRecord,
+    has_run_record,
+    read_run_record,
+    write_run_record,
+    write_stored_preset,
+)
 from gymflow.tasks.tracking.models import read_warm_start
 from gymflow.tasks.tracking.progress import ProgressLog
 from gymflow.tasks.tracking.tracker import Tracker, s3_artifact_environment
 from gymflow.tasks.training.collection import Collection, SyncRounds
 from gymflow.tasks.training.evaluation import EvaluationSchedule
 from gymflow.tasks.training.learning import Checkpoints, create_learner
-from gymflow.tasks.training.loop import ImproveLoop, Observer, StopRule, heatup
+from gymflow.tasks.training.loop import EarlyStop, ImproveLoop, Observer, StopRule, heatup
 from gymflow.tasks.training.resume import Restored, restore, stored_experiment
 from gymflow.tasks.training.state import LoopState
 from gymflow.tasks.training.stream import AsyncStream, Ratio
@@ -53,37 +61,44 @@ class PreparedRun:
         return yaml.safe_dump(redacted(self.preset.model_dump(mode="json")), sort_keys=False).encode()
 
 
-def prepare_run(experiment: Experiment, warm_start: str | None, resume: str | None) -> PreparedRun:
+def prepare_run(experiment: Experiment, warm_start: str | None, resume: str | None,
+                run_id: str | None = None) -> PreparedRun:
     """Check the storage (a missing bucket or refused credentials stop here), then make the
     learner: from scratch, from a warm-start policy, or restored from `resume`'s checkpoints
-    (with that run's own preset)."""
+    (with that run's own preset). A resumed run that died before its first checkpoint starts
+    over, in its own MLflow run. `run_id` names a new run (default: preset name and time)."""
     location = storage_location(experiment.preset.storage)
     check_storage(location)
     storage = open_storage(location)
     if resume is None:
         weights = read_warm_start(warm_start, experiment.preset.tracking.tracking_uri) if warm_start else None
-        run_id = f"{experiment.preset.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        if run_id is not None and has_run_record(storage, run_id):
+            raise InvalidPreset("run_id", f"a run {run_id!r} is already under {storage.url('runs')}; "
+                                f"continue it with resume={run_id!r}")
+        run_id = run_id or f"{experiment.preset.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         return PreparedRun(experiment, run_id, storage, create_learner(experiment, weights))
     record = read_run_record(storage, resume)
     experiment = stored_experiment(storage, resume, experiment)
     learner = create_learner(experiment)
+    if not committed_versions(storage, RunLayout(resume)):
+        return PreparedRun(experiment, resume, storage, learner, record=record)
     return PreparedRun(experiment, resume, storage, learner, restore(storage, resume, learner, experiment.preset),
                        record)
 
 
 @contextmanager
-def tracked_run(run: PreparedRun, flow_run_id: str) -> Iterator[Tracker]:
+def tracked_run(run: PreparedRun, flow_run_id: str, tags: Mapping[str, str] | None = None) -> Iterator[Tracker]:
     """The run's MLflow run (a resumed run's own), ended on the way out as FINISHED, FAILED (an
     error) or KILLED (stopped from outside: Ctrl-C, SIGTERM, a Prefect cancellation);
     MLflow reaches artifacts on S3 with the storage's endpoint and credentials. A new run's
     parameters, stored preset and record are written here."""
     with s3_artifact_environment(run.preset.storage.options):
-        yield from _tracked(run, flow_run_id)
+        yield from _tracked(run, flow_run_id, tags or {})
 
 
-def _tracked(run: PreparedRun, flow_run_id: str) -> Iterator[Tracker]:
+def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str]) -> Iterator[Tracker]:
     tracking, tags = run.preset.tracking, {"gymflow.run_id": run.run_id, "prefect.flow_run_id": flow_run_id,
-                                           "gymflow.preset": run.preset.name}
+                                           "gymflow.preset": run.preset.name, **extra_tags}
     tracker = Tracker(tracking.tracking_uri, tracking.experiment, run_name=run.run_id, tags=tags,
                       artifact_location=tracking.artifact_location,
                       existing_run_id=run.record.mlflow_run_id if run.record else None)
@@ -108,16 +123,17 @@ def run_recorder(run: PreparedRun, tracker: Tracker, logger: AnyLogger) -> RunRe
 
 
 @contextmanager
-def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: AnyLogger) -> Iterator[ImproveLoop]:
+def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: AnyLogger,
+                 early_stop: EarlyStop | None = None) -> Iterator[ImproveLoop]:
     """The run's loop: SYNC rounds or the ASYNC stream, evaluations beside the learner, commits,
-    the stop rule. On the way out the evaluation thread ends; on an error, what is in flight
-    is given up."""
+    the stop rule (with an outside judge that may end it early, a sweep's pruner). On the way out
+    the evaluation thread ends; on an error, what is in flight is given up."""
     preset, plan = run.preset, RoundPlan(run.preset, run.run_id)
     evaluations = EvaluationSchedule(hosts, plan, blocking=preset.distribution.mode == "sync", logger=logger)
     loop = ImproveLoop(
         run.learner, _collection(run, hosts, plan, logger), evaluations,
         Checkpoints(run.storage, run.run_id, preset.storage, policy_window=preset.distribution.max_policy_lag + 1),
-        StopRule(preset.schedule.total_env_steps, preset.schedule.target_return), observer,
+        StopRule(preset.schedule.total_env_steps, preset.schedule.target_return, early_stop), observer,
     )
     try:
         yield loop

@@ -35,6 +35,7 @@ class RunSummary:
     final_return: float | None = None
     best_return: float | None = None
     solved: bool = False
+    stopped_early: bool = False  # a sweep's pruner ended it before its budget
     wall_seconds: float = 0.0
     work_seconds: float = 0.0  # stepping envs with the policy, learning, evaluating (critical path)
     evaluations: tuple[EvaluationRow, ...] = ()
@@ -109,15 +110,22 @@ class RunIdentity:
     storage_url: str
 
 
+class RunEnding(NamedTuple):
+    solved: bool  # the deciding evaluation reached the target return
+    stopped_early: bool  # the early-stop judge (a sweep's pruner) ended it
+    wall_seconds: float  # of the training loop
+
+
 def summarize(identity: RunIdentity, state: LoopState, recorder: RunRecorder, delivered: Scored,
-              solved: bool, wall_seconds: float) -> RunSummary:
+              ending: RunEnding) -> RunSummary:
     """The run's report, from the loop's final state and what was recorded along the way."""
     ledger = state.stream.ledger if state.stream else Ledger()
     return RunSummary(
         identity.run_id, identity.mlflow_run_id, identity.storage_url,
         env_steps=state.env_steps, versions_committed=state.version + 1, delivered_version=delivered.version,
-        final_return=delivered.mean_return, best_return=max(row.mean for row in recorder.evaluations), solved=solved,
-        wall_seconds=wall_seconds, work_seconds=recorder.work_seconds, evaluations=tuple(recorder.evaluations),
+        final_return=delivered.mean_return, best_return=max(row.mean for row in recorder.evaluations),
+        solved=ending.solved, stopped_early=ending.stopped_early, wall_seconds=ending.wall_seconds,
+        work_seconds=recorder.work_seconds, evaluations=tuple(recorder.evaluations),
         rollout_processes=frozenset(recorder.processes), shards_inserted=ledger.shards_inserted,
         shards_dropped=ledger.shards_dropped, shards_unused=ledger.shards_unused,
         policy_lag_mean=ledger.lag_mean, policy_lag_max=ledger.lag_max,

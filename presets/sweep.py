@@ -1,0 +1,183 @@
+"""A sweep's specification: a preset, the fields to search and how, seeds per configuration, the
+budget; and its checks, all made before any trial starts (one line each, naming the field).
+
+    preset: cartpole-ppo
+    overrides: {schedule.total_env_steps: 20000}     # every trial
+    space:
+      agent.lr: {low: 0.0001, high: 0.003, log: true}
+      agent.n_epochs: {values: [4, 10]}
+      agent.minibatch_size: {low: 32, high: 256, integer: true}
+    sampler: tpe          # grid | random | tpe
+    trials: 8             # configurations (grid: every point by default)
+    seeds: 3              # runs per configuration: preset seed, +1, +2
+    concurrency: 2        # improve runs at once, on one shared Dask cluster
+    pruner: median        # none | median | halving
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gymflow.errors import GymflowError, InvalidPreset
+from gymflow.presets.load import load_preset
+from gymflow.presets.model import Preset
+
+ChoiceValue = bool | int | float | str
+# fields a trial may not vary: its seed, name, storage and tracking are the sweep's
+_RESERVED_FIELDS = ("seed", "name")
+_RESERVED_SECTIONS = ("storage.", "tracking.")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Choice(_Strict):
+    """One of these values (the grid sampler walks them all)."""
+
+    values: list[ChoiceValue] = Field(description="The values to try.")
+
+
+class Range(_Strict):
+    """A number between low and high (inclusive); `log` samples its logarithm uniformly."""
+
+    low: float
+    high: float
+    log: bool = False
+    integer: bool = False
+
+
+class SweepSpec(_Strict):
+    preset: str = Field(default="cartpole-ppo", description="A built-in preset name or a preset YAML path.")
+    overrides: dict[str, Any] = Field(default_factory=dict,
+                                      description="Preset fields set for every trial, as dotted keys.")
+    space: dict[str, Choice | Range] = Field(
+        description="The preset fields to search, by dotted key: {values: [...]} or {low, high, log, integer}.",
+    )
+    sampler: Literal["grid", "random", "tpe"] = Field(
+        default="tpe", description="grid: every combination of values; random; tpe: Optuna's TPE sampler."
+    )
+    trials: int | None = Field(default=None, ge=1, le=10_000,
+                               description="Configurations to try (grid: all of them when empty; else 10).")
+    seeds: int = Field(default=3, ge=1, le=100, description="Runs per configuration, seeds preset.seed + 0, 1, ...")
+    concurrency: int = Field(default=1, ge=1, le=64, description="Improve runs at once, on one shared Dask cluster.")
+    pruner: Literal["none", "median", "halving"] = Field(
+        default="none", description="Stop hopeless configurations early from the first seed's evaluations: "
+        "Optuna's median or successive-halving pruner.",
+    )
+    study_storage: str = Field(
+        default="sqlite:///gymflow-sweeps.db", min_length=1,
+        description="Where the sampler's state survives a crash: an SQLAlchemy URL for Optuna's RDB storage.",
+    )
+    sampler_seed: int = Field(default=0, ge=0, description="Seeds the sampler: the same spec samples the same trials.")
+
+    @field_validator("space")
+    @classmethod
+    def _space_not_empty(cls, space: dict[str, Choice | Range]) -> dict[str, Choice | Range]:
+        if not space:
+            raise ValueError("name at least one preset field to search")
+        return space
+
+    def fingerprint(self) -> str:
+        """The spec as a canonical string: a restarted sweep must be given the same one."""
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A checked spec: its base preset (with the fixed overrides) and its number of configurations."""
+
+    spec: SweepSpec
+    base: Preset
+    configurations: int
+
+    def seeds(self) -> list[int]:
+        return [self.base.seed + index for index in range(self.spec.seeds)]
+
+    def trial_preset(self, params: Mapping[str, Any]) -> Preset:
+        return load_preset(self.spec.preset, {**self.spec.overrides, **params})
+
+    def trial_overrides(self, params: Mapping[str, Any], seed: int) -> dict[str, Any]:
+        """The overrides of one run: the fixed ones, the configuration's values and its seed."""
+        return {**self.spec.overrides, **params, "seed": seed}
+
+
+def read_sweep_spec(path: str) -> SweepSpec:
+    """A spec from a YAML file; raises InvalidPreset naming the bad field."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            data = yaml.safe_load(stream)
+    except OSError as error:
+        raise InvalidPreset("spec", f"cannot read {path!r}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise InvalidPreset("spec", f"{path!r} is not valid YAML: {str(error).splitlines()[0]}") from None
+    return sweep_spec(data)
+
+
+def sweep_spec(data: Any) -> SweepSpec:
+    if isinstance(data, SweepSpec):
+        return data
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        loc = first["loc"]
+        if "Choice" in loc or "Range" in loc:  # neither form of a searched field fits
+            key = loc[1]
+            raise InvalidPreset(f"space.{key}", "expected {values: [...]} or {low: L, high: H, log: "
+                                f"false, integer: false}}, not {data['space'][key]!r}") from None
+        where = ".".join(str(part) for part in loc)
+        raise InvalidPreset(where or "spec", first["msg"].removeprefix("Value error, ")) from None
+
+
+def check_sweep(spec: SweepSpec) -> Sweep:
+    """Every check a sweep can fail before its first trial: the preset with the fixed overrides,
+    and each searched field: known, searchable, a non-empty range, and every bound or value one
+    the field allows."""
+    base = load_preset(spec.preset, spec.overrides)
+    for key, param in spec.space.items():
+        _check_param(spec, key, param)
+    sizes = [len(param.values) for param in spec.space.values() if isinstance(param, Choice)]
+    if spec.sampler == "grid":
+        ranged = [key for key, param in spec.space.items() if isinstance(param, Range)]
+        if ranged:
+            raise InvalidPreset(f"space.{ranged[0]}", "the grid sampler needs a list of values, not a range")
+        grid = math.prod(sizes)
+        if spec.trials is not None and spec.trials > grid:
+            raise InvalidPreset("trials", f"{spec.trials} is more than the grid's {grid} configurations")
+        return Sweep(spec, base, spec.trials or grid)
+    return Sweep(spec, base, spec.trials or 10)
+
+
+def _check_param(spec: SweepSpec, key: str, param: Choice | Range) -> None:
+    field = f"space.{key}"
+    if key in _RESERVED_FIELDS or key.startswith(_RESERVED_SECTIONS):
+        raise InvalidPreset(field, "cannot be searched: seeds are the sweep's `seeds`, and a run's name, storage "
+                            "and tracking are the sweep's; set them in `overrides`")
+    if isinstance(param, Choice):
+        if not param.values:
+            raise InvalidPreset(field, "the list of values is empty")
+        probes = list(param.values)
+    else:
+        if not param.low < param.high:
+            raise InvalidPreset(field, f"the range is empty: low {param.low:g} must be below high {param.high:g}")
+        if param.log and param.low <= 0:
+            raise InvalidPreset(field, f"a log range needs low > 0, not {param.low:g}")
+        if param.integer and not (float(param.low).is_integer() and float(param.high).is_integer()):
+            raise InvalidPreset(field, f"an integer range needs whole bounds, not {param.low:g}..{param.high:g}")
+        cast = int if param.integer else float
+        probes = [cast(param.low), cast(param.high)]
+    for value in probes:
+        try:
+            load_preset(spec.preset, {**spec.overrides, key: value})
+        except GymflowError as error:
+            if error.problem.startswith("unknown"):
+                raise InvalidPreset(field, f"no such preset field ({error.problem})") from None
+            allowed = error.problem if error.field == key else f"{error.field}: {error.problem}"
+            raise InvalidPreset(field, f"{value!r} is not allowed ({allowed})") from None

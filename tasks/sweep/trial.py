@@ -1,0 +1,76 @@
+"""What an improve run needs to know when it is one seed of a sweep's configuration: where to
+report its evaluations (the configuration's first seed reports them to Optuna, whose pruner may
+end it), and which MLflow run is its parent."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gymflow.tasks.training.evaluation import Scored
+
+
+class SweepTrial(BaseModel):
+    """An improve run's place in a sweep (a flow parameter of `improve`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sweep_id: str = Field(min_length=1)
+    study_storage: str = Field(min_length=1, description="The sweep's Optuna storage (SQLAlchemy URL).")
+    trial_id: int = Field(ge=0, description="The Optuna trial of the configuration.")
+    configuration: int = Field(ge=0, description="The configuration's number in the sweep.")
+    seed: int = Field(ge=0)
+    reports: bool = Field(description="This run's evaluations are the configuration's, for the pruner.")
+    pruner: Literal["none", "median", "halving"] = "none"
+    mlflow_parent_run_id: str | None = None
+
+    def tags(self) -> dict[str, str]:
+        """MLflow tags of the run: its parent (the MLflow UI nests it there) and its place."""
+        tags = {"gymflow.sweep_id": self.sweep_id, "gymflow.sweep.configuration": str(self.configuration),
+                "gymflow.sweep.seed": str(self.seed)}
+        if self.mlflow_parent_run_id:
+            tags["mlflow.parentRunId"] = self.mlflow_parent_run_id
+        return tags
+
+
+class TrialJudge:
+    """Ends a sweep's run early once its configuration is pruned: the reporting seed reports each
+    evaluation (step = env steps) and asks the pruner; the other seeds look whether it was pruned.
+    Each evaluation is judged once."""
+
+    def __init__(self, trial: SweepTrial):
+        import optuna  # only runs inside a sweep pay for it
+
+        from gymflow.tasks.sweep.study import make_pruner
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.link = trial
+        self.study = optuna.load_study(study_name=trial.sweep_id, storage=trial.study_storage,
+                                       pruner=make_pruner(trial.pruner))
+        self.trial = optuna.trial.Trial(self.study, trial.trial_id)
+        self._judged: tuple[int, bool] | None = None  # (version, verdict)
+        self.pruned_at: int | None = None
+
+    def should_stop(self, evaluation: Scored) -> bool:
+        if self._judged is not None and self._judged[0] == evaluation.version:
+            return self._judged[1]
+        verdict = self._judge(evaluation)
+        self._judged = (evaluation.version, verdict)
+        return verdict
+
+    def _judge(self, evaluation: Scored) -> bool:
+        from gymflow.tasks.sweep.study import PRUNED_AT_ATTR
+
+        storage = self.study._storage
+        if self.link.reports:
+            self.trial.report(evaluation.mean_return, step=evaluation.env_steps)
+            if not self.trial.should_prune():
+                return False
+            storage.set_trial_user_attr(self.link.trial_id, PRUNED_AT_ATTR, evaluation.env_steps)
+            self.pruned_at = evaluation.env_steps
+            return True
+        pruned_at = storage.get_trial_user_attrs(self.link.trial_id).get(PRUNED_AT_ATTR)
+        self.pruned_at = pruned_at
+        return pruned_at is not None
+
