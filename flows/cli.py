@@ -1,5 +1,6 @@
 """The command line: `gymflow presets`, `gymflow show PRESET`, `gymflow run PRESET --set k=v`,
-`gymflow resume RUN_ID --root ROOT`, `gymflow checkpoints RUN_ID --root ROOT`."""
+`gymflow resume RUN_ID --root ROOT`, `gymflow checkpoints RUN_ID --root ROOT`,
+`gymflow sweep SPEC.yaml [--id SWEEP_ID]`."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "checkpoints":
         return _checkpoints(args.run_id, args.root, parse_assignments(args.option))
+    if args.command == "sweep":
+        return _sweep(args.spec, args.id)
     if args.command == "resume":
         from gymflow.tasks.storage.objects import Storage, StorageLocation
         from gymflow.tasks.storage.records import read_run_record
@@ -88,6 +91,39 @@ def _run(preset: str, overrides: dict, quiet: bool, resume: str | None = None) -
         f"{summary.wall_seconds:.1f} s of training; orchestration {100 * summary.orchestration_share:.1f}% "
         f"of it\n  checkpoints and shards: {summary.storage_url}\n  MLflow run: {summary.mlflow_run_id}"
     )
+    return 0
+
+
+def _sweep(spec_path: str, sweep_id: str | None) -> int:
+    """Run (or continue, with --id) a sweep; its runs log their progress, the sweep its runs'."""
+    from gymflow.flows.stopping import stopping_cleanly, temporary_api
+    from gymflow.presets.sweep import check_sweep, read_sweep_spec
+
+    try:
+        spec = read_sweep_spec(spec_path)
+        check_sweep(spec)
+    except GymflowError as error:
+        print(f"gymflow: error: {error}", file=sys.stderr)
+        return 2
+    with stopping_cleanly(), temporary_api() as api_ready:
+        from gymflow.flows.sweep import sweep
+
+        api_ready()
+        try:
+            result = sweep(spec, sweep_id)
+        except GymflowError as error:
+            print(f"gymflow: error: {error}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("gymflow: stopped. `gymflow sweep SPEC --id SWEEP_ID` continues the sweep (its id is in the log "
+                  "above); finished runs are kept, interrupted ones resume", file=sys.stderr)
+            return 130
+    print(f"sweep {result.sweep_id}: {len(result.ranking)} configurations, {result.runs_trained} runs trained by "
+          f"this start, {result.wall_seconds:.0f} s")
+    if result.ranking:
+        print(yaml.safe_dump(result.ranking, sort_keys=False), end="")
+    if result.best_preset_url:
+        print(f"best configuration as a preset: {result.best_preset_url}")
     return 0
 
 
@@ -171,6 +207,9 @@ def _parser() -> argparse.ArgumentParser:
         )
         if name == "run":
             command.add_argument("--quiet", action="store_true", help="no progress bar")
+    command = commands.add_parser("sweep", help="search preset fields over configurations x seeds, and rank them")
+    command.add_argument("spec", help="a sweep spec YAML (docs/usage.md, Sweeps)")
+    command.add_argument("--id", help="the sweep's id: continue that sweep where it stopped, or start it with this id")
     for name, help_text in (
         ("resume", "continue a run whose flow died, from its last valid checkpoint"),
         ("checkpoints", "verify a run's checkpoints against their manifests"),

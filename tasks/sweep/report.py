@@ -42,9 +42,9 @@ class RankedConfiguration:
             "outcome": self.outcome,
             "seeds": len(self.configuration.results),
             "final return IQM": _rounded(final.value) if final else None,
-            "final return 95% CI": f"[{final.low:.1f}, {final.high:.1f}]" if final else "",
+            "final return 95% CI": f"[{final.low:.4g}, {final.high:.4g}]" if final else "",
             "AUC IQM": _rounded(area.value) if area else None,
-            "AUC 95% CI": f"[{area.low:.1f}, {area.high:.1f}]" if area else "",
+            "AUC 95% CI": f"[{area.low:.4g}, {area.high:.4g}]" if area else "",
         }
 
 

@@ -1,0 +1,202 @@
+"""Sweeps: a tiny sweep end to end under the real Prefect API, Dask workers, MLflow store and
+Optuna's SQLite storage; a sweep SIGKILLed mid-way and started again ends with the same table and
+trains no run twice; a pruned configuration shows as pruned in MLflow and Prefect; bad search
+spaces are refused before any trial, one line each. And the aggregates against hand-computed
+figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from gymflow.errors import InvalidPreset
+from gymflow.flows.cli import main
+from gymflow.presets.load import load_preset
+from gymflow.presets.sweep import check_sweep, sweep_spec
+from gymflow.tasks.sweep.aggregate import area_under_curve, interquartile_mean, iqm_with_interval
+from tests.conftest import local_overrides
+
+LEARNING_RATES = [0.01, 0.000001, 0.003]  # the second learns nothing by its first evaluation: pruned
+
+
+def _spec(workspace: Path, tiny_budget: dict, **changes) -> dict:
+    return {
+        "preset": "cartpole-ppo",
+        "overrides": {**tiny_budget, "schedule.total_env_steps": 1280, **local_overrides(workspace)},
+        "space": {"agent.lr": {"values": LEARNING_RATES}},
+        "sampler": "grid",
+        "seeds": 2,
+        "study_storage": f"sqlite:///{workspace / 'sweeps.db'}",
+        **changes,
+    }
+
+
+def _sweep_runs(workspace: Path, sweep_id: str) -> list:
+    client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
+    return client.search_runs([client.get_experiment_by_name("gymflow").experiment_id],
+                              f"tags.`gymflow.sweep_id` = '{sweep_id}'")
+
+
+# --- the checks before any trial -------------------------------------------------------------
+
+@pytest.mark.parametrize(("space", "field", "says"), [
+    ({"agent.learning_rate": {"values": [0.1]}}, "space.agent.learning_rate", "no such preset field"),
+    ({"agent.lr": {"low": 0.01, "high": 0.001}}, "space.agent.lr", "the range is empty"),
+    ({"agent.lr": {"values": []}}, "space.agent.lr", "the list of values is empty"),
+    ({"agent.lr": {"low": -1.0, "high": 0.1}}, "space.agent.lr", "-1.0 is not allowed"),
+    ({"agent.epochs": {"values": [4, 0]}}, "space.agent.epochs", "0 is not allowed"),
+    ({"agent.lr": {"low": 0.0, "high": 0.1, "log": True}}, "space.agent.lr", "log range needs low > 0"),
+    ({"seed": {"values": [1, 2]}}, "space.seed", "cannot be searched"),
+    ({"agent.lr": {"lo": 0.1}}, "space.agent.lr", "expected {values: [...]} or {low: L, high: H"),
+])
+def test_a_bad_search_space_is_refused_with_one_line_naming_the_field(space, field, says):
+    with pytest.raises(InvalidPreset) as refused:
+        check_sweep(sweep_spec({"space": space}))
+    assert refused.value.field == field and says in refused.value.problem
+    assert "\n" not in str(refused.value)
+
+
+def test_the_grid_sampler_needs_lists_and_at_most_its_size_in_trials():
+    with pytest.raises(InvalidPreset, match="^space.agent.lr: the grid sampler needs a list"):
+        check_sweep(sweep_spec({"space": {"agent.lr": {"low": 0.001, "high": 0.01}}, "sampler": "grid"}))
+    with pytest.raises(InvalidPreset, match="^trials: 5 is more than the grid's 4"):
+        check_sweep(sweep_spec({"space": {"agent.lr": {"values": [0.1, 0.2]}, "agent.epochs": {"values": [1, 2]}},
+                                "sampler": "grid", "trials": 5}))
+    assert check_sweep(sweep_spec({"space": {"agent.lr": {"values": [0.1, 0.2]}, "agent.epochs": {"values": [1, 2]}},
+                                   "sampler": "grid"})).configurations == 4
+
+
+def test_the_command_line_refuses_a_bad_spec_before_anything_is_written(workspace, capsys):
+    spec = {"space": {"agent.lr": {"low": 0.01, "high": 0.001}}, "study_storage": f"sqlite:///{workspace / 's.db'}"}
+    (workspace / "spec.yaml").write_text(yaml.safe_dump(spec))
+    assert main(["sweep", str(workspace / "spec.yaml")]) == 2
+    assert capsys.readouterr().err == ("gymflow: error: space.agent.lr: the range is empty: low 0.01 must be below "
+                                       "high 0.001\n")
+    assert sorted(p.name for p in workspace.iterdir()) == ["spec.yaml"]
+
+
+# --- the aggregates ----------------------------------------------------------------------------
+
+def test_the_interquartile_mean_drops_the_best_and_worst_quarter():
+    assert interquartile_mean(np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 100.0])) == pytest.approx(3.5)
+    assert interquartile_mean(np.array([1.0, 3.0])) == pytest.approx(2.0)  # two seeds: their mean
+
+
+def test_the_bootstrap_interval_holds_the_estimate_and_is_the_same_each_time():
+    scores = np.array([10.0, 12.0, 9.0, 30.0, 11.0])
+    estimate = iqm_with_interval(scores)
+    assert estimate.low <= estimate.value <= estimate.high
+    assert 9.0 <= estimate.low and estimate.high <= 30.0 and estimate.high > estimate.low
+    assert iqm_with_interval(scores) == estimate
+    per_task = iqm_with_interval(np.stack([scores, scores + 100.0], axis=1))  # stratified: 2 tasks x 5 runs
+    assert per_task.value == pytest.approx(interquartile_mean(np.concatenate([scores, scores + 100.0])))
+
+
+def test_the_area_under_the_curve_is_the_mean_return_over_the_budget():
+    assert area_under_curve([100, 200], [0.0, 10.0], 200) == pytest.approx((0.0 * 100 + 5.0 * 100) / 200)
+    assert area_under_curve([100], [4.0], 400) == pytest.approx(4.0)  # held from step 0 to the end
+
+
+# --- end to end --------------------------------------------------------------------------------
+
+@pytest.mark.e2e
+def test_a_sweep_runs_each_configuration_over_seeds_and_reports_a_ranking(prefect_api, workspace, tiny_budget):
+    from prefect.artifacts import Artifact
+
+    from gymflow.flows.sweep import sweep
+
+    spec = _spec(workspace, tiny_budget, space={"agent.lr": {"values": [0.01, 0.003]}}, concurrency=2)
+    result = sweep(spec, sweep_id="ranked")
+
+    runs = _sweep_runs(workspace, "ranked")
+    (parent,) = [run for run in runs if run.data.tags.get("gymflow.sweep.role") == "parent"]
+    children = [run for run in runs if run.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 4 and {run.info.status for run in children} == {"FINISHED"}
+    assert sorted((run.data.params["agent.lr"], run.data.params["seed"]) for run in children) == [
+        ("0.003", "0"), ("0.003", "1"), ("0.01", "0"), ("0.01", "1")]
+    spans = sorted((run.info.start_time, run.info.end_time) for run in children)
+    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:])), "concurrency 2 ran one at a time"
+
+    assert [row["outcome"] for row in result.ranking] == ["complete", "complete"]
+    client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
+    for row in result.ranking:
+        finals = [float(client.get_metric_history(run.info.run_id, "eval/return_mean")[-1].value) for run in children
+                  if float(run.data.params["agent.lr"]) == row["agent.lr"]]
+        assert row["final return IQM"] == pytest.approx(np.mean(finals), abs=1e-3)  # two seeds: their mean
+    first, second = result.ranking
+    assert (first["final return IQM"], first["AUC IQM"]) >= (second["final return IQM"], second["AUC IQM"])
+
+    artifacts = {item.path for item in client.list_artifacts(parent.info.run_id)}
+    assert {"ranking.json", "ranking.md", "sweep_curves.png", "best-preset.yaml"} <= artifacts
+    assert parent.info.status == "FINISHED" or client.get_run(parent.info.run_id).info.status == "FINISHED"
+    best = load_preset(result.best_preset_url.removeprefix("file://"))  # `gymflow run` takes it as it is
+    assert best.agent.lr == first["agent.lr"] and best.schedule.total_env_steps == 1280
+    table = Artifact.get("sweep-ranking")
+    assert table is not None and str(first["agent.lr"]) in str(table.data)
+
+
+def _killed_after_a_checkpoint_of_its_third_run(workspace: Path, spec: dict, sweep_id: str) -> None:
+    """Start the sweep in its own process, SIGKILL it (and its Dask workers) once the third run
+    of the sweep has committed a checkpoint."""
+    from prefect.settings import PREFECT_API_URL
+
+    code = ("import json, sys\nfrom gymflow.flows.sweep import sweep\n"
+            "if __name__ == '__main__':\n    sweep(json.loads(sys.argv[1]), sweep_id=sys.argv[2])")
+    flow = subprocess.Popen([sys.executable, "-c", code, json.dumps(spec), sweep_id],
+                            env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    third = Path(spec["overrides"]["storage.root"]) / "runs" / f"{sweep_id}-c001-s0" / "checkpoints"
+    deadline = time.monotonic() + 240
+    while not list(third.glob("v*/manifest.json")):
+        assert flow.poll() is None and time.monotonic() < deadline, "the sweep ended before it could be killed"
+        time.sleep(0.05)
+    os.killpg(flow.pid, signal.SIGKILL)
+    flow.wait()
+
+
+@pytest.mark.e2e
+def test_a_killed_sweep_restarts_to_the_same_table_without_training_a_run_twice(prefect_api, workspace, tiny_budget):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    from gymflow.flows.sweep import sweep
+
+    spec = _spec(workspace, tiny_budget, pruner="median")
+    clean = sweep(spec, sweep_id="clean")
+    assert [row["outcome"] for row in clean.ranking] == ["complete", "complete", "pruned"]
+    assert clean.ranking[2]["agent.lr"] == LEARNING_RATES[1] and clean.ranking[2]["seeds"] == 1  # seed 1 never ran
+
+    _killed_after_a_checkpoint_of_its_third_run(workspace, spec, "killed")
+    study = optuna.load_study(study_name="killed", storage=spec["study_storage"])
+    assert [trial.state for trial in study.trials] == [optuna.trial.TrialState.COMPLETE,
+                                                       optuna.trial.TrialState.RUNNING]
+    restarted = sweep(spec, sweep_id="killed")
+
+    assert restarted.ranking == clean.ranking  # the same numbers: SYNC runs resume exactly
+    assert restarted.runs_trained == 3  # c001-s0 (resumed), c002-s0, c002-s1; c000's two were kept
+    finished = [run for run in _sweep_runs(workspace, "killed") if "mlflow.parentRunId" in run.data.tags]
+    assert len(finished) == 5 and {run.info.status for run in finished} == {"FINISHED"}  # no run trained twice
+    (pruned,) = [run for run in finished if run.data.tags.get("gymflow.sweep.pruned") == "true"]
+    assert pruned.data.tags["gymflow.run_id"] == "killed-c001-s0"
+    assert pruned.data.tags.get("prefect.flow_run_id.resumed")  # resumed from its checkpoint, in its own run
+
+    async def pruned_state() -> str:
+        async with get_client() as client:
+            (run,) = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                name=FlowRunFilterName(any_=["killed-c001-s0 (resumed)"])))
+            return run.state.name
+
+    import asyncio
+
+    assert asyncio.run(pruned_state()) == "Pruned"
