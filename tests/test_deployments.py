@@ -109,7 +109,7 @@ def test_deploy_and_run_a_preset_through_a_process_worker(deployed, worker, tmp_
     listed = _prefect(env, "deployment", "ls").stdout
     for name in ("improve/cartpole-ppo", "improve/cartpole-dqn", "improve/cartpole-dqn-async", "improve/pendulum-sac",
                  "improve/lunarlander-ppo", "improve/hopper-ppo", "improve/halfcheetah-sac",
-                 "retrain/cartpole-ppo-nightly"):
+                 "retrain/cartpole-ppo-nightly", "sweep/cartpole-ppo-sweep"):
         assert name.split("/")[1] in listed, listed
 
     overrides = _corridor_overrides(tmp_path, total_env_steps=512, evaluate_every_env_steps=256)
