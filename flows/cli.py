@@ -8,7 +8,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import yaml
 
@@ -16,7 +16,10 @@ from gymflow.errors import GymflowError
 from gymflow.presets import builtin_presets, parse_assignments
 
 if TYPE_CHECKING:
+    from gymflow.flows.sweep import SweepResult
     from gymflow.tasks.training.summary import RunSummary
+
+T = TypeVar("T")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -67,23 +70,37 @@ def _working_folder_importable() -> None:
         sys.path.insert(0, os.getcwd())
 
 
-def _run(preset: str, overrides: dict, quiet: bool, resume: str | None = None) -> int:
-    """Train, with a progress bar; Ctrl-C or SIGTERM stops it within seconds (flows/stopping.py)."""
+def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str) -> T | int:
+    """Run a flow under this process's temporary Prefect API (unless one is configured):
+    `load()` imports it while the API starts and returns the call. Ctrl-C or SIGTERM stops it
+    within seconds (flows/stopping.py). Returns what the flow returned, or an exit code."""
     from gymflow.flows.stopping import stopping_cleanly, temporary_api
 
     with stopping_cleanly(), temporary_api() as api_ready:
-        from gymflow.flows.improve import improve  # loads while the API starts
-
+        call = load()
         api_ready()
         try:
-            summary = _with_progress_bar(lambda: improve(preset, overrides, resume=resume), quiet)
+            return call()
         except GymflowError as error:
             print(f"gymflow: error: {error}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
-            print("gymflow: stopped. What was committed stays: `gymflow resume RUN_ID --root ROOT` continues the "
-                  "run (its id is in the log above)", file=sys.stderr)
+            print(f"gymflow: stopped. {stopped}", file=sys.stderr)
             return 130
+
+
+def _run(preset: str, overrides: dict, quiet: bool, resume: str | None = None) -> int:
+    """Train, with a progress bar."""
+
+    def load() -> Callable[[], RunSummary]:
+        from gymflow.flows.improve import improve
+
+        return lambda: _with_progress_bar(lambda: improve(preset, overrides, resume=resume), quiet)
+
+    summary = _under_prefect(load, "What was committed stays: `gymflow resume RUN_ID --root ROOT` continues the "
+                                   "run (its id is in the log above)")
+    if isinstance(summary, int):
+        return summary
     verdict = "reached its target" if summary.solved else "did not reach its target"
     print(
         f"run {summary.run_id} {verdict}: evaluation return {summary.final_return:.1f} "
@@ -96,7 +113,6 @@ def _run(preset: str, overrides: dict, quiet: bool, resume: str | None = None) -
 
 def _sweep(spec_path: str, sweep_id: str | None) -> int:
     """Run (or continue, with --id) a sweep; its runs log their progress, the sweep its runs'."""
-    from gymflow.flows.stopping import stopping_cleanly, temporary_api
     from gymflow.presets.sweep import check_sweep, read_sweep_spec
 
     try:
@@ -105,19 +121,16 @@ def _sweep(spec_path: str, sweep_id: str | None) -> int:
     except GymflowError as error:
         print(f"gymflow: error: {error}", file=sys.stderr)
         return 2
-    with stopping_cleanly(), temporary_api() as api_ready:
+
+    def load() -> Callable[[], SweepResult]:
         from gymflow.flows.sweep import sweep
 
-        api_ready()
-        try:
-            result = sweep(spec, sweep_id)
-        except GymflowError as error:
-            print(f"gymflow: error: {error}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt:
-            print("gymflow: stopped. `gymflow sweep SPEC --id SWEEP_ID` continues the sweep (its id is in the log "
-                  "above); finished runs are kept, interrupted ones resume", file=sys.stderr)
-            return 130
+        return lambda: sweep(spec, sweep_id)
+
+    result = _under_prefect(load, "`gymflow sweep SPEC --id SWEEP_ID` continues the sweep (its id is in the log "
+                                  "above); finished runs are kept, interrupted ones resume")
+    if isinstance(result, int):
+        return result
     print(f"sweep {result.sweep_id}: {len(result.ranking)} configurations, {result.runs_trained} runs trained by "
           f"this start, {result.wall_seconds:.0f} s")
     if result.ranking:
