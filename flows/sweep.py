@@ -9,21 +9,15 @@ started yet start. The table it ends with is the one an uninterrupted sweep ends
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import optuna
-from mlflow import MlflowClient
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import (
-    create_markdown_artifact,
     create_progress_artifact,
-    create_table_artifact,
     update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE
@@ -32,14 +26,11 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from gymflow.flows.improve import improve
-from gymflow.presets.load import flatten
 from gymflow.presets.sweep import Sweep, SweepSpec, check_sweep, sweep_spec
 from gymflow.tasks.cluster.client import shared_local_cluster
-from gymflow.tasks.storage.layout import sweep_best_preset
-from gymflow.tasks.storage.objects import StorageLocation, check_storage, open_storage, storage_location
+from gymflow.tasks.storage.objects import check_storage, open_storage, storage_location
 from gymflow.tasks.storage.records import has_run_record
-from gymflow.tasks.sweep.aggregate import area_under_curve
-from gymflow.tasks.sweep.report import RankedConfiguration, best_preset_yaml, plot_sweep_curves, rank, ranking_markdown
+from gymflow.tasks.sweep.report import mark_pruned, rank, report_sweep, sweep_parent_run
 from gymflow.tasks.sweep.study import (
     Configuration,
     SeedResult,
@@ -52,10 +43,8 @@ from gymflow.tasks.sweep.study import (
     refreshed,
 )
 from gymflow.tasks.sweep.trial import SweepTrial
-from gymflow.tasks.tracking.tracker import Tracker
 
 MAX_CONCURRENCY = 64
-PARENT_RUN_ATTR = "mlflow_parent_run_id"
 
 
 @dataclass(frozen=True)
@@ -115,7 +104,7 @@ def sweep(spec: SweepSpec, sweep_id: str | None = None) -> SweepResult:
     trained = 0
     with (
         shared_local_cluster(checked.base.distribution, checked.spec.concurrency * _workers(checked)),
-        _parent_run(checked, sweep_id, study) as parent,
+        sweep_parent_run(checked, sweep_id, study, str(flow_run.id)) as parent,
     ):
         progress = Progress(checked.configurations * checked.spec.seeds)
         progress.done = sum(len(c.results) for c in configurations(study))
@@ -137,7 +126,7 @@ def sweep(spec: SweepSpec, sweep_id: str | None = None) -> SweepResult:
             for configuration in wave:
                 _finish(study, refreshed(study, configuration), checked)
         ranking = rank(configurations(study), checked.spec.seeds)
-        best_url = _report(checked, sweep_id, ranking, parent, location)
+        best_url = report_sweep(checked, sweep_id, ranking, parent, location)
     rows = [ranked.row() for ranked in ranking]
     logger.info("sweep %s done: best %s", sweep_id, rows[0] if rows else "none")
     return SweepResult(sweep_id, rows, best_url, parent.run_id, trained, time.perf_counter() - started)
@@ -188,71 +177,12 @@ def train_seed(seed_run: SeedRun) -> SeedResult:
     named = improve.with_options(flow_run_name=f"{seed_run.run_id}{' (resumed)' if resuming else ''}")
     summary = named(sweep.spec.preset, overrides, resume=seed_run.run_id if resuming else None,
                     run_id=None if resuming else seed_run.run_id, sweep_trial=trial)
-    curve = tuple((row.env_steps, row.mean) for row in summary.evaluations)
-    total = sweep.trial_preset(configuration.params).schedule.total_env_steps
     if summary.stopped_early:
-        MlflowClient(sweep.base.tracking.tracking_uri).set_tag(summary.mlflow_run_id, "gymflow.sweep.pruned", "true")
-    return SeedResult(seed_run.seed, summary.run_id, summary.mlflow_run_id, float(summary.final_return),
-                      area_under_curve([s for s, _ in curve], [v for _, v in curve], total), curve,
-                      summary.stopped_early)
+        mark_pruned(sweep.base.tracking.tracking_uri, summary.mlflow_run_id)
+    return SeedResult.of(seed_run.seed, summary, sweep.trial_preset(configuration.params).schedule.total_env_steps)
 
 
 def _finish(study: optuna.Study, configuration: Configuration, sweep: Sweep) -> None:
     ranked = rank([configuration], sweep.spec.seeds)[0]
     objective = ranked.final_return.value if ranked.outcome == "complete" else None
     finish_configuration(study, configuration, objective)
-
-
-@contextmanager
-def _parent_run(sweep: Sweep, sweep_id: str, study: optuna.Study) -> Iterator[Tracker]:
-    """The sweep's MLflow run, the parent of its runs; a restarted sweep reopens its own."""
-    tracking = sweep.base.tracking
-    existing = study.user_attrs.get(PARENT_RUN_ATTR)
-    tracker = Tracker(tracking.tracking_uri, tracking.experiment, run_name=f"sweep {sweep_id}",
-                      tags={"gymflow.sweep_id": sweep_id, "gymflow.sweep.role": "parent",
-                            "prefect.flow_run_id": str(flow_run.id), "gymflow.preset": sweep.base.name},
-                      artifact_location=tracking.artifact_location, existing_run_id=existing)
-    if existing is None:
-        spec = sweep.spec.model_dump(mode="json")
-        tracker.log_params(flatten({key: value for key, value in spec.items() if key != "space"}))
-        tracker.log_params({f"space.{key}": value for key, value in spec["space"].items()})
-        study.set_user_attr(PARENT_RUN_ATTR, tracker.run_id)
-    status = "FINISHED"
-    try:
-        yield tracker
-    except BaseException as ended:  # a stop from outside is KILLED, an error FAILED
-        status = "FAILED" if isinstance(ended, Exception) else "KILLED"
-        raise
-    finally:
-        tracker.finish(status)
-
-
-def _report(sweep: Sweep, sweep_id: str, ranking: list[RankedConfiguration], parent: Tracker,
-            location: StorageLocation) -> str | None:
-    """The ranking (Prefect table artifact; MLflow table, markdown and plot on the parent run),
-    and the best configuration as a preset YAML in storage and on the parent run."""
-    rows = [ranked.row() for ranked in ranking]
-    client = MlflowClient(sweep.base.tracking.tracking_uri)
-    client.log_dict(parent.run_id, {"ranking": rows}, "ranking.json")
-    client.log_text(parent.run_id, ranking_markdown(sweep_id, ranking), "ranking.md")
-    with tempfile.TemporaryDirectory() as folder:
-        plot = plot_sweep_curves(ranking, str(Path(folder, "sweep_curves.png")),
-                                 title=f"sweep {sweep_id}: {sweep.spec.preset}")
-        parent.log_artifact(plot)
-    create_table_artifact(key="sweep-ranking", table=rows,
-                          description=f"sweep {sweep_id}: configurations by the IQM of their seeds' final returns")
-    best = ranking[0] if ranking and ranking[0].outcome == "complete" else None
-    if best is None:
-        return None
-    parent.log_metrics({"sweep/best_final_return_iqm": best.final_return.value,
-                                "sweep/best_configuration": float(best.configuration.number)}, step=0)
-    client.set_tag(parent.run_id, "gymflow.sweep.best_run_ids",
-                   ",".join(result.run_id for result in best.configuration.results.values()))
-    preset_yaml = best_preset_yaml(sweep, best)
-    client.log_text(parent.run_id, preset_yaml.decode(), "best-preset.yaml")
-    storage = open_storage(location)
-    key = sweep_best_preset(sweep_id)
-    storage.write(key, preset_yaml)
-    create_markdown_artifact(key="sweep-best-preset", markdown=f"```yaml\n{preset_yaml.decode()}```",
-                             description=f"sweep {sweep_id}: the best configuration, for `gymflow run`")
-    return storage.url(key)

@@ -5,8 +5,11 @@ configuration as a preset YAML that `gymflow run` accepts."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import matplotlib
@@ -14,13 +17,20 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+import optuna
 import yaml
+from mlflow import MlflowClient
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from gymflow.presets.load import redacted
+from gymflow.presets.load import flatten, redacted
 from gymflow.presets.sweep import Sweep
+from gymflow.tasks.storage.layout import sweep_best_preset
+from gymflow.tasks.storage.objects import StorageLocation, open_storage
 from gymflow.tasks.sweep.aggregate import Estimate, curve_band, iqm_with_interval
 from gymflow.tasks.sweep.study import Configuration
+from gymflow.tasks.tracking.tracker import Tracker
 
+PARENT_RUN_ATTR = "mlflow_parent_run_id"  # on the study: a restarted sweep reopens its MLflow run
 PLOTTED_CONFIGURATIONS = 8  # the best ones; more bands on one plot are unreadable
 
 
@@ -139,3 +149,62 @@ def _short(value: Any) -> Any:
 
 def _rounded(value: float) -> float | None:
     return round(value, 3) if np.isfinite(value) else None
+
+
+@contextmanager
+def sweep_parent_run(sweep: Sweep, sweep_id: str, study: optuna.Study, flow_run_id: str) -> Iterator[Tracker]:
+    """The sweep's MLflow run, the parent of its runs; a restarted sweep reopens its own."""
+    tracking = sweep.base.tracking
+    existing = study.user_attrs.get(PARENT_RUN_ATTR)
+    tracker = Tracker(tracking.tracking_uri, tracking.experiment, run_name=f"sweep {sweep_id}",
+                      tags={"gymflow.sweep_id": sweep_id, "gymflow.sweep.role": "parent",
+                            "prefect.flow_run_id": flow_run_id, "gymflow.preset": sweep.base.name},
+                      artifact_location=tracking.artifact_location, existing_run_id=existing)
+    if existing is None:
+        spec = sweep.spec.model_dump(mode="json")
+        tracker.log_params(flatten({key: value for key, value in spec.items() if key != "space"}))
+        tracker.log_params({f"space.{key}": value for key, value in spec["space"].items()})
+        study.set_user_attr(PARENT_RUN_ATTR, tracker.run_id)
+    status = "FINISHED"
+    try:
+        yield tracker
+    except BaseException as ended:  # a stop from outside is KILLED, an error FAILED
+        status = "FAILED" if isinstance(ended, Exception) else "KILLED"
+        raise
+    finally:
+        tracker.finish(status)
+
+
+def mark_pruned(tracking_uri: str, mlflow_run_id: str) -> None:
+    MlflowClient(tracking_uri).set_tag(mlflow_run_id, "gymflow.sweep.pruned", "true")
+
+
+def report_sweep(sweep: Sweep, sweep_id: str, ranking: list[RankedConfiguration], parent: Tracker,
+            location: StorageLocation) -> str | None:
+    """The ranking (Prefect table artifact; MLflow table, markdown and plot on the parent run),
+    and the best configuration as a preset YAML in storage and on the parent run."""
+    rows = [ranked.row() for ranked in ranking]
+    client = MlflowClient(sweep.base.tracking.tracking_uri)
+    client.log_dict(parent.run_id, {"ranking": rows}, "ranking.json")
+    client.log_text(parent.run_id, ranking_markdown(sweep_id, ranking), "ranking.md")
+    with tempfile.TemporaryDirectory() as folder:
+        plot = plot_sweep_curves(ranking, str(Path(folder, "sweep_curves.png")),
+                                 title=f"sweep {sweep_id}: {sweep.spec.preset}")
+        parent.log_artifact(plot)
+    create_table_artifact(key="sweep-ranking", table=rows,
+                          description=f"sweep {sweep_id}: configurations by the IQM of their seeds' final returns")
+    best = ranking[0] if ranking and ranking[0].outcome == "complete" else None
+    if best is None:
+        return None
+    parent.log_metrics({"sweep/best_final_return_iqm": best.final_return.value,
+                                "sweep/best_configuration": float(best.configuration.number)}, step=0)
+    client.set_tag(parent.run_id, "gymflow.sweep.best_run_ids",
+                   ",".join(result.run_id for result in best.configuration.results.values()))
+    preset_yaml = best_preset_yaml(sweep, best)
+    client.log_text(parent.run_id, preset_yaml.decode(), "best-preset.yaml")
+    storage = open_storage(location)
+    key = sweep_best_preset(sweep_id)
+    storage.write(key, preset_yaml)
+    create_markdown_artifact(key="sweep-best-preset", markdown=f"```yaml\n{preset_yaml.decode()}```",
+                             description=f"sweep {sweep_id}: the best configuration, for `gymflow run`")
+    return storage.url(key)

@@ -27,6 +27,8 @@ from optuna.trial import TrialState
 from gymflow.envs.seeding import derive_seed
 from gymflow.errors import InvalidPreset
 from gymflow.presets.sweep import Choice, Sweep, SweepSpec
+from gymflow.tasks.sweep.aggregate import area_under_curve
+from gymflow.tasks.training.summary import RunSummary
 
 SPEC_ATTR = "gymflow.spec"
 PRUNED_AT_ATTR = "pruned_at"
@@ -44,6 +46,13 @@ class SeedResult:
     area_under_curve: float
     curve: tuple[tuple[int, float], ...]  # (env steps, mean evaluation return) of each evaluation
     pruned: bool = False
+
+    @classmethod
+    def of(cls, seed: int, summary: RunSummary, total_env_steps: int) -> SeedResult:
+        curve = tuple((row.env_steps, row.mean) for row in summary.evaluations)
+        area = area_under_curve([steps for steps, _ in curve], [value for _, value in curve], total_env_steps)
+        return cls(seed, summary.run_id, summary.mlflow_run_id, float(summary.final_return), area, curve,
+                   summary.stopped_early)
 
     def as_attr(self) -> dict[str, Any]:
         return asdict(self)
