@@ -143,13 +143,14 @@ def distributions(spec: SweepSpec) -> dict[str, BaseDistribution]:
 
 def configurations(study: optuna.Study) -> list[Configuration]:
     """Every configuration asked so far, in the order they were asked."""
-    found = []
-    for trial in study.get_trials(deepcopy=False):
-        results = {int(key.removeprefix(SEED_ATTR_PREFIX)): SeedResult.from_attr(json.loads(value))
-                   for key, value in trial.user_attrs.items() if key.startswith(SEED_ATTR_PREFIX)}
-        found.append(Configuration(trial.number, trial._trial_id, dict(trial.params), trial.state, results,
-                                   trial.user_attrs.get(PRUNED_AT_ATTR)))
-    return found
+    return [_configuration(trial) for trial in study.get_trials(deepcopy=False)]
+
+
+def _configuration(trial: optuna.trial.FrozenTrial) -> Configuration:
+    results = {int(key.removeprefix(SEED_ATTR_PREFIX)): SeedResult.from_attr(json.loads(value))
+               for key, value in trial.user_attrs.items() if key.startswith(SEED_ATTR_PREFIX)}
+    return Configuration(trial.number, trial._trial_id, dict(trial.params), trial.state, results,
+                         trial.user_attrs.get(PRUNED_AT_ATTR))
 
 
 def next_wave(study: optuna.Study, sweep: Sweep) -> list[Configuration]:
@@ -191,4 +192,5 @@ def finish_configuration(study: optuna.Study, configuration: Configuration, obje
 
 
 def refreshed(study: optuna.Study, configuration: Configuration) -> Configuration:
-    return next(found for found in configurations(study) if found.number == configuration.number)
+    """The configuration as the study holds it now (one trial read, not the whole study)."""
+    return _configuration(study._storage.get_trial(configuration.trial_id))
