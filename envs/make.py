@@ -19,12 +19,22 @@ class EnvSpecError(ValueError):
         super().__init__(f"{field}: {problem}")
 
 
-def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env:
+def make_env(env_id: str, kwargs: dict[str, Any] | None = None, render_mode: str | None = None) -> gym.Env:
     """A single environment from a registered id or a 'module:Class' entry point."""
-    kwargs = dict(kwargs or {})
+    kwargs = dict(kwargs or {}) | ({"render_mode": render_mode} if render_mode else {})
     if ":" in env_id:
         return _entry_point_class(env_id)(**kwargs)
     return gym.make(env_id, **kwargs)
+
+
+def render_modes(env_id: str) -> tuple[str, ...]:
+    """The render modes an env's class says it offers, without making it."""
+    if ":" in env_id:
+        env_class = _entry_point_class(env_id)
+    else:
+        entry_point = gym.spec(env_id).entry_point
+        env_class = gym.envs.registration.load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
+    return tuple(getattr(env_class, "metadata", {}).get("render_modes", ()))
 
 
 def _extra_for(env_id: str) -> str:

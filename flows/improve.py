@@ -17,10 +17,19 @@ from gymflow.presets.overrides import PresetOverrides, as_dotted
 from gymflow.presets.validate import resolve_experiment
 from gymflow.tasks.cluster.client import dask_client, job_hosts
 from gymflow.tasks.sweep.trial import SweepTrial, TrialJudge
-from gymflow.tasks.training.delivery import deliver, describe, summary_markdown
+from gymflow.tasks.tracking.artifacts import publish_evaluations
+from gymflow.tasks.training.delivery import deliver, describe
 from gymflow.tasks.training.evaluation import evaluate_final
 from gymflow.tasks.training.loop import train
-from gymflow.tasks.training.run import first_state, improve_loop, prepare_run, run_recorder, storage_url, tracked_run
+from gymflow.tasks.training.run import (
+    first_state,
+    improve_loop,
+    prepare_run,
+    run_recorder,
+    run_tags,
+    storage_url,
+    tracked_run,
+)
 from gymflow.tasks.training.summary import RunEnding, RunIdentity, RunSummary, summarize
 
 RunId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,119}$")]
@@ -50,7 +59,8 @@ def improve(
         run_id: The new run's id (default: the preset's name and the time); refused if taken.
         sweep_trial: Set by a sweep: the run's configuration and seed, whose pruner may stop it.
     """
-    experiment = resolve_experiment(preset, as_dotted(overrides))  # bad input stops here; nothing written
+    changed = as_dotted(overrides)
+    experiment = resolve_experiment(preset, changed)  # bad input stops here; nothing written
     run = prepare_run(experiment, warm_start, resume, run_id)  # so does an unusable storage root or warm start
     logger = get_run_logger()
     judge = TrialJudge(sweep_trial) if sweep_trial else None
@@ -58,30 +68,31 @@ def improve(
         cancellable(flow_run.id, deployment.id),  # a Prefect cancellation ends the run within seconds
         dask_client(run.preset.distribution) as client,  # an unreachable cluster stops here
         job_hosts(client, run.preset.distribution) as hosts,
-        tracked_run(run, str(flow_run.id), sweep_trial.tags() if sweep_trial else None) as tracker,
+        tracked_run(run, str(flow_run.id), run_tags(changed, sweep_trial.tags() if sweep_trial else None)) as tracker,
     ):
         recorder = run_recorder(run, tracker, logger)
         logger.info("run %s: storage %s, MLflow run %s, Dask dashboard %s", run.run_id, storage_url(run),
                     tracker.run_id, client.dashboard_link)
         with improve_loop(run, hosts, recorder, logger, judge) as loop:
             hosts.wait_started()  # the workers' imports are start-up, not training
+            logger.info("run %s: rollout workers ready, training", run.run_id)
             started = time.perf_counter()
-            state = first_state(run, hosts, loop)  # heatup and version 0, or where a resumed run stood
+            state = first_state(run, hosts, loop, logger)  # heatup and version 0, or where a resumed run stood
             while not loop.stopped(state):
                 state = train(loop, state)  # ~2 s of collect -> learn -> commit -> maybe evaluate
             state, deciding = loop.finish(state)
             if deciding is None:
-                deciding = evaluate_final(hosts, loop.evaluations.plan, state)
+                deciding = evaluate_final(hosts, loop.evaluations.plan, state, logger)
                 recorder.evaluated(deciding, waited=True)
         identity = RunIdentity(run.run_id, tracker.run_id, storage_url(run))
         ending = RunEnding(loop.stop.target_reached(deciding), loop.stop.stopped_early(loop.latest),
                            time.perf_counter() - started)
         summary = summarize(identity, state, recorder, deciding, ending)
         recorder.progress.update(summary.env_steps, f"done: eval {summary.final_return:.1f}", force=True)
-        summary = deliver(run, tracker, summary, recorder.history)
+        summary, report = deliver(run, tracker, summary, recorder)
     logger.info("run %s done: %s", run.run_id, describe(summary))
-    create_markdown_artifact(key="improve-summary", markdown=summary_markdown(run, summary, tracker),
-                             description=f"gymflow run {run.run_id}")
+    publish_evaluations(run.run_id, summary.evaluations)
+    create_markdown_artifact(key="improve-summary", markdown=report, description=f"gymflow run {run.run_id}")
     if summary.stopped_early:  # the Prefect UI shows the run as Pruned
         return Completed(name="Pruned", message=f"pruned by the sweep after {judge.pruned_at:,} env steps",
                          data=summary)

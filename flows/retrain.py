@@ -74,7 +74,7 @@ def retrain(
     champion = find_champion(tracking_uri, name)
     logger.info("champion: %s", champion.uri if champion else "none yet")
     summary = improve(preset, overrides, warm_start=champion.uri if champion and warm_start else None)
-    challenger = register_challenger(tracking_uri, name, summary.mlflow_run_id)
+    challenger = register_challenger(tracking_uri, name, summary.mlflow_run_id, summary.model_uri)
 
     seed = derive_seed(config.seed, "retrain-evaluation")
     score = {"model": challenger, "env_id": config.env.id, "env_kwargs": dict(config.env.kwargs),

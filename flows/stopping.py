@@ -49,8 +49,9 @@ class TemporaryApi:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
+        # no UI, and no telemetry: a machine without internet access would log an error for it
         environment = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-                       "PREFECT__SERVER_FINAL": "1"}
+                       "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "0"}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--app-dir", os.path.dirname(prefect.__path__[0]), "--factory",
              "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),

@@ -113,9 +113,14 @@ def redacted(data: Mapping[str, Any]) -> dict[str, Any]:
     safe = copy.deepcopy(dict(data))
     options = safe.get("storage", {}).get("options", {})
     for name in list(options):
-        if any(word in name.lower() for word in _SECRET_WORDS):
+        if is_secret(name):
             options[name] = "***"
     return safe
+
+
+def is_secret(field: str) -> bool:
+    """A field (or dotted key) whose value is a credential, never to be logged."""
+    return any(word in field.rpartition(".")[2].lower() for word in _SECRET_WORDS)
 
 
 def _switch_algorithm(data: dict[str, Any], algo: Any) -> None:

@@ -217,6 +217,12 @@ class TrackingConfig(_Strict):
         description="Where a new MLflow experiment keeps artifacts, e.g. s3://bucket/mlflow; "
         "None keeps MLflow's default. An existing experiment keeps its own.",
     )
+    video: Literal["final", "every_evaluation", "off"] = Field(
+        default="final",
+        description="Film one greedy episode as MP4 (envs that render rgb_array) at the final evaluation, at every "
+        "evaluation, or never; logged to the MLflow run under videos/. A rollout worker films it after the "
+        "evaluation's own episodes, off the training path.",
+    )
 
 
 class Preset(_Strict):

@@ -22,11 +22,13 @@ class Corridor(gym.Env):
     The start cell is drawn from the env's seeded RNG, so episodes differ but replay exactly.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 8}
+    CELL = 16  # pixels a cell is wide and high when rendered
 
-    def __init__(self, length: int = 8, max_steps: int = 50):
+    def __init__(self, length: int = 8, max_steps: int = 50, render_mode: str | None = None):
         self.length = length
         self.max_steps = max_steps
+        self.render_mode = render_mode
         self.observation_space = spaces.Box(0.0, 1.0, shape=(2,), dtype=np.float32)
         self.action_space = spaces.Discrete(2)
         self._position = 0
@@ -47,6 +49,13 @@ class Corridor(gym.Env):
         reward = 1.0 if terminated else -0.01
         return self._observe(), reward, terminated, truncated, {}
 
+    def render(self) -> np.ndarray:
+        """The corridor as one row of grey cells, the walker's cell white and the goal green."""
+        cells = np.full((self.length, 3), 64, dtype=np.uint8)
+        cells[-1] = (0, 160, 0)
+        cells[min(self._position, self.length - 1)] = 255
+        return np.repeat(np.repeat(cells[None], self.CELL, axis=0), self.CELL, axis=1)
+
     def _observe(self) -> np.ndarray:
         return np.array([self._position / (self.length - 1), self._steps / self.max_steps], np.float32)
 
@@ -54,8 +63,8 @@ class Corridor(gym.Env):
 class ContinuousCorridor(Corridor):
     """The corridor with a Box action: move by the action's value, clipped to [-1, 1]."""
 
-    def __init__(self, length: int = 8, max_steps: int = 50):
-        super().__init__(length, max_steps)
+    def __init__(self, length: int = 8, max_steps: int = 50, render_mode: str | None = None):
+        super().__init__(length, max_steps, render_mode)
         self.action_space = spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
 
     def step(self, action):
@@ -70,6 +79,7 @@ class Tripwire(Corridor):
     clean run of the same preset and seed must end with the same weights.
     """
 
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}  # a film's steps would count towards the fault
     _steps_in_process = 0
 
     def __init__(self, at_step: int, once_file: str, fault: str = "kill", length: int = 8, max_steps: int = 50):

@@ -17,6 +17,7 @@ def prefect_api():
     """A real Prefect API (a temporary server with its own SQLite database) for the session."""
     from prefect.testing.utilities import prefect_test_harness
 
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "0")  # no telemetry from a test machine
     with prefect_test_harness(server_startup_timeout=120):
         yield
 

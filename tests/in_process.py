@@ -42,7 +42,7 @@ def train_in_process(run: PreparedRun, steps: int | None = None) -> tuple[LoopSt
     `steps` steps, as if the flow died there)."""
     observer, hosts = Recording(), InProcessHosts()
     with improve_loop(run, hosts, observer, LOGGER) as loop:
-        state = first_state(run, hosts, loop)
+        state = first_state(run, hosts, loop, LOGGER)
         while not loop.stopped(state) and (steps is None or len(observer.reports) < steps):
             state = loop.step(state)
         if steps is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from gymflow.agents.core import RandomPolicy
 from gymflow.agents.rollout import collect
@@ -49,3 +50,23 @@ def test_next_obs_uses_the_final_observation_where_an_episode_ended():
     np.testing.assert_array_equal(next_obs[rollout.done_index], rollout.done_obs)
     not_done = np.setdiff1d(np.arange(40 - 2), rollout.done_index)
     np.testing.assert_array_equal(next_obs[not_done], rollout.obs.reshape(-1, 2)[not_done + 2])
+
+
+def test_a_film_holds_the_first_frame_and_one_per_step_and_plays_back_at_its_size(tmp_path):
+    import imageio_ffmpeg
+
+    from gymflow.envs.video import film_episode
+
+    filmed = film_episode(lambda obs: 1, "gymflow.testing.envs:Corridor", {"length": 8}, seed=3)
+    assert filmed.episode_return > 0 and filmed.frames == filmed.episode_length + 1  # walked right to the end
+    path = tmp_path / "episode.mp4"
+    path.write_bytes(filmed.mp4)
+    assert imageio_ffmpeg.count_frames_and_secs(str(path))[0] == filmed.frames
+    assert next(imageio_ffmpeg.read_frames(str(path)))["size"] == (128, 16)
+
+
+def test_an_env_that_cannot_render_is_not_filmed_and_says_why():
+    from gymflow.envs.video import CannotFilm, film_episode
+
+    with pytest.raises(CannotFilm, match="offers no rgb_array rendering"):
+        film_episode(lambda obs: 1, "gymflow.testing.envs:Tripwire", {"at_step": 1, "once_file": "x"}, seed=0)

@@ -56,7 +56,8 @@ def _check_mlflow(workspace, summary, flow_run_id, algo: str) -> None:
     history = client.get_metric_history(run.info.run_id, "time/policy_version")
     assert [m.step for m in history] == sorted(m.step for m in history) and history[-1].step == summary.env_steps
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"preset.yaml", "learning_curve.png", "checkpoint", "policy"} <= artifacts
+    assert {"preset.yaml", "learning_curve.png", "checkpoint", "videos"} <= artifacts
+    assert [output.model_id for output in run.outputs.model_outputs] == [summary.model_uri.removeprefix("models:/")]
     assert "checkpoint/manifest.json" in {a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")}
 
 

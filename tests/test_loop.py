@@ -114,7 +114,7 @@ def test_the_lag_bound_drops_what_a_policy_too_far_behind_collected(async_budget
                                                "distribution.max_policy_lag": 1})
     hosts = InProcessHosts()
     with improve_loop(run, hosts, Recording(), LOGGER) as loop:
-        state = first_state(run, hosts, loop)  # version 0 is the only policy the workers can load
+        state = first_state(run, hosts, loop, LOGGER)  # version 0 is the only policy the workers can load
         experience = loop.collection.collect(replace(state, version=2))  # as if the learner were at version 2
     ledger, pending = experience.state.stream.ledger, loop.collection.book.pending
     assert experience.landed and experience.shards == () and ledger.shards_inserted == 0
@@ -135,5 +135,5 @@ def test_in_process_hosts_run_the_same_jobs_as_the_workers(tiny_budget, tmp_path
     run = prepared(tmp_path, "cartpole-ppo", tiny_budget)
     hosts = InProcessHosts()
     with improve_loop(run, hosts, Recording(), LOGGER) as loop:
-        loop.step(first_state(run, hosts, loop))
+        loop.step(first_state(run, hosts, loop, LOGGER))
     assert hosts.jobs == [("run_rollout", 0), ("run_rollout", 1)]

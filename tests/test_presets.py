@@ -111,3 +111,13 @@ def test_cli_refuses_bad_input_with_one_line_and_writes_nothing(args, workspace,
     err = capsys.readouterr().err.strip()
     assert err.startswith("gymflow: error: ") and "\n" not in err
     assert written_files(workspace) == []
+
+
+def test_a_run_s_overrides_tag_names_each_changed_field_and_hides_credentials():
+    from gymflow.tasks.training.run import run_tags
+
+    tags = run_tags({"agent.lr": 0.001, "storage": {"options": {"secret": "s3cr3t", "endpoint_url": "http://x"}},
+                     "seed": 3}, {"gymflow.sweep.id": "s1"})
+    assert tags == {"gymflow.overrides": 'agent.lr=0.001 seed=3 storage.options.endpoint_url="http://x" '
+                                         'storage.options.secret=***', "gymflow.sweep.id": "s1"}
+    assert run_tags({}) == {"gymflow.overrides": "(none)"}

@@ -22,7 +22,9 @@ import torch
 from gymflow.agents.core import Policy, RandomPolicy
 from gymflow.agents.registry import algorithm_of
 from gymflow.agents.rollout import collect, evaluate
+from gymflow.envs.seeding import derive_seed
 from gymflow.envs.vector import SeededVectorEnv
+from gymflow.envs.video import CannotFilm, film_episode
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, CheckpointError, latest_policy_version, read_policy
 from gymflow.tasks.storage.codec import decode_tensors
 from gymflow.tasks.storage.layout import RunLayout
@@ -68,6 +70,16 @@ class EvaluationSpec:
     policy_version: int
     episodes: int
     seed: int  # the same at every evaluation of a run, so evaluations compare
+    film: bool = False  # after its episodes, film its first one again into the run's videos/
+
+
+@dataclass(frozen=True)
+class Film:
+    """An episode of the evaluated policy on video, in the run's storage."""
+
+    key: str  # the MP4's storage key
+    frames: int
+    episode_return: float
 
 
 @dataclass(frozen=True)
@@ -76,6 +88,8 @@ class EvaluationResult:
     returns: tuple[float, ...]
     lengths: tuple[int, ...]
     seconds: float
+    film: Film | None = None
+    no_film: str = ""  # why a film that was asked for is missing
 
     @property
     def mean_return(self) -> float:
@@ -112,12 +126,30 @@ def run_evaluation(spec: EvaluationSpec) -> EvaluationResult:
     policy = _policy(spec, spec.policy_version, env, 0.0, spec.seed)
     episodes = evaluate(policy, env)
     env.close()
+    film, no_film = _film(spec, policy, env) if spec.film else (None, "")
     return EvaluationResult(
         version=spec.policy_version,
         returns=tuple(float(x) for x in episodes.returns),
         lengths=tuple(int(x) for x in episodes.lengths),
         seconds=time.perf_counter() - started,
+        film=film,
+        no_film=no_film,
     )
+
+
+def _film(spec: EvaluationSpec, policy: Policy, env: SeededVectorEnv) -> tuple[Film | None, str]:
+    """The first evaluation episode played again, greedily, by a renderable env, as MP4 in storage."""
+    def act(obs: np.ndarray) -> np.ndarray:
+        action = policy.act(np.asarray(obs, dtype=np.float32)[None], explore=False)[0][0]
+        return action if not env.action_space.shape else np.clip(action, env.action_space.low, env.action_space.high)
+
+    try:
+        filmed = film_episode(act, spec.env_id, spec.env_kwargs, derive_seed(spec.seed, 0, 0))
+    except CannotFilm as reason:
+        return None, str(reason)
+    key = RunLayout(spec.run_id).video(spec.policy_version)
+    open_storage(spec.storage).write(key, filmed.mp4)
+    return Film(key, filmed.frames, filmed.episode_return), ""
 
 
 def _acting_policy(spec: RolloutSpec, env: SeededVectorEnv) -> tuple[int | None, Policy]:

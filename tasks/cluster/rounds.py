@@ -58,15 +58,18 @@ class RoundPlan:
         spec = self._rollout(worker, "newest", exploration, cursor, self.preset.schedule.rollout_steps_per_env, seed)
         return replace(spec, chunk=chunk)
 
-    def evaluations(self, version: int) -> list[EvaluationSpec]:
-        """The evaluation episodes split across workers; the same seeds at every evaluation."""
-        preset = self.preset
+    def evaluations(self, version: int, final: bool = False) -> list[EvaluationSpec]:
+        """The evaluation episodes split across workers; the same seeds at every evaluation. The
+        first worker films its first episode where the preset's `tracking.video` asks for it."""
+        preset, video = self.preset, self.preset.tracking.video
+        films = video == "every_evaluation" or (final and video == "final")
         shares = np.array_split(np.arange(preset.schedule.evaluation_episodes), self.workers)
         return [
             EvaluationSpec(
                 storage=storage_location(preset.storage), run_id=self.run_id, env_id=preset.env.id,
                 env_kwargs=dict(preset.env.kwargs), agent=preset.agent, policy_version=version,
                 episodes=len(share), seed=derive_seed(preset.seed, "evaluation", part),
+                film=films and part == 0,
             )
             for part, share in enumerate(shares)
             if len(share)
@@ -97,6 +100,8 @@ def evaluate_version(hosts: Hosts, specs: Sequence[EvaluationSpec], logger: AnyL
         returns=tuple(r for result in results for r in result.returns),
         lengths=tuple(n for result in results for n in result.lengths),
         seconds=max(result.seconds for result in results),
+        film=results[0].film,
+        no_film=results[0].no_film,
     )
 
 

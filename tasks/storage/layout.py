@@ -45,6 +45,10 @@ class RunLayout:
         """async: the `chunk`-th shard rollout worker `worker` collected."""
         return f"{self.shards}/async/w{worker:03d}/c{chunk:06d}.npz"
 
+    def video(self, version: int) -> str:
+        """A film of an evaluation episode of `version`."""
+        return f"{self.prefix}/videos/v{version:06d}.mp4"
+
     @property
     def ledger(self) -> str:
         """async: the ledger's segments, one per checkpoint that landed shards."""

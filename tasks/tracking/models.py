@@ -6,13 +6,21 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
 import numpy as np
+from gymnasium import spaces
+from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
 from mlflow.exceptions import MlflowException
+from mlflow.models import Model, ModelSignature
 from mlflow.tracking import MlflowClient
+from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+from mlflow.types import Schema, TensorSpec
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from safetensors.torch import load_file
@@ -29,6 +37,7 @@ from gymflow.tasks.tracking.tracker import Tracker
 MODEL_ARTIFACT = "policy"
 CHAMPION = "champion"
 _MODEL_CODE = str(Path(__file__).with_name("policy_model.py"))
+_GLOBAL_TRACKING_URI = threading.Lock()
 _REQUIREMENTS = ["torch==2.13.0", "gymnasium>=1.1", "numpy", "pydantic>=2.6", "pyyaml", "safetensors", "mlflow>=3"]
 
 
@@ -43,23 +52,76 @@ class ModelRef:
         return f"models:/{self.name}/{self.version}"
 
 
-def log_policy_model(tracker: Tracker, policy: bytes, preset_yaml: bytes) -> str:
-    """Log a policy as an MLflow pyfunc model in the run's `policy/` artifacts; the model carries
-    gymflow's agents, envs and presets code, so loading it needs no gymflow install."""
-    with tempfile.TemporaryDirectory() as folder:
-        Path(folder, "policy.safetensors").write_bytes(policy)
-        Path(folder, "preset.yaml").write_bytes(preset_yaml)
-        model_dir = os.path.join(folder, "model")
-        mlflow.pyfunc.save_model(
-            path=model_dir,
+@dataclass(frozen=True)
+class PolicyModel:
+    """What the logged policy model is made of."""
+
+    policy: bytes  # the policy's safetensors
+    preset_yaml: bytes
+    observation_space: spaces.Space
+    action_space: spaces.Space
+    params: Mapping[str, str]  # the run's preset, flattened
+
+
+def log_policy_model(tracker: Tracker, model: PolicyModel, step: int) -> str:
+    """Log a policy as an MLflow 3 logged model named `policy` (pyfunc, with an input signature),
+    output of the run at `step`: the run's metrics at that step are linked to it. The model
+    carries gymflow's agents, envs and presets code, so loading it needs no gymflow install.
+    Returns its URI, models:/<model id>."""
+    logged = tracker.client.create_logged_model(tracker.experiment_id, name=MODEL_ARTIFACT,
+                                                source_run_id=tracker.run_id, params=dict(model.params),
+                                                model_type="gymflow-policy")
+    with tempfile.TemporaryDirectory() as folder, _global_tracking_uri(tracker.tracking_uri), _no_progress_bars():
+        Path(folder, "policy.safetensors").write_bytes(model.policy)
+        Path(folder, "preset.yaml").write_bytes(model.preset_yaml)
+        Model.log(
+            artifact_path=None,
+            name=MODEL_ARTIFACT,
+            flavor=mlflow.pyfunc,
+            run_id=tracker.run_id,
+            model_id=logged.model_id,
+            step=step,
             python_model=_MODEL_CODE,
             artifacts={"policy": os.path.join(folder, "policy.safetensors"),
                        "preset": os.path.join(folder, "preset.yaml")},
             code_paths=[_model_code(folder)],
             pip_requirements=_REQUIREMENTS,
+            signature=policy_signature(model.observation_space, model.action_space),
+            input_example=np.zeros((1, *model.observation_space.shape), dtype=np.float32),
         )
-        tracker.log_artifact(model_dir, MODEL_ARTIFACT)
-    return f"runs:/{tracker.run_id}/{MODEL_ARTIFACT}"
+    return f"models:/{logged.model_id}"
+
+
+@contextmanager
+def _global_tracking_uri(uri: str) -> Iterator[None]:
+    """MLflow's model logging and its registry reach logged models through its process-global
+    tracking URI: set it for the call, one thread at a time (a sweep runs its runs in threads)."""
+    with _GLOBAL_TRACKING_URI, _use_tracking_uri(uri):
+        yield
+
+
+@contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """MLflow draws a progress bar for every artifact it downloads while logging a model."""
+    previous = os.environ.get(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.name)
+    os.environ[MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.name] = "false"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.name, None)
+        else:
+            os.environ[MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.name] = previous
+
+
+def policy_signature(observation_space: spaces.Space, action_space: spaces.Space) -> ModelSignature:
+    """A batch of observations in, a batch of greedy actions out."""
+    observations = TensorSpec(np.dtype(np.float32), (-1, *observation_space.shape))
+    if isinstance(action_space, spaces.Discrete):
+        actions = TensorSpec(np.dtype(np.int64), (-1,))
+    else:
+        actions = TensorSpec(np.dtype(np.float32), (-1, *action_space.shape))
+    return ModelSignature(inputs=Schema([observations]), outputs=Schema([actions]))
 
 
 def _model_code(folder: str) -> str:
@@ -78,7 +140,7 @@ def _model_code(folder: str) -> str:
 
 def read_warm_start(source: str, tracking_uri: str) -> dict:
     """Policy weights to start from: a policy.safetensors path, or an MLflow model URI
-    (models:/name@alias, models:/name/3, runs:/id/policy) of a gymflow policy."""
+    (models:/name@alias, models:/name/3, models:/<model id>) of a gymflow policy."""
     try:
         if source.startswith(("models:/", "runs:/")):
             with tempfile.TemporaryDirectory() as folder:
@@ -101,13 +163,16 @@ def find_champion(tracking_uri: str, name: str) -> ModelRef | None:
 
 
 @task(name="register-challenger", cache_policy=NO_CACHE)
-def register_challenger(tracking_uri: str, name: str, run_id: str) -> ModelRef:
+def register_challenger(tracking_uri: str, name: str, run_id: str, model_uri: str) -> ModelRef:
+    """Register a run's logged policy model (models:/<model id>) as a new version of `name`."""
     client = MlflowClient(tracking_uri)
     try:
         client.get_registered_model(name)
     except MlflowException:
         client.create_registered_model(name, description="gymflow policies; alias 'champion' is the one in use.")
-    version = client.create_model_version(name, f"runs:/{run_id}/{MODEL_ARTIFACT}", run_id=run_id)
+    model_id = model_uri.removeprefix("models:/")
+    with _global_tracking_uri(tracking_uri):  # the registry looks the logged model up through it
+        version = client.create_model_version(name, model_uri, run_id=run_id, model_id=model_id)
     return ModelRef(name, str(version.version), run_id)
 
 

@@ -18,13 +18,13 @@ PLOTTED_METRICS = ("rollout/episode_return_mean", "time/env_steps_per_second", _
 
 def plot_learning_curve(
     history: Sequence[Mapping[str, float]],
-    evaluations: Sequence[tuple[int, float, float, float]],
+    evaluations: Sequence[tuple[int, float, float, float, int | None]],
     path: str,
     title: str,
     target_return: float | None = None,
 ) -> str:
     """Write a PNG to `path`. `history` holds one metrics dict per iteration (with
-    'time/env_steps'); `evaluations` holds (env_steps, mean, min, max) of each evaluation."""
+    'time/env_steps'); `evaluations` holds (env_steps, mean, min, max, version) of each evaluation."""
     figure, (returns_ax, loss_ax, speed_ax) = plt.subplots(
         3, 1, figsize=(9, 9), sharex=True, gridspec_kw={"height_ratios": [2.2, 1, 1]}
     )
@@ -35,7 +35,7 @@ def plot_learning_curve(
     returns_ax.plot(steps[ended], train_returns[ended], color="tab:blue", alpha=0.45, lw=1,
                     label="training episodes (mean)")
     if evaluations:
-        eval_steps, means, lows, highs = (np.array(column, dtype=float) for column in zip(*evaluations))
+        eval_steps, means, lows, highs = (np.array(column, dtype=float) for column in list(zip(*evaluations))[:4])
         returns_ax.fill_between(eval_steps, lows, highs, color="tab:orange", alpha=0.2, label="evaluation min-max")
         returns_ax.plot(eval_steps, means, "o-", color="tab:orange", lw=2, label="evaluation (greedy, mean)")
     if target_return is not None:

@@ -2,7 +2,7 @@
 and reads safetensors and YAML; nothing is unpickled).
 
     import mlflow
-    policy = mlflow.pyfunc.load_model("models:/gymflow-cartpole-ppo@champion")
+    policy = mlflow.pyfunc.load_model("models:/gymflow-cartpole-ppo@champion")  # or models:/<model id>
     actions = policy.predict(observations)      # [N, obs_dim] float32 -> [N] greedy actions
 """
 
@@ -33,7 +33,7 @@ class GymflowPolicy(PythonModel):
         network.eval()
         self.policy = algorithm.policy(network, preset.agent, 0.0, 0)
 
-    def predict(self, context, model_input, params=None) -> np.ndarray:
+    def predict(self, context, model_input: np.ndarray, params=None) -> np.ndarray:
         obs = np.asarray(model_input, dtype=np.float32)
         actions, _ = self.policy.act(obs if obs.ndim == 2 else obs[None], explore=False)
         return actions

@@ -1,9 +1,10 @@
-"""Progress of a training run: logged to the flow run, and drawn as a bar by the CLI."""
+"""Progress of a training run: logged to the flow run, shown as its Prefect progress artifact, and
+drawn as a bar by the CLI."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -26,16 +27,18 @@ def showing_progress(view: ProgressView) -> Iterator[None]:
 
 
 class ProgressLog:
-    """Reports progress to the views, and to a logger at most every `every_s` seconds."""
+    """Reports progress to the process's views, the run's own `views` (its Prefect progress
+    artifact), and to a logger at most every `every_s` seconds."""
 
-    def __init__(self, logger, total: int, every_s: float = 10.0):
+    def __init__(self, logger, total: int, every_s: float = 10.0, views: Sequence[ProgressView] = ()):
         self.logger = logger
         self.total = total
         self.every_s = every_s
+        self.views = tuple(views)
         self._last_log = 0.0
 
     def update(self, env_steps: int, status: str, force: bool = False) -> None:
-        for view in _views:
+        for view in (*_views, *self.views):
             view.update(env_steps, self.total, status)
         now = time.monotonic()
         if force or now - self._last_log >= self.every_s:

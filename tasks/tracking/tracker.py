@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -13,7 +14,10 @@ from typing import Any
 
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
+from mlflow.tracking.context.registry import resolve_tags
 from mlflow.utils.async_logging.run_operations import RunOperations
+from mlflow.utils.git_utils import get_git_branch, get_git_commit, get_git_repo_url
+from mlflow.utils.mlflow_tags import MLFLOW_GIT_BRANCH, MLFLOW_GIT_COMMIT, MLFLOW_GIT_REPO_URL, MLFLOW_RUN_NOTE
 
 _BATCH = 100  # MLflow accepts at most 100 params per batch
 _MAX_PENDING = 256  # queued metric batches held before waiting on the oldest
@@ -32,7 +36,7 @@ class Tracker:
         existing_run_id: str | None = None,
     ):
         """A new MLflow run, or `existing_run_id` reopened (a resumed run logs into its own)."""
-        self.client = MlflowClient(tracking_uri)
+        self.client, self.tracking_uri = MlflowClient(tracking_uri), tracking_uri
         if existing_run_id is not None:
             run = self.client.get_run(existing_run_id)
             self.client.update_run(existing_run_id, status="RUNNING")
@@ -75,11 +79,18 @@ class Tracker:
                 rows.setdefault(metric.step, {})[key] = metric.value
         return [rows[step] for step in sorted(rows) if "time/env_steps" in rows[step]]
 
-    def evaluation_rows(self) -> list[tuple[int, float, float, float]]:
-        """(env steps, mean, min, max) of every evaluation logged so far."""
-        columns = [{m.step: m.value for m in self.client.get_metric_history(self.run_id, f"eval/return_{name}")}
-                   for name in ("mean", "min", "max")]
-        return [(step, columns[0][step], columns[1][step], columns[2][step]) for step in sorted(columns[0])]
+    def evaluation_rows(self) -> list[tuple[int, float, float, float, int | None]]:
+        """(env steps, mean, min, max, policy version) of every evaluation logged so far."""
+        mean, low, high, version = [
+            {m.step: m.value for m in self.client.get_metric_history(self.run_id, key)}
+            for key in ("eval/return_mean", "eval/return_min", "eval/return_max", "eval/policy_version")
+        ]
+        return [(step, mean[step], low[step], high[step], int(version[step]) if step in version else None)
+                for step in sorted(mean)]
+
+    def describe(self, markdown: str) -> None:
+        """The run's description in the MLflow UI."""
+        self.client.set_tag(self.run_id, MLFLOW_RUN_NOTE, markdown)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         for key, value in tags.items():
@@ -91,6 +102,14 @@ class Tracker:
         else:
             self.client.log_artifact(self.run_id, local_path, artifact_path)
 
+    def log_bytes(self, data: bytes, artifact_path: str, name: str) -> None:
+        """`data` as the artifact `artifact_path/name`."""
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, name)
+            with open(path, "wb") as handle:
+                handle.write(data)
+            self.client.log_artifact(self.run_id, path, artifact_path)
+
     def flush(self) -> None:
         """Wait until every queued metric is written."""
         while self._pending:
@@ -100,6 +119,18 @@ class Tracker:
         """End the MLflow run as FINISHED, FAILED or KILLED."""
         self.flush()
         self.client.set_terminated(self.run_id, status)
+
+
+def source_tags() -> dict[str, str]:
+    """Who started a run, from what and at which commit: MLflow's own context tags (user, entry
+    point, its git repository), or the working folder's git commit where the entry point is in
+    no repository."""
+    tags = resolve_tags()
+    if MLFLOW_GIT_COMMIT not in tags and (commit := get_git_commit(os.getcwd())):
+        found = {MLFLOW_GIT_COMMIT: commit, MLFLOW_GIT_BRANCH: get_git_branch(os.getcwd()),
+                 MLFLOW_GIT_REPO_URL: get_git_repo_url(os.getcwd())}
+        tags |= {key: value for key, value in found.items() if value}
+    return tags
 
 
 @contextmanager

@@ -1,25 +1,35 @@
-"""Delivering a finished run: the policy the deciding evaluation scored (as an MLflow model, and
-its checkpoint where the cadence wrote one), the preset, the learning curve, and a summary for
-the Prefect UI."""
+"""Delivering a finished run: the policy the deciding evaluation scored (as an MLflow logged
+model, and its checkpoint where the cadence wrote one), the preset, the learning curve, and a
+summary: the MLflow run's description, and a report for the Prefect UI."""
 
 from __future__ import annotations
 
+import base64
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, committed_versions, read_policy
 from gymflow.tasks.storage.layout import RunLayout
-from gymflow.tasks.tracking.models import log_policy_model
+from gymflow.tasks.tracking.models import PolicyModel, log_policy_model
 from gymflow.tasks.tracking.plots import plot_learning_curve
 from gymflow.tasks.tracking.tracker import Tracker
 from gymflow.tasks.training.run import PreparedRun
-from gymflow.tasks.training.summary import RunSummary
+from gymflow.tasks.training.summary import RunRecorder, RunSummary
+
+LEARNING_CURVE = "learning_curve.png"
 
 
-def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, history: list[dict[str, float]]) -> RunSummary:
-    """Log the run's artifacts, model and summary figures to MLflow; returns the summary with the
-    model's URI."""
+class Delivered(NamedTuple):
+    summary: RunSummary  # with the logged model's URI
+    report: str  # Markdown for the Prefect UI: the summary table, the learning curve, the film
+
+
+def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: RunRecorder) -> Delivered:
+    """Log the run's artifacts, summary figures and model to MLflow, and describe the run there.
+    The model is logged last, at the run's final env step, so the summary figures and the final
+    evaluation's metrics are linked to it."""
     config = run.preset
     with tempfile.TemporaryDirectory() as folder:
         preset_file = Path(folder, "preset.yaml")
@@ -30,12 +40,11 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, history: li
             checkpoint_dir = Path(folder, "checkpoint")
             run.storage.download(layout.checkpoint(delivered), str(checkpoint_dir))
             tracker.log_artifact(str(checkpoint_dir), "checkpoint")
-        policy = read_policy(run.storage, layout, delivered, [POLICY_BLOB])[POLICY_BLOB]
-        model_uri = log_policy_model(tracker, policy, run.preset_yaml())
         title = f"{config.name}: {config.agent.algo.upper()} on {config.env.id}"
-        curve = plot_learning_curve(history, summary.evaluations, str(Path(folder, "learning_curve.png")), title=title,
-                                    target_return=config.schedule.target_return)
+        curve = plot_learning_curve(recorder.history, summary.evaluations, str(Path(folder, LEARNING_CURVE)),
+                                    title=title, target_return=config.schedule.target_return)
         tracker.log_artifact(curve)
+        curve_png = Path(curve).read_bytes()
     tracker.set_tags({"gymflow.delivered_version": str(summary.delivered_version),
                       "gymflow.solved": str(summary.solved)})
     tracker.log_metrics({
@@ -44,18 +53,31 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, history: li
         "summary/final_return": summary.final_return or 0.0,
         "summary/best_return": summary.best_return or 0.0,
     }, step=summary.env_steps)
-    return replace(summary, model_uri=model_uri)
+    tracker.flush()  # the metrics are linked to the model as it is logged
+    policy = read_policy(run.storage, layout, delivered, [POLICY_BLOB])[POLICY_BLOB]
+    model = PolicyModel(policy, run.preset_yaml(), run.experiment.observation_space, run.experiment.action_space,
+                        run.params())
+    summary = replace(summary, model_uri=log_policy_model(tracker, model, step=summary.env_steps))
+    table = summary_table(run, summary, tracker, recorder.films)
+    tracker.describe(table)
+    curve_image = f"![learning curve](data:image/png;base64,{base64.b64encode(curve_png).decode()})"
+    return Delivered(summary, f"{table}\n\n{curve_image}\n")
 
 
-def summary_markdown(run: PreparedRun, summary: RunSummary, tracker: Tracker) -> str:
-    """The run's summary as a Markdown table, for the Prefect UI."""
+def summary_table(run: PreparedRun, summary: RunSummary, tracker: Tracker, films: list[str]) -> str:
+    """The run's summary as a Markdown table, with links into the MLflow UI where it is served."""
     config, uri = run.preset, run.preset.tracking.tracking_uri
     # MLflow 3.17's UI shows every experiment in its GenAI view unless the link asks for model training
     page = f"#/experiments/{tracker.experiment_id}/runs/{summary.mlflow_run_id}?workflowType=machine_learning"
-    if uri.startswith(("http://", "https://")):
+    served = uri.startswith(("http://", "https://"))
+    if served:
         mlflow_link = f"[{summary.mlflow_run_id}]({uri.rstrip('/')}/{page})"
     else:
         mlflow_link = f"`{summary.mlflow_run_id}` (`mlflow ui --backend-store-uri {uri}`, then `{page}`)"
+    if films and served:
+        film = f"[{films[-1]}]({uri.rstrip('/')}/get-artifact?path={films[-1]}&run_uuid={summary.mlflow_run_id})"
+    else:
+        film = f"`{films[-1]}` in the MLflow run's artifacts" if films else "none (see tracking.video)"
     rows = [
         ("preset", f"`{config.name}`: {config.agent.algo.upper()} on `{config.env.id}`"),
         ("final evaluation return", f"{summary.final_return:.2f}"),
@@ -67,6 +89,7 @@ def summary_markdown(run: PreparedRun, summary: RunSummary, tracker: Tracker) ->
         ("versions committed", f"{summary.versions_committed} (delivered v{summary.delivered_version})"),
         ("MLflow run", mlflow_link),
         ("MLflow model", f"`{summary.model_uri}`"),
+        ("video of the final policy", film),
         ("checkpoints and shards", f"`{summary.storage_url}`"),
     ]
     return "| | |\n|---|---|\n" + "\n".join(f"| {name} | {value} |" for name, value in rows)

@@ -1,6 +1,7 @@
 """When and how the greedy policy is scored: every `evaluate_every_env_steps`, one evaluation at
 a time, on the rollout workers beside the learner (a thread of the flow's process waits for it),
-so it does not stall training; and once more at the end, as a Prefect task of its own.
+so it does not stall training; and once more at the end. Inside a flow run each evaluation is a
+Prefect task run named by the version it scores (`evaluate-v12`).
 
 SYNC rounds wait for the evaluation that ran beside their learning step, so a run stops at the
 same version on every try; the ASYNC stream only picks up evaluations that have finished.
@@ -8,12 +9,14 @@ same version on every try; the ASYNC stream only picks up evaluations that have 
 
 from __future__ import annotations
 
+import contextvars
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext
 
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.jobs import EvaluationResult
@@ -62,8 +65,8 @@ class EvaluationSchedule:
         the env steps at which the next one is due."""
         if self._running is not None or state.env_steps < state.next_evaluation:
             return state.next_evaluation
-        specs = self.plan.evaluations(state.version)
-        future = self._thread.submit(evaluate_version, self.hosts, specs, self.logger)
+        in_flow_run = contextvars.copy_context()  # the evaluation's task run belongs to this flow run
+        future = self._thread.submit(in_flow_run.run, score_version, self.hosts, self.plan, state.version, self.logger)
         self._running = (future, state.env_steps, state.version)
         return state.next_evaluation + self.every
 
@@ -89,7 +92,20 @@ class EvaluationSchedule:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
 
-@task(name="evaluate", task_run_name="evaluate-v{state.version}", cache_policy=NO_CACHE)
-def evaluate_final(hosts: Hosts, plan: RoundPlan, state: LoopState) -> Scored:
+def evaluate_final(hosts: Hosts, plan: RoundPlan, state: LoopState, logger: AnyLogger) -> Scored:
     """A run's final evaluation, of the last version it committed."""
-    return Scored(state.env_steps, evaluate_version(hosts, plan.evaluations(state.version), get_run_logger()))
+    return Scored(state.env_steps, score_version(hosts, plan, state.version, logger, final=True))
+
+
+def score_version(hosts: Hosts, plan: RoundPlan, version: int, logger: AnyLogger,
+                  final: bool = False) -> EvaluationResult:
+    """Greedy episodes of `version` on the rollout workers: a task run in a flow run, a plain
+    call outside one (the loop's in-process tests)."""
+    if FlowRunContext.get() is None:
+        return evaluate_version(hosts, plan.evaluations(version, final), logger)
+    return evaluate(hosts, plan, version, final)
+
+
+@task(name="evaluate", task_run_name="evaluate-v{version}", cache_policy=NO_CACHE)
+def evaluate(hosts: Hosts, plan: RoundPlan, version: int, final: bool) -> EvaluationResult:
+    return evaluate_version(hosts, plan.evaluations(version, final), get_run_logger())

@@ -19,8 +19,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from gymflow.agents.core import Learner, ReplayLearner, Rollout
 from gymflow.errors import UnusableWarmStart
@@ -230,7 +228,6 @@ class Checkpoints:
         self.retirement.close()
 
 
-@task(name="fill-replay", cache_policy=NO_CACHE)
 def fill_replay(learner: ReplayLearner, storage: Storage, shards: Sequence[ShardRef]) -> int:
     """Insert heatup's shards into the replay memory; no learning. Returns the memory's size."""
     learner.insert([read_shard(storage, shard) for shard in shards])

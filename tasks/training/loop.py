@@ -16,12 +16,12 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.tasks.cluster.hosts import Hosts
-from gymflow.tasks.cluster.rounds import RoundPlan, collect_round
+from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, collect_round
 from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.storage.shards import ShardRef
 from gymflow.tasks.training.collection import Collection, Experience
@@ -147,20 +147,16 @@ def train(loop: ImproveLoop, state: LoopState, seconds: float = TASK_SECONDS) ->
             return state
 
 
-def heatup(hosts: Hosts, plan: RoundPlan, learner: ReplayLearner, storage: Storage) -> LoopState:
+@task(name="heatup", task_run_name="heatup", cache_policy=NO_CACHE)
+def heatup(hosts: Hosts, plan: RoundPlan, learner: ReplayLearner, storage: Storage, logger: AnyLogger) -> LoopState:
     """Fill the replay memory from one round of a uniform random policy, one shard a worker;
     no learning. Its env steps count against the budget."""
     state = LoopState.start(plan.workers, plan.preset.schedule.evaluate_every_env_steps)
-    shards = collect_heatup(hosts, plan.rollouts(None, 1.0, state.env_cursors))
-    fill_replay(learner, storage, shards)
+    shards = collect_round(hosts, plan.rollouts(None, 1.0, state.env_cursors), logger)
+    filled = fill_replay(learner, storage, shards)
+    logger.info("heatup: %s random-policy env steps in replay", f"{filled:,}")
     return replace(state, env_steps=sum(shard.env_steps for shard in shards),
                    env_cursors=tuple(shard.key for shard in shards))
-
-
-@task(name="collect-rollouts", task_run_name="collect-rollouts-heatup", cache_policy=NO_CACHE)
-def collect_heatup(hosts: Hosts, specs: list) -> list[ShardRef]:
-    """Heatup's round: every worker's rollout with a uniform random policy."""
-    return collect_round(hosts, specs, get_run_logger())
 
 
 def _report(experience: Experience, learned: Learned, state: LoopState, evaluation_seconds: float,

@@ -3,18 +3,21 @@ restored), its MLflow run, and the parts of its loop; and its first state (heatu
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import yaml
+from prefect.context import FlowRunContext
 
 from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.errors import InvalidPreset
-from gymflow.presets.load import flatten, redacted
+from gymflow.presets.load import flatten, is_secret, redacted
 from gymflow.presets.model import Preset
 from gymflow.presets.validate import Experiment
 from gymflow.tasks.cluster.hosts import Hosts
@@ -29,9 +32,10 @@ from gymflow.tasks.storage.records import (
     write_run_record,
     write_stored_preset,
 )
+from gymflow.tasks.tracking.artifacts import ProgressArtifact
 from gymflow.tasks.tracking.models import read_warm_start
 from gymflow.tasks.tracking.progress import ProgressLog
-from gymflow.tasks.tracking.tracker import Tracker, s3_artifact_environment
+from gymflow.tasks.tracking.tracker import Tracker, s3_artifact_environment, source_tags
 from gymflow.tasks.training.collection import Collection, SyncRounds
 from gymflow.tasks.training.evaluation import EvaluationSchedule
 from gymflow.tasks.training.learning import Checkpoints, create_learner
@@ -56,6 +60,10 @@ class PreparedRun:
     @property
     def preset(self) -> Preset:
         return self.experiment.preset
+
+    def params(self) -> dict[str, str]:
+        """The preset as flat MLflow parameters, secrets redacted."""
+        return {key: str(value)[:6000] for key, value in flatten(redacted(self.preset.model_dump(mode="json"))).items()}
 
     def preset_yaml(self) -> bytes:
         return yaml.safe_dump(redacted(self.preset.model_dump(mode="json")), sort_keys=False).encode()
@@ -96,16 +104,26 @@ def tracked_run(run: PreparedRun, flow_run_id: str, tags: Mapping[str, str] | No
         yield from _tracked(run, flow_run_id, tags or {})
 
 
+def run_tags(overrides: Mapping[str, Any], extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Tags that tell a run apart in MLflow's run list: the preset fields it overrode (as
+    `key=value` pairs), and `extra` (a sweep trial's)."""
+    flat = flatten(overrides)
+    changed = " ".join(f"{key}={'***' if is_secret(key) else json.dumps(value, default=str)}"
+                       for key, value in sorted(flat.items()))
+    return {"gymflow.overrides": changed[:5000] or "(none)", **(extra or {})}
+
+
 def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str]) -> Iterator[Tracker]:
-    tracking, tags = run.preset.tracking, {"gymflow.run_id": run.run_id, "prefect.flow_run_id": flow_run_id,
-                                           "gymflow.preset": run.preset.name, **extra_tags}
+    tracking = run.preset.tracking
+    tags = {**source_tags(), "gymflow.run_id": run.run_id, "prefect.flow_run_id": flow_run_id,
+            "gymflow.preset": run.preset.name, **extra_tags}
     tracker = Tracker(tracking.tracking_uri, tracking.experiment, run_name=run.run_id, tags=tags,
                       artifact_location=tracking.artifact_location,
                       existing_run_id=run.record.mlflow_run_id if run.record else None)
     status = "FINISHED"
     try:
         if run.record is None:
-            tracker.log_params(flatten(redacted(run.preset.model_dump(mode="json"))))
+            tracker.log_params(run.params())
             write_stored_preset(run.storage, run.run_id, run.preset_yaml())
             record = RunRecord(tracker.run_id, tracking.experiment, tracking.tracking_uri)
             write_run_record(run.storage, run.run_id, record)
@@ -118,8 +136,9 @@ def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str]) 
 
 
 def run_recorder(run: PreparedRun, tracker: Tracker, logger: AnyLogger) -> RunRecorder:
-    progress = ProgressLog(logger, run.preset.schedule.total_env_steps)
-    return RunRecorder.resumed(tracker, progress) if run.restored else RunRecorder(tracker, progress)
+    progress = ProgressLog(logger, run.preset.schedule.total_env_steps, views=[ProgressArtifact(run.run_id)])
+    recorder = RunRecorder.resumed if run.restored else RunRecorder
+    return recorder(tracker, progress, run.storage)
 
 
 @contextmanager
@@ -145,14 +164,15 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
         loop.checkpoints.close()
 
 
-def first_state(run: PreparedRun, hosts: Hosts, loop: ImproveLoop) -> LoopState:
+def first_state(run: PreparedRun, hosts: Hosts, loop: ImproveLoop, logger: AnyLogger) -> LoopState:
     """Where training starts: a resumed run's state, or heatup (off-policy agents) and version 0."""
     if run.restored is not None:
         loop.checkpoints.resumed(run.learner, run.restored.state)
         return run.restored.state
     plan, learner = RoundPlan(run.preset, run.run_id), run.learner
     if isinstance(learner, ReplayLearner) and run.preset.schedule.heatup_env_steps:
-        state = heatup(hosts, plan, learner, run.storage)
+        fill = heatup if FlowRunContext.get() else heatup.fn  # a task run in a flow run; plain in-process
+        state = fill(hosts, plan, learner, run.storage, logger)
     else:
         state = LoopState.start(plan.workers, run.preset.schedule.evaluate_every_env_steps)
     loop.commit(state)

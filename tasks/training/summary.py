@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.tracking.plots import PLOTTED_METRICS
 from gymflow.tasks.tracking.progress import ProgressLog
 from gymflow.tasks.tracking.tracker import Tracker
@@ -21,6 +22,7 @@ class EvaluationRow(NamedTuple):
     mean: float
     low: float
     high: float
+    version: int | None = None  # the policy version scored (None: a run logged before it was recorded)
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class RunSummary:
     env_steps: int = 0
     versions_committed: int = 0
     delivered_version: int = 0  # the version the deciding evaluation scored, logged as the model
-    model_uri: str = ""  # the delivered policy as an MLflow model (runs:/<id>/policy)
+    model_uri: str = ""  # the delivered policy as an MLflow logged model (models:/<model id>)
     final_return: float | None = None
     best_return: float | None = None
     solved: bool = False
@@ -53,6 +55,7 @@ class RunSummary:
 
 
 CURVE_POINTS = 2_000
+FILMS = "videos"  # the MLflow run's folder of evaluation films
 _CURVE_KEYS = frozenset((*PLOTTED_METRICS, "time/env_steps"))
 
 
@@ -64,15 +67,18 @@ class RunRecorder:
 
     tracker: Tracker
     progress: ProgressLog
+    storage: Storage | None = None  # where the rollout workers put evaluation films
     history: list[dict[str, float]] = field(default_factory=list)
     evaluations: list[EvaluationRow] = field(default_factory=list)
     work_seconds: float = 0.0
     processes: set[str] = field(default_factory=set)
+    films: list[str] = field(default_factory=list)  # MLflow artifact paths of the evaluation films
     _episode_return: float = float("nan")
 
     @classmethod
-    def resumed(cls, tracker: Tracker, progress: ProgressLog) -> RunRecorder:
-        recorder = cls(tracker, progress, evaluations=[EvaluationRow(*row) for row in tracker.evaluation_rows()])
+    def resumed(cls, tracker: Tracker, progress: ProgressLog, storage: Storage | None = None) -> RunRecorder:
+        recorder = cls(tracker, progress, storage,
+                       evaluations=[EvaluationRow(*row) for row in tracker.evaluation_rows()])
         for row in tracker.metric_rows(PLOTTED_METRICS):
             recorder._keep_for_curve(row)
         return recorder
@@ -88,8 +94,19 @@ class RunRecorder:
     def evaluated(self, scored: Scored, waited: bool = False) -> None:
         self.tracker.log_metrics(scored.metrics(), step=scored.env_steps)
         returns = scored.result.returns
-        self.evaluations.append(EvaluationRow(scored.env_steps, scored.mean_return, min(returns), max(returns)))
+        self.evaluations.append(EvaluationRow(scored.env_steps, scored.mean_return, min(returns), max(returns),
+                                              scored.version))
         self.work_seconds += scored.result.seconds if waited else 0.0
+        self._log_film(scored)
+
+    def _log_film(self, scored: Scored) -> None:
+        film, name = scored.result.film, f"evaluation-v{scored.version:06d}.mp4"
+        if scored.result.no_film:
+            self.progress.logger.info("no video of v%d: %s", scored.version, scored.result.no_film)
+        if film is None or self.storage is None:
+            return
+        self.tracker.log_bytes(self.storage.read(film.key), FILMS, name)
+        self.films.append(f"{FILMS}/{name}")
 
     def _keep_for_curve(self, metrics: dict[str, float]) -> None:
         """The learning curve's points: the plotted metrics of each step, thinned to every other

@@ -1,0 +1,253 @@
+"""What a person sees of a run: its stages and evaluations as Prefect task runs, its progress,
+evaluations and summary as Prefect artifacts; in MLflow the policy as a logged model with a
+signature, the run's description, source and overrides, and films of evaluation episodes; the
+policy served by `mlflow models serve`; and the command line's output. One DQN run (heatup,
+periodic evaluations, a film of each) under a real Prefect API, Dask worker processes and a
+real MLflow store serves most tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import imageio_ffmpeg
+import mlflow
+import numpy as np
+import pytest
+import requests
+from mlflow.tracking import MlflowClient
+from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+from gymflow.envs.make import make_env
+from gymflow.envs.seeding import derive_seed
+from gymflow.flows.improve import improve
+from gymflow.tasks.training.summary import RunSummary
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.e2e
+
+OVERRIDES = {
+    "env.id": "gymflow.testing.envs:Corridor",
+    "agent.train_steps_per_iteration": 8,
+    "agent.hidden_sizes": [16],
+    "distribution.rollout_workers": 2,
+    "distribution.envs_per_worker": 4,
+    "schedule.rollout_steps_per_env": 16,
+    "schedule.heatup_env_steps": 128,
+    "schedule.total_env_steps": 640,
+    "schedule.evaluate_every_env_steps": 256,
+    "schedule.evaluation_episodes": 4,
+    "schedule.target_return": None,
+    "tracking.video": "every_evaluation",
+}
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    folder: Path
+    summary: RunSummary
+    flow_run_id: str
+
+    @property
+    def tracking_uri(self) -> str:
+        return f"sqlite:///{self.folder / 'mlflow.db'}"
+
+    def mlflow(self) -> MlflowClient:
+        return MlflowClient(self.tracking_uri)
+
+
+@pytest.fixture(scope="module")
+def finished_run(prefect_api, tmp_path_factory) -> FinishedRun:
+    folder = tmp_path_factory.mktemp("run")
+    overrides = {**OVERRIDES, "storage.root": str(folder / "data"), "tracking.tracking_uri": f"sqlite:///{folder / 'mlflow.db'}"}
+    state = improve("cartpole-dqn", overrides, return_state=True)
+    assert state.is_completed(), state.message
+    return FinishedRun(folder, state.result(), str(state.state_details.flow_run_id))
+
+
+def _task_run_names(flow_run_id: str, evaluations: int) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    names: list[str] = []
+    for _ in range(40):  # task runs reach the API as events, shortly after they finish
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+                                         limit=200)
+        names = sorted(run.name for run in runs)
+        if sum(name.startswith("evaluate") for name in names) >= evaluations:
+            return names
+        time.sleep(0.25)
+    return names
+
+
+def _artifacts(flow_run_id: str) -> dict[str, list]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    by_key: dict[str, list] = {}
+    for artifact in found:
+        by_key.setdefault(artifact.key or artifact.type, []).append(artifact)
+    return by_key
+
+
+def test_heatup_training_and_every_evaluation_are_task_runs_named_by_what_they_do(finished_run):
+    names = _task_run_names(finished_run.flow_run_id, len(finished_run.summary.evaluations))
+    assert names.count("heatup") == 1
+    assert any(name.startswith("train-from-v") for name in names)
+    # the periodic evaluations and the final one, each named by the version it scores
+    scored = [row.version for row in finished_run.summary.evaluations]
+    assert len(scored) >= 3 and scored[-1] == finished_run.summary.versions_committed - 1
+    assert sorted(name for name in names if name.startswith("evaluate")) == sorted(f"evaluate-v{v}" for v in scored)
+
+
+def test_the_flow_run_has_progress_evaluations_and_a_summary_with_its_curve(finished_run):
+    artifacts = _artifacts(finished_run.flow_run_id)
+    (progress,) = artifacts["improve-progress"]
+    assert progress.type == "progress" and float(progress.data) == 100.0
+    assert "640/640 env steps" in progress.description
+    (table,) = artifacts["improve-evaluations"]
+    rows = table.data if isinstance(table.data, list) else __import__("json").loads(table.data)
+    assert [row["env steps"] for row in rows] == [row.env_steps for row in finished_run.summary.evaluations]
+    assert set(rows[0]) == {"env steps", "version", "mean return", "min", "max"}
+    (summary,) = artifacts["improve-summary"]
+    assert finished_run.summary.mlflow_run_id in summary.data
+    assert "![learning curve](data:image/png;base64," in summary.data
+    assert f"videos/evaluation-v{finished_run.summary.versions_committed - 1:06d}.mp4" in summary.data
+
+
+def _greedy_actions(run: FinishedRun, observations: np.ndarray) -> np.ndarray:
+    """The delivered version's greedy actions, computed as the rollout workers compute them."""
+    from gymflow.agents.registry import algorithm_of
+    from gymflow.presets.load import load_preset
+    from gymflow.tasks.storage.checkpoints import POLICY_BLOB, read_policy
+    from gymflow.tasks.storage.codec import decode_tensors
+    from gymflow.tasks.storage.layout import RunLayout
+    from gymflow.tasks.storage.objects import Storage, StorageLocation
+
+    preset = load_preset(str(run.folder / "data" / "runs" / run.summary.run_id / "preset.yaml"))
+    blobs = read_policy(Storage(StorageLocation(str(run.folder / "data"))), RunLayout(run.summary.run_id),
+                        run.summary.delivered_version, [POLICY_BLOB])
+    env = make_env(preset.env.id, preset.env.kwargs)
+    algorithm = algorithm_of(preset.agent)
+    network = algorithm.network(preset.agent, env.observation_space, env.action_space)
+    network.load_state_dict(decode_tensors(blobs[POLICY_BLOB]))
+    network.eval()
+    return algorithm.policy(network, preset.agent, 0.0, 0).act(observations, explore=False)[0]
+
+
+def _observations(count: int = 16) -> np.ndarray:
+    env = make_env("gymflow.testing.envs:Corridor")
+    return np.stack([env.reset(seed=seed)[0] for seed in range(count)]).astype(np.float32)
+
+
+def test_the_policy_is_a_logged_model_with_a_signature_and_the_run_s_final_metrics(finished_run):
+    client, summary = finished_run.mlflow(), finished_run.summary
+    run = client.get_run(summary.mlflow_run_id)
+    (model,) = client.search_logged_models(experiment_ids=[run.info.experiment_id])
+    assert summary.model_uri == f"models:/{model.model_id}" and model.source_run_id == run.info.run_id
+    assert model.name == "policy" and model.status == "READY"
+    assert {"summary/final_return", "eval/return_mean"} <= {metric.key for metric in model.metrics}
+    assert model.params["agent.algo"] == "dqn"
+    assert [output.model_id for output in run.outputs.model_outputs] == [model.model_id]
+    with _use_tracking_uri(finished_run.tracking_uri):
+        loaded = mlflow.pyfunc.load_model(summary.model_uri)  # by its model id
+    inputs = loaded.metadata.signature.inputs.to_dict()
+    assert inputs == [{"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": (-1, 2)}}]
+    observations = _observations()
+    np.testing.assert_array_equal(loaded.predict(observations), _greedy_actions(finished_run, observations))
+
+
+def test_the_mlflow_run_is_described_and_says_its_source_and_what_it_overrode(finished_run):
+    tags = finished_run.mlflow().get_run(finished_run.summary.mlflow_run_id).data.tags
+    assert "final evaluation return" in tags["mlflow.note.content"]  # the description in the UI
+    assert finished_run.summary.model_uri in tags["mlflow.note.content"]
+    assert tags["mlflow.source.name"] and tags["mlflow.user"]
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+    if commit.returncode == 0:  # the tests run from a checkout
+        assert tags["mlflow.source.git.commit"] == commit.stdout.strip()
+    overrides = tags["gymflow.overrides"]
+    assert "schedule.total_env_steps=640" in overrides and 'tracking.video="every_evaluation"' in overrides
+    assert "agent.hidden_sizes=[16]" in overrides
+
+
+def test_every_evaluation_is_filmed_and_logged_where_mlflow_plays_it(finished_run, tmp_path):
+    client, summary = finished_run.mlflow(), finished_run.summary
+    films = {a.path for a in client.list_artifacts(summary.mlflow_run_id, "videos")}
+    assert films == {f"videos/evaluation-v{row.version:06d}.mp4" for row in summary.evaluations}
+    final = f"videos/evaluation-v{summary.delivered_version:06d}.mp4"
+    local = client.download_artifacts(summary.mlflow_run_id, final, str(tmp_path))
+    frames, _ = imageio_ffmpeg.count_frames_and_secs(local)
+    size = next(imageio_ffmpeg.read_frames(local))["size"]
+    # the film is the first evaluation episode of the final policy: its first frame and one per step
+    env = make_env("gymflow.testing.envs:Corridor")
+    obs, _ = env.reset(seed=derive_seed(derive_seed(0, "evaluation", 0), 0, 0))
+    steps, done = 0, False
+    while not done:
+        obs, _, terminated, truncated, _ = env.step(int(_greedy_actions(finished_run, obs[None])[0]))
+        steps, done = steps + 1, terminated or truncated
+    assert (frames, size) == (steps + 1, (16 * 8, 16))
+
+
+def test_a_registered_policy_served_by_mlflow_answers_with_the_flow_s_greedy_actions(finished_run):
+    from gymflow.tasks.tracking.models import register_challenger
+
+    model = register_challenger.fn(finished_run.tracking_uri, "gymflow-served", finished_run.summary.mlflow_run_id,
+                                   finished_run.summary.model_uri)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "models", "serve", "-m", model.uri, "--env-manager", "local",
+         "-h", "127.0.0.1", "-p", str(port)],
+        env={**os.environ, "MLFLOW_TRACKING_URI": finished_run.tracking_uri,  # it starts `uvicorn` from PATH
+             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}, cwd=finished_run.folder,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/ping", timeout=2).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert server.poll() is None, server.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "mlflow models serve did not answer in 120 s"
+            time.sleep(0.5)
+        observations = _observations()
+        answer = requests.post(f"http://127.0.0.1:{port}/invocations", json={"inputs": observations.tolist()},
+                               timeout=30)
+        assert answer.ok, answer.text
+        np.testing.assert_array_equal(np.asarray(answer.json()["predictions"]),
+                                      _greedy_actions(finished_run, observations))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_the_command_line_trains_an_env_from_the_working_folder_with_no_warnings(tmp_path):
+    (tmp_path / "my_corridor.py").write_text("from gymflow.testing.envs import Corridor\n\n\nclass MyCorridor(Corridor):\n"
+                                            "    pass\n")
+    settings = {**{key: value for key, value in OVERRIDES.items() if not key.startswith(("agent.", "schedule.heatup"))},
+                "env.id": "my_corridor:MyCorridor", "tracking.video": "final"}
+    args = [arg for key, value in settings.items() for arg in ("--set", f"{key}={_yaml(value)}")]
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
+    done = subprocess.run([sys.executable, "-m", "gymflow.flows.cli", "run", "cartpole-ppo", "--quiet", *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    output = done.stdout + done.stderr
+    assert "did not reach its target" in output or "reached its target" in output
+    assert "Warning" not in output and "WARNING" not in output and "warn(" not in output, output[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("gymflow").experiment_id])
+    assert run.data.params["env.id"] == "my_corridor:MyCorridor"
+    assert any(a.path.startswith("videos/") for a in client.list_artifacts(run.info.run_id, "videos"))
+
+
+def _yaml(value) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
