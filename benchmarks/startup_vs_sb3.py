@@ -47,7 +47,7 @@ MILESTONES = {
     "cluster, storage and MLflow run ready": re.compile(r"Dask dashboard"),
     "rollout workers ready: training starts": re.compile(r"workers ready"),
     "first train task done": re.compile(r"Task run 'train-from-v0'"),
-    "final evaluation done": re.compile(r"Task run 'evaluate-v\d+' - Finished"),
+    "last evaluation done": re.compile(r"Task run 'evaluate-v\d+' - Finished"),
     "summary printed": re.compile(r"reached its target|did not reach its target"),
 }
 
@@ -66,7 +66,7 @@ def timed_process(args: list[str], cwd: str) -> tuple[float, dict[str, float], s
             now = time.perf_counter() - started
             lines.append(line)
             for name, pattern in MILESTONES.items():
-                if name not in seen and pattern.search(line):
+                if (name not in seen or name.startswith("last")) and pattern.search(line):
                     seen[name] = now
 
     reader = threading.Thread(target=read)

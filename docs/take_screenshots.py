@@ -84,7 +84,8 @@ def main() -> None:
             films = _get(f"{MLFLOW}/api/2.0/mlflow/artifacts/list?run_id={run_id}&path=videos")["files"]
             time.sleep(3)  # the last task runs and artifacts reach the API as events
             screenshot(f"{PREFECT}/runs/flow-run/{flow_run['id']}", "prefect-flow-run")
-            screenshot(f"{PREFECT}/runs/flow-run/{flow_run['id']}?tab=Artifacts", "prefect-flow-run-artifacts")
+            artifacts = _post(f"{PREFECT}/api/artifacts/filter", {"artifacts": {"key": {"any_": ["improve-summary"]}}})
+            screenshot(f"{PREFECT}/artifacts/artifact/{artifacts[0]['id']}", "prefect-summary-artifact", 1500)
             page = f"{MLFLOW}/#/experiments/{experiment_id}"
             screenshot(f"{page}/runs/{run_id}?workflowType=machine_learning", "mlflow-run", 1400)
             screenshot(f"{page}/runs/{run_id}/artifacts/{films[-1]['path']}?workflowType=machine_learning",

@@ -19,7 +19,6 @@ from gymflow.tasks.cluster.client import dask_client, job_hosts
 from gymflow.tasks.sweep.trial import SweepTrial, TrialJudge
 from gymflow.tasks.tracking.artifacts import publish_evaluations
 from gymflow.tasks.training.delivery import deliver, describe
-from gymflow.tasks.training.evaluation import evaluate_final
 from gymflow.tasks.training.loop import train
 from gymflow.tasks.training.run import (
     first_state,
@@ -81,9 +80,7 @@ def improve(
             while not loop.stopped(state):
                 state = train(loop, state)  # ~2 s of collect -> learn -> commit -> maybe evaluate
             state, deciding = loop.finish(state)
-            if deciding is None:
-                deciding = evaluate_final(hosts, loop.evaluations.plan, state, logger)
-                recorder.evaluated(deciding, waited=True)
+            deciding = loop.final_evaluation(state, deciding)  # and the final policy's film
         identity = RunIdentity(run.run_id, tracker.run_id, storage_url(run))
         ending = RunEnding(loop.stop.target_reached(deciding), loop.stop.stopped_early(loop.latest),
                            time.perf_counter() - started)

@@ -23,12 +23,16 @@ class Recording:
     def __init__(self) -> None:
         self.reports: list[StepReport] = []
         self.evaluations: list[Scored] = []
+        self.films: list[Scored] = []
 
     def stepped(self, report: StepReport) -> None:
         self.reports.append(report)
 
     def evaluated(self, scored: Scored, waited: bool = False) -> None:
         self.evaluations.append(scored)
+
+    def filmed(self, scored: Scored) -> None:
+        self.films.append(scored)
 
 
 def prepared(tmp_path, preset: str, overrides: dict, run_id: str = "run") -> PreparedRun:

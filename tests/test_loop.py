@@ -46,6 +46,21 @@ def test_a_target_reached_stops_the_run_at_the_version_that_reached_it(tiny_budg
     assert state.version == 3 and len(observer.reports) == 3  # the round it ran beside was committed
 
 
+def test_a_run_that_reached_its_target_at_a_periodic_evaluation_films_that_version(tiny_budget, tmp_path):
+    run = prepared(tmp_path, "cartpole-ppo", {**tiny_budget, "schedule.target_return": -1000.0})
+    observer, hosts = Recording(), InProcessHosts()
+    with improve_loop(run, hosts, observer, LOGGER) as loop:
+        state = first_state(run, hosts, loop, LOGGER)
+        while not loop.stopped(state):
+            state = loop.step(state)
+        state, deciding = loop.finish(state)
+        decided = loop.final_evaluation(state, deciding)
+    assert decided is deciding and decided.version == 2  # no evaluation of its own: the periodic one decides
+    (filmed,) = observer.films
+    assert filmed.version == 2 and filmed.result.film.frames > 1
+    assert run.storage.exists(RunLayout(run.run_id).video(2))
+
+
 def test_stop_rule_needs_the_budget_and_nothing_left_to_learn_or_the_target():
     rule = StopRule(total_env_steps=1000, target_return=100.0)
     state = LoopState(3, 1000, 2000, (None,))

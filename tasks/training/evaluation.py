@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextvars
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from prefect import get_run_logger, task
@@ -92,9 +92,9 @@ class EvaluationSchedule:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
 
-def evaluate_final(hosts: Hosts, plan: RoundPlan, state: LoopState, logger: AnyLogger) -> Scored:
-    """A run's final evaluation, of the last version it committed."""
-    return Scored(state.env_steps, score_version(hosts, plan, state.version, logger, final=True))
+def film_version(hosts: Hosts, plan: RoundPlan, version: int, logger: AnyLogger) -> EvaluationResult:
+    """A film of `version` alone: its first evaluation episode, played and filmed by one worker."""
+    return evaluate_version(hosts, [replace(plan.evaluations(version, final=True)[0], episodes=1)], logger)
 
 
 def score_version(hosts: Hosts, plan: RoundPlan, version: int, logger: AnyLogger,

@@ -25,7 +25,7 @@ from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, collect_round
 from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.storage.shards import ShardRef
 from gymflow.tasks.training.collection import Collection, Experience
-from gymflow.tasks.training.evaluation import EvaluationSchedule, Scored
+from gymflow.tasks.training.evaluation import EvaluationSchedule, Scored, film_version, score_version
 from gymflow.tasks.training.learning import Checkpoints, Learned, fill_replay, learn
 from gymflow.tasks.training.state import LoopState
 
@@ -77,6 +77,10 @@ class Observer(Protocol):
 
     def evaluated(self, scored: Scored, waited: bool = False) -> None:
         """An evaluation finished; `waited`: the run waited for it, so its time is work."""
+        ...
+
+    def filmed(self, scored: Scored) -> None:
+        """A film of a version that was already evaluated (`scored.result.film`)."""
         ...
 
 
@@ -132,6 +136,19 @@ class ImproveLoop:
         if self.stop.target_reached(self.latest):
             return state, self.latest
         return state, late if self.stop.target_reached(late) and late.version == state.version else None
+
+    def final_evaluation(self, state: LoopState, deciding: Scored | None) -> Scored:
+        """The evaluation that decides the run: the last version's, run now, unless a periodic
+        one reached the target (then filmed here, where the preset films the final evaluation)."""
+        evaluations = self.evaluations
+        if deciding is None:
+            deciding = Scored(state.env_steps, score_version(evaluations.hosts, evaluations.plan, state.version,
+                                                             evaluations.logger, final=True))
+            self.observer.evaluated(deciding, waited=True)
+        elif deciding.result.film is None and evaluations.plan.preset.tracking.video == "final":
+            film = film_version(evaluations.hosts, evaluations.plan, deciding.version, evaluations.logger)
+            self.observer.filmed(Scored(deciding.env_steps, film))
+        return deciding
 
     def _progress(self, state: LoopState) -> float:
         return min(state.env_steps / self.stop.total_env_steps, 1.0)

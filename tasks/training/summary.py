@@ -99,6 +99,9 @@ class RunRecorder:
         self.work_seconds += scored.result.seconds if waited else 0.0
         self._log_film(scored)
 
+    def filmed(self, scored: Scored) -> None:
+        self._log_film(scored)
+
     def _log_film(self, scored: Scored) -> None:
         film, name = scored.result.film, f"evaluation-v{scored.version:06d}.mp4"
         if scored.result.no_film:
