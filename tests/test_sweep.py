@@ -116,7 +116,10 @@ def test_a_sweep_runs_each_configuration_over_seeds_and_reports_a_ranking(prefec
 
     from gymflow.flows.sweep import sweep
 
-    spec = _spec(workspace, tiny_budget, space={"agent.lr": {"values": [0.01, 0.003]}}, concurrency=2)
+    # runs of a few seconds each: long enough that the two seeds started together overlap, however
+    # the starts of their subflows are staggered (~2 s here)
+    spec = _spec(workspace, tiny_budget, space={"agent.lr": {"values": [0.01, 0.003]}}, concurrency=2,
+                 overrides={**tiny_budget, "schedule.total_env_steps": 5120, **local_overrides(workspace)})
     result = sweep(spec, sweep_id="ranked")
 
     runs = _sweep_runs(workspace, "ranked")
@@ -141,7 +144,7 @@ def test_a_sweep_runs_each_configuration_over_seeds_and_reports_a_ranking(prefec
     assert {"ranking.json", "ranking.md", "sweep_curves.png", "best-preset.yaml"} <= artifacts
     assert parent.info.status == "FINISHED" or client.get_run(parent.info.run_id).info.status == "FINISHED"
     best = load_preset(result.best_preset_url.removeprefix("file://"))  # `gymflow run` takes it as it is
-    assert best.agent.lr == first["agent.lr"] and best.schedule.total_env_steps == 1280
+    assert best.agent.lr == first["agent.lr"] and best.schedule.total_env_steps == 5120
     table = Artifact.get("sweep-ranking")
     assert table is not None and str(first["agent.lr"]) in str(table.data)
 
