@@ -67,8 +67,7 @@ def encode_mp4(frames: list[np.ndarray], fps: int) -> bytes:
                                              output_params=["-preset", "veryfast"])
         writer.send(None)
         for frame in frames:
-            writer.send(np.ascontiguousarray(np.pad(frame[..., :3], padding) if any(sum(p) for p in padding) else
-                                             frame[..., :3], dtype=np.uint8))
+            writer.send(np.ascontiguousarray(np.pad(frame[..., :3], padding), dtype=np.uint8))
         writer.close()
         with open(path, "rb") as handle:
             return handle.read()
