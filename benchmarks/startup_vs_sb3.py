@@ -8,15 +8,21 @@ each milestone line of its output arrived, counted from the moment the process w
 
 Both solve to the same rule: 10 greedy episodes every 4,096 env steps, stop at a mean of 475
 (gymflow's preset as it ships; SB3 with EvalCallback + StopTrainingOnRewardThreshold, rl-zoo's
-PPO hyper-parameters for CartPole-v1, 8 envs). Each side runs in a fresh folder with no Prefect
-API configured: gymflow starts its temporary one, as a user's first `gymflow run` does.
+PPO hyper-parameters for CartPole-v1, 8 envs). No Prefect API is configured: gymflow starts its
+temporary one. Each side keeps one working folder, warmed by a first run that is not counted (a
+user's project folder: gymflow's MLflow store is there already); `--fresh-folders` gives every
+run a new empty folder instead (a user's very first run: the store's creation is counted), and
+`--prefect-server` has gymflow use a Prefect API started before the runs (PREFECT_API_URL, as on
+a machine where `prefect server start` runs) instead of starting its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -46,15 +52,19 @@ MILESTONES = {
     "flow run begins (imports, Prefect API)": re.compile(r"Beginning flow run"),
     "cluster, storage and MLflow run ready": re.compile(r"Dask dashboard"),
     "rollout workers ready: training starts": re.compile(r"workers ready"),
+    "first training round done": re.compile(r"env steps \(\d+%\) v1 "),
     "first train task done": re.compile(r"Task run 'train-from-v0'"),
     "last evaluation done": re.compile(r"Task run 'evaluate-v\d+' - Finished"),
     "summary printed": re.compile(r"reached its target|did not reach its target"),
 }
 
 
+PREFECT_API: dict[str, str] = {}  # PREFECT_API_URL of a server already running, with --prefect-server
+
+
 def timed_process(args: list[str], cwd: str) -> tuple[float, dict[str, float], str]:
     """Run a process; returns its wall-clock, when each milestone line arrived, and its output."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")} | PREFECT_API
     started = time.perf_counter()
     process = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                bufsize=1)
@@ -80,16 +90,20 @@ def timed_process(args: list[str], cwd: str) -> tuple[float, dict[str, float], s
     return wall, seen, output
 
 
-def run_gymflow(seed: int) -> tuple[float, dict[str, float], str]:
-    with tempfile.TemporaryDirectory() as folder:
-        gymflow = os.path.join(os.path.dirname(sys.executable), "gymflow")
-        return timed_process([gymflow, "run", "cartpole-ppo", "--quiet", "--set", f"seed={seed}"], folder)
+def run_gymflow(seed: int, folder: str) -> tuple[float, dict[str, float], str]:
+    gymflow = os.path.join(os.path.dirname(sys.executable), "gymflow")
+    return timed_process([gymflow, "run", "cartpole-ppo", "--quiet", "--set", f"seed={seed}"], folder)
 
 
-def run_sb3(seed: int) -> tuple[float, str]:
-    with tempfile.TemporaryDirectory() as folder:
-        wall, _, output = timed_process([sys.executable, "-c", SB3_SCRIPT, str(seed)], folder)
-        return wall, output
+def run_sb3(seed: int, folder: str) -> tuple[float, str]:
+    wall, _, output = timed_process([sys.executable, "-c", SB3_SCRIPT, str(seed)], folder)
+    return wall, output
+
+
+def working_folder(fresh: bool, kept: str) -> contextlib.AbstractContextManager[str]:
+    """A new empty folder for each run (a user's first run: gymflow creates its MLflow store), or
+    the side's one folder for all its runs (a user's project folder)."""
+    return tempfile.TemporaryDirectory() if fresh else contextlib.nullcontext(kept)
 
 
 def import_seconds() -> float:
@@ -102,19 +116,35 @@ def import_seconds() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--fresh-folders", action="store_true",
+                        help="every run in a new empty folder (default: each side keeps one folder, after a warm-up run)")
+    parser.add_argument("--prefect-server", action="store_true",
+                        help="gymflow uses a Prefect server started before the runs (default: its temporary API)")
     args = parser.parse_args()
+    if args.prefect_server:
+        from gymflow.flows.stopping import TemporaryApi
+
+        server = TemporaryApi()  # stopped when this script exits
+        server.wait_ready()
+        PREFECT_API["PREFECT_API_URL"] = server.url
+    kept = {side: tempfile.mkdtemp(prefix=f"startup-{side}-") for side in ("gymflow", "sb3")}
+    if not args.fresh_folders:  # the warm-up: a project folder that has seen a run, and a warm page cache
+        run_gymflow(100, kept["gymflow"])
+        run_sb3(100, kept["sb3"])
     gymflow_walls, sb3_walls, stages = [], [], []
     for repeat in range(args.repeats):
         sides = ("gymflow", "sb3") if repeat % 2 == 0 else ("sb3", "gymflow")  # alternate who goes first
         for side in sides:
             if side == "gymflow":
-                wall, seen, output = run_gymflow(repeat)
+                with working_folder(args.fresh_folders, kept[side]) as folder:
+                    wall, seen, output = run_gymflow(repeat, folder)
                 gymflow_walls.append(wall)
                 stages.append(seen)
                 verdict = next((line.strip() for line in output.splitlines() if "its target" in line), "?")
                 print(f"repeat {repeat}: gymflow {wall:6.1f} s  {verdict[:110]}", flush=True)
             else:
-                wall, output = run_sb3(repeat)
+                with working_folder(args.fresh_folders, kept[side]) as folder:
+                    wall, output = run_sb3(repeat, folder)
                 sb3_walls.append(wall)
                 print(f"repeat {repeat}: sb3     {wall:6.1f} s  {output.strip().splitlines()[-1]}", flush=True)
     print(f"\nimporting gymflow.flows.improve in a fresh interpreter: {import_seconds():.1f} s")
@@ -124,7 +154,11 @@ def main() -> None:
         if times:
             print(f"  {statistics.median(times):6.1f}  {name}")
     gymflow, sb3 = statistics.median(gymflow_walls), statistics.median(sb3_walls)
-    print(f"\nend to end, median of {args.repeats}: gymflow {gymflow:.1f} s, SB3 {sb3:.1f} s; "
+    for folder in kept.values():
+        shutil.rmtree(folder, ignore_errors=True)
+    setting = (f"{'new folders' if args.fresh_folders else 'kept folders'}, "
+               f"{'a Prefect server running' if args.prefect_server else 'temporary Prefect API'}")
+    print(f"\nend to end, median of {args.repeats} ({setting}): gymflow {gymflow:.1f} s, SB3 {sb3:.1f} s; "
           f"gymflow / SB3 = {gymflow / sb3:.2f}")
 
 

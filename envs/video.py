@@ -33,41 +33,69 @@ class CannotFilm(Exception):
 
 def film_episode(act: Callable[[np.ndarray], np.ndarray], env_id: str, env_kwargs: dict[str, Any], seed: int,
                  max_frames: int = MAX_FRAMES) -> Filmed:
-    """Play one episode from `reset(seed=seed)` with `act` (observation -> action) and film it."""
+    """Play one episode from `reset(seed=seed)` with `act` (observation -> action) and film it;
+    ffmpeg encodes each frame while the next is played and rendered."""
     if "rgb_array" not in render_modes(env_id):
         raise CannotFilm(f"{env_id} offers no rgb_array rendering")
     try:
         env = make_env(env_id, env_kwargs, render_mode="rgb_array")
         obs, _ = env.reset(seed=seed)
-        frames = [env.render()]
+        first = env.render()
     except Exception as error:  # pygame missing, no OpenGL for MuJoCo, ...: the run goes on without a film
         raise CannotFilm(f"{env_id} cannot render here: {type(error).__name__}: {error}") from None
     episode_return, length, done = 0.0, 0, False
     try:
-        while not done and len(frames) < max_frames:
-            obs, reward, terminated, truncated, _ = env.step(act(obs))
-            episode_return, length, done = episode_return + float(reward), length + 1, terminated or truncated
-            frames.append(env.render())
-        fps = int(env.metadata.get("render_fps") or 30)
+        with Mp4Encoder(first.shape, int(env.metadata.get("render_fps") or 30)) as film:
+            film.add(first)
+            while not done and film.frames < max_frames:
+                obs, reward, terminated, truncated, _ = env.step(act(obs))
+                episode_return, length, done = episode_return + float(reward), length + 1, terminated or truncated
+                film.add(env.render())
     finally:
         env.close()
-    return Filmed(encode_mp4(frames, fps), len(frames), episode_return, length)
+    return Filmed(film.mp4, film.frames, episode_return, length)
 
 
 def encode_mp4(frames: list[np.ndarray], fps: int) -> bytes:
-    """H.264 MP4 of RGB frames; odd sizes are padded by a pixel (yuv420p needs even ones)."""
-    import imageio_ffmpeg
-
-    height, width = frames[0].shape[:2]
-    padding = ((0, height % 2), (0, width % 2), (0, 0))
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "episode.mp4")
-        writer = imageio_ffmpeg.write_frames(path, (width + width % 2, height + height % 2), fps=fps,
-                                             codec="libx264", macro_block_size=1, ffmpeg_log_level="error",
-                                             output_params=["-preset", "veryfast"])
-        writer.send(None)
+    """H.264 MP4 of RGB frames of one size."""
+    with Mp4Encoder(frames[0].shape, fps) as film:
         for frame in frames:
-            writer.send(np.ascontiguousarray(np.pad(frame[..., :3], padding), dtype=np.uint8))
-        writer.close()
-        with open(path, "rb") as handle:
-            return handle.read()
+            film.add(frame)
+    return film.mp4
+
+
+class Mp4Encoder:
+    """RGB frames of one size fed to an ffmpeg process as they come; the MP4's bytes once the
+    `with` block ends. Odd sizes are padded by a pixel (yuv420p needs even ones)."""
+
+    def __init__(self, shape: tuple[int, ...], fps: int):
+        height, width = shape[:2]
+        self.padding = ((0, height % 2), (0, width % 2), (0, 0))
+        self.size = (width + width % 2, height + height % 2)
+        self.fps = fps
+        self.frames = 0
+        self.mp4 = b""
+
+    def __enter__(self) -> Mp4Encoder:
+        import imageio_ffmpeg
+
+        self._folder = tempfile.TemporaryDirectory()
+        self._path = os.path.join(self._folder.name, "episode.mp4")
+        self._writer = imageio_ffmpeg.write_frames(self._path, self.size, fps=self.fps, codec="libx264",
+                                                   macro_block_size=1, ffmpeg_log_level="error",
+                                                   output_params=["-preset", "veryfast"])
+        self._writer.send(None)
+        return self
+
+    def add(self, frame: np.ndarray) -> None:
+        self._writer.send(np.ascontiguousarray(np.pad(frame[..., :3], self.padding), dtype=np.uint8))
+        self.frames += 1
+
+    def __exit__(self, *error: object) -> None:
+        try:
+            self._writer.close()
+            if error[0] is None:
+                with open(self._path, "rb") as handle:
+                    self.mp4 = handle.read()
+        finally:
+            self._folder.cleanup()

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -17,12 +18,24 @@ from gymflow.presets import builtin_presets, parse_assignments
 
 if TYPE_CHECKING:
     from gymflow.flows.sweep import SweepResult
+    from gymflow.presets.model import DistributionConfig
     from gymflow.tasks.training.summary import RunSummary
 
 T = TypeVar("T")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `gymflow` command (argv None: the process's own arguments) or, given argv, the same
+    command inside a process that goes on (the tests)."""
+    code = _command(argv)
+    if argv is None:
+        # the process ends next: the interpreter's collection of its whole heap on the way out
+        # (torch, MLflow, Prefect, Dask: ~2 s) frees nothing anybody waits for
+        gc.freeze()
+    return code
+
+
+def _command(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     _working_folder_importable()
@@ -60,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "show":
         print(yaml.safe_dump(experiment.preset.model_dump(mode="json"), sort_keys=False), end="")
         return 0
-    return _run(args.preset, overrides, quiet=args.quiet)
+    return _run(args.preset, overrides, quiet=args.quiet, distribution=experiment.preset.distribution)
 
 
 def _working_folder_importable() -> None:
@@ -70,15 +83,19 @@ def _working_folder_importable() -> None:
         sys.path.insert(0, os.getcwd())
 
 
-def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str) -> T | int:
+def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str,
+                   distribution: DistributionConfig | None = None) -> T | int:
     """Run a flow under this process's temporary Prefect API (unless one is configured):
-    `load()` imports it while the API starts and returns the call. Ctrl-C or SIGTERM stops it
-    within seconds (flows/stopping.py). Returns what the flow returned, or an exit code."""
+    `load()` imports it while the API starts and returns the call; the run's LocalCluster, where
+    `distribution` asks for one, starts beside them. Ctrl-C or SIGTERM stops it within seconds
+    (flows/stopping.py). Returns what the flow returned, or an exit code."""
     from gymflow.flows.stopping import stopping_cleanly, temporary_api
+    from gymflow.tasks.cluster.client import local_cluster_started_beside
 
-    with stopping_cleanly(), temporary_api() as api_ready:
+    with stopping_cleanly(), temporary_api() as api_ready, local_cluster_started_beside(distribution) as cluster_ready:
         call = load()
         api_ready()
+        cluster_ready()
         try:
             return call()
         except GymflowError as error:
@@ -89,16 +106,19 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str) -> T | int
             return 130
 
 
-def _run(preset: str, overrides: dict, quiet: bool, resume: str | None = None) -> int:
+def _run(preset: str, overrides: dict, quiet: bool, resume: str | None = None,
+         distribution: DistributionConfig | None = None) -> int:
     """Train, with a progress bar."""
 
     def load() -> Callable[[], RunSummary]:
+        import torch._dynamo  # noqa: F401 (torch imports it at the learner's first optimizer: 1.5 s, here while the API starts)
+
         from gymflow.flows.improve import improve
 
         return lambda: _with_progress_bar(lambda: improve(preset, overrides, resume=resume), quiet)
 
     summary = _under_prefect(load, "What was committed stays: `gymflow resume RUN_ID --root ROOT` continues the "
-                                   "run (its id is in the log above)")
+                                   "run (its id is in the log above)", distribution)
     if isinstance(summary, int):
         return summary
     verdict = "reached its target" if summary.solved else "did not reach its target"

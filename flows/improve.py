@@ -80,13 +80,13 @@ def improve(
             while not loop.stopped(state):
                 state = train(loop, state)  # ~2 s of collect -> learn -> commit -> maybe evaluate
             state, deciding = loop.finish(state)
-            deciding = loop.final_evaluation(state, deciding)  # and the final policy's film
-        identity = RunIdentity(run.run_id, tracker.run_id, storage_url(run))
-        ending = RunEnding(loop.stop.target_reached(deciding), loop.stop.stopped_early(loop.latest),
-                           time.perf_counter() - started)
-        summary = summarize(identity, state, recorder, deciding, ending)
-        recorder.progress.update(summary.env_steps, f"done: eval {summary.final_return:.1f}", force=True)
-        summary, report = deliver(run, tracker, summary, recorder)
+            deciding = loop.final_evaluation(state, deciding)  # the final policy's film is made beside delivery
+            identity = RunIdentity(run.run_id, tracker.run_id, storage_url(run))
+            ending = RunEnding(loop.stop.target_reached(deciding), loop.stop.stopped_early(loop.latest),
+                               time.perf_counter() - started)
+            summary = summarize(identity, state, recorder, deciding, ending)
+            recorder.progress.update(summary.env_steps, f"done: eval {summary.final_return:.1f}", force=True)
+            summary, report = deliver(run, tracker, summary, recorder, films_landed=loop.film_landed)
     logger.info("run %s done: %s", run.run_id, describe(summary))
     publish_evaluations(run.run_id, summary.evaluations)
     create_markdown_artifact(key="improve-summary", markdown=report, description=f"gymflow run {run.run_id}")

@@ -55,6 +55,7 @@ def test_a_run_that_reached_its_target_at_a_periodic_evaluation_films_that_versi
             state = loop.step(state)
         state, deciding = loop.finish(state)
         decided = loop.final_evaluation(state, deciding)
+        loop.film_landed()
     assert decided is deciding and decided.version == 2  # no evaluation of its own: the periodic one decides
     (filmed,) = observer.films
     assert filmed.version == 2 and filmed.result.film.frames > 1

@@ -7,15 +7,18 @@ from __future__ import annotations
 import importlib
 import itertools
 import logging
+import multiprocessing
 import os
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import dask
 from distributed import Client, LocalCluster
 from distributed.security import Security
+from distributed.utils import get_mp_context
 
 from gymflow.errors import ClusterUnavailable, InvalidPreset
 from gymflow.presets.model import DistributionConfig, TLSConfig
@@ -74,7 +77,38 @@ def shared_local_cluster(config: DistributionConfig, workers: int) -> Iterator[C
             _shared_client = None
 
 
+@contextmanager
+def local_cluster_started_beside(config: DistributionConfig | None) -> Iterator[Callable[[], None]]:
+    """The command line's run: its LocalCluster (when `config` asks for one) starts in a thread
+    while the process imports the flow and its Prefect API starts, and serves the run as a shared
+    cluster would (see `shared_local_cluster`). Yields the wait for it to be up; a cluster that
+    fails to start is left to the run, which starts its own and reports why."""
+    if config is None or config.scheduler_address or config.cluster_class:
+        yield lambda: None
+        return
+    up, done = threading.Event(), threading.Event()
+
+    def serve() -> None:  # the cluster's client lives and ends in this thread's context
+        try:
+            with shared_local_cluster(config, config.rollout_workers):
+                up.set()
+                done.wait()
+        except Exception:  # noqa: BLE001 (the run starts a cluster of its own and says what fails)
+            pass
+        finally:
+            up.set()
+
+    serving = threading.Thread(target=serve, name="gymflow-cluster", daemon=True)
+    serving.start()
+    try:
+        yield up.wait
+    finally:
+        done.set()
+        serving.join()
+
+
 def _local_cluster(config: DistributionConfig, workers: int) -> LocalCluster:
+    _workers_forked_with_jobs_imported()
     with _main_module_not_reimported():
         return LocalCluster(
             n_workers=workers,
@@ -97,6 +131,26 @@ def job_hosts(client: Client, config: DistributionConfig) -> Iterator[HostPool]:
         yield hosts
     finally:
         hosts.close()
+
+
+WORKER_PRELOAD = ["distributed", "gymflow.tasks.cluster.local_worker", "gymflow.tasks.cluster.jobs"]
+
+
+def _workers_forked_with_jobs_imported() -> None:
+    """LocalCluster workers start as forks of one server process that has imported Dask, torch,
+    Gymnasium and gymflow's jobs, instead of each importing them anew (spawn, Dask's default:
+    ~2.5 s of CPU a worker, and a nanny's restart of a killed worker pays it again). The server
+    starts with the first cluster and serves every later one (and restart) of this process; a
+    worker's environment variables are the server's, taken when it started.
+
+    Only where Dask's start method was left at its default, on systems that have forkserver.
+    """
+    if dask.config.get("distributed.worker.multiprocessing-method") != "spawn":
+        return
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return
+    dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})  # for this process
+    get_mp_context().set_forkserver_preload(WORKER_PRELOAD)  # after Dask's own preload list: this one wins
 
 
 @contextmanager

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
@@ -26,10 +27,12 @@ class Delivered(NamedTuple):
     report: str  # Markdown for the Prefect UI: the summary table, the learning curve, the film
 
 
-def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: RunRecorder) -> Delivered:
+def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: RunRecorder,
+            films_landed: Callable[[], None] = lambda: None) -> Delivered:
     """Log the run's artifacts, summary figures and model to MLflow, and describe the run there.
     The model is logged last, at the run's final env step, so the summary figures and the final
-    evaluation's metrics are linked to it."""
+    evaluation's metrics are linked to it. `films_landed` waits for a film still being made (it
+    is logged, and named in the summary)."""
     config = run.preset
     with tempfile.TemporaryDirectory() as folder:
         preset_file = Path(folder, "preset.yaml")
@@ -58,6 +61,7 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
     model = PolicyModel(policy, run.preset_yaml(), run.experiment.observation_space, run.experiment.action_space,
                         run.params())
     summary = replace(summary, model_uri=log_policy_model(tracker, model, step=summary.env_steps))
+    films_landed()
     table = summary_table(run, summary, tracker, recorder.films)
     tracker.describe(table)
     curve_image = f"![learning curve](data:image/png;base64,{base64.b64encode(curve_png).decode()})"

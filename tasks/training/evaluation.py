@@ -88,6 +88,10 @@ class EvaluationSchedule:
         self._running = None
         return Scored(env_steps, future.result())
 
+    def film(self, version: int) -> Future[EvaluationResult]:
+        """A film of `version` (`film_version`), made on the evaluation thread."""
+        return self._thread.submit(film_version, self.hosts, self.plan, version, self.logger)
+
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)
 

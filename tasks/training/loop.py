@@ -12,6 +12,7 @@ run's wall-clock (docs/benchmarks.md).
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -21,11 +22,12 @@ from prefect.cache_policies import NO_CACHE
 
 from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.tasks.cluster.hosts import Hosts
+from gymflow.tasks.cluster.jobs import EvaluationResult
 from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, collect_round
 from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.storage.shards import ShardRef
 from gymflow.tasks.training.collection import Collection, Experience
-from gymflow.tasks.training.evaluation import EvaluationSchedule, Scored, film_version, score_version
+from gymflow.tasks.training.evaluation import EvaluationSchedule, Scored, score_version
 from gymflow.tasks.training.learning import Checkpoints, Learned, fill_replay, learn
 from gymflow.tasks.training.state import LoopState
 
@@ -93,6 +95,7 @@ class ImproveLoop:
         self.learner, self.collection, self.evaluations = learner, collection, evaluations
         self.checkpoints, self.stop, self.observer = checkpoints, stop, observer
         self.latest: Scored | None = None  # the newest evaluation that finished
+        self._film: tuple[Future[EvaluationResult], int] | None = None  # the deciding version's, with its env steps
 
     def step(self, state: LoopState) -> LoopState:
         """collect -> learn -> commit -> maybe evaluate; returns the state after the commit."""
@@ -139,16 +142,23 @@ class ImproveLoop:
 
     def final_evaluation(self, state: LoopState, deciding: Scored | None) -> Scored:
         """The evaluation that decides the run: the last version's, run now, unless a periodic
-        one reached the target (then filmed here, where the preset films the final evaluation)."""
+        one reached the target. Then, where the preset films the final evaluation, that version
+        is filmed beside what the caller does next, until `film_landed`."""
         evaluations = self.evaluations
         if deciding is None:
             deciding = Scored(state.env_steps, score_version(evaluations.hosts, evaluations.plan, state.version,
                                                              evaluations.logger, final=True))
             self.observer.evaluated(deciding, waited=True)
         elif deciding.result.film is None and evaluations.plan.preset.tracking.video == "final":
-            film = film_version(evaluations.hosts, evaluations.plan, deciding.version, evaluations.logger)
-            self.observer.filmed(Scored(deciding.env_steps, film))
+            self._film = (evaluations.film(deciding.version), deciding.env_steps)
         return deciding
+
+    def film_landed(self) -> None:
+        """Wait for the film `final_evaluation` started, and hand it to the observer."""
+        if self._film is not None:
+            future, env_steps = self._film
+            self._film = None
+            self.observer.filmed(Scored(env_steps, future.result()))
 
     def _progress(self, state: LoopState) -> float:
         return min(state.env_steps / self.stop.total_env_steps, 1.0)
