@@ -20,9 +20,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from gymflow.agents.core import ReplayLearner, Rollout, cpu_weights, on_device
-from gymflow.agents.networks import LayerWidths, mlp, seeded_init
+from gymflow.agents.networks import LayerWidths, mlp, observation_reader, seeded_init
 from gymflow.agents.normalization import ObservationNormalization, observation_normalizer, share_normalizer
 from gymflow.agents.replay import ReplayOptions, Sample, make_replay, n_step_transitions
+from gymflow.envs.vector import observation_dtype
 
 
 class DQNConfig(ReplayOptions, ObservationNormalization):
@@ -75,12 +76,13 @@ class DuelingQNetwork(nn.Module):
 
 
 def make_network(config: DQNConfig, observation_space: spaces.Box, action_space: spaces.Discrete) -> nn.Module:
-    inputs, actions = int(observation_space.shape[0]), int(action_space.n)
-    obs_norm = observation_normalizer(config, observation_space.shape)
+    """An MLP of Q-values over the observations (images: over the CNN's features)."""
+    reader, inputs = observation_reader(observation_normalizer(config, observation_space.shape), observation_space)
+    actions = int(action_space.n)
     if config.dueling:
-        return DuelingQNetwork(inputs, config.hidden_sizes, actions, obs_norm)
+        return DuelingQNetwork(inputs, config.hidden_sizes, actions, reader)
     q_values = mlp(inputs, config.hidden_sizes, actions, nn.ReLU)
-    return q_values if isinstance(obs_norm, nn.Identity) else nn.Sequential(obs_norm, *q_values)
+    return q_values if isinstance(reader, nn.Identity) else nn.Sequential(reader, *q_values)
 
 
 class QPolicy:
@@ -111,7 +113,8 @@ class DQNLearner(ReplayLearner):
         self.target_network = copy.deepcopy(self.q_network).requires_grad_(False)
         self.normalizer = share_normalizer(self.q_network, self.target_network)
         self.optimizer = torch.optim.Adam(self.q_network.parameters(), lr=config.lr, fused=True)
-        self.replay = make_replay(config.replay_capacity, observation_space.shape, (), np.int64, config)
+        self.replay = make_replay(config.replay_capacity, observation_space.shape, (), np.int64, config,
+                                  observation_dtype(observation_space))
         self.rng = np.random.default_rng(seed)
         self.train_steps = 0
 

@@ -7,10 +7,44 @@ from contextlib import contextmanager
 from typing import Annotated
 
 import torch
+from gymnasium import spaces
 from pydantic import Field
 from torch import nn
 
+from gymflow.envs.make import is_image
+
 LayerWidths = list[Annotated[int, Field(ge=1, le=65_536)]]  # the hidden layers of an MLP, input to output
+
+
+class PixelEncoder(nn.Module):
+    """uint8 frames [N, channels, height, width] -> a flat feature vector. The Nature DQN
+    convolutions (Mnih et al. 2015: 32 8x8 /4, 64 4x4 /2, 64 3x3 /1) for frames of 36 pixels or
+    more a side, two 3x3 convolutions (16, 32) for smaller ones. Observations stay uint8 (a
+    quarter of float32's bytes) until they are scaled to [0, 1] here."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        super().__init__()
+        channels, height, width = shape
+        if min(height, width) >= 36:
+            convolutions = [nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU()]
+        else:
+            convolutions = [nn.Conv2d(channels, 16, 3), nn.ReLU(), nn.Conv2d(16, 32, 3), nn.ReLU()]
+        self.convolutions = nn.Sequential(*convolutions, nn.Flatten())
+        with torch.no_grad():
+            self.features = int(self.convolutions(torch.zeros(1, *shape)).shape[1])
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.convolutions(obs.float() / 255.0)
+
+
+def observation_reader(normalizer: nn.Module, observation_space: spaces.Box) -> tuple[nn.Module, int]:
+    """What turns an observation batch into a network's input, and that input's width: the CNN
+    for images, else `normalizer` (the identity unless normalising)."""
+    if is_image(observation_space):
+        encoder = PixelEncoder(observation_space.shape)
+        return encoder, encoder.features
+    return normalizer, int(observation_space.shape[0])
 
 
 def mlp(inputs: int, hidden: Sequence[int], outputs: int, activation: type[nn.Module]) -> nn.Sequential:

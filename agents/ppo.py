@@ -17,7 +17,7 @@ from pydantic import ConfigDict, Field
 from torch import nn
 
 from gymflow.agents.core import OnPolicyLearner, Rollout, cpu_weights, on_device
-from gymflow.agents.networks import LayerWidths, mlp, seeded_init
+from gymflow.agents.networks import LayerWidths, mlp, observation_reader, seeded_init
 from gymflow.agents.normalization import (
     ObservationNormalization,
     RewardScaler,
@@ -57,7 +57,8 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 class ActorCritic(nn.Module):
     """Separate actor and critic MLPs; categorical actions for Discrete, Gaussian for Box; both
-    read the observations through `obs_norm` (the identity unless normalising)."""
+    read the observations through `obs_norm` (vectors: the identity unless normalising; images:
+    the CNN they share)."""
 
     def __init__(self, obs_dim: int, action_space: spaces.Space, config: PPOConfig, obs_norm: nn.Module):
         super().__init__()
@@ -109,8 +110,8 @@ class PPOPolicy:
 
 
 def make_network(config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space) -> ActorCritic:
-    obs_norm = observation_normalizer(config, observation_space.shape)
-    return ActorCritic(int(observation_space.shape[0]), action_space, config, obs_norm)
+    reader, width = observation_reader(observation_normalizer(config, observation_space.shape), observation_space)
+    return ActorCritic(width, action_space, config, reader)
 
 
 class PPOLearner(OnPolicyLearner):

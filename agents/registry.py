@@ -18,6 +18,7 @@ class Algorithm:
     name: str
     on_policy: bool
     action_spaces: tuple[type[spaces.Space], ...]
+    reads_images: bool  # uint8 image observations, through a CNN
     learner: Callable[..., Learner]  # (config, observation_space, action_space, seed, device="cpu")
     network: Callable[[Any, spaces.Box, spaces.Space], nn.Module]
     policy: Callable[[nn.Module, Any, float, int], Policy]  # (network, config, exploration, seed)
@@ -27,6 +28,7 @@ class Algorithm:
 ALGORITHMS: dict[str, Algorithm] = {
     "ppo": Algorithm(
         name="ppo",
+        reads_images=True,
         on_policy=True,
         action_spaces=(spaces.Discrete, spaces.Box),
         learner=ppo.PPOLearner,
@@ -36,6 +38,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     ),
     "dqn": Algorithm(
         name="dqn",
+        reads_images=True,
         on_policy=False,
         action_spaces=(spaces.Discrete,),
         learner=dqn.DQNLearner,
@@ -45,6 +48,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     ),
     "sac": Algorithm(
         name="sac",
+        reads_images=False,
         on_policy=False,
         action_spaces=(spaces.Box,),
         learner=sac.SACLearner,

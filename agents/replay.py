@@ -52,13 +52,14 @@ class ReplayOptions(BaseModel):
 class ReplayMemory:
     """A ring buffer sampled uniformly."""
 
-    def __init__(self, capacity: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...], action_dtype):
+    def __init__(self, capacity: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...], action_dtype,
+                 obs_dtype: type = np.float32):
         self.capacity = capacity
         self.arrays = {
-            "obs": np.zeros((capacity, *obs_shape), np.float32),
+            "obs": np.zeros((capacity, *obs_shape), obs_dtype),
             "actions": np.zeros((capacity, *action_shape), action_dtype),
             "rewards": np.zeros(capacity, np.float32),
-            "next_obs": np.zeros((capacity, *obs_shape), np.float32),
+            "next_obs": np.zeros((capacity, *obs_shape), obs_dtype),
             "discounts": np.zeros(capacity, np.float32),
         }
         self.size = 0
@@ -152,8 +153,9 @@ class SumTree:
 class PrioritizedReplayMemory(ReplayMemory):
     """Proportional prioritized replay with importance weights; see the module's docstring."""
 
-    def __init__(self, capacity, obs_shape, action_shape, action_dtype, options: ReplayOptions):
-        super().__init__(capacity, obs_shape, action_shape, action_dtype)
+    def __init__(self, capacity, obs_shape, action_shape, action_dtype, options: ReplayOptions,
+                 obs_dtype: type = np.float32):
+        super().__init__(capacity, obs_shape, action_shape, action_dtype, obs_dtype)
         self.options = options
         self.tree = SumTree(capacity)
         self.max_priority = 1.0
@@ -204,11 +206,12 @@ class PrioritizedReplayMemory(ReplayMemory):
 
 
 def make_replay(
-    capacity: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...], action_dtype, options: ReplayOptions
+    capacity: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...], action_dtype, options: ReplayOptions,
+    obs_dtype: type = np.float32,
 ) -> ReplayMemory:
     if options.replay == "prioritized":
-        return PrioritizedReplayMemory(capacity, obs_shape, action_shape, action_dtype, options)
-    return ReplayMemory(capacity, obs_shape, action_shape, action_dtype)
+        return PrioritizedReplayMemory(capacity, obs_shape, action_shape, action_dtype, options, obs_dtype)
+    return ReplayMemory(capacity, obs_shape, action_shape, action_dtype, obs_dtype)
 
 
 class Steps(NamedTuple):

@@ -15,7 +15,7 @@ def collect(policy: Policy, env: VectorEnv, steps: int, explore: bool = True) ->
     that ended during it."""
     n = env.num_envs
     obs_shape = env.obs.shape[1:]
-    obs = np.empty((steps, n, *obs_shape), dtype=np.float32)
+    obs = np.empty((steps, n, *obs_shape), dtype=env.obs.dtype)
     actions = np.empty((steps, n, *env.action_space.shape), dtype=_action_dtype(env.action_space))
     log_probs = np.empty((steps, n), dtype=np.float32)
     rewards = np.empty((steps, n), dtype=np.float32)
@@ -43,7 +43,7 @@ def collect(policy: Policy, env: VectorEnv, steps: int, explore: bool = True) ->
         terminated=terminated,
         truncated=truncated,
         done_index=np.asarray(done_index, dtype=np.int64),
-        done_obs=np.asarray(done_obs, dtype=np.float32).reshape(-1, *obs_shape),
+        done_obs=np.asarray(done_obs, dtype=env.obs.dtype).reshape(-1, *obs_shape),
         last_obs=env.obs.copy(),
         log_probs=log_probs,
     )

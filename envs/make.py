@@ -1,13 +1,74 @@
-"""Making Gymnasium environments from an id or a 'module:Class' entry point, and checking them."""
+"""Making Gymnasium environments from an id or a 'module:Class' entry point, wrapped as the
+preset says (Atari's standard preprocessing, frame stacks), and checking them."""
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """What gymflow wraps an env in, in this order:
+
+    - `atari`: the preprocessing the Atari literature's numbers assume (Machado et al. 2018,
+      rl-zoo, CleanRL): up to 30 no-op starts, 4 frames a step with the last two max-pooled, 84x84
+      greyscale; and, for training only, a lost life ends the episode (the game goes on: the next
+      life is the next episode) and rewards are clipped to their sign. Evaluation plays whole
+      games for their unclipped score.
+    - `frame_stack`: the last k frames as one observation [k, height, width]; a grey image env
+      (2-D observations) is always stacked, k = 1 giving [1, height, width].
+    """
+
+    frame_stack: int = 1
+    atari: bool = False
+    training: bool = True
+
+    def evaluation(self) -> Preprocessing:
+        return Preprocessing(self.frame_stack, self.atari, training=False)
+
+
+class EpisodicLife(gym.Wrapper):
+    """A lost life ends the episode for learning (terminated); the game goes on from where it
+    stands at the next reset, unless it is over."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self._lives = 0
+        self._game_over = True
+
+    def reset(self, **kwargs):
+        if self._game_over:
+            obs, info = self.env.reset(**kwargs)
+        else:  # the next life: a no-op step from where the last one was lost
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
+        self._lives = self.env.unwrapped.ale.lives()
+        self._game_over = False
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self._game_over = terminated or truncated
+        lives = self.env.unwrapped.ale.lives()
+        if 0 < lives < self._lives:
+            terminated = True
+        self._lives = lives
+        return obs, reward, terminated, truncated, info
+
+
+class SignReward(gym.RewardWrapper):
+    """Rewards clipped to -1, 0 or +1."""
+
+    def reward(self, reward: float) -> float:
+        return float(np.sign(reward))
 
 
 class EnvSpecError(ValueError):
@@ -19,12 +80,31 @@ class EnvSpecError(ValueError):
         super().__init__(f"{field}: {problem}")
 
 
-def make_env(env_id: str, kwargs: dict[str, Any] | None = None, render_mode: str | None = None) -> gym.Env:
-    """A single environment from a registered id or a 'module:Class' entry point."""
+def make_env(env_id: str, kwargs: dict[str, Any] | None = None, render_mode: str | None = None,
+             preprocessing: Preprocessing | None = None) -> gym.Env:
+    """A single environment from a registered id or a 'module:Class' entry point, wrapped as
+    `preprocessing` says."""
+    preprocessing = preprocessing or Preprocessing()
     kwargs = dict(kwargs or {}) | ({"render_mode": render_mode} if render_mode else {})
+    if preprocessing.atari:
+        kwargs.setdefault("frameskip", 1)  # AtariPreprocessing skips (and max-pools) frames itself
     if ":" in env_id:
-        return _entry_point_class(env_id)(**kwargs)
-    return gym.make(env_id, **kwargs)
+        env = _entry_point_class(env_id)(**kwargs)
+    else:
+        if env_id.startswith("ALE/"):
+            import ale_py  # registers the ALE/... ids
+
+            gym.register_envs(ale_py)
+        env = gym.make(env_id, **kwargs)
+    if preprocessing.atari:
+        env = AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False,
+                                 grayscale_obs=True, scale_obs=False)
+        if preprocessing.training:
+            env = SignReward(EpisodicLife(env))
+    shape = env.observation_space.shape or ()
+    if len(shape) == 2 or (preprocessing.frame_stack > 1 and is_image(env.observation_space)):
+        env = FrameStackObservation(env, preprocessing.frame_stack)
+    return env
 
 
 def render_modes(env_id: str) -> tuple[str, ...]:
@@ -39,21 +119,29 @@ def render_modes(env_id: str) -> tuple[str, ...]:
 
 def _extra_for(env_id: str) -> str:
     """The gymflow extra that installs a registered env's simulator."""
+    if env_id.startswith("ALE/"):
+        return "atari"
     entry_point = str(getattr(gym.spec(env_id), "entry_point", ""))
     return "mujoco" if "mujoco" in entry_point else "box2d" if "box2d" in entry_point else "mujoco,box2d"
 
 
 def check_env(
-    env_id: str, kwargs: dict[str, Any], action_spaces: tuple[type[spaces.Space], ...], algo: str
+    env_id: str, kwargs: dict[str, Any], action_spaces: tuple[type[spaces.Space], ...], algo: str,
+    preprocessing: Preprocessing | None = None, images: bool = True,
 ) -> tuple[spaces.Box, spaces.Space]:
-    """Make the env once and check its spaces; returns (observation_space, action_space)."""
+    """Make the env once (wrapped) and check its spaces; returns (observation_space, action_space).
+    `images`: whether the agent reads image observations."""
     try:
-        env = make_env(env_id, kwargs)
+        env = make_env(env_id, kwargs, preprocessing=preprocessing)
     except EnvSpecError:
         raise
     except (gym.error.DependencyNotInstalled, ImportError) as error:  # gymnasium's MuJoCo envs: ImportError
         raise EnvSpecError("env.id", f"{env_id!r} needs a package that is not installed ({error}); "
                            f"gymflow's extras have them: pip install 'gymflow[{_extra_for(env_id)}]'") from None
+    except gym.error.NameNotFound as error:
+        extra = " (the ALE/... ids come with gymflow's atari extra: pip install 'gymflow[atari]')" \
+            if env_id.startswith("ALE/") else ""
+        raise EnvSpecError("env.id", f"{env_id!r} is not a registered Gymnasium id ({error}){extra}") from None
     except gym.error.Error as error:
         raise EnvSpecError(
             "env.id", f"{env_id!r} is not a registered Gymnasium id ({error}); "
@@ -65,10 +153,7 @@ def check_env(
         observation_space, action_space = env.observation_space, env.action_space
     finally:
         env.close()
-    if not (isinstance(observation_space, spaces.Box) and len(observation_space.shape) == 1):
-        raise EnvSpecError(
-            "env.id", f"{env_id!r} observes {observation_space}; allowed: a 1-D Box observation"
-        )
+    _check_observations(env_id, observation_space, algo, images)
     if not isinstance(action_space, action_spaces):
         allowed = " or ".join(space.__name__ for space in action_spaces)
         raise EnvSpecError(
@@ -77,6 +162,28 @@ def check_env(
     if isinstance(action_space, spaces.Box) and not np.all(np.isfinite(action_space.low)):
         raise EnvSpecError("env.id", f"{env_id!r} has an unbounded Box action space")
     return observation_space, action_space
+
+
+def is_image(space: spaces.Space) -> bool:
+    """Observations a CNN reads: uint8 frames, channels (or stacked frames) first."""
+    return isinstance(space, spaces.Box) and len(space.shape) == 3 and space.dtype == np.uint8
+
+
+def _check_observations(env_id: str, space: spaces.Space, algo: str, images: bool) -> None:
+    if isinstance(space, spaces.Box) and len(space.shape) == 1:
+        return
+    if is_image(space):
+        if space.shape[0] > 4 and space.shape[2] <= 4:
+            raise EnvSpecError("env.id", f"{env_id!r} observes images of shape {space.shape}, channels last; "
+                                         "allowed: [channels, height, width] (or grey [height, width])")
+        if not images:
+            raise EnvSpecError("agent.algo", f"{algo} reads vector observations; {env_id!r} observes images "
+                                             f"{space.shape}: use ppo or dqn")
+        return
+    raise EnvSpecError(
+        "env.id", f"{env_id!r} observes {space}; allowed: a 1-D Box, or uint8 images [height, width] or "
+                  "[channels, height, width]"
+    )
 
 
 def _entry_point_class(entry_point: str) -> type[gym.Env]:

@@ -19,8 +19,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from gymflow.envs.make import make_env
+from gymflow.envs.make import Preprocessing, make_env
 from gymflow.envs.seeding import derive_seed
+
+
+def observation_dtype(space: Any) -> type:
+    """How observations are kept: images as their uint8, everything else as float32."""
+    return np.uint8 if space.dtype == np.uint8 else np.float32
 
 
 @dataclass(frozen=True)
@@ -48,8 +53,9 @@ class VectorStep(NamedTuple):
 
 
 class SeededVectorEnv:
-    def __init__(self, env_id: str, env_kwargs: dict[str, Any], num_envs: int, seed: int):
-        self.envs = [make_env(env_id, env_kwargs) for _ in range(num_envs)]
+    def __init__(self, env_id: str, env_kwargs: dict[str, Any], num_envs: int, seed: int,
+                 preprocessing: Preprocessing | None = None):
+        self.envs = [make_env(env_id, env_kwargs, preprocessing=preprocessing) for _ in range(num_envs)]
         self.num_envs = num_envs
         self.seed = seed
         self.observation_space = self.envs[0].observation_space
@@ -59,7 +65,7 @@ class SeededVectorEnv:
         self.episode_return = np.zeros(num_envs, dtype=np.float64)
         self.episode_length = np.zeros(num_envs, dtype=np.int64)
         self._actions: list[list[Any]] = [[] for _ in range(num_envs)]
-        self.obs = np.zeros((num_envs, *self.observation_space.shape), dtype=np.float32)
+        self.obs = np.zeros((num_envs, *self.observation_space.shape), dtype=observation_dtype(self.observation_space))
 
     def reset(self, cursor: EnvCursor | None = None) -> np.ndarray:
         """Start every env at episode 0, or where `cursor` says it stands."""
@@ -88,7 +94,7 @@ class SeededVectorEnv:
             rewards[i], terminated[i], truncated[i] = reward, term, trunc
             if term or trunc:
                 done_envs.append(i)
-                done_obs.append(np.asarray(next_obs, dtype=np.float32))
+                done_obs.append(np.asarray(next_obs, dtype=self.obs.dtype))
                 returns.append(float(self.episode_return[i]))
                 lengths.append(int(self.episode_length[i]))
                 self.episode_index[i] += 1

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from gymflow.envs.make import make_env, render_modes
+from gymflow.envs.make import Preprocessing, make_env, render_modes
 
 # pygame (the classic-control and Box2D renderers) greets on import and SDL looks for a display
 # and a sound server; an rgb_array film needs neither
@@ -32,20 +32,22 @@ class CannotFilm(Exception):
 
 
 def film_episode(act: Callable[[np.ndarray], np.ndarray], env_id: str, env_kwargs: dict[str, Any], seed: int,
-                 max_frames: int = MAX_FRAMES) -> Filmed:
-    """Play one episode from `reset(seed=seed)` with `act` (observation -> action) and film it;
-    ffmpeg encodes each frame while the next is played and rendered."""
+                 preprocessing: Preprocessing | None = None, max_frames: int = MAX_FRAMES) -> Filmed:
+    """Play one episode from `reset(seed=seed)` with `act` (observation -> action) and film it
+    (what the env renders, not what the policy observes); ffmpeg encodes each frame while the
+    next is played and rendered."""
     if "rgb_array" not in render_modes(env_id):
         raise CannotFilm(f"{env_id} offers no rgb_array rendering")
     try:
-        env = make_env(env_id, env_kwargs, render_mode="rgb_array")
+        env = make_env(env_id, env_kwargs, render_mode="rgb_array", preprocessing=preprocessing)
         obs, _ = env.reset(seed=seed)
         first = env.render()
     except Exception as error:  # pygame missing, no OpenGL for MuJoCo, ...: the run goes on without a film
         raise CannotFilm(f"{env_id} cannot render here: {type(error).__name__}: {error}") from None
     episode_return, length, done = 0.0, 0, False
     try:
-        with Mp4Encoder(first.shape, int(env.metadata.get("render_fps") or 30)) as film:
+        fps = int(env.metadata.get("render_fps") or 30) // (4 if preprocessing and preprocessing.atari else 1)
+        with Mp4Encoder(first.shape, fps) as film:
             film.add(first)
             while not done and film.frames < max_frames:
                 obs, reward, terminated, truncated, _ = env.step(act(obs))

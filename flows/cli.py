@@ -111,9 +111,10 @@ def _run(preset: str, overrides: dict, quiet: bool, resume: str | None = None,
     """Train, with a progress bar."""
 
     def load() -> Callable[[], RunSummary]:
-        import torch._dynamo  # noqa: F401 (torch imports it at the learner's first optimizer: 1.5 s, here while the API starts)
-
         from gymflow.flows.improve import improve
+        from gymflow.tasks.training.learning import import_optimizer_machinery
+
+        import_optimizer_machinery()
 
         return lambda: _with_progress_bar(lambda: improve(preset, overrides, resume=resume), quiet)
 

@@ -77,8 +77,7 @@ def retrain(
     challenger = register_challenger(tracking_uri, name, summary.mlflow_run_id, summary.model_uri)
 
     seed = derive_seed(config.seed, "retrain-evaluation")
-    score = {"model": challenger, "env_id": config.env.id, "env_kwargs": dict(config.env.kwargs),
-             "episodes": evaluation_episodes, "seed": seed}
+    score = {"model": challenger, "env": config.env, "episodes": evaluation_episodes, "seed": seed}
     challenger_returns = score_policy(tracking_uri, **score)
     champion_returns = score_policy(tracking_uri, **{**score, "model": champion}) if champion else None
     challenger_return = mean_return(challenger_returns)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from gymflow.agents.dqn import DQNConfig
 from gymflow.agents.ppo import PPOConfig
 from gymflow.agents.sac import SACConfig
+from gymflow.envs.make import Preprocessing
 
 STORAGE_SCHEMES = ("file", "s3", "s3a")
 TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "file")
@@ -34,6 +35,19 @@ class EnvConfig(_Strict):
     kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments passed to the environment."
     )
+    frame_stack: int = Field(
+        default=1, ge=1, le=16,
+        description="Observe the last k frames at once ([k, height, width]); image envs only.",
+    )
+    atari: bool = Field(
+        default=False,
+        description="Atari's standard preprocessing (no-op starts, frame skip 4 with max-pooling, 84x84 "
+        "grey; for training only, life loss ends the episode and rewards are clipped to their sign).",
+    )
+
+    def preprocessing(self) -> Preprocessing:
+        """How training envs are wrapped (`.evaluation()`: evaluation's)."""
+        return Preprocessing(self.frame_stack, self.atari)
 
 
 class ScheduleConfig(_Strict):

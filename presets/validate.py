@@ -9,7 +9,7 @@ from typing import Any
 from gymnasium import spaces
 
 from gymflow.agents.registry import Algorithm, algorithm_of
-from gymflow.envs.make import EnvSpecError, check_env
+from gymflow.envs.make import EnvSpecError, check_env, is_image
 from gymflow.errors import InvalidPreset
 from gymflow.presets.load import load_preset
 from gymflow.presets.model import Preset
@@ -29,6 +29,16 @@ class Experiment:
     action_space: spaces.Space
 
 
+def _check_images(config: Preset, observation_space: spaces.Box) -> None:
+    """What only image observations take, and what they don't."""
+    env = config.env
+    if env.frame_stack > 1 and not is_image(observation_space):
+        raise InvalidPreset("env.frame_stack", f"stacks image frames; {env.id!r} observes vectors "
+                                               f"{observation_space.shape}: allowed: 1")
+    if is_image(observation_space) and getattr(config.agent, "normalize_observations", False):
+        raise InvalidPreset("agent.normalize_observations", "images are scaled to [0, 1] in the CNN; allowed: false")
+
+
 def resolve_experiment(preset: str, overrides: Mapping[str, Any] | None = None) -> Experiment:
     """Load, override and validate; raises InvalidPreset (one line: field and what is allowed)."""
     return experiment_from(load_preset(preset, overrides))
@@ -37,12 +47,16 @@ def resolve_experiment(preset: str, overrides: Mapping[str, Any] | None = None) 
 def experiment_from(config: Preset) -> Experiment:
     """Check a loaded preset's env against its agent and its parts against each other."""
     algorithm = algorithm_of(config.agent)
+    if config.env.atari and not config.env.id.startswith("ALE/"):
+        raise InvalidPreset("env.atari", f"is Atari's preprocessing, for ALE/... ids; {config.env.id!r} is not one")
     try:
         observation_space, action_space = check_env(
-            config.env.id, config.env.kwargs, algorithm.action_spaces, algorithm.name
+            config.env.id, config.env.kwargs, algorithm.action_spaces, algorithm.name,
+            config.env.preprocessing(), images=algorithm.reads_images,
         )
     except EnvSpecError as error:
         raise InvalidPreset(error.field, error.problem) from None
+    _check_images(config, observation_space)
     if config.remote_cluster and _is_local_folder(config.storage.root) and not config.storage.shared:
         raise InvalidPreset(
             "storage.root",

@@ -120,6 +120,7 @@ def test_the_mlflow_model_applies_the_delivered_versions_statistics_and_scores_a
     from gymflow.tasks.storage.checkpoints import read_policy
     from gymflow.tasks.storage.layout import RunLayout
     from gymflow.tasks.storage.objects import Storage, StorageLocation
+    from gymflow.presets.model import EnvConfig
     from gymflow.tasks.tracking.models import score_policy
     from tests.conftest import local_overrides
 
@@ -134,5 +135,5 @@ def test_the_mlflow_model_applies_the_delivered_versions_statistics_and_scores_a
     shares = np.array_split(np.arange(4), 2)  # evaluation_episodes split across the 2 workers, as the flow does
     returns = [score for part, share in enumerate(shares)
                for score in score_policy.fn(run["tracking.tracking_uri"], SimpleNamespace(uri=summary.model_uri),
-                                            "CartPole-v1", {}, len(share), derive_seed(0, "evaluation", part))]
+                                            EnvConfig(id="CartPole-v1"), len(share), derive_seed(0, "evaluation", part))]
     assert np.mean(returns) == pytest.approx(summary.final_return, abs=1e-9)

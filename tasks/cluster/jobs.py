@@ -22,6 +22,7 @@ import torch
 from gymflow.agents.core import Policy, RandomPolicy
 from gymflow.agents.registry import algorithm_of
 from gymflow.agents.rollout import collect, evaluate
+from gymflow.envs.make import Preprocessing
 from gymflow.envs.seeding import derive_seed
 from gymflow.envs.vector import SeededVectorEnv
 from gymflow.envs.video import CannotFilm, film_episode
@@ -40,6 +41,7 @@ class RolloutSpec:
     run_id: str
     env_id: str
     env_kwargs: dict[str, Any]
+    preprocessing: Preprocessing  # the training envs' wrappers
     agent: Any  # the agent's pydantic config
     # None: uniform random (heatup); "newest": the newest committed when the job starts (async)
     policy_version: int | Literal["newest"] | None
@@ -66,6 +68,7 @@ class EvaluationSpec:
     run_id: str
     env_id: str
     env_kwargs: dict[str, Any]
+    preprocessing: Preprocessing  # the evaluation envs' wrappers
     agent: Any
     policy_version: int
     episodes: int
@@ -121,7 +124,7 @@ def run_evaluation(spec: EvaluationSpec) -> EvaluationResult:
     """Run `episodes` greedy episodes of one policy version, one per env. Runs on a Dask worker."""
     torch.set_num_threads(1)
     started = time.perf_counter()
-    env = SeededVectorEnv(spec.env_id, spec.env_kwargs, spec.episodes, spec.seed)
+    env = SeededVectorEnv(spec.env_id, spec.env_kwargs, spec.episodes, spec.seed, spec.preprocessing)
     env.reset()
     policy = _policy(spec, spec.policy_version, env, 0.0, spec.seed)
     episodes = evaluate(policy, env)
@@ -140,11 +143,11 @@ def run_evaluation(spec: EvaluationSpec) -> EvaluationResult:
 def _film(spec: EvaluationSpec, policy: Policy, env: SeededVectorEnv) -> tuple[Film | None, str]:
     """The first evaluation episode played again, greedily, by a renderable env, as MP4 in storage."""
     def act(obs: np.ndarray) -> np.ndarray:
-        action = policy.act(np.asarray(obs, dtype=np.float32)[None], explore=False)[0][0]
+        action = policy.act(np.asarray(obs, dtype=env.obs.dtype)[None], explore=False)[0][0]
         return action if not env.action_space.shape else np.clip(action, env.action_space.low, env.action_space.high)
 
     try:
-        filmed = film_episode(act, spec.env_id, spec.env_kwargs, derive_seed(spec.seed, 0, 0))
+        filmed = film_episode(act, spec.env_id, spec.env_kwargs, derive_seed(spec.seed, 0, 0), spec.preprocessing)
     except CannotFilm as reason:
         return None, str(reason)
     key = RunLayout(spec.run_id).video(spec.policy_version)
@@ -179,7 +182,7 @@ def _take_live_envs(spec: RolloutSpec) -> SeededVectorEnv:
         return cached[1]
     if cached is not None:
         cached[1].close()
-    env = SeededVectorEnv(spec.env_id, spec.env_kwargs, spec.num_envs, spec.env_seed)
+    env = SeededVectorEnv(spec.env_id, spec.env_kwargs, spec.num_envs, spec.env_seed, spec.preprocessing)
     cursor = read_cursor(open_storage(spec.storage), spec.resume_from) if spec.resume_from else None
     env.reset(cursor)
     return env

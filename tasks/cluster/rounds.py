@@ -67,9 +67,9 @@ class RoundPlan:
         return [
             EvaluationSpec(
                 storage=storage_location(preset.storage), run_id=self.run_id, env_id=preset.env.id,
-                env_kwargs=dict(preset.env.kwargs), agent=preset.agent, policy_version=version,
-                episodes=len(share), seed=derive_seed(preset.seed, "evaluation", part),
-                film=films and part == 0,
+                env_kwargs=dict(preset.env.kwargs), preprocessing=preset.env.preprocessing().evaluation(),
+                agent=preset.agent, policy_version=version, episodes=len(share),
+                seed=derive_seed(preset.seed, "evaluation", part), film=films and part == 0,
             )
             for part, share in enumerate(shares)
             if len(share)
@@ -80,7 +80,8 @@ class RoundPlan:
         preset = self.preset
         return RolloutSpec(
             storage=storage_location(preset.storage), run_id=self.run_id, env_id=preset.env.id,
-            env_kwargs=dict(preset.env.kwargs), agent=preset.agent, policy_version=version, worker=worker,
+            env_kwargs=dict(preset.env.kwargs), preprocessing=preset.env.preprocessing(), agent=preset.agent,
+            policy_version=version, worker=worker,
             num_envs=preset.distribution.envs_per_worker, steps_per_env=steps,
             env_seed=derive_seed(preset.seed, "envs", worker), policy_seed=policy_seed,
             exploration=exploration, resume_from=cursor,

@@ -67,9 +67,10 @@ def decode_state(tensor_bytes: bytes, tree_json: bytes) -> Any:
     return decode(json.loads(tree_json))
 
 
-def encode_arrays(arrays: dict[str, np.ndarray]) -> bytes:
+def encode_arrays(arrays: dict[str, np.ndarray], compress: bool = False) -> bytes:
+    """npz bytes (deflated where `compress`); the same arrays give the same bytes."""
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    (np.savez_compressed if compress else np.savez)(buffer, **arrays)
     return buffer.getvalue()
 
 

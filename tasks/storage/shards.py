@@ -1,7 +1,8 @@
 """Experience shards: one npz per (run, round, worker), loaded with allow_pickle=False.
 
 A shard holds the rollout, the episodes that ended in it, and the env cursor the next round of
-the same worker continues from. The key is derived from (run, policy version, worker), so a
+the same worker continues from. Stacked image observations are kept as their distinct frames,
+compressed (tasks/storage/frames.py). The key is derived from (run, policy version, worker), so a
 retried rollout overwrites its own shard and never adds a second one.
 """
 
@@ -18,6 +19,7 @@ import numpy as np
 from gymflow.agents.core import Episodes, Rollout
 from gymflow.envs.vector import EnvCursor
 from gymflow.tasks.storage.codec import decode_arrays, encode_arrays
+from gymflow.tasks.storage.frames import FRAMES, frames_to_stacks, is_frame_stacks, stacks_to_frames
 from gymflow.tasks.storage.objects import Storage
 
 
@@ -64,7 +66,10 @@ def write_shard(storage: Storage, key: str, version: int | None, worker: int, co
         "cursor_action_counts": cursor.action_counts,
         "cursor_actions": cursor.actions,
     }
-    data = encode_arrays(arrays)
+    pixels = is_frame_stacks(rollout.obs)
+    if pixels:  # each frame once, and compressed: frames are mostly flat colour
+        arrays |= stacks_to_frames(rollout.obs, rollout.done_index, rollout.done_obs, rollout.last_obs)
+    data = encode_arrays(arrays, compress=pixels)
     storage.write(key, data)
     return ShardRef(
         key=key,
@@ -96,6 +101,8 @@ def read_shard_at(storage: Storage, key: str) -> Rollout:
 
 
 def _rollout(arrays: dict[str, np.ndarray]) -> Rollout:
+    if FRAMES in arrays:
+        arrays = frames_to_stacks(arrays)
     return Rollout(**{name: arrays[name] for name in Rollout._fields})
 
 

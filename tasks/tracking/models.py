@@ -30,8 +30,9 @@ import gymflow.agents
 import gymflow.envs
 import gymflow.presets
 from gymflow.agents.rollout import evaluate
-from gymflow.envs.vector import SeededVectorEnv
+from gymflow.envs.vector import SeededVectorEnv, observation_dtype
 from gymflow.errors import UnusableWarmStart
+from gymflow.presets.model import EnvConfig
 from gymflow.tasks.tracking.tracker import Tracker
 
 MODEL_ARTIFACT = "policy"
@@ -87,7 +88,8 @@ def log_policy_model(tracker: Tracker, model: PolicyModel, step: int) -> str:
             code_paths=[_model_code(folder)],
             pip_requirements=_REQUIREMENTS,
             signature=policy_signature(model.observation_space, model.action_space),
-            input_example=np.zeros((1, *model.observation_space.shape), dtype=np.float32),
+            input_example=np.zeros((1, *model.observation_space.shape),
+                                   dtype=observation_dtype(model.observation_space)),
         )
     return f"models:/{logged.model_id}"
 
@@ -116,7 +118,7 @@ def _no_progress_bars() -> Iterator[None]:
 
 def policy_signature(observation_space: spaces.Space, action_space: spaces.Space) -> ModelSignature:
     """A batch of observations in, a batch of greedy actions out."""
-    observations = TensorSpec(np.dtype(np.float32), (-1, *observation_space.shape))
+    observations = TensorSpec(np.dtype(observation_dtype(observation_space)), (-1, *observation_space.shape))
     if isinstance(action_space, spaces.Discrete):
         actions = TensorSpec(np.dtype(np.int64), (-1,))
     else:
@@ -177,18 +179,16 @@ def register_challenger(tracking_uri: str, name: str, run_id: str, model_uri: st
 
 
 @task(name="score-policy", task_run_name="score-{model.name}-v{model.version}", cache_policy=NO_CACHE)
-def score_policy(
-    tracking_uri: str, model: ModelRef, env_id: str, env_kwargs: dict, episodes: int, seed: int
-) -> list[float]:
+def score_policy(tracking_uri: str, model: ModelRef, env: EnvConfig, episodes: int, seed: int) -> list[float]:
     """Greedy returns of a registered policy, loaded through MLflow, one episode per env; the same
     (env_id, episodes, seed) give the same episodes to every policy scored."""
     with tempfile.TemporaryDirectory() as folder:
         local = mlflow.artifacts.download_artifacts(artifact_uri=model.uri, dst_path=folder, tracking_uri=tracking_uri)
         loaded = mlflow.pyfunc.load_model(local)
-        env = SeededVectorEnv(env_id, env_kwargs, episodes, seed)
-        env.reset()
-        returns = evaluate(_PredictingPolicy(loaded), env).returns
-        env.close()
+        envs = SeededVectorEnv(env.id, dict(env.kwargs), episodes, seed, env.preprocessing().evaluation())
+        envs.reset()
+        returns = evaluate(_PredictingPolicy(loaded), envs).returns
+        envs.close()
     return [float(r) for r in returns]
 
 

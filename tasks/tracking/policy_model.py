@@ -26,16 +26,19 @@ class GymflowPolicy(PythonModel):
         with open(context.artifacts["preset"]) as handle:
             preset = validate_preset_data(yaml.safe_load(handle))
         algorithm = algorithm_of(preset.agent)
-        env = make_env(preset.env.id, preset.env.kwargs)
+        env = make_env(preset.env.id, preset.env.kwargs, preprocessing=preset.env.preprocessing().evaluation())
         network = algorithm.network(preset.agent, env.observation_space, env.action_space)
+        self.observation_shape = env.observation_space.shape
+        # as gymflow keeps them: images as uint8, vectors as float32
+        self.observation_dtype = np.uint8 if env.observation_space.dtype == np.uint8 else np.float32
         env.close()
         network.load_state_dict(load_file(context.artifacts["policy"]))
         network.eval()
         self.policy = algorithm.policy(network, preset.agent, 0.0, 0)
 
     def predict(self, context, model_input: np.ndarray, params=None) -> np.ndarray:
-        obs = np.asarray(model_input, dtype=np.float32)
-        actions, _ = self.policy.act(obs if obs.ndim == 2 else obs[None], explore=False)
+        obs = np.asarray(model_input, dtype=self.observation_dtype)
+        actions, _ = self.policy.act(obs if obs.ndim == len(self.observation_shape) + 1 else obs[None], explore=False)
         return actions
 
 

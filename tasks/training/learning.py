@@ -56,6 +56,12 @@ class Learned:
     seconds: float  # in the algorithm's updates, excluding storage
 
 
+def import_optimizer_machinery() -> None:
+    """What torch imports at the first optimizer a process makes (`torch._dynamo`, ~1.5 s),
+    imported now: the command line does it while its Prefect API starts."""
+    import torch._dynamo  # noqa: F401
+
+
 def create_learner(experiment: Experiment, warm_start: dict[str, torch.Tensor] | None = None) -> Learner:
     """The run's learner, in this process, with the preset's number of torch threads, starting
     from `warm_start` policy weights when given."""

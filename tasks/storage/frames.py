@@ -1,0 +1,74 @@
+"""Stacked image observations at rest, each frame once.
+
+A rollout of frame stacks [T, N, k, height, width] holds every frame k times over (and the
+final observation of an episode once more); at 84x84x4 a naive shard of 2,048 steps is 58 MB.
+Here a shard keeps the distinct frames once, [F, height, width], and for every stack the k
+indices of its frames. A stack that continues its env's previous one (its first k-1 frames are
+that one's last k-1) adds one frame; a stack that starts an episode adds its distinct frames
+(a reset stack repeats its first frame). Frames are reused only where they compare equal, so
+the stacks rebuilt on reading are byte-identical to those written, whatever the env does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FRAMES = "frames"  # the array of distinct frames; its presence marks a shard stored this way
+STACKED = ("obs", "done_obs", "last_obs")  # the rollout's arrays of stacks, stored as frame indices
+
+
+def is_frame_stacks(obs: np.ndarray) -> bool:
+    """Rollout observations [T, N, k, height, width] of uint8 frames."""
+    return obs.ndim == 5 and obs.dtype == np.uint8
+
+
+class _FrameTable:
+    def __init__(self) -> None:
+        self.frames: list[np.ndarray] = []
+
+    def add(self, frame: np.ndarray) -> int:
+        self.frames.append(frame)
+        return len(self.frames) - 1
+
+    def index(self, stack: np.ndarray, previous: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+        """The frame indices of `stack`, adding the frames it does not share with the stack
+        before it in its env (`previous`: that stack and its indices) or with itself."""
+        if previous is not None and np.array_equal(stack[:-1], previous[0][1:]):
+            newest = previous[1][-1] if np.array_equal(stack[-1], previous[0][-1]) else self.add(stack[-1])
+            return np.append(previous[1][1:], newest)
+        indices = np.empty(len(stack), dtype=np.int32)
+        for k, frame in enumerate(stack):
+            indices[k] = indices[k - 1] if k and np.array_equal(frame, stack[k - 1]) else self.add(frame)
+        return indices
+
+
+def stacks_to_frames(obs: np.ndarray, done_index: np.ndarray, done_obs: np.ndarray,
+                     last_obs: np.ndarray) -> dict[str, np.ndarray]:
+    """The arrays stored in place of a rollout's stacks: `frames` and, for each of `STACKED`,
+    its frame indices ([..., k] int32)."""
+    steps, envs, depth = obs.shape[:3]
+    table = _FrameTable()
+    obs_index = np.empty((steps, envs, depth), dtype=np.int32)
+    done_obs_index = np.empty((len(done_index), depth), dtype=np.int32)
+    last_obs_index = np.empty((envs, depth), dtype=np.int32)
+    ended = {int(flat): row for row, flat in enumerate(done_index)}  # step t * N + n -> its row of done_obs
+    for n in range(envs):
+        previous = None
+        for t in range(steps):
+            obs_index[t, n] = table.index(obs[t, n], previous)
+            previous = (obs[t, n], obs_index[t, n])
+            row = ended.get(t * envs + n)
+            if row is not None:  # the episode's final stack follows this step's
+                done_obs_index[row] = table.index(done_obs[row], previous)
+        last_obs_index[n] = table.index(last_obs[n], previous)
+    frames = np.stack(table.frames) if table.frames else np.zeros((0, *obs.shape[3:]), obs.dtype)
+    return {FRAMES: frames, "obs": obs_index, "done_obs": done_obs_index, "last_obs": last_obs_index}
+
+
+def frames_to_stacks(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The shard's arrays with each of `STACKED` rebuilt as stacks of frames."""
+    frames = arrays[FRAMES]
+    rebuilt = {name: value for name, value in arrays.items() if name != FRAMES}
+    for name in STACKED:
+        rebuilt[name] = frames[arrays[name]]
+    return rebuilt

@@ -1,0 +1,115 @@
+"""Pixels: gymflow's own image env, frame stacks, CNN policies, frame-once shards, and the pixel
+path end to end under a real Prefect API and Dask worker processes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gymflow.agents.core import RandomPolicy
+from gymflow.agents.rollout import collect, evaluate
+from gymflow.envs.catch import Catch
+from gymflow.envs.make import Preprocessing
+from gymflow.envs.vector import SeededVectorEnv
+from gymflow.flows.improve import improve
+from gymflow.presets.validate import resolve_experiment
+from gymflow.tasks.storage.objects import Storage, StorageLocation
+from gymflow.tasks.storage.shards import Collected, read_shard, write_shard
+from tests.conftest import local_overrides
+
+CATCH = "gymflow.envs.catch:Catch"
+
+
+class Tracker:
+    """A policy that reads the ball's drift from two stacked Catch frames and goes where it lands."""
+
+    def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
+        actions = []
+        for stack in obs:
+            (ball_rows, ball_columns), paddle = _ball_and_paddle(stack[-1])
+            (before_rows, before_columns), _ = _ball_and_paddle(stack[-2])
+            drift = ball_columns - before_columns if before_rows < ball_rows else 0
+            column, step = ball_columns, drift or 1
+            for _ in range(9 - ball_rows):  # where the ball lands, bouncing off the walls
+                if not 0 <= column + step < 5:
+                    step = -step
+                column += step
+            actions.append(1 + int(np.sign(column - paddle)))
+        return np.array(actions), np.zeros(len(obs), np.float32)
+
+
+def _ball_and_paddle(frame: np.ndarray) -> tuple[tuple[int, int], int]:
+    cells = frame[::2, ::2] > 0
+    paddle = int(np.flatnonzero(cells[-1])[0])
+    above = np.argwhere(cells[:-1])
+    if len(above):
+        return (int(above[0][0]), int(above[0][1])), paddle
+    return (9, paddle), paddle
+
+
+def test_catch_is_lost_by_chance_and_won_by_reading_the_drift_from_two_frames():
+    random = evaluate(RandomPolicy(Catch().action_space, seed=0),
+                      SeededVectorEnv(CATCH, {}, 200, seed=1, preprocessing=Preprocessing(frame_stack=2)))
+    assert -0.8 < random.returns.mean() < -0.4 and set(random.lengths) == {9}
+    env = SeededVectorEnv(CATCH, {}, 50, seed=2, preprocessing=Preprocessing(frame_stack=2))
+    env.reset()
+    assert env.obs.shape == (50, 2, 20, 10) and env.obs.dtype == np.uint8
+    assert evaluate(Tracker(), env).returns.mean() == 1.0
+
+
+@pytest.mark.parametrize(("env_id", "preprocessing", "steps"), [
+    (CATCH, Preprocessing(frame_stack=4), 40),  # four episodes a env, each ending inside the rollout
+    ("ALE/Breakout-v5", Preprocessing(frame_stack=4, atari=True), 64),
+])
+def test_a_pixel_shard_stores_each_frame_once_and_reads_back_byte_identical_stacks(env_id, preprocessing, steps,
+                                                                                   tmp_path):
+    env = SeededVectorEnv(env_id, {}, 3, seed=5, preprocessing=preprocessing)
+    env.reset()
+    rollout, episodes = collect(RandomPolicy(env.action_space, seed=0), env, steps)
+    assert rollout.obs.dtype == np.uint8 and rollout.obs.shape[2] == 4
+    storage = Storage(StorageLocation(str(tmp_path)))
+    ref = write_shard(storage, "shard.npz", 0, 0, Collected(rollout, episodes, env.cursor(), 0.0))
+    back = read_shard(storage, ref)
+    for name, value in rollout._asdict().items():
+        assert getattr(back, name).dtype == value.dtype, name
+        assert getattr(back, name).tobytes() == value.tobytes(), name
+    if env_id == CATCH:
+        assert len(rollout.done_index) >= 3 * 4
+    stacked_bytes = rollout.obs.nbytes + rollout.done_obs.nbytes + rollout.last_obs.nbytes
+    assert ref.size < stacked_bytes / 4  # each frame once (a quarter), and compressed on top
+
+
+def test_image_observations_are_refused_where_they_do_not_fit():
+    from gymflow.errors import InvalidPreset
+
+    for overrides, says in (
+        ({"agent.algo": "sac"}, "agent.algo: sac reads vector observations"),
+        ({"agent.normalize_observations": True}, "agent.normalize_observations: images are scaled"),
+        ({"env.id": "CartPole-v1"}, "env.frame_stack: stacks image frames"),
+        ({"env.atari": True}, "env.atari: is Atari's preprocessing, for ALE/... ids"),
+    ):
+        with pytest.raises(InvalidPreset, match=f"^{says}"):
+            resolve_experiment("catch-ppo", overrides)
+
+
+def test_the_cnn_reads_uint8_stacks_and_the_atari_preset_uses_the_nature_network():
+    from gymflow.agents.networks import PixelEncoder
+    from gymflow.tasks.training.learning import create_learner
+
+    catch = create_learner(resolve_experiment("catch-dqn"))
+    assert isinstance(catch.q_network[0], PixelEncoder) and catch.replay.arrays["obs"].dtype == np.uint8
+    breakout = resolve_experiment("catch-ppo", {"env.id": "ALE/Breakout-v5", "env.atari": True, "env.frame_stack": 4})
+    network = create_learner(breakout).network
+    assert breakout.observation_space.shape == (4, 84, 84)
+    assert network.obs_norm.features == 3136  # 64 x 7 x 7: Mnih et al. 2015
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("preset", "mode"), [("catch-ppo", "sync"), ("catch-dqn", "async")])
+def test_the_pixel_path_reaches_catchs_target_under_prefect_and_dask(preset, mode, prefect_api, workspace):
+    overrides = {"distribution.mode": mode, **local_overrides(workspace)}
+    state = improve(preset, overrides, return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary.solved and summary.final_return >= 0.9, summary
+    assert len(summary.rollout_processes) == 2
