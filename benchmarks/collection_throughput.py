@@ -1,9 +1,12 @@
 """Environment steps per second through gymflow's rollout path against a plain in-process loop.
 
     .venv/bin/python benchmarks/collection_throughput.py --workers 2 --envs 8 --steps 128 --rounds 40
+    .venv/bin/python benchmarks/collection_throughput.py --preset breakout-ppo --envs 4 --steps 128 --rounds 20
 
 Baseline: a plain process (spawned for it, nothing else running in it) steps a SeededVectorEnv
-of CartPole-v1 with the same batched PPO policy (`agents.rollout.collect`), nothing written. gymflow: the same collection on a LocalCluster of
+of the preset's env (CartPole-v1 by default; for breakout-ppo, ALE Breakout with Atari's
+preprocessing and 4 stacked frames) with the same batched PPO policy (`agents.rollout.collect`;
+for pixels the Nature CNN), nothing written. gymflow: the same collection on a LocalCluster of
 `--workers` processes, one job per worker per round, each loading its policy version from
 storage, writing its shard and handing back a ShardRef (tasks/cluster/rounds.py's `run_round` through the
 workers' job hosts, without the Prefect task around it).
@@ -26,10 +29,12 @@ import time
 
 import torch
 
+from gymflow.presets.validate import resolve_experiment
+
 LOGGER = logging.getLogger("benchmark")
 
 
-def _plain_loop(connection, envs: int, steps: int) -> None:
+def _plain_loop(connection, preset: str, envs: int, steps: int) -> None:
     """The baseline's process: on each request, collect one job's worth and answer its seconds."""
     from gymflow.agents.rollout import collect
     from gymflow.envs.vector import SeededVectorEnv
@@ -37,10 +42,11 @@ def _plain_loop(connection, envs: int, steps: int) -> None:
     from gymflow.tasks.training.learning import create_learner
 
     torch.set_num_threads(1)
-    experiment = resolve_experiment("cartpole-ppo")
+    experiment = resolve_experiment(preset)
     learner = create_learner(experiment)
     policy = experiment.algorithm.policy(learner.network, experiment.preset.agent, 0.0, 0)
-    env = SeededVectorEnv("CartPole-v1", {}, envs, seed=0)
+    env_config = experiment.preset.env
+    env = SeededVectorEnv(env_config.id, dict(env_config.kwargs), envs, seed=0, preprocessing=env_config.preprocessing())
     env.reset()
     collect(policy, env, steps)  # warm-up
     connection.send(0.0)
@@ -50,7 +56,8 @@ def _plain_loop(connection, envs: int, steps: int) -> None:
         connection.send(time.perf_counter() - started)
 
 
-def interleaved(workers: int, envs: int, steps: int, rounds: int) -> tuple[list[float], list[float]]:
+def interleaved(workers: int, envs: int, steps: int, rounds: int,
+                preset: str = "cartpole-ppo") -> tuple[list[float], list[float]]:
     """(plain seconds per job, gymflow seconds per round), one pair per round, interleaved."""
     from gymflow.presets.validate import resolve_experiment
     from gymflow.tasks.cluster.client import dask_client, job_hosts
@@ -60,11 +67,12 @@ def interleaved(workers: int, envs: int, steps: int, rounds: int) -> tuple[list[
     from gymflow.tasks.training.learning import Checkpoints, create_learner
 
     here, there = multiprocessing.get_context("spawn").Pipe()
-    baseline = multiprocessing.get_context("spawn").Process(target=_plain_loop, args=(there, envs, steps), daemon=True)
+    baseline = multiprocessing.get_context("spawn").Process(target=_plain_loop, args=(there, preset, envs, steps),
+                                                                daemon=True)
     baseline.start()
     here.recv()
     with tempfile.TemporaryDirectory() as folder:
-        experiment = resolve_experiment("cartpole-ppo", {
+        experiment = resolve_experiment(preset, {
             "storage.root": folder, "distribution.rollout_workers": workers,
             "distribution.envs_per_worker": envs, "schedule.rollout_steps_per_env": steps,
         })
@@ -105,18 +113,23 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=8)
     parser.add_argument("--steps", type=int, default=128, help="steps per env per round")
     parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--preset", default="cartpole-ppo", help="a PPO preset: its env, wrappers and policy")
     args = parser.parse_args()
-    plain, gymflow = interleaved(args.workers, args.envs, args.steps, args.rounds)
+    plain, gymflow = interleaved(args.workers, args.envs, args.steps, args.rounds, args.preset)
     job_steps = args.envs * args.steps
     cores = min(args.workers, os.cpu_count() or 1)
     ratio = statistics.median(p / g for p, g in zip(plain, gymflow)) * args.workers / cores
-    print(f"machine: {os.cpu_count()} cores; CartPole-v1, {args.envs} envs x {args.steps} steps per job, "
+    print(f"machine: {os.cpu_count()} cores; {args.preset}, {args.envs} envs x {args.steps} steps per job, "
           f"{args.rounds} rounds interleaved, medians")
     print(f"plain loop, 1 process:                 {job_steps / statistics.median(plain):>10,.0f} env steps/s "
           f"({1000 * statistics.median(plain):.1f} ms a job)")
     print(f"gymflow, {args.workers} Dask worker processes: {job_steps * args.workers / statistics.median(gymflow):>10,.0f} env steps/s "
           f"({1000 * statistics.median(gymflow):.1f} ms a round of {args.workers} jobs)")
     print(f"ratio per core: {ratio:.2f} (target >= 0.9)")
+    if args.preset != "cartpole-ppo":
+        frame_skip = 4 if resolve_experiment(args.preset).preset.env.atari else 1
+        print(f"frames/s per core (x{frame_skip} frame skip): plain {frame_skip * job_steps / statistics.median(plain):,.0f}, "
+              f"gymflow {frame_skip * job_steps * args.workers / cores / statistics.median(gymflow):,.0f}")
 
 
 if __name__ == "__main__":
