@@ -117,10 +117,10 @@ def test_the_mlflow_model_applies_the_delivered_versions_statistics_and_scores_a
 
     from gymflow.envs.seeding import derive_seed
     from gymflow.flows.improve import improve
+    from gymflow.presets.model import EnvConfig
     from gymflow.tasks.storage.checkpoints import read_policy
     from gymflow.tasks.storage.layout import RunLayout
     from gymflow.tasks.storage.objects import Storage, StorageLocation
-    from gymflow.presets.model import EnvConfig
     from gymflow.tasks.tracking.models import score_policy
     from tests.conftest import local_overrides
 

@@ -16,7 +16,8 @@ def test_builtin_presets_load_and_validate():
     for name in builtin_presets():
         experiment = resolve_experiment(name)
         assert experiment.preset.name == name
-        assert experiment.preset.env.id in ("CartPole-v1", "Pendulum-v1", "LunarLander-v3", "Hopper-v5", "HalfCheetah-v5")
+        assert experiment.preset.env.id in ("CartPole-v1", "Pendulum-v1", "LunarLander-v3", "Hopper-v5", "HalfCheetah-v5",
+                                            "gymflow.envs.catch:Catch", "ALE/Breakout-v5")
 
 
 def test_overrides_reach_nested_fields_with_types():
@@ -48,7 +49,8 @@ def test_a_preset_file_path_works(tmp_path):
 @pytest.mark.parametrize(
     ("preset", "overrides", "field", "says"),
     [
-        ("nope", {}, "preset", "allowed: cartpole-dqn, cartpole-dqn-async, cartpole-ppo, halfcheetah-sac, hopper-ppo, lunarlander-ppo, pendulum-sac"),
+        ("nope", {}, "preset", "allowed: breakout-dqn, breakout-ppo, cartpole-dqn, cartpole-dqn-async, cartpole-ppo, "
+                               "catch-dqn, catch-ppo, halfcheetah-sac, hopper-ppo, lunarlander-ppo, pendulum-sac"),
         ("cartpole-ppo", {"env.id": "NoSuchEnv-v0"}, "env.id", "not a registered Gymnasium id"),
         ("cartpole-ppo", {"env.id": "gymflow.testing.envs:NoSuchClass"}, "env.id", "not a gymnasium.Env subclass"),
         ("cartpole-ppo", {"agent.learning_rate": 1}, "agent.learning_rate", "allowed here: activation, algo, anneal_lr"),

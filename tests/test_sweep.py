@@ -116,10 +116,10 @@ def test_a_sweep_runs_each_configuration_over_seeds_and_reports_a_ranking(prefec
 
     from gymflow.flows.sweep import sweep
 
-    # runs of a few seconds each: long enough that the two seeds started together overlap, however
-    # the starts of their subflows are staggered (~2 s here)
+    # runs of several seconds each: long enough that the two seeds started together overlap, however
+    # the starts of their subflows are staggered (~2 s here, more on a loaded machine)
     spec = _spec(workspace, tiny_budget, space={"agent.lr": {"values": [0.01, 0.003]}}, concurrency=2,
-                 overrides={**tiny_budget, "schedule.total_env_steps": 5120, **local_overrides(workspace)})
+                 overrides={**tiny_budget, "schedule.total_env_steps": 10240, **local_overrides(workspace)})
     result = sweep(spec, sweep_id="ranked")
 
     runs = _sweep_runs(workspace, "ranked")
@@ -129,7 +129,7 @@ def test_a_sweep_runs_each_configuration_over_seeds_and_reports_a_ranking(prefec
     assert sorted((run.data.params["agent.lr"], run.data.params["seed"]) for run in children) == [
         ("0.003", "0"), ("0.003", "1"), ("0.01", "0"), ("0.01", "1")]
     spans = sorted((run.info.start_time, run.info.end_time) for run in children)
-    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:])), "concurrency 2 ran one at a time"
+    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:])), f"concurrency 2 ran one at a time: {spans}"
 
     assert [row["outcome"] for row in result.ranking] == ["complete", "complete"]
     client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
@@ -144,7 +144,7 @@ def test_a_sweep_runs_each_configuration_over_seeds_and_reports_a_ranking(prefec
     assert {"ranking.json", "ranking.md", "sweep_curves.png", "best-preset.yaml"} <= artifacts
     assert parent.info.status == "FINISHED" or client.get_run(parent.info.run_id).info.status == "FINISHED"
     best = load_preset(result.best_preset_url.removeprefix("file://"))  # `gymflow run` takes it as it is
-    assert best.agent.lr == first["agent.lr"] and best.schedule.total_env_steps == 5120
+    assert best.agent.lr == first["agent.lr"] and best.schedule.total_env_steps == 10240
     table = Artifact.get("sweep-ranking")
     assert table is not None and str(first["agent.lr"]) in str(table.data)
 
