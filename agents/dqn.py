@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from gymflow.agents.core import ReplayLearner, Rollout, cpu_weights, on_device
 from gymflow.agents.networks import LayerWidths, mlp, observation_reader, seeded_init
 from gymflow.agents.normalization import ObservationNormalization, observation_normalizer, share_normalizer
-from gymflow.agents.replay import ReplayOptions, Sample, make_replay, n_step_transitions
+from gymflow.agents.replay import ReplayOptions, Sample, make_replay
 from gymflow.envs.vector import observation_dtype
 
 
@@ -131,7 +131,7 @@ class DQNLearner(ReplayLearner):
 
     def remember(self, rollouts: Sequence[Rollout]) -> None:
         for rollout in rollouts:
-            self.replay.add(n_step_transitions(rollout.steps(), self.config.gamma, self.config.n_step))
+            self.replay.add_rollout(rollout, self.config.gamma, self.config.n_step)
 
     def learn(self, rollouts: Sequence[Rollout], progress: float) -> dict[str, float]:
         self.insert(rollouts)
@@ -152,6 +152,7 @@ class DQNLearner(ReplayLearner):
             "td_loss": float(np.mean(losses)) if losses else float("nan"),
             "q_mean": float(np.mean(q_means)) if q_means else float("nan"),
             "replay_size": float(len(self.replay)),
+            "replay_bytes_per_transition": self.replay.bytes_per_transition(),
             "train_steps": float(self.train_steps),
         }
 

@@ -9,10 +9,16 @@ back new priorities after every batch (`update_priorities`).
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, Field
+
+from gymflow.agents.frames import FRAMES, stacks_to_frames
+
+if TYPE_CHECKING:
+    from gymflow.agents.core import Rollout
 
 
 class Transitions(NamedTuple):
@@ -98,13 +104,26 @@ class ReplayMemory:
         return state
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        self.size, self.cursor, self.inserted = (int(x) for x in state["counters"])
+        self.size, self.cursor, self.inserted = (int(x) for x in state["counters"][:3])
         for name in self.arrays:
             self.arrays[name][: self.size] = state[name]
 
     def position(self) -> dict[str, int]:
         """Where the memory stands: with the transitions inserted last, it is the whole memory."""
         return {"size": self.size, "cursor": self.cursor, "inserted": self.inserted}
+
+    def bytes_per_transition(self) -> float:
+        """What the memory holds, in bytes, over its capacity in transitions."""
+        return sum(values.nbytes for values in self.arrays.values()) / self.capacity
+
+    def add_rollout(self, rollout: Rollout, gamma: float, n_step: int) -> np.ndarray:
+        """Insert a rollout's n-step transitions; returns their slots."""
+        return self.add(n_step_transitions(rollout.steps(), gamma, n_step))
+
+    def start_before(self, position: dict[str, int], rollouts: Sequence[Rollout]) -> None:
+        """Rebuilding from the newest rollouts only: stand where the memory stood before they
+        went in, given where it stands after them (`position`)."""
+        self.start_at(position["inserted"] - sum(rollout.env_steps for rollout in rollouts))
 
     def start_at(self, inserted: int) -> None:
         """Rebuilding from the newest transitions only: continue as if `inserted` transitions had
@@ -209,6 +228,8 @@ def make_replay(
     capacity: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...], action_dtype, options: ReplayOptions,
     obs_dtype: type = np.float32,
 ) -> ReplayMemory:
+    if len(obs_shape) == 3 and obs_dtype == np.uint8:
+        return FrameReplayMemory(capacity, obs_shape, action_shape, action_dtype)
     if options.replay == "prioritized":
         return PrioritizedReplayMemory(capacity, obs_shape, action_shape, action_dtype, options, obs_dtype)
     return ReplayMemory(capacity, obs_shape, action_shape, action_dtype, obs_dtype)
@@ -258,3 +279,75 @@ def n_step_transitions(batch: Steps, gamma: float, n: int) -> Transitions:
         next_obs=next_obs[last, columns].reshape(-1, *obs.shape[2:]),
         discounts=np.where(ended_terminal, 0.0, discount).astype(np.float32).reshape(-1),
     )
+
+
+FRAME_SLACK = 1 / 16  # frames the memory holds beyond one per transition: episode and rollout starts add some
+
+
+class FrameReplayMemory(ReplayMemory):
+    """A uniform replay memory of stacked uint8 frames [k, height, width] that keeps each frame
+    once (as DQN Zoo's and SB3's memory-optimised buffers do), and stacks them as it samples.
+
+    Frames live in a ring of `capacity * (1 + FRAME_SLACK)` frames, each known by its serial (how
+    many frames went in before it); a transition holds the serials of its observation's and its
+    next observation's k frames (agents/frames.py finds a rollout's distinct frames). At 84x84x4
+    that is ~7.4 KB a transition instead of 56 KB. A transition whose oldest frame the ring has
+    overwritten (only where episodes or rollouts are shorter than ~16 steps) is not sampled: a
+    draw that lands on one is drawn again.
+    """
+
+    def __init__(self, capacity: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...], action_dtype):
+        depth, *frame_shape = obs_shape
+        super().__init__(capacity, (depth,), action_shape, action_dtype, obs_dtype=np.int64)
+        self.frames = np.zeros((capacity + int(np.ceil(capacity * FRAME_SLACK)), *frame_shape), np.uint8)
+        self.oldest_frame = np.zeros(capacity, np.int64)  # the smallest serial each transition reads
+        self.frames_written = 0
+
+    def add_rollout(self, rollout: Rollout, gamma: float, n_step: int) -> np.ndarray:
+        encoded = stacks_to_frames(rollout.obs, rollout.done_index, rollout.done_obs, rollout.last_obs)
+        by_index = rollout._replace(obs=encoded["obs"], done_obs=encoded["done_obs"], last_obs=encoded["last_obs"])
+        transitions = n_step_transitions(by_index.steps(), gamma, n_step)  # observations as frame indices
+        serial = self.frames_written
+        frames = encoded[FRAMES][-len(self.frames):]
+        skipped = len(encoded[FRAMES]) - len(frames)
+        self.frames[(serial + skipped + np.arange(len(frames))) % len(self.frames)] = frames
+        self.frames_written += len(encoded[FRAMES])
+        index = self.add(transitions._replace(obs=transitions.obs + serial, next_obs=transitions.next_obs + serial))
+        self.oldest_frame[index] = np.minimum(transitions.obs.min(axis=1), transitions.next_obs.min(axis=1))[
+            -len(index):] + serial
+        return index
+
+    def sample(self, batch_size: int, rng: np.random.Generator, progress: float = 0.0) -> Sample:
+        index = rng.integers(0, self.size, size=batch_size)
+        while (stale := self.oldest_frame[index] < self.frames_written - len(self.frames)).any():
+            index[stale] = rng.integers(0, self.size, size=int(stale.sum()))
+        return Sample(self._at(index), index, np.ones(batch_size, np.float32))
+
+    def _at(self, index: np.ndarray) -> Transitions:
+        serials = super()._at(index)
+        ring = len(self.frames)
+        return serials._replace(obs=self.frames[serials.obs % ring], next_obs=self.frames[serials.next_obs % ring])
+
+    def bytes_per_transition(self) -> float:
+        return super().bytes_per_transition() + (self.frames.nbytes + self.oldest_frame.nbytes) / self.capacity
+
+    def start_before(self, position: dict[str, int], rollouts: Sequence[Rollout]) -> None:
+        super().start_before(position, rollouts)
+        self.frames_written = position["frames_written"] - sum(
+            len(stacks_to_frames(r.obs, r.done_index, r.done_obs, r.last_obs)[FRAMES]) for r in rollouts)
+
+    def position(self) -> dict[str, int]:
+        return super().position() | {"frames_written": self.frames_written}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        state = super().state_dict()
+        state["oldest_frame"] = self.oldest_frame[: self.size]
+        state["frames"] = self.frames
+        state["counters"] = np.append(state["counters"], self.frames_written)
+        return state
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        super().load_state_dict(state)
+        self.frames_written = int(state["counters"][3])
+        self.oldest_frame[: self.size] = state["oldest_frame"]
+        self.frames[:] = state["frames"]

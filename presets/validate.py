@@ -37,6 +37,9 @@ def _check_images(config: Preset, observation_space: spaces.Box) -> None:
                                                f"{observation_space.shape}: allowed: 1")
     if is_image(observation_space) and getattr(config.agent, "normalize_observations", False):
         raise InvalidPreset("agent.normalize_observations", "images are scaled to [0, 1] in the CNN; allowed: false")
+    if is_image(observation_space) and getattr(config.agent, "replay", "uniform") != "uniform":
+        raise InvalidPreset("agent.replay", "image observations are replayed from a memory of frames, sampled "
+                                            "uniformly (not yet prioritized); allowed: uniform")
 
 
 def resolve_experiment(preset: str, overrides: Mapping[str, Any] | None = None) -> Experiment:

@@ -90,14 +90,18 @@ def test_image_observations_are_refused_where_they_do_not_fit():
     ):
         with pytest.raises(InvalidPreset, match=f"^{says}"):
             resolve_experiment("catch-ppo", overrides)
+    with pytest.raises(InvalidPreset, match="^agent.replay: image observations are replayed from a memory of frames"):
+        resolve_experiment("catch-dqn", {"agent.replay": "prioritized"})
 
 
 def test_the_cnn_reads_uint8_stacks_and_the_atari_preset_uses_the_nature_network():
     from gymflow.agents.networks import PixelEncoder
+    from gymflow.agents.replay import FrameReplayMemory
     from gymflow.tasks.training.learning import create_learner
 
     catch = create_learner(resolve_experiment("catch-dqn"))
-    assert isinstance(catch.q_network[0], PixelEncoder) and catch.replay.arrays["obs"].dtype == np.uint8
+    assert isinstance(catch.q_network[0], PixelEncoder)
+    assert isinstance(catch.replay, FrameReplayMemory) and catch.replay.frames.dtype == np.uint8
     breakout = resolve_experiment("catch-ppo", {"env.id": "ALE/Breakout-v5", "env.atari": True, "env.frame_stack": 4})
     network = create_learner(breakout).network
     assert breakout.observation_space.shape == (4, 84, 84)
@@ -113,3 +117,79 @@ def test_the_pixel_path_reaches_catchs_target_under_prefect_and_dask(preset, mod
     summary = state.result()
     assert summary.solved and summary.final_return >= 0.9, summary
     assert len(summary.rollout_processes) == 2
+
+
+def _catch_rollouts(count: int, steps: int, stack: int = 4, envs: int = 3):
+    env = SeededVectorEnv(CATCH, {}, envs, seed=9, preprocessing=Preprocessing(frame_stack=stack))
+    env.reset()
+    policy = RandomPolicy(env.action_space, seed=1)
+    return [collect(policy, env, steps)[0] for _ in range(count)]
+
+
+def test_the_frame_memory_samples_the_stacks_a_memory_of_whole_stacks_holds():
+    from gymflow.agents.replay import FrameReplayMemory, ReplayMemory
+
+    rollouts = _catch_rollouts(count=4, steps=20)  # 240 transitions, episodes ending inside every rollout
+    frames = FrameReplayMemory(1000, (4, 20, 10), (), np.int64)
+    whole = ReplayMemory(1000, (4, 20, 10), (), np.int64, obs_dtype=np.uint8)
+    for rollout in rollouts:
+        frames.add_rollout(rollout, gamma=0.9, n_step=3)
+        whole.add_rollout(rollout, gamma=0.9, n_step=3)
+    mine, theirs = frames.sample(64, np.random.default_rng(4)), whole.sample(64, np.random.default_rng(4))
+    assert (mine.index == theirs.index).all()
+    for name in ("obs", "actions", "rewards", "next_obs", "discounts"):
+        assert getattr(mine.transitions, name).tobytes() == getattr(theirs.transitions, name).tobytes(), name
+    assert frames.frames_written < 240 * 1.3  # about one frame a transition, not eight
+
+
+def test_a_full_frame_memory_overwrites_the_oldest_and_never_samples_a_stale_stack():
+    from gymflow.agents.replay import FrameReplayMemory, ReplayMemory
+
+    frames = FrameReplayMemory(100, (4, 20, 10), (), np.int64)
+    whole = ReplayMemory(100, (4, 20, 10), (), np.int64, obs_dtype=np.uint8)
+    for rollout in _catch_rollouts(count=5, steps=10):  # 150 transitions into 100 slots; 9-step episodes
+        frames.add_rollout(rollout, gamma=0.9, n_step=1)
+        whole.add_rollout(rollout, gamma=0.9, n_step=1)
+    fresh = frames.oldest_frame >= frames.frames_written - len(frames.frames)
+    assert 0 < fresh.sum() < 100  # short episodes: more than one frame a transition, the oldest went stale
+    index = np.flatnonzero(fresh)
+    assert frames._at(index).obs.tobytes() == whole._at(index).obs.tobytes()
+    assert frames._at(index).next_obs.tobytes() == whole._at(index).next_obs.tobytes()
+    assert fresh[frames.sample(500, np.random.default_rng(0)).index].all()
+
+
+def test_replay_of_atari_frames_needs_under_7_5_kb_a_transition():
+    from gymflow.agents.replay import FrameReplayMemory, ReplayMemory
+
+    atari = FrameReplayMemory(10_000, (4, 84, 84), (), np.int64)
+    assert atari.bytes_per_transition() < 7.5 * 1024
+    assert ReplayMemory(10, (4, 84, 84), (), np.int64, obs_dtype=np.uint8).bytes_per_transition() > 56_000
+
+
+def test_a_resumed_pixel_dqn_run_rebuilds_its_frame_replay_from_shards_and_ends_byte_identical(tmp_path):
+    from gymflow.tasks.training.learning import create_learner
+    from gymflow.tasks.training.resume import restore
+    from gymflow.tasks.training.run import PreparedRun
+    from tests.in_process import prepared, train_in_process
+
+    # a memory smaller than the run, so the rebuild reads only the newest shards, and a ring
+    # that goes stale at its oldest end (9-step episodes, 16-step rollouts)
+    dqn = {"distribution.rollout_workers": 2, "distribution.envs_per_worker": 4, "schedule.rollout_steps_per_env": 16,
+           "schedule.total_env_steps": 2560, "schedule.heatup_env_steps": 128, "schedule.evaluate_every_env_steps": 512,
+           "schedule.evaluation_episodes": 4, "schedule.target_return": None, "agent.replay_capacity": 600,
+           "agent.train_steps_per_iteration": 8, "tracking.video": "off"}
+    clean = prepared(tmp_path / "clean", "catch-dqn", dqn)
+    clean_state, _, _ = train_in_process(clean)
+    died = prepared(tmp_path / "died", "catch-dqn", dqn)
+    train_in_process(died, steps=12)
+    learner = create_learner(died.experiment)
+    restored = restore(died.storage, died.run_id, learner, died.preset)
+    assert restored.state.env_steps > 600  # more than the memory holds
+    state, _, _ = train_in_process(PreparedRun(died.experiment, died.run_id, died.storage, learner, restored))
+    assert state == clean_state
+    mine, theirs = learner.replay, clean.learner.replay
+    assert mine.position() == theirs.position()
+    fresh = np.flatnonzero(theirs.oldest_frame[: theirs.size] >= theirs.frames_written - len(theirs.frames))
+    assert mine._at(fresh).obs.tobytes() == theirs._at(fresh).obs.tobytes()
+    for name, tensor in learner.state_dict()["q_network"].items():
+        assert tensor.equal(clean.learner.state_dict()["q_network"][name]), name

@@ -2,7 +2,7 @@
 
 A shard holds the rollout, the episodes that ended in it, and the env cursor the next round of
 the same worker continues from. Stacked image observations are kept as their distinct frames,
-compressed (tasks/storage/frames.py). The key is derived from (run, policy version, worker), so a
+compressed (agents/frames.py). The key is derived from (run, policy version, worker), so a
 retried rollout overwrites its own shard and never adds a second one.
 """
 
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from gymflow.agents.core import Episodes, Rollout
+from gymflow.agents.frames import FRAMES, frames_to_stacks, is_frame_stacks, stacks_to_frames
 from gymflow.envs.vector import EnvCursor
 from gymflow.tasks.storage.codec import decode_arrays, encode_arrays
-from gymflow.tasks.storage.frames import FRAMES, frames_to_stacks, is_frame_stacks, stacks_to_frames
 from gymflow.tasks.storage.objects import Storage
 
 

@@ -209,6 +209,8 @@ def rollout_metrics(landed: tuple[ShardRef, ...]) -> dict[str, float]:
     lengths = [n for shard in landed for n in shard.episode_lengths]
     metrics = {"rollout/episodes": float(len(returns)), "rollout/shards": float(len(landed)),
                "rollout/shard_megabytes": sum(shard.size for shard in landed) / 1e6}
+    if landed:
+        metrics["rollout/shard_bytes_per_step"] = sum(s.size for s in landed) / max(sum(s.env_steps for s in landed), 1)
     if returns:
         metrics["rollout/episode_return_mean"] = float(np.mean(returns))
         metrics["rollout/episode_length_mean"] = float(np.mean(lengths))

@@ -75,7 +75,7 @@ def rebuild_replay(learner: ReplayLearner, storage: Storage, layout: RunLayout, 
         rollouts = [read_shard_at(storage, key) for key in keys]
         tail.append(rollouts)
         steps += sum(rollout.env_steps for rollout in rollouts)
-    learner.replay.start_at(position["inserted"] - steps)
+    learner.replay.start_before(position, [rollout for rollouts in tail for rollout in rollouts])
     for rollouts in reversed(tail):
         learner.remember(rollouts)
     if learner.replay.position() != position:

@@ -1,4 +1,4 @@
-"""Stacked image observations at rest, each frame once.
+"""Stacked image observations kept each frame once: in shards, and in the replay memory.
 
 A rollout of frame stacks [T, N, k, height, width] holds every frame k times over (and the
 final observation of an episode once more); at 84x84x4 a naive shard of 2,048 steps is 58 MB.
@@ -7,6 +7,8 @@ indices of its frames. A stack that continues its env's previous one (its first 
 that one's last k-1) adds one frame; a stack that starts an episode adds its distinct frames
 (a reset stack repeats its first frame). Frames are reused only where they compare equal, so
 the stacks rebuilt on reading are byte-identical to those written, whatever the env does.
+A rollout's frames are found within that rollout alone, so how many it adds depends on nothing
+else (a replay memory rebuilt from shards stands where the original stood).
 """
 
 from __future__ import annotations
