@@ -218,6 +218,8 @@ class PPOLearner(OnPolicyLearner):
             index = on_device(rollout.done_index, device)
             next_values[index] = torch.where(ended_terminal, 0.0, final_values)
         next_values = next_values.view(steps, n)
+        # nothing follows a terminal step: an episode's end, or a lost life that is terminal for learning only
+        next_values = torch.where(on_device(rollout.terminated, device), 0.0, next_values)
         scaled = rollout.rewards if self.reward_scaler is None else self.reward_scaler.scale(rollout.rewards)
         rewards = on_device(scaled, device)
         continues = on_device(~(rollout.terminated | rollout.truncated), device).float()

@@ -19,8 +19,8 @@ class Preprocessing:
 
     - `atari`: the preprocessing the Atari literature's numbers assume (Machado et al. 2018,
       rl-zoo, CleanRL): up to 30 no-op starts, 4 frames a step with the last two max-pooled, 84x84
-      greyscale; and, for training only, a lost life ends the episode (the game goes on: the next
-      life is the next episode) and rewards are clipped to their sign. Evaluation plays whole
+      greyscale; and, for training only, a lost life is terminal for learning (no bootstrap
+      across it; the game goes on) and rewards are clipped to their sign. Evaluation plays whole
       games for their unclipped score.
     - `frame_stack`: the last k frames as one observation [k, height, width]; a grey image env
       (2-D observations) is always stacked, k = 1 giving [1, height, width].
@@ -34,32 +34,28 @@ class Preprocessing:
         return Preprocessing(self.frame_stack, self.atari, training=False)
 
 
+LIFE_LOST = "gymflow.life_lost"  # an info key: this step lost a life, and the game goes on
+
+
 class EpisodicLife(gym.Wrapper):
-    """A lost life ends the episode for learning (terminated); the game goes on from where it
-    stands at the next reset, unless it is over."""
+    """Marks the steps that lose a life (`info[LIFE_LOST]`): the seeded vector env reports them
+    as terminated, for learning, without resetting; the episode, its env cursor and its seed stay
+    the game's, so a rebuilt env replays exactly."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
         self._lives = 0
-        self._game_over = True
 
     def reset(self, **kwargs):
-        if self._game_over:
-            obs, info = self.env.reset(**kwargs)
-        else:  # the next life: a no-op step from where the last one was lost
-            obs, _, terminated, truncated, info = self.env.step(0)
-            if terminated or truncated:
-                obs, info = self.env.reset(**kwargs)
+        obs, info = self.env.reset(**kwargs)
         self._lives = self.env.unwrapped.ale.lives()
-        self._game_over = False
         return obs, info
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        self._game_over = terminated or truncated
         lives = self.env.unwrapped.ale.lives()
-        if 0 < lives < self._lives:
-            terminated = True
+        if lives < self._lives and not (terminated or truncated):
+            info = {**info, LIFE_LOST: True}
         self._lives = lives
         return obs, reward, terminated, truncated, info
 

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from gymflow.envs.make import Preprocessing, make_env
+from gymflow.envs.make import LIFE_LOST, Preprocessing, make_env
 from gymflow.envs.seeding import derive_seed
 
 
@@ -87,11 +87,12 @@ class SeededVectorEnv:
         done_envs, done_obs, returns, lengths = [], [], [], []
         for i, env in enumerate(self.envs):
             action = int(actions[i]) if self._discrete else np.array(actions[i], dtype=np.float32)
-            next_obs, reward, term, trunc, _ = env.step(action)
+            next_obs, reward, term, trunc, info = env.step(action)
             self._actions[i].append(action)
             self.episode_return[i] += reward
             self.episode_length[i] += 1
-            rewards[i], terminated[i], truncated[i] = reward, term, trunc
+            # a lost life (Atari, training) is terminal for learning; the episode goes on
+            rewards[i], terminated[i], truncated[i] = reward, term or bool(info.get(LIFE_LOST)), trunc
             if term or trunc:
                 done_envs.append(i)
                 done_obs.append(np.asarray(next_obs, dtype=self.obs.dtype))

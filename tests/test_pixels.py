@@ -193,3 +193,17 @@ def test_a_resumed_pixel_dqn_run_rebuilds_its_frame_replay_from_shards_and_ends_
     assert mine._at(fresh).obs.tobytes() == theirs._at(fresh).obs.tobytes()
     for name, tensor in learner.state_dict()["q_network"].items():
         assert tensor.equal(clean.learner.state_dict()["q_network"][name]), name
+
+
+def test_a_lost_life_is_terminal_for_learning_while_the_game_and_its_cursor_go_on():
+    atari = Preprocessing(frame_stack=4, atari=True)
+    env = SeededVectorEnv("ALE/Breakout-v5", {"repeat_action_probability": 0.0}, 2, seed=3, preprocessing=atari)
+    env.reset()
+    rollout, episodes = collect(RandomPolicy(env.action_space, seed=0), env, 300)
+    lives_lost = rollout.terminated.sum() - len(rollout.done_index)
+    assert lives_lost >= 4 and len(episodes.returns) >= 1  # games of 5 lives ended; lives were lost inside them
+    assert set(np.unique(rollout.rewards)) <= {0.0, 1.0}  # clipped for training
+    rebuilt = SeededVectorEnv("ALE/Breakout-v5", {"repeat_action_probability": 0.0}, 2, seed=3, preprocessing=atari)
+    rebuilt.reset(env.cursor())  # a game replayed from its seed, across its lost lives
+    assert rebuilt.obs.tobytes() == env.obs.tobytes()
+    assert (rebuilt.episode_return == env.episode_return).all()
