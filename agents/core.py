@@ -33,7 +33,7 @@ class Rollout(NamedTuple):
     obs: np.ndarray  # [T, N, *obs_shape]
     actions: np.ndarray  # [T, N, *action_shape]
     rewards: np.ndarray  # [T, N] float32
-    terminated: np.ndarray  # [T, N] bool: the episode ended in a terminal state
+    terminated: np.ndarray  # [T, N] bool: a terminal state (an episode's end, or an Atari life lost in training)
     truncated: np.ndarray  # [T, N] bool: the episode was cut (time limit); bootstrap from it
     done_index: np.ndarray  # [K] int64 flat index t * N + n of the steps that ended an episode
     done_obs: np.ndarray  # [K, *obs_shape] the final observation of each of those episodes
