@@ -19,7 +19,8 @@ class Preprocessing:
 
     - `atari`: the preprocessing the Atari literature's numbers assume (Machado et al. 2018,
       rl-zoo, CleanRL): up to 30 no-op starts, 4 frames a step with the last two max-pooled, 84x84
-      greyscale; and, for training only, a lost life is terminal for learning (no bootstrap
+      greyscale, FIRE pressed where a game waits for it (its start and each lost life); and, for
+      training only, a lost life is terminal for learning (no bootstrap
       across it; the game goes on) and rewards are clipped to their sign. Evaluation plays whole
       games for their unclipped score.
     - `frame_stack`: the last k frames as one observation [k, height, width]; a grey image env
@@ -60,6 +61,48 @@ class EpisodicLife(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
 
+class FireToServe(gym.Wrapper):
+    """Presses FIRE, then action 2, when a game starts and after each lost life, for games that
+    wait for FIRE to go on (Breakout); what SB3's and CleanRL's FireResetEnv does at each reset,
+    where a lost life is a reset. Without it a greedy policy that has not learnt to fire stands
+    still until the frame cap. The presses are the env's own steps: an action cursor replays
+    them, and their rewards count."""
+
+    FIRE, AFTER_FIRE = 1, 2
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self._lives = 0
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        obs, _, terminated, truncated, info = self._serve(0.0, info)
+        if terminated or truncated:  # the presses ended the game: start it over as it was
+            obs, info = self.env.reset(**kwargs)
+        self._lives = self.env.unwrapped.ale.lives()
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        lives = self.env.unwrapped.ale.lives()
+        if lives < self._lives and not (terminated or truncated):
+            obs, reward, terminated, truncated, info = self._serve(float(reward), info)
+        self._lives = self.env.unwrapped.ale.lives()
+        return obs, reward, terminated, truncated, info
+
+    def _serve(self, reward: float, info: dict):
+        for action in (self.FIRE, self.AFTER_FIRE):
+            obs, more, terminated, truncated, info = self.env.step(action)
+            reward += float(more)
+            if terminated or truncated:
+                break
+        return obs, reward, terminated, truncated, info
+
+    @staticmethod
+    def needed(env: gym.Env) -> bool:
+        return "FIRE" in env.unwrapped.get_action_meanings()
+
+
 class SignReward(gym.RewardWrapper):
     """Rewards clipped to -1, 0 or +1."""
 
@@ -95,6 +138,8 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, render_mode: str
     if preprocessing.atari:
         env = AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False,
                                  grayscale_obs=True, scale_obs=False)
+        if FireToServe.needed(env):
+            env = FireToServe(env)
         if preprocessing.training:
             env = SignReward(EpisodicLife(env))
     shape = env.observation_space.shape or ()

@@ -9,7 +9,7 @@ import pytest
 from gymflow.agents.core import RandomPolicy
 from gymflow.agents.rollout import collect, evaluate
 from gymflow.envs.catch import Catch
-from gymflow.envs.make import Preprocessing
+from gymflow.envs.make import Preprocessing, make_env
 from gymflow.envs.vector import SeededVectorEnv
 from gymflow.flows.improve import improve
 from gymflow.presets.validate import resolve_experiment
@@ -207,3 +207,15 @@ def test_a_lost_life_is_terminal_for_learning_while_the_game_and_its_cursor_go_o
     rebuilt.reset(env.cursor())  # a game replayed from its seed, across its lost lives
     assert rebuilt.obs.tobytes() == env.obs.tobytes()
     assert (rebuilt.episode_return == env.episode_return).all()
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_breakout_serves_the_ball_at_each_start_and_lost_life_so_standing_still_ends_the_game(training):
+    atari = Preprocessing(frame_stack=4, atari=True, training=training)
+    env = make_env("ALE/Breakout-v5", {"repeat_action_probability": 0.0}, preprocessing=atari)
+    env.reset(seed=1)
+    steps, terminated, truncated = 0, False, False
+    while not (terminated or truncated) and steps < 2_000:
+        *_, terminated, truncated, _ = env.step(0)  # NOOP: without FIRE the ball never comes
+        steps += 1
+    assert terminated and steps < 1_000 and env.unwrapped.ale.lives() == 0
