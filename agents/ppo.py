@@ -77,8 +77,12 @@ class ActorCritic(nn.Module):
         """Logits (Discrete) or the Gaussian's mean (Box)."""
         return self.actor(self.obs_norm(obs))
 
-    def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
-        out = self.action_output(obs)
+    def distribution_and_value(self, obs: torch.Tensor) -> tuple[torch.distributions.Distribution, torch.Tensor]:
+        """Both heads over one read of the observations (for images, one pass of the CNN)."""
+        features = self.obs_norm(obs)
+        return self._distribution(self.actor(features)), self.critic(features).squeeze(-1)
+
+    def _distribution(self, out: torch.Tensor) -> torch.distributions.Distribution:
         if self.discrete:
             return torch.distributions.Categorical(logits=out)
         return torch.distributions.Independent(torch.distributions.Normal(out, self.log_std.exp()), 1)
@@ -160,7 +164,7 @@ class PPOLearner(OnPolicyLearner):
 
     def _update(self, mb: dict[str, torch.Tensor]) -> dict[str, float]:
         config = self.config
-        dist = self.network.distribution(mb["obs"])
+        dist, value = self.network.distribution_and_value(mb["obs"])
         log_prob = dist.log_prob(mb["actions"])
         log_ratio = log_prob - mb["log_probs"]
         ratio = log_ratio.exp()
@@ -169,7 +173,7 @@ class PPOLearner(OnPolicyLearner):
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
         clipped = ratio.clamp(1 - config.clip_range, 1 + config.clip_range)
         policy_loss = -torch.min(advantages * ratio, advantages * clipped).mean()
-        value_loss = (self.network.value(mb["obs"]) - mb["returns"]).pow(2).mean()
+        value_loss = (value - mb["returns"]).pow(2).mean()
         entropy = dist.entropy().mean()
         loss = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy
         self.optimizer.zero_grad()
