@@ -13,7 +13,12 @@ else (a replay memory rebuilt from shards stands where the original stood).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from gymflow.agents.core import Rollout
 
 FRAMES = "frames"  # the array of distinct frames; its presence marks a shard stored this way
 STACKED = ("obs", "done_obs", "last_obs")  # the rollout's arrays of stacks, stored as frame indices
@@ -44,10 +49,10 @@ class _FrameTable:
         return indices
 
 
-def stacks_to_frames(obs: np.ndarray, done_index: np.ndarray, done_obs: np.ndarray,
-                     last_obs: np.ndarray) -> dict[str, np.ndarray]:
+def stacks_to_frames(rollout: Rollout) -> dict[str, np.ndarray]:
     """The arrays stored in place of a rollout's stacks: `frames` and, for each of `STACKED`,
     its frame indices ([..., k] int32)."""
+    obs, done_index, done_obs, last_obs = rollout.obs, rollout.done_index, rollout.done_obs, rollout.last_obs
     steps, envs, depth = obs.shape[:3]
     table = _FrameTable()
     obs_index = np.empty((steps, envs, depth), dtype=np.int32)

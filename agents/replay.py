@@ -229,6 +229,8 @@ def make_replay(
     obs_dtype: type = np.float32,
 ) -> ReplayMemory:
     if len(obs_shape) == 3 and obs_dtype == np.uint8:
+        if options.replay != "uniform":  # presets/validate.py refuses it first, as agent.replay
+            raise ValueError(f"agent.replay: {options.replay!r} is not built for image observations; use 'uniform'")
         return FrameReplayMemory(capacity, obs_shape, action_shape, action_dtype)
     if options.replay == "prioritized":
         return PrioritizedReplayMemory(capacity, obs_shape, action_shape, action_dtype, options, obs_dtype)
@@ -304,7 +306,7 @@ class FrameReplayMemory(ReplayMemory):
         self.frames_written = 0
 
     def add_rollout(self, rollout: Rollout, gamma: float, n_step: int) -> np.ndarray:
-        encoded = stacks_to_frames(rollout.obs, rollout.done_index, rollout.done_obs, rollout.last_obs)
+        encoded = stacks_to_frames(rollout)
         by_index = rollout._replace(obs=encoded["obs"], done_obs=encoded["done_obs"], last_obs=encoded["last_obs"])
         transitions = n_step_transitions(by_index.steps(), gamma, n_step)  # observations as frame indices
         serial = self.frames_written
@@ -333,8 +335,7 @@ class FrameReplayMemory(ReplayMemory):
 
     def start_before(self, position: dict[str, int], rollouts: Sequence[Rollout]) -> None:
         super().start_before(position, rollouts)
-        self.frames_written = position["frames_written"] - sum(
-            len(stacks_to_frames(r.obs, r.done_index, r.done_obs, r.last_obs)[FRAMES]) for r in rollouts)
+        self.frames_written = position["frames_written"] - sum(len(stacks_to_frames(r)[FRAMES]) for r in rollouts)
 
     def position(self) -> dict[str, int]:
         return super().position() | {"frames_written": self.frames_written}

@@ -68,7 +68,7 @@ def write_shard(storage: Storage, key: str, version: int | None, worker: int, co
     }
     pixels = is_frame_stacks(rollout.obs)
     if pixels:  # each frame once, and compressed: frames are mostly flat colour
-        arrays |= stacks_to_frames(rollout.obs, rollout.done_index, rollout.done_obs, rollout.last_obs)
+        arrays |= stacks_to_frames(rollout)
     data = encode_arrays(arrays, compress=pixels)
     storage.write(key, data)
     return ShardRef(
