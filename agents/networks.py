@@ -47,14 +47,27 @@ def observation_reader(normalizer: nn.Module, observation_space: spaces.Box) -> 
     return normalizer, int(observation_space.shape[0])
 
 
-def mlp(inputs: int, hidden: Sequence[int], outputs: int, activation: type[nn.Module]) -> nn.Sequential:
+def hidden_layers(inputs: int, hidden: Sequence[int], activation: type[nn.Module]) -> tuple[nn.Sequential, int]:
+    """Linear layers of `hidden` widths, each followed by `activation`; and the last width."""
     layers: list[nn.Module] = []
     width = inputs
     for size in hidden:
         layers += [nn.Linear(width, size), activation()]
         width = size
-    layers.append(nn.Linear(width, outputs))
-    return nn.Sequential(*layers)
+    return nn.Sequential(*layers), width
+
+
+def mlp(inputs: int, hidden: Sequence[int], outputs: int, activation: type[nn.Module]) -> nn.Sequential:
+    layers, width = hidden_layers(inputs, hidden, activation)
+    return layers.append(nn.Linear(width, outputs))
+
+
+def orthogonal_init(module: nn.Module, gain: float) -> None:
+    """Orthogonal weights scaled by `gain` and zero biases for every linear and convolutional layer in `module`."""
+    for layer in module.modules():
+        if isinstance(layer, (nn.Linear, nn.Conv2d)):
+            nn.init.orthogonal_(layer.weight, gain)
+            nn.init.zeros_(layer.bias)
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from pydantic import ConfigDict, Field
 from torch import nn
 
 from gymflow.agents.core import OnPolicyLearner, Rollout, cpu_weights, on_device
-from gymflow.agents.networks import LayerWidths, mlp, observation_reader, seeded_init
+from gymflow.agents.networks import LayerWidths, hidden_layers, mlp, observation_reader, orthogonal_init, seeded_init
 from gymflow.agents.normalization import (
     ObservationNormalization,
     RewardScaler,
@@ -25,6 +25,7 @@ from gymflow.agents.normalization import (
     observe,
     share_normalizer,
 )
+from gymflow.envs.make import is_image
 
 
 class PPOConfig(ObservationNormalization):
@@ -56,18 +57,20 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
 class ActorCritic(nn.Module):
-    """Separate actor and critic MLPs; categorical actions for Discrete, Gaussian for Box; both
-    read the observations through `obs_norm` (vectors: the identity unless normalising; images:
-    the CNN they share)."""
+    """An actor and a critic head; categorical actions for Discrete, Gaussian for Box. Both read
+    the observations through `obs_norm`: for vectors the identity unless normalising, and each
+    head is an MLP of `hidden_sizes`; for images the CNN and the hidden layers, which the heads
+    share, each head then one linear layer."""
 
-    def __init__(self, obs_dim: int, action_space: spaces.Space, config: PPOConfig, obs_norm: nn.Module):
+    def __init__(self, obs_dim: int, action_space: spaces.Space, config: PPOConfig, obs_norm: nn.Module,
+                 head_hidden_sizes: Sequence[int]):
         super().__init__()
         self.obs_norm = obs_norm
         self.discrete = isinstance(action_space, spaces.Discrete)
         action_dim = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
         activation = ACTIVATIONS[config.activation]
-        self.actor = mlp(obs_dim, config.hidden_sizes, action_dim, activation)
-        self.critic = mlp(obs_dim, config.hidden_sizes, 1, activation)
+        self.actor = mlp(obs_dim, head_hidden_sizes, action_dim, activation)
+        self.critic = mlp(obs_dim, head_hidden_sizes, 1, activation)
         self.log_std = nn.Parameter(torch.full((0 if self.discrete else action_dim,), config.log_std_init))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
@@ -115,7 +118,17 @@ class PPOPolicy:
 
 def make_network(config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space) -> ActorCritic:
     reader, width = observation_reader(observation_normalizer(config, observation_space.shape), observation_space)
-    return ActorCritic(width, action_space, config, reader)
+    if not is_image(observation_space):
+        return ActorCritic(width, action_space, config, reader, config.hidden_sizes)
+    # SB3's CnnPolicy and CleanRL's ppo_atari: the Nature network shared up to its last hidden
+    # layer, orthogonal weights (gain sqrt 2; 0.01 for the action logits so the first policy is
+    # near uniform; 1 for the value)
+    trunk, width = hidden_layers(width, config.hidden_sizes, ACTIVATIONS[config.activation])
+    network = ActorCritic(width, action_space, config, nn.Sequential(reader, trunk), ())
+    orthogonal_init(network.obs_norm, math.sqrt(2))
+    orthogonal_init(network.actor, 0.01)
+    orthogonal_init(network.critic, 1.0)
+    return network
 
 
 class PPOLearner(OnPolicyLearner):
