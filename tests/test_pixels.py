@@ -102,10 +102,15 @@ def test_the_cnn_reads_uint8_stacks_and_the_atari_preset_uses_the_nature_network
     catch = create_learner(resolve_experiment("catch-dqn"))
     assert isinstance(catch.q_network[0], PixelEncoder)
     assert isinstance(catch.replay, FrameReplayMemory) and catch.replay.frames.dtype == np.uint8
-    breakout = resolve_experiment("catch-ppo", {"env.id": "ALE/Breakout-v5", "env.atari": True, "env.frame_stack": 4})
+    breakout = resolve_experiment("breakout-ppo")
     network = create_learner(breakout).network
     assert breakout.observation_space.shape == (4, 84, 84)
-    assert network.obs_norm.features == 3136  # 64 x 7 x 7: Mnih et al. 2015
+    encoder, hidden = network.obs_norm
+    assert encoder.features == 3136  # 64 x 7 x 7: Mnih et al. 2015
+    # as SB3's CnnPolicy and CleanRL: the heads share the CNN and its 512 layer, each then one linear layer
+    assert [layer.weight.shape for layer in (*hidden[::2], *network.actor, *network.critic)] == [
+        (512, 3136), (4, 512), (1, 512)]
+    assert network.actor[0].weight.abs().max() < 0.05  # orthogonal, gain 0.01: a near-uniform first policy
 
 
 @pytest.mark.e2e
@@ -219,3 +224,22 @@ def test_breakout_serves_the_ball_at_each_start_and_lost_life_so_standing_still_
         *_, terminated, truncated, _ = env.step(0)  # NOOP: without FIRE the ball never comes
         steps += 1
     assert terminated and steps < 1_000 and env.unwrapped.ale.lives() == 0
+
+
+def test_an_atari_game_started_from_a_seed_plays_the_same_whatever_the_env_played_before():
+    def play(env, seed: int) -> list[bytes]:
+        obs, _ = env.reset(seed=seed)
+        frames, actions = [obs.tobytes()], np.random.default_rng(seed)
+        for _ in range(300):
+            obs, _, terminated, truncated, _ = env.step(int(actions.integers(4)))
+            frames.append(obs.tobytes())
+            if terminated or truncated:
+                break
+        return frames
+
+    atari = Preprocessing(frame_stack=4, atari=True)
+    played, fresh = (make_env("ALE/Breakout-v5", {"repeat_action_probability": 0.0}, preprocessing=atari)
+                     for _ in range(2))
+    play(played, 11), play(played, 12)  # the ROM is not reloaded between games: nothing may carry over
+    assert play(played, 7) == play(fresh, 7)
+    assert play(played, 8)[:40] != play(fresh, 9)[:40]  # the seed draws the no-op starts
