@@ -107,9 +107,16 @@ def local_cluster_started_beside(config: DistributionConfig | None) -> Iterator[
         serving.join()
 
 
+# Dask sets MALLOC_TRIM_THRESHOLD_=65536 in its workers so that they hand freed memory back to
+# the OS. Setting it at all turns off glibc's adaptive mmap threshold: every array over 128 KB a
+# step allocates (a CNN's activations, a batch of frames) is then mapped and unmapped anew, page
+# faults included. Breakout collection ran ~27% slower with it (docs/cluster.md).
+WORKER_ENVIRON = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
+
+
 def _local_cluster(config: DistributionConfig, workers: int) -> LocalCluster:
     _workers_forked_with_jobs_imported()
-    with _main_module_not_reimported():
+    with _main_module_not_reimported(), dask.config.set(WORKER_ENVIRON):
         return LocalCluster(
             n_workers=workers,
             threads_per_worker=1,
