@@ -20,6 +20,7 @@ class InProcessHosts:
     """Runs every job at once, in this process; a job's own error is raised as itself."""
 
     timeout_s = 600.0
+    closed = False
 
     def __init__(self) -> None:
         self.jobs: list[tuple[str, int]] = []  # (function name, slot) of every job run, in order

@@ -91,6 +91,7 @@ class Hosts(Protocol):
     in-process runner."""
 
     timeout_s: float
+    closed: bool  # released: the run is ending, and jobs still out may fail for it
 
     def call(self, function: Callable[[Any], Any], spec: Any, slot: int, attempt: int = 1) -> Call:
         """Start `function(spec)` for `slot`; returns at once."""
@@ -114,6 +115,7 @@ class HostPool:
         self._lost: set[str] = set()  # addresses whose host died; skipped while the scheduler still lists them
         self._listed: tuple[float, list[str]] = (-math.inf, [])  # (when, able workers): a scheduler RPC saved per call
         self._lock = threading.Lock()  # calls come from the flow's thread and from Prefect task threads
+        self.closed = False
 
     def call(self, function: Callable[[Any], Any], spec: Any, slot: int, attempt: int = 1) -> Call:
         """Start `function(spec)` on the host of the worker for `slot`; returns at once."""
@@ -176,6 +178,7 @@ class HostPool:
 
     def close(self) -> None:
         """Release every host; their workers keep running (they may belong to a shared cluster)."""
+        self.closed = True
         with self._lock:
             futures = list(self._hosts.values())
             self._hosts.clear()

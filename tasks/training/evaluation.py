@@ -16,7 +16,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State
 from prefect.context import FlowRunContext
+from prefect.states import Cancelled
 
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.jobs import EvaluationResult
@@ -111,5 +113,10 @@ def score_version(hosts: Hosts, plan: RoundPlan, version: int, logger: AnyLogger
 
 
 @task(name="evaluate", task_run_name="evaluate-v{version}", cache_policy=NO_CACHE)
-def evaluate(hosts: Hosts, plan: RoundPlan, version: int, final: bool) -> EvaluationResult:
-    return evaluate_version(hosts, plan.evaluations(version, final), get_run_logger())
+def evaluate(hosts: Hosts, plan: RoundPlan, version: int, final: bool) -> EvaluationResult | State:
+    try:
+        return evaluate_version(hosts, plan.evaluations(version, final), get_run_logger())
+    except Exception:
+        if hosts.closed:  # the run is stopping (Ctrl-C): its cluster went away under this evaluation
+            return Cancelled(message=f"the run stopped while v{version} was being evaluated")
+        raise
