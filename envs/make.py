@@ -38,10 +38,8 @@ class Preprocessing:
 LIFE_LOST = "gymflow.life_lost"  # an info key: this step lost a life, and the game goes on
 
 
-class EpisodicLife(gym.Wrapper):
-    """Marks the steps that lose a life (`info[LIFE_LOST]`): the seeded vector env reports them
-    as terminated, for learning, without resetting; the episode, its env cursor and its seed stay
-    the game's, so a rebuilt env replays exactly."""
+class LifeWatcher(gym.Wrapper):
+    """An Atari wrapper that knows when a step lost a life and the game goes on."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
@@ -52,12 +50,21 @@ class EpisodicLife(gym.Wrapper):
         self._lives = self.env.unwrapped.ale.lives()
         return obs, info
 
+    def _life_lost(self, terminated: bool, truncated: bool) -> bool:
+        lives, before = self.env.unwrapped.ale.lives(), self._lives
+        self._lives = lives
+        return lives < before and not (terminated or truncated)
+
+
+class EpisodicLife(LifeWatcher):
+    """Marks the steps that lose a life (`info[LIFE_LOST]`): the seeded vector env reports them
+    as terminated, for learning, without resetting; the episode, its env cursor and its seed stay
+    the game's, so a rebuilt env replays exactly."""
+
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        lives = self.env.unwrapped.ale.lives()
-        if lives < self._lives and not (terminated or truncated):
+        if self._life_lost(terminated, truncated):
             info = {**info, LIFE_LOST: True}
-        self._lives = lives
         return obs, reward, terminated, truncated, info
 
 
@@ -87,7 +94,7 @@ class ResetWithoutReload(gym.Wrapper):
         return float(env.unwrapped.ale.getFloat("repeat_action_probability")) == 0.0
 
 
-class FireToServe(gym.Wrapper):
+class FireToServe(LifeWatcher):
     """Presses FIRE, then action 2, when a game starts and after each lost life, for games that
     wait for FIRE to go on (Breakout); what SB3's and CleanRL's FireResetEnv does at each reset,
     where a lost life is a reset. Without it a greedy policy that has not learnt to fire stands
@@ -95,10 +102,6 @@ class FireToServe(gym.Wrapper):
     them, and their rewards count."""
 
     FIRE, AFTER_FIRE = 1, 2
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        self._lives = 0
 
     def reset(self, **kwargs):
         obs, info = self.env.reset(**kwargs)
@@ -110,10 +113,9 @@ class FireToServe(gym.Wrapper):
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        lives = self.env.unwrapped.ale.lives()
-        if lives < self._lives and not (terminated or truncated):
+        if self._life_lost(terminated, truncated):
             obs, reward, terminated, truncated, info = self._serve(float(reward), info)
-        self._lives = self.env.unwrapped.ale.lives()
+            self._lives = self.env.unwrapped.ale.lives()
         return obs, reward, terminated, truncated, info
 
     def _serve(self, reward: float, info: dict):
