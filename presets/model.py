@@ -42,7 +42,8 @@ class EnvConfig(_Strict):
     atari: bool = Field(
         default=False,
         description="Atari's standard preprocessing (no-op starts, frame skip 4 with max-pooling, 84x84 "
-        "grey, FIRE at each game's start and lost life; for training only, a lost life is terminal for learning and rewards are clipped to their sign).",
+        "grey, FIRE at each game's start and lost life; for training only, a lost life is terminal for learning "
+        "and rewards are clipped to their sign).",
     )
 
     def preprocessing(self) -> Preprocessing:
