@@ -70,10 +70,11 @@ class EpisodicLife(LifeWatcher):
 
 class ResetWithoutReload(gym.Wrapper):
     """ALE's seeded reset reloads the ROM to reseed the emulator (~90 ms: a third of Breakout's
-    collection time, where every episode starts from a seed). Without sticky actions the
-    emulator's RNG has nothing left to vary, so here a seeded reset restores the state (RNG
-    included) the env had after its first reset and starts the game from there; the seed still
-    draws the no-op starts. A seeded reset stays a function of its seed alone."""
+    collection time, where every episode starts from a seed). The emulator's RNG is what draws
+    sticky actions; without them, a seeded reset here restores the state (RNG included) the env
+    had after its first reset and starts the game from there, so every game starts from the same
+    emulator state and the seed draws its no-op starts (up to 30). A seeded reset stays a
+    function of its seed alone; with sticky actions, the ROM is reloaded as ALE does."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
