@@ -110,14 +110,31 @@ def test_the_area_under_the_curve_is_the_mean_return_over_the_budget():
 
 # --- end to end --------------------------------------------------------------------------------
 
+def _train_seed_spans(flow_run_id: str, runs: int) -> list[tuple]:
+    """(start, end) of the sweep's train-seed task runs, by start. Their MLflow runs may not overlap
+    though the tasks do: a subflow's creation on the SQLite Prefect API can meet "database is locked",
+    answered 503, and the client retries after 2, 4, 8 s."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterName
+
+    spans: list[tuple] = []
+    for _ in range(40):  # task runs reach the API as events, shortly after they finish
+        with get_client(sync_client=True) as client:
+            found = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+                                          task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="train-c")))
+        spans = sorted((run.start_time, run.end_time) for run in found if run.start_time and run.end_time)
+        if len(spans) == runs:
+            return spans
+        time.sleep(0.25)
+    raise AssertionError(f"{len(spans)} of the sweep's {runs} train-seed task runs reached the Prefect API: {spans}")
+
+
 @pytest.mark.e2e
 def test_a_sweep_runs_each_configuration_over_seeds_and_reports_a_ranking(prefect_api, workspace, tiny_budget):
     from prefect.artifacts import Artifact
 
     from gymflow.flows.sweep import sweep
 
-    # runs of several seconds each: long enough that the two seeds started together overlap, however
-    # the starts of their subflows are staggered (~2 s here, more on a loaded machine)
     spec = _spec(workspace, tiny_budget, space={"agent.lr": {"values": [0.01, 0.003]}}, concurrency=2,
                  overrides={**tiny_budget, "schedule.total_env_steps": 10240, **local_overrides(workspace)})
     result = sweep(spec, sweep_id="ranked")
@@ -128,7 +145,7 @@ def test_a_sweep_runs_each_configuration_over_seeds_and_reports_a_ranking(prefec
     assert len(children) == 4 and {run.info.status for run in children} == {"FINISHED"}
     assert sorted((run.data.params["agent.lr"], run.data.params["seed"]) for run in children) == [
         ("0.003", "0"), ("0.003", "1"), ("0.01", "0"), ("0.01", "1")]
-    spans = sorted((run.info.start_time, run.info.end_time) for run in children)
+    spans = _train_seed_spans(parent.data.tags["prefect.flow_run_id"], 4)
     assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:])), f"concurrency 2 ran one at a time: {spans}"
 
     assert [row["outcome"] for row in result.ranking] == ["complete", "complete"]
