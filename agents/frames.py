@@ -29,6 +29,19 @@ def is_frame_stacks(obs: np.ndarray) -> bool:
     return obs.ndim == 5 and obs.dtype == np.uint8
 
 
+class _StackRelations:
+    """For one env's stacks [T, k, height, width], compared all at once: whether stack t continues
+    stack t-1 (its first k-1 frames are that one's last k-1), and whether its newest frame
+    repeats that one's."""
+
+    def __init__(self, stacks: np.ndarray) -> None:
+        pixels = stacks.reshape(*stacks.shape[:2], -1)
+        self.continues = np.zeros(len(stacks), dtype=bool)
+        self.continues[1:] = (pixels[1:, :-1] == pixels[:-1, 1:]).all(axis=(1, 2))
+        self.newest_repeats = np.zeros(len(stacks), dtype=bool)
+        self.newest_repeats[1:] = (pixels[1:, -1] == pixels[:-1, -1]).all(axis=1)
+
+
 class _FrameTable:
     def __init__(self) -> None:
         self.frames: list[np.ndarray] = []
@@ -48,6 +61,23 @@ class _FrameTable:
             indices[k] = indices[k - 1] if k and np.array_equal(frame, stack[k - 1]) else self.add(frame)
         return indices
 
+    def index_env(self, stacks: np.ndarray, final_stacks: dict[int, np.ndarray]) -> tuple[np.ndarray, dict]:
+        """`index` for each of one env's stacks [T, k, ...] in turn (compared all at once), and
+        for the final stack of each episode that ended at step t (`final_stacks`: t -> stack)
+        right after stack t's: the indices of both."""
+        relations = _StackRelations(stacks)
+        indices = np.empty(stacks.shape[:2], dtype=np.int32)
+        final_indices: dict[int, np.ndarray] = {}
+        for t, stack in enumerate(stacks):
+            if relations.continues[t]:
+                indices[t, :-1] = indices[t - 1, 1:]
+                indices[t, -1] = indices[t - 1, -1] if relations.newest_repeats[t] else self.add(stack[-1])
+            else:
+                indices[t] = self.index(stack, None)
+            if t in final_stacks:
+                final_indices[t] = self.index(final_stacks[t], (stack, indices[t]))
+        return indices, final_indices
+
 
 def stacks_to_frames(rollout: Rollout) -> dict[str, np.ndarray]:
     """The arrays stored in place of a rollout's stacks: `frames` and, for each of `STACKED`,
@@ -58,16 +88,12 @@ def stacks_to_frames(rollout: Rollout) -> dict[str, np.ndarray]:
     obs_index = np.empty((steps, envs, depth), dtype=np.int32)
     done_obs_index = np.empty((len(done_index), depth), dtype=np.int32)
     last_obs_index = np.empty((envs, depth), dtype=np.int32)
-    ended = {int(flat): row for row, flat in enumerate(done_index)}  # step t * N + n -> its row of done_obs
     for n in range(envs):
-        previous = None
-        for t in range(steps):
-            obs_index[t, n] = table.index(obs[t, n], previous)
-            previous = (obs[t, n], obs_index[t, n])
-            row = ended.get(t * envs + n)
-            if row is not None:  # the episode's final stack follows this step's
-                done_obs_index[row] = table.index(done_obs[row], previous)
-        last_obs_index[n] = table.index(last_obs[n], previous)
+        ended = {int(flat) // envs: row for row, flat in enumerate(done_index) if flat % envs == n}  # step -> row
+        obs_index[:, n], final_indices = table.index_env(obs[:, n], {t: done_obs[row] for t, row in ended.items()})
+        for t, row in ended.items():
+            done_obs_index[row] = final_indices[t]
+        last_obs_index[n] = table.index(last_obs[n], (obs[-1, n], obs_index[-1, n]) if steps else None)
     frames = np.stack(table.frames) if table.frames else np.zeros((0, *obs.shape[3:]), obs.dtype)
     return {FRAMES: frames, "obs": obs_index, "done_obs": done_obs_index, "last_obs": last_obs_index}
 

@@ -3,18 +3,25 @@
     .venv/bin/python benchmarks/collection_throughput.py --workers 2 --envs 8 --steps 128 --rounds 40
     .venv/bin/python benchmarks/collection_throughput.py --preset breakout-ppo --envs 4 --steps 128 --rounds 20
 
-Baseline: a plain process (spawned for it, nothing else running in it) steps a SeededVectorEnv
-of the preset's env (CartPole-v1 by default; for breakout-ppo, ALE Breakout with Atari's
-preprocessing and 4 stacked frames) with the same batched PPO policy (`agents.rollout.collect`;
-for pixels the Nature CNN), nothing written. gymflow: the same collection on a LocalCluster of
-`--workers` processes, one job per worker per round, each loading its policy version from
-storage, writing its shard and handing back a ShardRef (tasks/cluster/rounds.py's `run_round` through the
-workers' job hosts, without the Prefect task around it).
+Baseline: a plain process (spawned for it, nothing else running in it, one torch thread: one
+core, as a worker) steps a SeededVectorEnv of the preset's env (CartPole-v1 by default; for
+breakout-ppo, ALE Breakout with Atari's preprocessing and 4 stacked frames) with the same
+batched PPO policy (`agents.rollout.collect`; for pixels the Nature CNN), nothing written. It
+plays every worker's episodes step for step (one env per worker, with that worker's env seed,
+and each round the same policy seeds and weights), so both sides do the same stepping: an Atari
+job's time varies by tens of percent with how many games end in it. gymflow: the same
+collection on a LocalCluster of `--workers` processes, one job per worker per round, each
+loading its policy version from storage, writing its shard and handing back a ShardRef
+(tasks/cluster/rounds.py's `run_round` through the workers' job hosts, without the Prefect task
+around it).
 
 This machine's per-core speed drifts by tens of percent within minutes, so the two sides are
-interleaved round by round: one plain job's worth of collection (while the cluster idles), then
-one gymflow round (while the plain process idles), and so on. A gymflow round does `--workers` jobs at once on as many cores, so the ratio per core is
-(plain seconds per job) / (gymflow seconds per round); the target is >= 0.9.
+interleaved round by round: one round's worth of plain collection, the workers' shares one
+after another (while the cluster idles), then one gymflow round (while the plain process
+idles), and so on. A gymflow round does `--workers` jobs at once on min(workers, cores) cores,
+so the ratio per core is (plain seconds for the round's work) / (gymflow seconds per round x
+cores used); the target is >= 0.9. A round waits for its slowest job, so the ratio counts that
+too.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import os
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,76 +42,94 @@ from gymflow.presets.validate import resolve_experiment
 LOGGER = logging.getLogger("benchmark")
 
 
-def _plain_loop(connection, preset: str, envs: int, steps: int) -> None:
-    """The baseline's process: on each request, collect one job's worth and answer its seconds."""
+def _plain_loop(connection, preset: str) -> None:
+    """The baseline's process: on each request (a round's specs), collect each job's share as
+    that job does, one after another, and answer the seconds and the episode returns."""
     from gymflow.agents.rollout import collect
     from gymflow.envs.vector import SeededVectorEnv
-    from gymflow.presets.validate import resolve_experiment
     from gymflow.tasks.training.learning import create_learner
 
-    torch.set_num_threads(1)
-    experiment = resolve_experiment(preset)
+    experiment = resolve_experiment(preset)  # the learner's initial weights: every published version's
     learner = create_learner(experiment)
-    policy = experiment.algorithm.policy(learner.network, experiment.preset.agent, 0.0, 0)
-    env_config = experiment.preset.env
-    env = SeededVectorEnv(env_config.id, dict(env_config.kwargs), envs, seed=0, preprocessing=env_config.preprocessing())
-    env.reset()
-    collect(policy, env, steps)  # warm-up
-    connection.send(0.0)
-    while connection.recv():
-        started = time.perf_counter()
-        collect(policy, env, steps)
-        connection.send(time.perf_counter() - started)
+    torch.set_num_threads(1)  # after the learner, which takes the preset's learner_threads
+    envs: dict[int, SeededVectorEnv] = {}
+    while specs := connection.recv():
+        seconds, returns = 0.0, []
+        for spec in specs:
+            if spec.worker not in envs:
+                envs[spec.worker] = SeededVectorEnv(spec.env_id, spec.env_kwargs, spec.num_envs, spec.env_seed,
+                                                    spec.preprocessing)
+                envs[spec.worker].reset()
+            policy = experiment.algorithm.policy(learner.network, spec.agent, spec.exploration, spec.policy_seed)
+            started = time.perf_counter()
+            _, episodes = collect(policy, envs[spec.worker], spec.steps_per_env)
+            seconds += time.perf_counter() - started
+            returns.append(tuple(float(x) for x in episodes.returns))
+        connection.send((seconds, returns))
 
 
-def interleaved(workers: int, envs: int, steps: int, rounds: int,
-                preset: str = "cartpole-ppo") -> tuple[list[float], list[float]]:
-    """(plain seconds per job, gymflow seconds per round), one pair per round, interleaved."""
-    from gymflow.presets.validate import resolve_experiment
+@dataclass
+class Timings:
+    """Seconds per round, one entry per round."""
+
+    plain: list[float] = field(default_factory=list)  # the round's work in the plain process
+    gymflow: list[float] = field(default_factory=list)  # a gymflow round
+    inside: list[float] = field(default_factory=list)  # the round's longest collection inside its jobs
+
+
+def interleaved(workers: int, envs: int, steps: int, rounds: int, preset: str = "cartpole-ppo",
+                baseline: bool = True) -> Timings:
+    """Plain and gymflow rounds alternated (gymflow's alone without `baseline`)."""
     from gymflow.tasks.cluster.client import dask_client, job_hosts
     from gymflow.tasks.cluster.jobs import run_rollout
     from gymflow.tasks.cluster.rounds import RoundPlan, run_round
     from gymflow.tasks.storage.objects import open_storage, storage_location
     from gymflow.tasks.training.learning import Checkpoints, create_learner
 
+    timings = Timings()
     here, there = multiprocessing.get_context("spawn").Pipe()
-    baseline = multiprocessing.get_context("spawn").Process(target=_plain_loop, args=(there, preset, envs, steps),
-                                                                daemon=True)
-    baseline.start()
-    here.recv()
+    plain = multiprocessing.get_context("spawn").Process(target=_plain_loop, args=(there, preset), daemon=True)
+    if baseline:
+        plain.start()
     with tempfile.TemporaryDirectory() as folder:
         experiment = resolve_experiment(preset, {
             "storage.root": folder, "distribution.rollout_workers": workers,
             "distribution.envs_per_worker": envs, "schedule.rollout_steps_per_env": steps,
         })
         config = experiment.preset
-        learner = create_learner(experiment)
         checkpoints = Checkpoints(open_storage(storage_location(config.storage)), "bench", config.storage,
                                   policy_window=10**6)
+        learner = create_learner(experiment)
         for version in range(rounds + 1):
             checkpoints.publish(learner, version)
         plan = RoundPlan(config, "bench")
-        plain, gymflow = [], []
         with dask_client(config.distribution) as client, job_hosts(client, config.distribution) as hosts:
             client.wait_for_workers(min(workers, os.cpu_count() or 1))
-            first = plan.rollouts(0, 0.0, [None] * workers)
-            resume_from = [ref.key for ref in run_round(hosts, run_rollout, first, LOGGER)]  # warm-up
-            for version in range(1, rounds + 1):
-                here.send(True)
-                plain.append(here.recv())
+            resume_from: list[str | None] = [None] * workers
+            for version in range(rounds + 1):  # round 0 warms both sides up
                 specs = plan.rollouts(version, 0.0, resume_from)
+                if baseline:
+                    here.send(specs)
+                    plain_seconds, plain_returns = here.recv()
                 started = time.perf_counter()
-                resume_from = [ref.key for ref in run_round(hosts, run_rollout, specs, LOGGER)]
-                gymflow.append(time.perf_counter() - started)
-    here.send(False)
-    baseline.join()
-    return plain, gymflow
+                refs = run_round(hosts, run_rollout, specs, LOGGER)
+                seconds = time.perf_counter() - started
+                resume_from = [ref.key for ref in refs]
+                if baseline:
+                    assert plain_returns == [ref.episode_returns for ref in refs], "the two sides played other episodes"
+                if version:
+                    timings.gymflow.append(seconds)
+                    timings.inside.append(max(ref.collect_seconds for ref in refs))
+                    timings.plain.append(plain_seconds if baseline else float("nan"))
+    if baseline:
+        here.send(None)
+        plain.join()
+    return timings
 
 
 def gymflow_throughput(workers: int, envs: int, steps: int, rounds: int) -> tuple[float, float]:
     """(env steps per second, seconds per round) of gymflow's rollout rounds (benchmarks/scaling.py)."""
-    _, rounds_seconds = interleaved(workers, envs, steps, rounds)
-    seconds = statistics.median(rounds_seconds)
+    seconds = statistics.median(interleaved(workers, envs, steps, rounds, baseline=False).gymflow)
     return steps * envs * workers / seconds, seconds
 
 
@@ -115,21 +141,25 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--preset", default="cartpole-ppo", help="a PPO preset: its env, wrappers and policy")
     args = parser.parse_args()
-    plain, gymflow = interleaved(args.workers, args.envs, args.steps, args.rounds, args.preset)
-    job_steps = args.envs * args.steps
+    timings = interleaved(args.workers, args.envs, args.steps, args.rounds, args.preset)
+    round_steps = args.envs * args.steps * args.workers
     cores = min(args.workers, os.cpu_count() or 1)
-    ratio = statistics.median(p / g for p, g in zip(plain, gymflow)) * args.workers / cores
+    plain, gymflow = statistics.median(timings.plain), statistics.median(timings.gymflow)
+    ratio = statistics.median(p / (g * cores) for p, g in zip(timings.plain, timings.gymflow))
     print(f"machine: {os.cpu_count()} cores; {args.preset}, {args.envs} envs x {args.steps} steps per job, "
           f"{args.rounds} rounds interleaved, medians")
-    print(f"plain loop, 1 process:                 {job_steps / statistics.median(plain):>10,.0f} env steps/s "
-          f"({1000 * statistics.median(plain):.1f} ms a job)")
-    print(f"gymflow, {args.workers} Dask worker processes: {job_steps * args.workers / statistics.median(gymflow):>10,.0f} env steps/s "
-          f"({1000 * statistics.median(gymflow):.1f} ms a round of {args.workers} jobs)")
+    print(f"plain loop, 1 process:                 {round_steps / plain:>10,.0f} env steps/s "
+          f"({1000 * plain / args.workers:.1f} ms a job)")
+    print(f"gymflow, {args.workers} Dask worker processes: {round_steps / gymflow:>10,.0f} env steps/s "
+          f"({1000 * gymflow:.1f} ms a round of {args.workers} jobs on {cores} cores)")
+    print(f"  of which collecting inside the jobs (the slowest): {1000 * statistics.median(timings.inside):.1f} ms; "
+          f"the rest (policy load, shard write, Dask): "
+          f"{1000 * statistics.median(g - c for g, c in zip(timings.gymflow, timings.inside)):.1f} ms")
     print(f"ratio per core: {ratio:.2f} (target >= 0.9)")
     if args.preset != "cartpole-ppo":
         frame_skip = 4 if resolve_experiment(args.preset).preset.env.atari else 1
-        print(f"frames/s per core (x{frame_skip} frame skip): plain {frame_skip * job_steps / statistics.median(plain):,.0f}, "
-              f"gymflow {frame_skip * job_steps * args.workers / cores / statistics.median(gymflow):,.0f}")
+        print(f"frames/s per core (x{frame_skip} frame skip): plain {frame_skip * round_steps / plain:,.0f}, "
+              f"gymflow {frame_skip * round_steps / cores / gymflow:,.0f}")
 
 
 if __name__ == "__main__":

@@ -107,16 +107,21 @@ def local_cluster_started_beside(config: DistributionConfig | None) -> Iterator[
         serving.join()
 
 
-# Dask sets MALLOC_TRIM_THRESHOLD_=65536 in its workers so that they hand freed memory back to
-# the OS. Setting it at all turns off glibc's adaptive mmap threshold: every array over 128 KB a
-# step allocates (a CNN's activations, a batch of frames) is then mapped and unmapped anew, page
-# faults included. Breakout collection ran ~27% slower with it (docs/cluster.md).
-WORKER_ENVIRON = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
+# What a LocalCluster's workers run without (docs/cluster.md):
+# - MALLOC_TRIM_THRESHOLD_=65536, which Dask sets so that workers hand freed memory back to the
+#   OS. Setting it at all turns off glibc's adaptive mmap threshold: every array over 128 KB a step
+#   allocates (a CNN's activations, a batch of frames) is then mapped and unmapped anew, page
+#   faults included. Breakout collection ran ~27% slower with it.
+# - Dask's statistical profiler, which samples every thread's stack every 10 ms on the worker's
+#   event loop: a job's thread waits for the GIL meanwhile (Breakout: the event loop's CPU time
+#   halved without it, and collection inside a job came within 2% of a plain process's).
+WORKER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
+                 "distributed.worker.profile.enabled": False}
 
 
 def _local_cluster(config: DistributionConfig, workers: int) -> LocalCluster:
     _workers_forked_with_jobs_imported()
-    with _main_module_not_reimported(), dask.config.set(WORKER_ENVIRON):
+    with _main_module_not_reimported(), dask.config.set(WORKER_CONFIG):
         return LocalCluster(
             n_workers=workers,
             threads_per_worker=1,
