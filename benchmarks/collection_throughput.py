@@ -22,6 +22,10 @@ idles), and so on. A gymflow round does `--workers` jobs at once on min(workers,
 so the ratio per core is (plain seconds for the round's work) / (gymflow seconds per round x
 cores used); the target is >= 0.9. A round waits for its slowest job, so the ratio counts that
 too.
+
+With `--plain-at-once` the baseline is instead one plain process per worker, all stepping their
+shares at the same moment (its round lasts as long as the slowest): the same work on as many
+busy cores, so what the ratio leaves out is what this VM loses when its cores work together.
 """
 
 from __future__ import annotations
@@ -78,8 +82,9 @@ class Timings:
 
 
 def interleaved(workers: int, envs: int, steps: int, rounds: int, preset: str = "cartpole-ppo",
-                baseline: bool = True) -> Timings:
-    """Plain and gymflow rounds alternated (gymflow's alone without `baseline`)."""
+                baseline: bool = True, at_once: bool = False) -> Timings:
+    """Plain and gymflow rounds alternated (gymflow's alone without `baseline`; the baseline as one
+    process per worker, stepping at the same moment, with `at_once`)."""
     from gymflow.tasks.cluster.client import dask_client, job_hosts
     from gymflow.tasks.cluster.jobs import run_rollout
     from gymflow.tasks.cluster.rounds import RoundPlan, run_round
@@ -87,10 +92,7 @@ def interleaved(workers: int, envs: int, steps: int, rounds: int, preset: str = 
     from gymflow.tasks.training.learning import Checkpoints, create_learner
 
     timings = Timings()
-    here, there = multiprocessing.get_context("spawn").Pipe()
-    plain = multiprocessing.get_context("spawn").Process(target=_plain_loop, args=(there, preset), daemon=True)
-    if baseline:
-        plain.start()
+    plain = _PlainProcesses(preset, workers if at_once else 1 if baseline else 0)
     with tempfile.TemporaryDirectory() as folder:
         experiment = resolve_experiment(preset, {
             "storage.root": folder, "distribution.rollout_workers": workers,
@@ -108,9 +110,7 @@ def interleaved(workers: int, envs: int, steps: int, rounds: int, preset: str = 
             resume_from: list[str | None] = [None] * workers
             for version in range(rounds + 1):  # round 0 warms both sides up
                 specs = plan.rollouts(version, 0.0, resume_from)
-                if baseline:
-                    here.send(specs)
-                    plain_seconds, plain_returns = here.recv()
+                plain_seconds, plain_returns = plain.collect(specs)
                 started = time.perf_counter()
                 refs = run_round(hosts, run_rollout, specs, LOGGER)
                 seconds = time.perf_counter() - started
@@ -120,11 +120,38 @@ def interleaved(workers: int, envs: int, steps: int, rounds: int, preset: str = 
                 if version:
                     timings.gymflow.append(seconds)
                     timings.inside.append(max(ref.collect_seconds for ref in refs))
-                    timings.plain.append(plain_seconds if baseline else float("nan"))
-    if baseline:
-        here.send(None)
-        plain.join()
+                    timings.plain.append(plain_seconds)
+    plain.close()
     return timings
+
+
+class _PlainProcesses:
+    """The baseline's processes: one does a round's jobs one after another; several (one per
+    job) do them at the same moment, and the round lasts as long as the slowest."""
+
+    def __init__(self, preset: str, count: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.pipes = [context.Pipe() for _ in range(count)]
+        self.processes = [context.Process(target=_plain_loop, args=(there, preset), daemon=True)
+                          for _, there in self.pipes]
+        for process in self.processes:
+            process.start()
+
+    def collect(self, specs: list) -> tuple[float, list]:
+        if not self.pipes:
+            return float("nan"), []
+        if len(self.pipes) == 1:
+            self.pipes[0][0].send(specs)
+            return self.pipes[0][0].recv()
+        for (here, _), spec in zip(self.pipes, specs):
+            here.send([spec])
+        answers = [here.recv() for here, _ in self.pipes]
+        return max(seconds for seconds, _ in answers), [returns[0] for _, returns in answers]
+
+    def close(self) -> None:
+        for (here, _), process in zip(self.pipes, self.processes):
+            here.send(None)
+            process.join()
 
 
 def gymflow_throughput(workers: int, envs: int, steps: int, rounds: int) -> tuple[float, float]:
@@ -140,16 +167,23 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=128, help="steps per env per round")
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--preset", default="cartpole-ppo", help="a PPO preset: its env, wrappers and policy")
+    parser.add_argument("--plain-at-once", action="store_true",
+                        help="the baseline as one plain process per worker, stepping at the same moment")
     args = parser.parse_args()
-    timings = interleaved(args.workers, args.envs, args.steps, args.rounds, args.preset)
+    timings = interleaved(args.workers, args.envs, args.steps, args.rounds, args.preset, at_once=args.plain_at_once)
     round_steps = args.envs * args.steps * args.workers
     cores = min(args.workers, os.cpu_count() or 1)
     plain, gymflow = statistics.median(timings.plain), statistics.median(timings.gymflow)
-    ratio = statistics.median(p / (g * cores) for p, g in zip(timings.plain, timings.gymflow))
+    plain_cores = cores if args.plain_at_once else 1
+    ratio = statistics.median(p * plain_cores / (g * cores) for p, g in zip(timings.plain, timings.gymflow))
     print(f"machine: {os.cpu_count()} cores; {args.preset}, {args.envs} envs x {args.steps} steps per job, "
           f"{args.rounds} rounds interleaved, medians")
-    print(f"plain loop, 1 process:                 {round_steps / plain:>10,.0f} env steps/s "
-          f"({1000 * plain / args.workers:.1f} ms a job)")
+    if args.plain_at_once:
+        print(f"plain loop, {args.workers} processes at once:   {round_steps / plain:>10,.0f} env steps/s "
+              f"({1000 * plain:.1f} ms a round of {args.workers} jobs)")
+    else:
+        print(f"plain loop, 1 process:                 {round_steps / plain:>10,.0f} env steps/s "
+              f"({1000 * plain / args.workers:.1f} ms a job)")
     print(f"gymflow, {args.workers} Dask worker processes: {round_steps / gymflow:>10,.0f} env steps/s "
           f"({1000 * gymflow:.1f} ms a round of {args.workers} jobs on {cores} cores)")
     print(f"  of which collecting inside the jobs (the slowest): {1000 * statistics.median(timings.inside):.1f} ms; "
@@ -158,7 +192,7 @@ def main() -> None:
     print(f"ratio per core: {ratio:.2f} (target >= 0.9)")
     if args.preset != "cartpole-ppo":
         frame_skip = 4 if resolve_experiment(args.preset).preset.env.atari else 1
-        print(f"frames/s per core (x{frame_skip} frame skip): plain {frame_skip * round_steps / plain:,.0f}, "
+        print(f"frames/s per core (x{frame_skip} frame skip): plain {frame_skip * round_steps / plain_cores / plain:,.0f}, "
               f"gymflow {frame_skip * round_steps / cores / gymflow:,.0f}")
 
 
