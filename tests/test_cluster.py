@@ -112,6 +112,23 @@ def test_a_cluster_class_is_started_scaled_and_closed_for_the_run(prefect_api, w
     assert set(_cluster_children()) - before == set()  # its workers were closed with the run
 
 
+def _worker_settings() -> dict:
+    import os
+
+    import dask
+
+    return {"MALLOC_TRIM_THRESHOLD_": os.environ.get("MALLOC_TRIM_THRESHOLD_"),
+            "profiler": dask.config.get("distributed.worker.profile.enabled")}
+
+
+def test_the_local_clusters_workers_run_without_dasks_malloc_trim_threshold_and_profiler():
+    from gymflow.presets.model import DistributionConfig
+    from gymflow.tasks.cluster.client import dask_client
+
+    with dask_client(DistributionConfig(rollout_workers=1)) as client:  # see docs/cluster.md for why
+        assert list(client.run(_worker_settings).values()) == [{"MALLOC_TRIM_THRESHOLD_": None, "profiler": False}]
+
+
 def _cluster_children() -> list[int]:
     children = psutil.Process().children(recursive=True)
     return [child.pid for child in children if _is_dask_worker(child)]

@@ -114,7 +114,7 @@ def local_cluster_started_beside(config: DistributionConfig | None) -> Iterator[
 #   faults included. Breakout collection ran ~27% slower with it.
 # - Dask's statistical profiler, which samples every thread's stack every 10 ms on the worker's
 #   event loop: a job's thread waits for the GIL meanwhile (Breakout: the event loop's CPU time
-#   halved without it, and collection inside a job came within 2% of a plain process's).
+#   halved without it, and collecting inside a job came within 2-4% of a plain process).
 WORKER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
                  "distributed.worker.profile.enabled": False}
 
