@@ -120,6 +120,7 @@ WORKER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": N
 
 
 def _local_cluster(config: DistributionConfig, workers: int) -> LocalCluster:
+    _drop_dasks_malloc_trim_threshold()
     _workers_forked_with_jobs_imported()
     with _main_module_not_reimported(), dask.config.set(WORKER_CONFIG):
         return LocalCluster(
@@ -143,6 +144,17 @@ def job_hosts(client: Client, config: DistributionConfig) -> Iterator[HostPool]:
         yield hosts
     finally:
         hosts.close()
+
+
+def _drop_dasks_malloc_trim_threshold() -> None:
+    """A Dask nanny sets its pre-spawn variables in its own process's environment, and a
+    LocalCluster's nannies run in this one: after any LocalCluster not started here (a
+    `cluster_class`, a notebook's own), os.environ holds MALLOC_TRIM_THRESHOLD_=65536, and the
+    workers (or the fork server they come from) would inherit it. Dask's value is dropped; a
+    value of your own is kept."""
+    dasks = dask.config.get("distributed.nanny.pre-spawn-environ").get("MALLOC_TRIM_THRESHOLD_")
+    if dasks is not None and os.environ.get("MALLOC_TRIM_THRESHOLD_") == str(dasks):
+        del os.environ["MALLOC_TRIM_THRESHOLD_"]
 
 
 WORKER_PRELOAD = ["distributed", "gymflow.tasks.cluster.local_worker", "gymflow.tasks.cluster.jobs"]
