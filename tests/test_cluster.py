@@ -113,8 +113,6 @@ def test_a_cluster_class_is_started_scaled_and_closed_for_the_run(prefect_api, w
 
 
 def _worker_settings() -> dict:
-    import os
-
     import dask
 
     return {"MALLOC_TRIM_THRESHOLD_": os.environ.get("MALLOC_TRIM_THRESHOLD_"),
