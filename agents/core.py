@@ -100,7 +100,7 @@ class OnPolicyLearner(Learner):
 
 
 class ReplayLearner(Learner):
-    """Learns off-policy from a replay memory (DQN, SAC): rollouts are remembered, and training
+    """Learns off-policy from a replay memory (DQN, SAC, TD3): rollouts are remembered, and training
     samples the memory. In SYNC mode `learn` remembers one iteration's rollouts, then trains its
     preset's number of steps; in ASYNC mode the caller remembers shards as they land and trains
     as many steps as the ratio of samples to inserts allows."""

@@ -9,7 +9,7 @@ statistics. Only the learner updates them, from the experience it learns from, i
 reads it; shards keep the raw observations.
 
 Rewards (PPO): `RewardScaler` divides them by the running standard deviation of the discounted
-return, which it accumulates per env stream across iterations.
+return, which it accumulates per env stream across iterations, and clips them.
 """
 
 from __future__ import annotations
@@ -106,8 +106,9 @@ class RewardScaler:
     same envs round after round) and restarts where an episode ends. Learner state: saved with
     its checkpoints, not with its policy (acting does not need it)."""
 
-    def __init__(self, gamma: float):
+    def __init__(self, gamma: float, clip: float = 10.0):
         self.gamma = gamma
+        self.clip = clip
         self.returns = RunningMeanVar(())
         self.discounted = np.zeros((0, 0))  # [streams, envs], sized by the first update
 
@@ -126,7 +127,8 @@ class RewardScaler:
             self.returns.update(seen.reshape(-1))
 
     def scale(self, rewards: np.ndarray) -> np.ndarray:
-        return (rewards / np.sqrt(self.returns.var.item() + EPSILON)).astype(np.float32)
+        scaled = rewards / np.sqrt(self.returns.var.item() + EPSILON)
+        return np.clip(scaled, -self.clip, self.clip).astype(np.float32)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {**self.returns.state_dict(), "discounted": torch.from_numpy(self.discounted.copy())}

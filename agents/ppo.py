@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -50,6 +51,9 @@ class PPOConfig(ObservationNormalization):
     )
     normalize_rewards: bool = Field(
         default=False, description="Divide rewards by the running std of the discounted return (learner only)."
+    )
+    reward_clip: float = Field(
+        default=10.0, gt=0, description="Clip normalised rewards to +-this (with normalize_rewards)."
     )
 
 
@@ -117,18 +121,60 @@ class PPOPolicy:
 
 
 def make_network(config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space) -> ActorCritic:
+    """Vectors: an actor and a critic MLP. Images: the Nature network shared up to its last hidden
+    layer, then one linear layer per head (SB3's CnnPolicy, CleanRL's ppo_atari). Either way
+    orthogonal weights, gain sqrt 2 for hidden layers, 0.01 for the action output (the first
+    policy is near uniform, or near a zero mean), 1 for the value (Huang et al. 2022, detail 2)."""
     reader, width = observation_reader(observation_normalizer(config, observation_space.shape), observation_space)
-    if not is_image(observation_space):
-        return ActorCritic(width, action_space, config, reader, config.hidden_sizes)
-    # SB3's CnnPolicy and CleanRL's ppo_atari: the Nature network shared up to its last hidden
-    # layer, orthogonal weights (gain sqrt 2; 0.01 for the action logits so the first policy is
-    # near uniform; 1 for the value)
-    trunk, width = hidden_layers(width, config.hidden_sizes, ACTIVATIONS[config.activation])
-    network = ActorCritic(width, action_space, config, nn.Sequential(reader, trunk), ())
+    if is_image(observation_space):
+        trunk, width = hidden_layers(width, config.hidden_sizes, ACTIVATIONS[config.activation])
+        network = ActorCritic(width, action_space, config, nn.Sequential(reader, trunk), ())
+    else:
+        network = ActorCritic(width, action_space, config, reader, config.hidden_sizes)
     orthogonal_init(network.obs_norm, math.sqrt(2))
-    orthogonal_init(network.actor, 0.01)
-    orthogonal_init(network.critic, 1.0)
+    for head, output_gain in ((network.actor, 0.01), (network.critic, 1.0)):
+        orthogonal_init(head[:-1], math.sqrt(2))
+        orthogonal_init(head[-1], output_gain)
     return network
+
+
+@dataclass(frozen=True)
+class PPOLossTerms:
+    """The clipped surrogate objective's terms for one minibatch; `loss` is what is minimised."""
+
+    loss: torch.Tensor
+    policy_loss: torch.Tensor
+    value_loss: torch.Tensor
+    entropy: torch.Tensor
+    log_ratio: torch.Tensor  # [B] log pi_new(a|s) - log pi_acting(a|s)
+
+    @torch.no_grad()
+    def metrics(self, clip_range: float) -> dict[str, float]:
+        ratio = self.log_ratio.exp()
+        return {
+            "policy_loss": self.policy_loss.item(),
+            "value_loss": self.value_loss.item(),
+            "entropy": self.entropy.item(),
+            "approx_kl": ((ratio - 1) - self.log_ratio).mean().item(),  # Schulman's unbiased estimator
+            "clip_fraction": ((ratio - 1).abs() > clip_range).float().mean().item(),
+        }
+
+
+def ppo_loss(network: ActorCritic, minibatch: dict[str, torch.Tensor], config: PPOConfig) -> PPOLossTerms:
+    """Schulman et al. 2017, eq. 7 and 9: -min(r A, clip(r, 1-eps, 1+eps) A) + c1 (V - R)^2 - c2 H,
+    with advantages normalised per minibatch. Pure: nothing is stepped."""
+    dist, value = network.distribution_and_value(minibatch["obs"])
+    log_ratio = dist.log_prob(minibatch["actions"]) - minibatch["log_probs"]
+    ratio = log_ratio.exp()
+    advantages = minibatch["advantages"]
+    if config.normalize_advantages and len(advantages) > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    clipped = ratio.clamp(1 - config.clip_range, 1 + config.clip_range)
+    policy_loss = -torch.min(advantages * ratio, advantages * clipped).mean()
+    value_loss = (value - minibatch["returns"]).pow(2).mean()
+    entropy = dist.entropy().mean()
+    loss = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy
+    return PPOLossTerms(loss, policy_loss, value_loss, entropy, log_ratio)
 
 
 class PPOLearner(OnPolicyLearner):
@@ -142,7 +188,7 @@ class PPOLearner(OnPolicyLearner):
         self.generator = torch.Generator().manual_seed(seed)
         self.train_steps = 0
         self.normalizer = share_normalizer(self.network)
-        self.reward_scaler = RewardScaler(config.gamma) if config.normalize_rewards else None
+        self.reward_scaler = RewardScaler(config.gamma, config.reward_clip) if config.normalize_rewards else None
 
     def policy_weights(self) -> dict[str, torch.Tensor]:
         return cpu_weights(self.network)
@@ -151,7 +197,6 @@ class PPOLearner(OnPolicyLearner):
         self.network.load_state_dict(weights)
 
     def learn(self, rollouts: Sequence[Rollout], progress: float) -> dict[str, float]:
-        observe(self.normalizer, (rollout.obs for rollout in rollouts))
         if self.reward_scaler is not None:  # rollout i continues the envs of the last iteration's rollout i
             self.reward_scaler.update([r.rewards for r in rollouts], [r.terminated | r.truncated for r in rollouts])
         batch = self._flatten(rollouts)
@@ -169,40 +214,22 @@ class PPOLearner(OnPolicyLearner):
                     sums[key] += value
                 updates += 1
         self.train_steps += updates
+        # Only now do the observation statistics move: the rollouts' log-probabilities and values
+        # were computed with the statistics that acted, and so are this batch's (the ratio starts at 1)
+        observe(self.normalizer, (rollout.obs for rollout in rollouts))
         metrics = {key: value / updates for key, value in sums.items()}
         metrics["explained_variance"] = _explained_variance(batch["values"], batch["returns"])
         metrics["lr"] = lr
         metrics["train_steps"] = float(self.train_steps)
         return metrics
 
-    def _update(self, mb: dict[str, torch.Tensor]) -> dict[str, float]:
-        config = self.config
-        dist, value = self.network.distribution_and_value(mb["obs"])
-        log_prob = dist.log_prob(mb["actions"])
-        log_ratio = log_prob - mb["log_probs"]
-        ratio = log_ratio.exp()
-        advantages = mb["advantages"]
-        if config.normalize_advantages and len(advantages) > 1:
-            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-        clipped = ratio.clamp(1 - config.clip_range, 1 + config.clip_range)
-        policy_loss = -torch.min(advantages * ratio, advantages * clipped).mean()
-        value_loss = (value - mb["returns"]).pow(2).mean()
-        entropy = dist.entropy().mean()
-        loss = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy
+    def _update(self, minibatch: dict[str, torch.Tensor]) -> dict[str, float]:
+        terms = ppo_loss(self.network, minibatch, self.config)
         self.optimizer.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(self.network.parameters(), config.max_grad_norm)
+        terms.loss.backward()
+        nn.utils.clip_grad_norm_(self.network.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
-        with torch.no_grad():
-            approx_kl = ((ratio - 1) - log_ratio).mean().item()
-            clip_fraction = ((ratio - 1).abs() > config.clip_range).float().mean().item()
-        return {
-            "policy_loss": policy_loss.item(),
-            "value_loss": value_loss.item(),
-            "entropy": entropy.item(),
-            "approx_kl": approx_kl,
-            "clip_fraction": clip_fraction,
-        }
+        return terms.metrics(self.config.clip_range)
 
     @torch.no_grad()
     def _flatten(self, rollouts: Sequence[Rollout]) -> dict[str, torch.Tensor]:

@@ -9,7 +9,7 @@ from typing import Any
 from gymnasium import spaces
 from torch import nn
 
-from gymflow.agents import dqn, ppo, sac
+from gymflow.agents import dqn, ppo, sac, td3
 from gymflow.agents.core import Learner, Policy
 
 
@@ -54,6 +54,16 @@ ALGORITHMS: dict[str, Algorithm] = {
         learner=sac.SACLearner,
         network=sac.make_actor,
         policy=lambda network, config, exploration, seed: sac.SACPolicy(network, seed),
+        exploration=lambda config, env_steps: 0.0,
+    ),
+    "td3": Algorithm(
+        name="td3",
+        reads_images=False,
+        on_policy=False,
+        action_spaces=(spaces.Box,),
+        learner=td3.TD3Learner,
+        network=td3.make_actor,
+        policy=lambda network, config, exploration, seed: td3.TD3Policy(network, config.exploration_noise, seed),
         exploration=lambda config, env_steps: 0.0,
     ),
 }

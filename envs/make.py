@@ -12,6 +12,10 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
+from gymflow.envs.headless import choose_mujoco_backend
+
+choose_mujoco_backend()  # before MuJoCo's first import: it fixes its OpenGL backend then
+
 
 @dataclass(frozen=True)
 class Preprocessing:
@@ -163,6 +167,8 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, render_mode: str
             import ale_py  # registers the ALE/... ids
 
             gym.register_envs(ale_py)
+        elif is_mujoco(env_id):
+            quiet_mujoco_compiler()
         env = gym.make(env_id, **kwargs)
     if preprocessing.atari:
         if ResetWithoutReload.applies(env):
@@ -187,6 +193,30 @@ def render_modes(env_id: str) -> tuple[str, ...]:
         entry_point = gym.spec(env_id).entry_point
         env_class = gym.envs.registration.load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
     return tuple(getattr(env_class, "metadata", {}).get("render_modes", ()))
+
+
+# Gymnasium's own MuJoCo models (Hopper, HalfCheetah, ...) use an attribute MuJoCo 3.3+ deprecates:
+# without this, every env made prints the warning, in the flow and on every worker
+_MUJOCO_NOISE = ("compiler attribute 'settotalmass' is deprecated",)
+
+
+def quiet_mujoco_compiler() -> None:
+    """MuJoCo's warnings go to Python's logging (logger "mujoco"), but for a deprecation in
+    Gymnasium's models that users can do nothing about."""
+    import logging
+
+    import mujoco
+
+    def warn(message: str) -> None:
+        if not message.startswith(_MUJOCO_NOISE):
+            logging.getLogger("mujoco").warning(message)
+
+    mujoco.set_mju_user_warning(warn)
+
+
+def is_mujoco(env_id: str) -> bool:
+    """A registered MuJoCo env (Hopper-v5, ...)."""
+    return ":" not in env_id and env_id in gym.registry and "mujoco" in str(gym.spec(env_id).entry_point)
 
 
 def _extra_for(env_id: str) -> str:

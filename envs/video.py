@@ -10,7 +10,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from gymflow.envs.make import Preprocessing, make_env, render_modes
+from gymflow.envs.headless import has_display, missing_renderer_hint, offscreen_backend
+from gymflow.envs.make import Preprocessing, is_mujoco, make_env, render_modes
 
 # pygame (the classic-control and Box2D renderers) greets on import and SDL looks for a display
 # and a sound server; an rgb_array film needs neither
@@ -43,7 +44,10 @@ def film_episode(act: Callable[[np.ndarray], np.ndarray], env_id: str, env_kwarg
         obs, _ = env.reset(seed=seed)
         first = env.render()
     except Exception as error:  # pygame missing, no OpenGL for MuJoCo, ...: the run goes on without a film
-        raise CannotFilm(f"{env_id} cannot render here: {type(error).__name__}: {error}") from None
+        reason = f"{type(error).__name__}: {error}"
+        if is_mujoco(env_id) and not has_display() and offscreen_backend() is None:
+            reason = missing_renderer_hint()
+        raise CannotFilm(f"{env_id} cannot render here: {reason}") from None
     episode_return, length, done = 0.0, 0, False
     try:
         fps = int(env.metadata.get("render_fps") or 30) // (4 if preprocessing and preprocessing.atari else 1)

@@ -29,8 +29,21 @@ def builtin_presets() -> dict[str, str]:
     return names
 
 
-def read_preset_source(name_or_path: str) -> dict[str, Any]:
-    """The raw mapping of a built-in preset name or a YAML file path."""
+def read_preset_source(name_or_path: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The raw mapping of a built-in preset name or a YAML file path; a preset that names a
+    `base` (a built-in name or a path) is that preset's mapping with its own settings laid over it."""
+    data = _read_one(name_or_path)
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or not base:
+        raise InvalidPreset("base", f"expected a built-in preset name or a .yaml path, not {base!r}")
+    if base in _seen or base == name_or_path:
+        raise InvalidPreset("base", f"{name_or_path!r} is its own base (through {' -> '.join((*_seen, base))})")
+    return _laid_over(read_preset_source(base, (*_seen, name_or_path)), data)
+
+
+def _read_one(name_or_path: str) -> dict[str, Any]:
     builtin = _BUILTIN / f"{name_or_path}.yaml"
     if builtin.is_file():
         text = builtin.read_text()
@@ -45,6 +58,17 @@ def read_preset_source(name_or_path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InvalidPreset("preset", f"{name_or_path!r} must hold a YAML mapping")
     return data
+
+
+def _laid_over(base: dict[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `own`'s settings in place of its own: sections merge, values replace."""
+    merged = copy.deepcopy(base)
+    for key, value in own.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _laid_over(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
 
 
 def parse_assignments(assignments: Sequence[str]) -> dict[str, Any]:
@@ -185,7 +209,7 @@ def _one_line(error: ValidationError) -> InvalidPreset:
     first = error.errors()[0]
     location = [str(part) for part in first["loc"]]
     # A discriminated union puts the tag ('ppo') into the location; users never wrote it.
-    if len(location) > 1 and location[0] == "agent" and location[1] in ("ppo", "dqn", "sac"):
+    if len(location) > 1 and location[0] == "agent" and location[1] in ALGORITHMS:
         del location[1]
     field = ".".join(location) or "preset"
     message = first["msg"]

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from gymflow.agents.dqn import DQNConfig
 from gymflow.agents.ppo import PPOConfig
 from gymflow.agents.sac import SACConfig
+from gymflow.agents.td3 import TD3Config
 from gymflow.envs.make import Preprocessing
 
 STORAGE_SCHEMES = ("file", "s3", "s3a")
@@ -25,7 +26,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-AgentConfig = Annotated[PPOConfig | DQNConfig | SACConfig, Field(discriminator="algo")]
+AgentConfig = Annotated[PPOConfig | DQNConfig | SACConfig | TD3Config, Field(discriminator="algo")]
 
 
 class EnvConfig(_Strict):

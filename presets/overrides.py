@@ -24,7 +24,7 @@ def _optional(info: Any, annotation: Any) -> tuple[Any, Any]:
 
 def _partial(name: str, *models: type[BaseModel]) -> type[BaseModel]:
     """A model with the fields of `models`, all optional. A name several models share keeps the
-    first one's description and accepts any of their types (agent.algo: 'ppo', 'dqn' or 'sac')."""
+    first one's description and accepts any of their types (agent.algo: 'ppo', 'dqn', 'sac' or 'td3')."""
     infos: dict[str, Any] = {}
     annotations: dict[str, list[Any]] = {}
     for model in models:

@@ -8,7 +8,7 @@ from typing import Any
 
 from gymnasium import spaces
 
-from gymflow.agents.registry import Algorithm, algorithm_of
+from gymflow.agents.registry import ALGORITHMS, Algorithm, algorithm_of
 from gymflow.envs.make import EnvSpecError, check_env, is_image
 from gymflow.errors import InvalidPreset
 from gymflow.presets.load import load_preset
@@ -69,7 +69,7 @@ def experiment_from(config: Preset) -> Experiment:
     if algorithm.on_policy and config.distribution.mode == "async":
         raise InvalidPreset(
             "distribution.mode",
-            f"async needs an off-policy agent (dqn, sac); {algorithm.name} learns only from its current "
+            f"async needs an off-policy agent ({_off_policy()}); {algorithm.name} learns only from its current "
             "policy's rollouts: use sync",
         )
     tls, address = config.distribution.tls, config.distribution.scheduler_address
@@ -102,3 +102,7 @@ def learner_device(config: Preset) -> str:
     if wanted == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return wanted
+
+
+def _off_policy() -> str:
+    return ", ".join(name for name, algorithm in ALGORITHMS.items() if not algorithm.on_policy)

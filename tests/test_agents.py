@@ -14,6 +14,7 @@ from gymflow.agents.registry import algorithm_of
 from gymflow.agents.replay import ReplayMemory, Transitions
 from gymflow.agents.rollout import collect, evaluate
 from gymflow.agents.sac import SACConfig, SACLearner
+from gymflow.agents.td3 import TD3Config, TD3Learner
 from gymflow.envs.vector import SeededVectorEnv
 from gymflow.tasks.storage.codec import decode_state, encode_state
 
@@ -171,11 +172,13 @@ def test_replay_memory_wraps_around_and_round_trips():
     lambda: DQNLearner(DQNConfig(hidden_sizes=[8, 8], replay="prioritized", double_q=True, dueling=True, n_step=3,
                                  batch_size=4), OBS, ACTIONS, 1),
     lambda: SACLearner(SACConfig(hidden_sizes=[8], replay="prioritized", batch_size=4), OBS, BOX_ACTIONS, 1),
+    lambda: TD3Learner(TD3Config(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=5,
+                                 normalize_observations=True), OBS, BOX_ACTIONS, 1),
 ])
 def test_learner_state_round_trips_through_a_checkpoint_into_a_fresh_learner(make):
     learner = make()
     rollout = _rollout(np.ones(8), [False] * 7 + [True], [False] * 8, obs=np.random.rand(8, 1, 2).astype(np.float32))
-    if isinstance(learner, SACLearner):
+    if isinstance(learner, SACLearner | TD3Learner):
         rollout = rollout._replace(actions=np.random.uniform(-1, 1, (8, 1, 1)).astype(np.float32))
     learner.learn([rollout], 0.1)
     restored = make()
@@ -193,6 +196,8 @@ def test_learner_state_round_trips_through_a_checkpoint_into_a_fresh_learner(mak
     lambda device: DQNLearner(DQNConfig(hidden_sizes=[8], replay="prioritized", batch_size=4,
                                         normalize_observations=True), OBS, ACTIONS, 1, device),
     lambda device: SACLearner(SACConfig(hidden_sizes=[8], batch_size=4, normalize_observations=True), OBS,
+                              BOX_ACTIONS, 1, device),
+    lambda device: TD3Learner(TD3Config(hidden_sizes=[8], batch_size=4, normalize_observations=True), OBS,
                               BOX_ACTIONS, 1, device),
 ])
 def test_a_gpu_learner_hands_out_cpu_weights_and_its_checkpoint_resumes_on_a_cpu(make):

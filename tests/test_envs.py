@@ -70,3 +70,48 @@ def test_an_env_that_cannot_render_is_not_filmed_and_says_why():
 
     with pytest.raises(CannotFilm, match="offers no rgb_array rendering"):
         film_episode(lambda obs: 1, "gymflow.testing.envs:Tripwire", {"at_step": 1, "once_file": "x"}, seed=0)
+
+
+def test_mujoco_films_on_a_machine_without_a_display_and_says_nothing_of_glfw(tmp_path):
+    """A fresh process with no DISPLAY and no MUJOCO_GL, as a headless server or CI runs a
+    MuJoCo preset: gymflow picks an off-screen backend and the film plays."""
+    pytest.importorskip("mujoco")
+    import os
+    import subprocess
+    import sys
+
+    import imageio_ffmpeg
+
+    script = (
+        "import numpy as np, os\n"
+        "from gymflow.envs.video import film_episode\n"
+        "filmed = film_episode(lambda obs: np.zeros(3, np.float32), 'Hopper-v5', {}, seed=0, max_frames=20)\n"
+        f"open({str(tmp_path / 'hopper.mp4')!r}, 'wb').write(filmed.mp4)\n"
+        "print(os.environ['MUJOCO_GL'])\n"
+    )
+    environment = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL",
+                                                                     "PYOPENGL_PLATFORM")}
+    done = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["egl"] or done.stdout.split() == ["osmesa"]
+    assert "glfw" not in (done.stdout + done.stderr).lower()
+    frames, _ = imageio_ffmpeg.count_frames_and_secs(str(tmp_path / "hopper.mp4"))
+    assert frames == 20
+
+
+def test_without_an_off_screen_library_a_mujoco_film_names_the_debian_package(monkeypatch):
+    """The library missing cannot be made for real on a machine that has it: find_library is told
+    it finds nothing, and MuJoCo is asked for GLFW as on a headless machine without EGL or OSMesa."""
+    pytest.importorskip("mujoco")
+    import ctypes.util
+
+    from gymflow.envs import headless
+    from gymflow.envs.video import CannotFilm, film_episode
+
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    for name in ("DISPLAY", "WAYLAND_DISPLAY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MUJOCO_GL", "not-a-backend")
+    assert headless.offscreen_backend() is None
+    with pytest.raises(CannotFilm, match=r"Hopper-v5 cannot render here: .*install Debian's libegl1 or libosmesa6"):
+        film_episode(lambda obs: obs[:3], "Hopper-v5", {}, seed=0)

@@ -46,11 +46,40 @@ def test_a_preset_file_path_works(tmp_path):
     assert experiment.action_space.n == 2
 
 
+def test_a_preset_lays_its_settings_over_its_base(tmp_path):
+    from gymflow.presets.load import load_preset
+
+    cheetah, base = load_preset("halfcheetah-ppo"), load_preset("mujoco-ppo")
+    assert cheetah.name == "halfcheetah-ppo" and cheetah.env.id == "HalfCheetah-v5"
+    assert cheetah.agent == base.agent and cheetah.schedule == base.schedule  # only the task differs
+    path = tmp_path / "faster.yaml"
+    path.write_text("base: hopper-ppo\nname: faster\nagent: {lr: 0.001}\nschedule: {total_env_steps: 5000}\n")
+    mine = load_preset(str(path), {"agent.epochs": 3})
+    assert (mine.name, mine.env.id, mine.agent.lr, mine.agent.epochs) == ("faster", "Hopper-v5", 0.001, 3)
+    assert mine.agent.log_std_init == base.agent.log_std_init and mine.schedule.rollout_steps_per_env == 256
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("base: no-such-preset\nname: x\n", "preset: unknown preset 'no-such-preset'"),
+    ("base: [hopper-ppo]\nname: x\n", "base: expected a built-in preset name or a .yaml path"),
+    ("base: {self}\nname: x\n", "base: "),
+])
+def test_a_bad_base_is_one_line_naming_it(tmp_path, text, says):
+    from gymflow.presets.load import load_preset
+
+    path = tmp_path / "self.yaml"
+    path.write_text(text.replace("{self}", str(path)))
+    with pytest.raises(InvalidPreset) as caught:
+        load_preset(str(path))
+    assert str(caught.value).startswith(says) and "\n" not in str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("preset", "overrides", "field", "says"),
     [
         ("nope", {}, "preset", "allowed: breakout-dqn, breakout-ppo, cartpole-dqn, cartpole-dqn-async, cartpole-ppo, "
-                               "catch-dqn, catch-ppo, halfcheetah-sac, hopper-ppo, lunarlander-ppo, pendulum-sac"),
+                               "catch-dqn, catch-ppo, halfcheetah-ppo, halfcheetah-sac, hopper-ppo, hopper-td3, "
+                               "lunarlander-ppo, mujoco-ppo, pendulum-sac"),
         ("cartpole-ppo", {"env.id": "NoSuchEnv-v0"}, "env.id", "not a registered Gymnasium id"),
         ("cartpole-ppo", {"env.id": "gymflow.testing.envs:NoSuchClass"}, "env.id", "not a gymnasium.Env subclass"),
         ("cartpole-ppo", {"agent.learning_rate": 1}, "agent.learning_rate", "allowed here: activation, algo, anneal_lr"),

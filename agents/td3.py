@@ -1,0 +1,244 @@
+"""Twin Delayed DDPG for continuous actions (Fujimoto et al. 2018, "Addressing Function
+Approximation Error in Actor-Critic Methods").
+
+A deterministic actor explores with Gaussian noise. The critics learn from the smaller of two
+target critics (clipped double-Q), evaluated at a smoothed target action: the target actor's
+action plus clipped noise (target policy smoothing). The actor and the target networks move only
+every `policy_delay` critic steps. As SAC's, the actor scales its tanh output to the env's
+bounds itself (its buffers), so a rollout worker needs the actor's weights alone.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from pydantic import ConfigDict, Field
+from torch import nn
+
+from gymflow.agents.core import ReplayLearner, Rollout, cpu_weights, on_device
+from gymflow.agents.networks import LayerWidths, mlp, seeded_init
+from gymflow.agents.normalization import ObservationNormalization, observation_normalizer, share_normalizer
+from gymflow.agents.replay import ReplayOptions, Sample, make_replay, n_step_transitions
+from gymflow.agents.sac import TwinCritic
+
+
+class TD3Config(ReplayOptions, ObservationNormalization):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    algo: Literal["td3"] = "td3"
+    lr: float = Field(default=1e-3, gt=0, le=1, description="Adam learning rate of actor and critics.")
+    gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
+    tau: float = Field(default=0.005, gt=0, le=1, description="Polyak step of the target networks at each update.")
+    batch_size: int = Field(default=256, ge=1, description="Transitions per gradient step.")
+    replay_capacity: int = Field(default=1_000_000, ge=1, description="Replay memory size.")
+    train_steps_per_iteration: int = Field(
+        default=64, ge=1, description="Critic gradient steps after each iteration's rollouts (TrainingSteps)."
+    )
+    exploration_noise: float = Field(
+        default=0.1, ge=0, le=10, description="Std of the Gaussian noise added to actions while collecting, "
+        "as a fraction of each action's half-range."
+    )
+    policy_delay: int = Field(default=2, ge=1, le=1000, description="Critic steps per actor and target update.")
+    target_noise: float = Field(default=0.2, ge=0, le=10, description="Std of the target policy smoothing noise.")
+    target_noise_clip: float = Field(default=0.5, ge=0, le=10, description="The smoothing noise is clipped to +-this.")
+    hidden_sizes: LayerWidths = Field(default=[400, 300], min_length=1, description="MLP widths of actor and critics.")
+
+
+class DeterministicActor(nn.Module):
+    """obs -> an action in [-1, 1] (tanh), which `to_env` scales to the env's bounds."""
+
+    def __init__(self, inputs: int, hidden: list[int], action_space: spaces.Box, obs_norm: nn.Module):
+        super().__init__()
+        self.obs_norm = obs_norm
+        self.net = mlp(inputs, hidden, int(np.prod(action_space.shape)), nn.ReLU)
+        low, high = (torch.as_tensor(bound, dtype=torch.float32) for bound in (action_space.low, action_space.high))
+        self.register_buffer("action_scale", (high - low) / 2)
+        self.register_buffer("action_bias", (high + low) / 2)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.net(self.obs_norm(obs)))
+
+    def to_env(self, squashed: torch.Tensor) -> torch.Tensor:
+        return squashed * self.action_scale + self.action_bias
+
+    def from_env(self, actions: torch.Tensor) -> torch.Tensor:
+        return (actions - self.action_bias) / self.action_scale
+
+
+def make_actor(config: TD3Config, observation_space: spaces.Box, action_space: spaces.Box) -> DeterministicActor:
+    obs_norm = observation_normalizer(config, observation_space.shape)
+    return DeterministicActor(int(np.prod(observation_space.shape)), config.hidden_sizes, action_space, obs_norm)
+
+
+class TD3Policy:
+    """The actor's action, plus Gaussian noise when exploring, within [-1, 1] before scaling."""
+
+    def __init__(self, actor: DeterministicActor, noise: float, seed: int):
+        self.actor = actor
+        self.noise = noise
+        self.rng = np.random.default_rng(seed)
+
+    @torch.inference_mode()
+    def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
+        squashed = self.actor(torch.from_numpy(obs)).numpy()
+        if explore and self.noise > 0:
+            squashed = np.clip(squashed + self.noise * self.rng.standard_normal(squashed.shape), -1.0, 1.0)
+        actions = self.actor.to_env(torch.from_numpy(np.asarray(squashed, np.float32))).numpy()
+        return actions.astype(np.float32), np.zeros(len(obs), dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class CriticBatch:
+    """A minibatch on the learner's device; actions in the actor's [-1, 1] units."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    rewards: torch.Tensor
+    discounts: torch.Tensor  # gamma^n, 0 where the episode terminated
+    next_obs: torch.Tensor
+
+
+def smoothed_target_actions(target_actor: DeterministicActor, next_obs: torch.Tensor, noise: torch.Tensor,
+                            config: TD3Config) -> torch.Tensor:
+    """Target policy smoothing: pi'(s') + clip(noise * sigma, -c, c), kept within [-1, 1]. `noise`
+    is standard normal, drawn by the caller (a generator of the learner's own)."""
+    smoothing = (noise * config.target_noise).clamp(-config.target_noise_clip, config.target_noise_clip)
+    return (target_actor(next_obs) + smoothing).clamp(-1.0, 1.0)
+
+
+def critic_targets(target_critic: TwinCritic, target_actions: torch.Tensor, batch: CriticBatch) -> torch.Tensor:
+    """Clipped double-Q: y = r + gamma^n * min(Q1', Q2')(s', a')."""
+    with torch.no_grad():
+        return batch.rewards + batch.discounts * torch.min(*target_critic(batch.next_obs, target_actions))
+
+
+def critic_loss(critic: TwinCritic, batch: CriticBatch, targets: torch.Tensor,
+                weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the twin critics' weighted squared error, the mean of their absolute TD errors, Q1)."""
+    q1, q2 = critic(batch.obs, batch.actions)
+    loss = (weights * ((q1 - targets).pow(2) + (q2 - targets).pow(2))).mean()
+    return loss, 0.5 * ((q1 - targets).abs() + (q2 - targets).abs()).detach(), q1.detach()
+
+
+def actor_loss(actor: DeterministicActor, critic: TwinCritic, obs: torch.Tensor) -> torch.Tensor:
+    """The deterministic policy gradient's objective: -Q1(s, pi(s))."""
+    q1, _ = critic(obs, actor(obs))
+    return -q1.mean()
+
+
+class TD3Learner(ReplayLearner):
+    def __init__(self, config: TD3Config, observation_space: spaces.Box, action_space: spaces.Box, seed: int,
+                 device: str = "cpu"):
+        self.config = config
+        self.device = torch.device(device)
+        obs_size, action_size = int(np.prod(observation_space.shape)), int(np.prod(action_space.shape))
+        with seeded_init(seed):
+            self.actor = make_actor(config, observation_space, action_space)
+            critic_norm = observation_normalizer(config, observation_space.shape)
+            self.critic = TwinCritic(obs_size, action_size, config.hidden_sizes, critic_norm)
+        self.actor.to(self.device)
+        self.critic.to(self.device)
+        self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
+        self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
+        self.normalizer = share_normalizer(self.actor, self.critic, self.target_actor, self.target_critic)
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=config.lr, fused=True)
+        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=config.lr, fused=True)
+        self.replay = make_replay(config.replay_capacity, observation_space.shape, action_space.shape, np.float32,
+                                  config)
+        self.rng = np.random.default_rng(seed)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.train_steps = 0
+
+    @property
+    def samples_per_train_step(self) -> int:
+        return self.config.batch_size
+
+    def policy_weights(self) -> dict[str, torch.Tensor]:
+        return cpu_weights(self.actor)
+
+    def load_policy_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        self.actor.load_state_dict(weights)
+        self.target_actor.load_state_dict(weights)
+
+    def remember(self, rollouts: Sequence[Rollout]) -> None:
+        for rollout in rollouts:
+            self.replay.add(n_step_transitions(rollout.steps(), self.config.gamma, 1))
+
+    def learn(self, rollouts: Sequence[Rollout], progress: float) -> dict[str, float]:
+        self.insert(rollouts)
+        return self.train(self.config.train_steps_per_iteration, progress)
+
+    def train(self, steps: int, progress: float) -> dict[str, float]:
+        rows = [self._update(self.replay.sample(self.config.batch_size, self.rng, progress)) for _ in range(steps)]
+        keys = dict.fromkeys(key for row in rows for key in row)  # actor_loss: only where the actor moved
+        metrics = {key: float(np.mean([row[key] for row in rows if key in row])) for key in keys}
+        return metrics | {"replay_size": float(len(self.replay)), "train_steps": float(self.train_steps)}
+
+    def _batch(self, sample: Sample) -> CriticBatch:
+        transitions, device = sample.transitions, self.device
+        return CriticBatch(
+            obs=on_device(transitions.obs, device),
+            actions=self.actor.from_env(on_device(transitions.actions, device)),
+            rewards=on_device(transitions.rewards, device),
+            discounts=on_device(transitions.discounts, device),
+            next_obs=on_device(transitions.next_obs, device),
+        )
+
+    def _update(self, sample: Sample) -> dict[str, float]:
+        batch = self._batch(sample)
+        noise = torch.randn(batch.actions.shape, generator=self.generator).to(self.device)
+        with torch.no_grad():
+            targets = critic_targets(self.target_critic, smoothed_target_actions(self.target_actor, batch.next_obs,
+                                                                                  noise, self.config), batch)
+        loss, td_errors, q1 = critic_loss(self.critic, batch, targets, on_device(sample.weights, self.device))
+        self.critic_optimizer.zero_grad()
+        loss.backward()
+        self.critic_optimizer.step()
+        self.replay.update_priorities(sample.index, td_errors.cpu().numpy())
+        self.train_steps += 1
+        metrics = {"critic_loss": loss.item(), "q_mean": q1.mean().item()}
+        if self.train_steps % self.config.policy_delay == 0:
+            metrics["actor_loss"] = self._update_actor_and_targets(batch.obs)
+        return metrics
+
+    def _update_actor_and_targets(self, obs: torch.Tensor) -> float:
+        self.critic.requires_grad_(False)
+        loss = actor_loss(self.actor, self.critic, obs)
+        self.actor_optimizer.zero_grad()
+        loss.backward()
+        self.actor_optimizer.step()
+        self.critic.requires_grad_(True)
+        with torch.no_grad():
+            for target, online in ((self.target_actor, self.actor), (self.target_critic, self.critic)):
+                torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), self.config.tau)
+        return loss.item()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "actor": self.actor.state_dict(),
+            "critic": self.critic.state_dict(),
+            "target_actor": self.target_actor.state_dict(),
+            "target_critic": self.target_critic.state_dict(),
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "rng": self.rng.bit_generator.state,
+            "generator": self.generator.get_state(),
+            "train_steps": self.train_steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.actor.load_state_dict(state["actor"])
+        self.critic.load_state_dict(state["critic"])
+        self.target_actor.load_state_dict(state["target_actor"])
+        self.target_critic.load_state_dict(state["target_critic"])
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        self.rng.bit_generator.state = state["rng"]
+        self.generator.set_state(state["generator"])
+        self.train_steps = int(state["train_steps"])
