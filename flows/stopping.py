@@ -25,6 +25,7 @@ import atexit
 import contextvars
 import gc
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -38,27 +39,34 @@ from uuid import UUID
 
 STOP_GRACE_S = 8.0
 API_START_TIMEOUT_S = 60.0
+API_START_ATTEMPTS = 3
 
 
 class TemporaryApi:
     """A Prefect API server of this process's own, on a free loopback port."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
+        # The server is handed a socket already bound: a port chosen, released and bound again
+        # seconds later (the server's imports) may be taken meanwhile, by another run's Dask workers.
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", port))
+        self.port = self.socket.getsockname()[1]
+        self.process = self._start()
+        atexit.register(self.stop)  # registered before Prefect's drains, so it runs after them
+
+    def _start(self) -> subprocess.Popen:
         import prefect  # the package's location only: light
 
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
         # no UI, and no telemetry: a machine without internet access would log an error for it
         environment = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
                        "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "0"}
-        self.process = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--app-dir", os.path.dirname(prefect.__path__[0]), "--factory",
-             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "error", "--lifespan", "on"],
-            env=environment, start_new_session=True, stdout=subprocess.DEVNULL,
+             "prefect.server.api.server:create_app", "--fd", str(self.socket.fileno()),
+             "--log-level", "critical", "--lifespan", "on"],
+            env=environment, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=(self.socket.fileno(),),
         )
-        atexit.register(self.stop)  # registered before Prefect's drains, so it runs after them
 
     @property
     def url(self) -> str:
@@ -68,9 +76,18 @@ class TemporaryApi:
         import httpx
 
         deadline = time.monotonic() + API_START_TIMEOUT_S
+        attempts = 1
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the temporary Prefect API exited with {self.process.returncode}")
+                # Two runs started at once share Prefect's database; its migrations at start-up can meet
+                # SQLite's lock, and the server exits (status 3). Start it again, a moment apart.
+                if attempts == API_START_ATTEMPTS:
+                    raise RuntimeError(f"the temporary Prefect API exited with {self.process.returncode} "
+                                       f"{attempts} times (port {self.port})")
+                attempts += 1
+                time.sleep(random.uniform(0.5, 2.0))
+                self.process = self._start()
+                continue
             try:
                 if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
                     return
@@ -87,6 +104,7 @@ class TemporaryApi:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self.socket.close()
 
 
 @contextmanager

@@ -90,9 +90,10 @@ def test_the_lag_bound_drops_stale_shards_and_counts_them(prefect_api, workspace
     assert not np.allclose(replay["priorities"], replay["priorities"][0])  # the learner updated them
 
 
-def test_sac_trains_async_on_a_continuous_env(prefect_api, workspace, async_budget):
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_an_actor_critic_trains_async_on_a_continuous_env(algo, prefect_api, workspace, async_budget):
     overrides = {**async_budget, **local_overrides(workspace), "env.id": "gymflow.testing.envs:ContinuousCorridor",
-                 "agent": {"algo": "sac", "hidden_sizes": [32], "batch_size": 16}, "schedule.total_env_steps": 512}
+                 "agent": {"algo": algo, "hidden_sizes": [32], "batch_size": 16}, "schedule.total_env_steps": 512}
     summary = improve("cartpole-dqn", overrides)
     assert summary.env_steps >= 512 and summary.final_return is not None
     assert (workspace / "data" / "runs" / summary.run_id / "ledger.json").exists()

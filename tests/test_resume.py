@@ -35,6 +35,10 @@ ASYNC = {"distribution.mode": "async", "distribution.samples_per_insert": 2, "di
          "agent.batch_size": 16, "agent.hidden_sizes": [16], "schedule.heatup_env_steps": 128}
 
 
+# hopper-td3's agent on the test corridor's continuous twin, small enough for seconds
+TD3_ON_THE_CORRIDOR = {"env.id": "gymflow.testing.envs:ContinuousCorridor", "agent.hidden_sizes": [16],
+                       "agent.batch_size": 16, "agent.train_steps_per_iteration": 8, "schedule.heatup_env_steps": 128,
+                       "distribution.learner_threads": 1}
 NORMALIZED = {"agent.normalize_observations": True}  # the statistics resume with the learner, counted once
 
 
@@ -43,6 +47,7 @@ NORMALIZED = {"agent.normalize_observations": True}  # the statistics resume wit
     ("cartpole-dqn", {"agent.train_steps_per_iteration": 8, "agent.hidden_sizes": [16], "schedule.heatup_env_steps": 128,
                       **NORMALIZED}),
     ("cartpole-dqn", {**ASYNC, **NORMALIZED}),
+    ("hopper-td3", {**TD3_ON_THE_CORRIDOR, **NORMALIZED}),
 ])
 def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, extra, prefect_api, workspace, tiny_budget):
     """SYNC (with normalisation): the same weights and statistics as the uninterrupted run. ASYNC (which version a chunk acts with

@@ -251,3 +251,35 @@ def test_the_command_line_trains_an_env_from_the_working_folder_with_no_warnings
 
 def _yaml(value) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def test_a_temporary_prefect_api_that_fails_to_start_is_started_again(tmp_path, monkeypatch):
+    """What two runs started at once can meet: Prefect's SQLite database locked while the server
+    migrates it, and the server exits (status 3). Made for real: the database is held locked by
+    another connection until the first server has given up."""
+    import sqlite3
+    import threading
+
+    import httpx
+
+    from gymflow.flows.stopping import TemporaryApi
+
+    database = tmp_path / "prefect.db"
+    monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", f"sqlite+aiosqlite:///{database}")
+    holder = sqlite3.connect(database, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")
+    api = TemporaryApi()
+    first = api.process
+
+    def release_once_refused() -> None:
+        first.wait(120)
+        holder.execute("ROLLBACK")
+
+    threading.Thread(target=release_once_refused, daemon=True).start()
+    try:
+        api.wait_ready()
+        assert first.returncode == 3 and api.process is not first
+        assert httpx.get(f"{api.url}/health", timeout=5).status_code == 200
+    finally:
+        api.stop()
+        holder.close()
