@@ -177,9 +177,8 @@ def plot_task(result: TaskResult, path: Path) -> None:
 
     figure, axes = plt.subplots(figsize=(8, 4.5))
     curves = [tuple(zip(*curve)) for curve in result.curves.values() if curve]
-    for seed, curve in result.curves.items():
-        steps, returns = zip(*curve)
-        axes.plot(steps, returns, lw=0.8, alpha=0.45, color="tab:blue", label=None)
+    for steps, returns in curves:
+        axes.plot(steps, returns, lw=0.8, alpha=0.45, color="tab:blue")
     if curves:
         grid, mean, low, high = curve_band(curves)
         axes.plot(grid, mean, lw=2.2, color="tab:blue", label=f"gymflow {result.entry.preset}, mean of "
