@@ -18,10 +18,12 @@ live under the suite's `root` (default ./gymflow-results).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -38,6 +40,7 @@ class Entry(BaseModel):
     tasks: list[str] = Field(default_factory=list, description="env ids to run it on; empty: the preset's own.")
     seeds: int = Field(default=3, ge=1, le=100)
     env_steps: int = Field(gt=0, description="The env-step budget of every run.")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="Preset fields set for every run.")
 
     @property
     def sweep_id(self) -> str:
@@ -115,8 +118,8 @@ def sweep_spec(suite: Suite, entry: Entry) -> dict:
     tasks = entry.tasks or [load_preset(entry.preset).env.id]
     return {
         "preset": entry.preset,
-        "overrides": {"schedule.total_env_steps": entry.env_steps, "storage.root": str(root / "data"),
-                      "tracking.tracking_uri": f"sqlite:///{root / 'mlflow.db'}"},
+        "overrides": {**entry.overrides, "schedule.total_env_steps": entry.env_steps,
+                      "storage.root": str(root / "data"), "tracking.tracking_uri": f"sqlite:///{root / 'mlflow.db'}"},
         "space": {"env.id": {"values": tasks}},
         "sampler": "grid",
         "seeds": entry.seeds,
@@ -129,11 +132,12 @@ def run_entry(suite: Suite, entry: Entry) -> int:
     """Run (or continue) the entry's sweep through gymflow's command line; its exit status."""
     from gymflow.flows.cli import main
 
-    specs = Path(suite.root) / "specs"
+    specs = Path(suite.root).resolve() / "specs"
     specs.mkdir(parents=True, exist_ok=True)
     path = specs / f"{entry.sweep_id}.yaml"
     path.write_text(yaml.safe_dump(sweep_spec(suite, entry), sort_keys=True))
-    return main(["sweep", str(path), "--id", entry.sweep_id])
+    with contextlib.chdir(specs.parent):  # MLflow's artifacts (./mlruns) beside the suite's store
+        return main(["sweep", str(path), "--id", entry.sweep_id])
 
 
 def collect_results(suite: Suite, entries: list[Entry]) -> list[TaskResult]:
@@ -253,6 +257,7 @@ def write_report(suite: Suite, entries: list[Entry], docs: Path, command: str, m
         if result.curves:
             plot_task(result, docs / "img" / image_name(result))
     page = docs / "results.md"
+    docs.mkdir(parents=True, exist_ok=True)
     page.write_text(results_markdown(results, command, machine))
     return page
 
