@@ -108,7 +108,8 @@ def test_deploy_and_run_a_preset_through_a_process_worker(deployed, worker, tmp_
     env = deployed
     listed = _prefect(env, "deployment", "ls").stdout
     for name in ("improve/cartpole-ppo", "improve/cartpole-dqn", "improve/cartpole-dqn-async", "improve/pendulum-sac",
-                 "improve/lunarlander-ppo", "improve/hopper-ppo", "improve/halfcheetah-sac",
+                 "improve/lunarlander-ppo", "improve/hopper-ppo", "improve/halfcheetah-ppo", "improve/hopper-td3",
+                 "improve/halfcheetah-sac",
                  "retrain/cartpole-ppo-nightly", "sweep/cartpole-ppo-sweep"):
         assert name.split("/")[1] in listed, listed
 
