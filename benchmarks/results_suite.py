@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 DEFAULT_SUITE = REPOSITORY / "benchmarks" / "results_suite.yaml"
@@ -105,9 +105,22 @@ class TaskResult:
     failed: bool = False
 
 
+class BadSuite(Exception):
+    """A suite file that cannot be read or does not fit the model: one line naming the field."""
+
+
 def read_suite(path: Path) -> Suite:
-    with open(path, encoding="utf-8") as stream:
-        return Suite.model_validate(yaml.safe_load(stream))
+    try:
+        with open(path, encoding="utf-8") as stream:
+            return Suite.model_validate(yaml.safe_load(stream))
+    except OSError as error:
+        raise BadSuite(f"cannot read {str(path)!r}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise BadSuite(f"{str(path)!r} is not valid YAML: {str(error).splitlines()[0]}") from None
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "suite"
+        raise BadSuite(f"{where}: {first['msg']}") from None
 
 
 def sweep_spec(suite: Suite, entry: Entry) -> dict:
@@ -279,7 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true", help="write the page from what has finished")
     parser.add_argument("--docs", type=Path, default=REPOSITORY / "docs", help="where results.md and img/ go")
     args = parser.parse_args(argv)
-    suite = read_suite(args.suite)
+    try:
+        suite = read_suite(args.suite)
+    except BadSuite as error:
+        print(f"results suite: error: {error}", file=sys.stderr)
+        return 2
     chosen = [entry for entry in suite.entries if args.only is None or entry.preset in args.only]
     if not chosen:
         print(f"results suite: no entry of {args.suite} has preset {args.only}", file=sys.stderr)

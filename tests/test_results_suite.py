@@ -4,8 +4,6 @@ second start of the same suite trains nothing again."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
@@ -62,3 +60,18 @@ def test_the_page_sets_published_figures_beside_gymflows_at_the_same_budget():
     assert "rl-zoo 2,410 (Hopper-v3); CleanRL 2,383 (Hopper-v4); Tianshou 2,609 (Hopper-v4)" in hopper_row
     assert "(1 of 3 seeds)" in walker_row and "rl-zoo 3,479 (Walker2d-v3)" in walker_row
     assert "none at this budget" in short_row  # TD3's published figures are at 1M, not 300k
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("entries: [{preset: hopper-ppo, env_steps: 0}]", "entries.0.env_steps: Input should be greater than 0"),
+    ("entries: [{preset: hopper-ppo, env_steps: 10, typo: 1}]", "entries.0.typo: Extra inputs are not permitted"),
+    ("root: x\n", "entries: Field required"),
+    ("entries: [", "is not valid YAML"),
+])
+def test_a_bad_suite_file_is_one_line_naming_the_field(tmp_path, capsys, text, says):
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(text)
+    assert results_suite.main(["--suite", str(suite), "--docs", str(tmp_path / "docs")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("results suite: error: ") and says in error and error.count("\n") == 1
+    assert not (tmp_path / "docs").exists()
