@@ -18,6 +18,8 @@ SMALL = {"distribution.rollout_workers": 2, "distribution.envs_per_worker": 2, "
 @pytest.mark.parametrize(("preset", "extra"), [
     ("hopper-ppo", {"agent.minibatch_size": 64}),
     ("halfcheetah-sac", {"schedule.heatup_env_steps": 256, "agent.batch_size": 32, "agent.train_steps_per_iteration": 8}),
+    ("hopper-td3", {"schedule.heatup_env_steps": 256, "agent.batch_size": 32, "agent.train_steps_per_iteration": 8,
+                    "distribution.learner_threads": 1}),
 ])
 def test_a_mujoco_preset_runs_end_to_end(preset, extra, prefect_api, workspace):
     summary = improve(preset, {**SMALL, **extra, **local_overrides(workspace)})
@@ -26,3 +28,6 @@ def test_a_mujoco_preset_runs_end_to_end(preset, extra, prefect_api, workspace):
     client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
     run = client.get_run(summary.mlflow_run_id)
     assert run.info.status == "FINISHED" and "eval/return_mean" in run.data.metrics
+    # filmed off-screen on a machine without a display: an MP4 the MLflow UI plays
+    (film,) = client.list_artifacts(summary.mlflow_run_id, "videos")
+    assert film.path.endswith(".mp4") and film.file_size > 1000
