@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,7 +155,7 @@ def run_entry(suite: Suite, entry: Entry) -> int:
 
 
 def collect_results(suite: Suite, entries: list[Entry]) -> list[TaskResult]:
-    """What each entry's sweep has finished so far (nothing for one not started)."""
+    """Each entry's tasks, with what its sweep has finished so far (nothing where it has not run)."""
     import optuna
 
     from gymflow.presets.load import load_preset
@@ -164,18 +165,19 @@ def collect_results(suite: Suite, entries: list[Entry]) -> list[TaskResult]:
     storage = f"sqlite:///{Path(suite.root).resolve() / 'sweeps.db'}"
     results = []
     for entry in entries:
-        algo = load_preset(entry.preset).agent.algo
+        preset = load_preset(entry.preset)
+        tasks = {task: TaskResult(entry, preset.agent.algo, task) for task in entry.tasks or [preset.env.id]}
         try:
             study = optuna.load_study(study_name=entry.sweep_id, storage=storage)
         except (KeyError, Exception):  # noqa: BLE001 (not started yet; Optuna raises KeyError, or a DB error)
-            continue
-        for configuration in configurations(study):
-            task = TaskResult(entry, algo, str(configuration.params["env.id"]))
+            study = None
+        for configuration in configurations(study) if study is not None else []:
+            task = tasks[str(configuration.params["env.id"])]
             for seed, result in sorted(configuration.results.items()):
                 task.finals[seed] = result.final_return
                 task.curves[seed] = result.curve
             task.failed = len(task.finals) < entry.seeds
-            results.append(task)
+        results += tasks.values()
     return results
 
 
@@ -227,11 +229,12 @@ def results_markdown(results: list[TaskResult], command: str, machine: str) -> s
         "",
         "gymflow's presets over seeds, at the budgets the literature publishes, against the published",
         "figures. Made by `benchmarks/results_suite.py` (the suite: `benchmarks/results_suite.yaml`);",
-        f"this page by `{command}` on {machine}.",
+        f"this page by `{command}` on {machine}, {time.strftime('%Y-%m-%d')}.",
         "",
         "Each cell is the final greedy evaluation (10 episodes) of each seed's run; gymflow's figure is",
         "the interquartile mean over seeds with its 95% stratified bootstrap interval, then the median",
-        "and each seed. A task other than the preset's own is that preset with `--set env.id=...` only.",
+        "and each seed (with 3 seeds the IQM trims no run: it is their mean). A task other than the",
+        "preset's own is that preset with `--set env.id=...` only.",
         "Published figures are at the same budget, with their source (rl-zoo: rl-baselines3-zoo's",
         "benchmark.md; CleanRL: its docs' benchmark pages; Tianshou: examples/mujoco, the best point of",
         "its mean curve). Their env versions are older (v3/v4) than gymflow's v5.",

@@ -28,12 +28,15 @@ from gymflow.tasks.sweep.aggregate import area_under_curve, interquartile_mean, 
 from tests.conftest import local_overrides
 
 LEARNING_RATES = [0.01, 0.000001, 0.003]  # the second learns nothing by its first evaluation: pruned
+# Seeds 3 and 4: their initial greedy policies walk the corridor the wrong way (seeds 0 and 2 already walk it
+# right: PPO's action layer starts near zero, and its argmax goes either way), so learning nothing shows
+FIRST_SEED = 3
 
 
 def _spec(workspace: Path, tiny_budget: dict, **changes) -> dict:
     return {
         "preset": "cartpole-ppo",
-        "overrides": {**tiny_budget, "schedule.total_env_steps": 1280, **local_overrides(workspace)},
+        "overrides": {**tiny_budget, "schedule.total_env_steps": 1280, "seed": FIRST_SEED, **local_overrides(workspace)},
         "space": {"agent.lr": {"values": LEARNING_RATES}},
         "sampler": "grid",
         "seeds": 2,
@@ -176,7 +179,7 @@ def _killed_after_a_checkpoint_of_its_third_run(workspace: Path, spec: dict, swe
     flow = subprocess.Popen([sys.executable, "-c", code, json.dumps(spec), sweep_id],
                             env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    third = Path(spec["overrides"]["storage.root"]) / "runs" / f"{sweep_id}-c001-s0" / "checkpoints"
+    third = Path(spec["overrides"]["storage.root"]) / "runs" / f"{sweep_id}-c001-s{FIRST_SEED}" / "checkpoints"
     deadline = time.monotonic() + 240
     while not list(third.glob("v*/manifest.json")):
         assert flow.poll() is None and time.monotonic() < deadline, "the sweep ended before it could be killed"
@@ -195,7 +198,7 @@ def test_a_killed_sweep_restarts_to_the_same_table_without_training_a_run_twice(
     spec = _spec(workspace, tiny_budget, pruner="median")
     clean = sweep(spec, sweep_id="clean")
     assert [row["outcome"] for row in clean.ranking] == ["complete", "complete", "pruned"]
-    assert clean.ranking[2]["agent.lr"] == LEARNING_RATES[1] and clean.ranking[2]["seeds"] == 1  # seed 1 never ran
+    assert clean.ranking[2]["agent.lr"] == LEARNING_RATES[1] and clean.ranking[2]["seeds"] == 1  # its second seed never ran
 
     _killed_after_a_checkpoint_of_its_third_run(workspace, spec, "killed")
     study = optuna.load_study(study_name="killed", storage=spec["study_storage"])
@@ -204,17 +207,17 @@ def test_a_killed_sweep_restarts_to_the_same_table_without_training_a_run_twice(
     restarted = sweep(spec, sweep_id="killed")
 
     assert restarted.ranking == clean.ranking  # the same numbers: SYNC runs resume exactly
-    assert restarted.runs_trained == 3  # c001-s0 (resumed), c002-s0, c002-s1; c000's two were kept
+    assert restarted.runs_trained == 3  # c001's first seed (resumed), c002's two; c000's two were kept
     finished = [run for run in _sweep_runs(workspace, "killed") if "mlflow.parentRunId" in run.data.tags]
     assert len(finished) == 5 and {run.info.status for run in finished} == {"FINISHED"}  # no run trained twice
     (pruned,) = [run for run in finished if run.data.tags.get("gymflow.sweep.pruned") == "true"]
-    assert pruned.data.tags["gymflow.run_id"] == "killed-c001-s0"
+    assert pruned.data.tags["gymflow.run_id"] == f"killed-c001-s{FIRST_SEED}"
     assert pruned.data.tags.get("prefect.flow_run_id.resumed")  # resumed from its checkpoint, in its own run
 
     async def pruned_state() -> str:
         async with get_client() as client:
             (run,) = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                name=FlowRunFilterName(any_=["killed-c001-s0 (resumed)"])))
+                name=FlowRunFilterName(any_=[f"killed-c001-s{FIRST_SEED} (resumed)"])))
             return run.state.name
 
     import asyncio
