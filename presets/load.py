@@ -71,6 +71,11 @@ def _laid_over(base: dict[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+# YAML 1.1 reads these as booleans; on the command line they are words (`tracking.video=off`), and a
+# boolean field takes them as words too
+_WORDS_NOT_BOOLEANS = ("on", "off", "yes", "no", "y", "n")
+
+
 def parse_assignments(assignments: Sequence[str]) -> dict[str, Any]:
     """`key=value` strings from the command line, values read as YAML scalars or lists."""
     overrides: dict[str, Any] = {}
@@ -78,7 +83,8 @@ def parse_assignments(assignments: Sequence[str]) -> dict[str, Any]:
         key, sep, raw = assignment.partition("=")
         if not sep or not key.strip():
             raise InvalidPreset("--set", f"expected key=value, got {assignment!r}")
-        overrides[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+        word = raw.strip()
+        overrides[key.strip()] = word if word.lower() in _WORDS_NOT_BOOLEANS else yaml.safe_load(raw) if word else ""
     return overrides
 
 

@@ -28,6 +28,14 @@ def test_overrides_reach_nested_fields_with_types():
     assert preset.env_steps_per_iteration == 3 * 8 * 128
 
 
+def test_on_and_off_on_the_command_line_are_words_that_boolean_fields_read_too():
+    preset = load_preset("cartpole-ppo", parse_assignments(["tracking.video=off", "agent.normalize_observations=on",
+                                                            "agent.anneal_lr=no", "agent.normalize_rewards=true"]))
+    assert preset.tracking.video == "off"
+    assert (preset.agent.normalize_observations, preset.agent.anneal_lr, preset.agent.normalize_rewards) == (
+        True, False, True)
+
+
 def test_switching_algorithm_by_override_validates_the_new_agent():
     preset = load_preset("cartpole-dqn", {"agent.algo": "ppo", "agent.lr": 0.0005})
     assert preset.agent.algo == "ppo" and preset.agent.lr == 0.0005
