@@ -100,28 +100,37 @@ class OnPolicyLearner(Learner):
 
 
 class ReplayLearner(Learner):
-    """Learns off-policy from a replay memory (DQN, SAC, TD3): rollouts are remembered, and training
-    samples the memory. In SYNC mode `learn` remembers one iteration's rollouts, then trains its
-    preset's number of steps; in ASYNC mode the caller remembers shards as they land and trains
-    as many steps as the ratio of samples to inserts allows."""
+    """Learns off-policy from a replay memory (DQN, SAC, TD3): rollouts are remembered, and
+    training samples the memory. In SYNC mode `learn` remembers one iteration's rollouts, then
+    trains its preset's number of steps; in ASYNC mode the caller remembers shards as they land
+    and trains as many steps as the ratio of samples to inserts allows. Its `config` has
+    `batch_size`, `gamma` and `train_steps_per_iteration`."""
 
+    config: Any
     replay: ReplayMemory
     normalizer: ObservationNormalizer | None = None  # its networks' one normaliser, if they normalise
+    n_step: int = 1  # transitions bootstrap after this many rewards (DQN's n-step returns)
 
     @property
-    @abstractmethod
     def samples_per_train_step(self) -> int:
         """Transitions one gradient step samples (the batch size)."""
+        return self.config.batch_size
 
-    @abstractmethod
     def remember(self, rollouts: Sequence[Rollout]) -> None:
-        """Insert the rollouts' transitions into the replay memory."""
+        """Insert the rollouts' transitions into the replay memory (frames kept once where the
+        memory holds images)."""
+        for rollout in rollouts:
+            self.replay.add_rollout(rollout, self.config.gamma, self.n_step)
 
     def insert(self, rollouts: Sequence[Rollout]) -> None:
         """New experience: update the observation statistics (where normalising), then remember
         it. A resume rebuilding its memory only remembers: its statistics come with the checkpoint."""
         observe(self.normalizer, (rollout.obs for rollout in rollouts))
         self.remember(rollouts)
+
+    def learn(self, rollouts: Sequence[Rollout], progress: float) -> dict[str, float]:
+        self.insert(rollouts)
+        return self.train(self.config.train_steps_per_iteration, progress)
 
     @abstractmethod
     def train(self, steps: int, progress: float) -> dict[str, float]:

@@ -9,7 +9,6 @@ ASYNC: the caller inserts (`remember`) and trains (`train`) at its own ratio.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -19,7 +18,7 @@ from pydantic import ConfigDict, Field
 from torch import nn
 from torch.nn import functional as F
 
-from gymflow.agents.core import ReplayLearner, Rollout, cpu_weights, on_device
+from gymflow.agents.core import ReplayLearner, cpu_weights, on_device
 from gymflow.agents.networks import LayerWidths, mlp, observation_reader, seeded_init
 from gymflow.agents.normalization import ObservationNormalization, observation_normalizer, share_normalizer
 from gymflow.agents.replay import ReplayOptions, Sample, make_replay
@@ -126,16 +125,8 @@ class DQNLearner(ReplayLearner):
         self.target_network.load_state_dict(weights)
 
     @property
-    def samples_per_train_step(self) -> int:
-        return self.config.batch_size
-
-    def remember(self, rollouts: Sequence[Rollout]) -> None:
-        for rollout in rollouts:
-            self.replay.add_rollout(rollout, self.config.gamma, self.config.n_step)
-
-    def learn(self, rollouts: Sequence[Rollout], progress: float) -> dict[str, float]:
-        self.insert(rollouts)
-        return self.train(self.config.train_steps_per_iteration, progress)
+    def n_step(self) -> int:
+        return self.config.n_step
 
     def train(self, steps: int, progress: float) -> dict[str, float]:
         """`steps` gradient steps on samples of the replay memory; `progress` anneals the

@@ -8,7 +8,6 @@ inside the actor (its buffers), so a rollout worker needs the actor's weights al
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -17,10 +16,10 @@ from gymnasium import spaces
 from pydantic import ConfigDict, Field
 from torch import nn
 
-from gymflow.agents.core import ReplayLearner, Rollout, cpu_weights, on_device
+from gymflow.agents.core import ReplayLearner, cpu_weights, on_device
 from gymflow.agents.networks import LayerWidths, mlp, seeded_init
 from gymflow.agents.normalization import ObservationNormalization, observation_normalizer, share_normalizer
-from gymflow.agents.replay import ReplayOptions, Sample, make_replay, n_step_transitions
+from gymflow.agents.replay import ReplayOptions, Sample, make_replay
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 
@@ -146,23 +145,11 @@ class SACLearner(ReplayLearner):
         self.generator = torch.Generator().manual_seed(seed)
         self.train_steps = 0
 
-    @property
-    def samples_per_train_step(self) -> int:
-        return self.config.batch_size
-
     def policy_weights(self) -> dict[str, torch.Tensor]:
         return cpu_weights(self.actor)
 
     def load_policy_weights(self, weights: dict[str, torch.Tensor]) -> None:
         self.actor.load_state_dict(weights)
-
-    def remember(self, rollouts: Sequence[Rollout]) -> None:
-        for rollout in rollouts:
-            self.replay.add(n_step_transitions(rollout.steps(), self.config.gamma, 1))
-
-    def learn(self, rollouts: Sequence[Rollout], progress: float) -> dict[str, float]:
-        self.insert(rollouts)
-        return self.train(self.config.train_steps_per_iteration, progress)
 
     def train(self, steps: int, progress: float) -> dict[str, float]:
         rows = [self._update(self.replay.sample(self.config.batch_size, self.rng, progress)) for _ in range(steps)]
