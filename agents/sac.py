@@ -94,6 +94,10 @@ class TwinCritic(nn.Module):
         inputs = torch.cat([self.obs_norm(obs), squashed_actions], dim=1)
         return self.q1(inputs).squeeze(1), self.q2(inputs).squeeze(1)
 
+    def first(self, obs: torch.Tensor, squashed_actions: torch.Tensor) -> torch.Tensor:
+        """Q1 alone (TD3's actor follows it)."""
+        return self.q1(torch.cat([self.obs_norm(obs), squashed_actions], dim=1)).squeeze(1)
+
 
 def make_actor(config: SACConfig, observation_space: spaces.Box, action_space: spaces.Box) -> SquashedGaussianActor:
     obs_norm = observation_normalizer(config, observation_space.shape)

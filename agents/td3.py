@@ -127,8 +127,7 @@ def critic_loss(critic: TwinCritic, batch: CriticBatch, targets: torch.Tensor,
 
 def actor_loss(actor: DeterministicActor, critic: TwinCritic, obs: torch.Tensor) -> torch.Tensor:
     """The deterministic policy gradient's objective: -Q1(s, pi(s))."""
-    q1, _ = critic(obs, actor(obs))
-    return -q1.mean()
+    return -critic.first(obs, actor(obs)).mean()
 
 
 class TD3Learner(ReplayLearner):

@@ -5,6 +5,7 @@ TD3 learning a small continuous task."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from gymnasium import spaces
 
@@ -15,6 +16,7 @@ from gymflow.agents.td3 import (
     CriticBatch,
     TD3Config,
     TD3Learner,
+    actor_loss,
     critic_targets,
     make_actor,
     smoothed_target_actions,
@@ -53,6 +55,14 @@ def test_the_critics_target_is_the_reward_plus_the_discounted_smaller_target_q()
                         discounts=torch.tensor([0.99, 0.0]), next_obs=torch.zeros(2, 2))
     targets = critic_targets(learner.target_critic, torch.zeros(2, 2), batch)
     np.testing.assert_allclose(targets.numpy(), [1.0 + 0.99 * -1.5, 2.0], atol=1e-6)  # min(3, -1.5); terminal: r
+
+
+def test_the_actor_follows_the_first_critic_alone():
+    config = TD3Config(hidden_sizes=[4])
+    learner = TD3Learner(config, OBS, ACTIONS, seed=0)
+    _constant_output(learner.critic.q1, [2.0])
+    _constant_output(learner.critic.q2, [-5.0])  # the smaller: not what the actor's gradient follows
+    assert actor_loss(learner.actor, learner.critic, torch.zeros(3, 2)).item() == pytest.approx(-2.0)
 
 
 def _parameters(module: torch.nn.Module) -> list[torch.Tensor]:
