@@ -62,6 +62,25 @@ def mlp(inputs: int, hidden: Sequence[int], outputs: int, activation: type[nn.Mo
     return layers.append(nn.Linear(width, outputs))
 
 
+class BoundedActions:
+    """For an actor (an nn.Module) whose output lies in [-1, 1]: buffers that scale it to a Box's
+    bounds and back, so a rollout worker needs the actor's weights alone."""
+
+    action_scale: torch.Tensor
+    action_bias: torch.Tensor
+
+    def register_bounds(self, action_space: spaces.Box) -> None:
+        low, high = (torch.as_tensor(bound, dtype=torch.float32) for bound in (action_space.low, action_space.high))
+        self.register_buffer("action_scale", (high - low) / 2)
+        self.register_buffer("action_bias", (high + low) / 2)
+
+    def to_env(self, squashed: torch.Tensor) -> torch.Tensor:
+        return squashed * self.action_scale + self.action_bias
+
+    def from_env(self, actions: torch.Tensor) -> torch.Tensor:
+        return (actions - self.action_bias) / self.action_scale
+
+
 def orthogonal_init(module: nn.Module, gain: float) -> None:
     """Orthogonal weights scaled by `gain` and zero biases for every linear and convolutional layer in `module`."""
     for layer in module.modules():

@@ -17,7 +17,7 @@ from pydantic import ConfigDict, Field
 from torch import nn
 
 from gymflow.agents.core import ReplayLearner, cpu_weights, on_device
-from gymflow.agents.networks import LayerWidths, mlp, seeded_init
+from gymflow.agents.networks import BoundedActions, LayerWidths, mlp, seeded_init
 from gymflow.agents.normalization import ObservationNormalization, observation_normalizer, share_normalizer
 from gymflow.agents.replay import ReplayOptions, Sample, make_replay
 
@@ -47,7 +47,7 @@ class SACConfig(ReplayOptions, ObservationNormalization):
     )
 
 
-class SquashedGaussianActor(nn.Module):
+class SquashedGaussianActor(BoundedActions, nn.Module):
     """obs -> (mean, log_std) of a Gaussian whose samples are squashed by tanh and scaled to the
     action bounds."""
 
@@ -57,9 +57,7 @@ class SquashedGaussianActor(nn.Module):
         self.trunk = mlp(inputs, hidden[:-1], hidden[-1], nn.ReLU)
         self.mean = nn.Linear(hidden[-1], int(np.prod(action_space.shape)))
         self.log_std = nn.Linear(hidden[-1], int(np.prod(action_space.shape)))
-        low, high = (torch.as_tensor(bound, dtype=torch.float32) for bound in (action_space.low, action_space.high))
-        self.register_buffer("action_scale", (high - low) / 2)
-        self.register_buffer("action_bias", (high + low) / 2)
+        self.register_bounds(action_space)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         features = torch.relu(self.trunk(self.obs_norm(obs)))
@@ -75,12 +73,6 @@ class SquashedGaussianActor(nn.Module):
         gaussian = -0.5 * noise.pow(2) - log_std - 0.5 * np.log(2 * np.pi)
         log_prob = (gaussian - torch.log(1 - squashed.pow(2) + 1e-6)).sum(dim=1)
         return squashed, log_prob
-
-    def to_env(self, squashed: torch.Tensor) -> torch.Tensor:
-        return squashed * self.action_scale + self.action_bias
-
-    def from_env(self, actions: torch.Tensor) -> torch.Tensor:
-        return (actions - self.action_bias) / self.action_scale
 
 
 class TwinCritic(nn.Module):

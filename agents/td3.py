@@ -21,7 +21,7 @@ from pydantic import ConfigDict, Field
 from torch import nn
 
 from gymflow.agents.core import ReplayLearner, cpu_weights, on_device
-from gymflow.agents.networks import LayerWidths, mlp, seeded_init
+from gymflow.agents.networks import BoundedActions, LayerWidths, mlp, seeded_init
 from gymflow.agents.normalization import ObservationNormalization, observation_normalizer, share_normalizer
 from gymflow.agents.replay import ReplayOptions, Sample, make_replay
 from gymflow.agents.sac import TwinCritic
@@ -49,25 +49,17 @@ class TD3Config(ReplayOptions, ObservationNormalization):
     hidden_sizes: LayerWidths = Field(default=[400, 300], min_length=1, description="MLP widths of actor and critics.")
 
 
-class DeterministicActor(nn.Module):
+class DeterministicActor(BoundedActions, nn.Module):
     """obs -> an action in [-1, 1] (tanh), which `to_env` scales to the env's bounds."""
 
     def __init__(self, inputs: int, hidden: list[int], action_space: spaces.Box, obs_norm: nn.Module):
         super().__init__()
         self.obs_norm = obs_norm
         self.net = mlp(inputs, hidden, int(np.prod(action_space.shape)), nn.ReLU)
-        low, high = (torch.as_tensor(bound, dtype=torch.float32) for bound in (action_space.low, action_space.high))
-        self.register_buffer("action_scale", (high - low) / 2)
-        self.register_buffer("action_bias", (high + low) / 2)
+        self.register_bounds(action_space)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.net(self.obs_norm(obs)))
-
-    def to_env(self, squashed: torch.Tensor) -> torch.Tensor:
-        return squashed * self.action_scale + self.action_bias
-
-    def from_env(self, actions: torch.Tensor) -> torch.Tensor:
-        return (actions - self.action_bias) / self.action_scale
 
 
 def make_actor(config: TD3Config, observation_space: spaces.Box, action_space: spaces.Box) -> DeterministicActor:

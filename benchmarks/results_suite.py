@@ -169,7 +169,7 @@ def collect_results(suite: Suite, entries: list[Entry]) -> list[TaskResult]:
         tasks = {task: TaskResult(entry, preset.agent.algo, task) for task in entry.tasks or [preset.env.id]}
         try:
             study = optuna.load_study(study_name=entry.sweep_id, storage=storage)
-        except (KeyError, Exception):  # noqa: BLE001 (not started yet; Optuna raises KeyError, or a DB error)
+        except KeyError:  # not started yet
             study = None
         for configuration in configurations(study) if study is not None else []:
             task = tasks[str(configuration.params["env.id"])]

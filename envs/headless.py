@@ -1,8 +1,9 @@
 """Rendering without a display. MuJoCo draws through OpenGL, and its default (GLFW) needs a
 window system: on a headless machine a film fails with "an OpenGL platform library has not been
-loaded", after a GLFWError warning. Off-screen rendering needs EGL or OSMesa instead, and both
-MuJoCo (at its import) and PyOpenGL (at its first import) fix their backend once per process, so
-the choice is made here, before any env is made."""
+loaded", after a GLFWError warning. Off-screen rendering needs EGL or OSMesa instead. Gymnasium
+reads MUJOCO_GL when a film's first OpenGL context is made, and PyOpenGL fixes its platform at
+its first import then, so the choice is made before the process's first MuJoCo env
+(`envs.make.prepare_mujoco`), and costs nothing in a process that makes none."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ preset says (Atari's standard preprocessing, frame stacks), and checking them.""
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import Any
@@ -13,8 +14,6 @@ from gymnasium import spaces
 from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
 from gymflow.envs.headless import choose_mujoco_backend
-
-choose_mujoco_backend()  # before MuJoCo's first import: it fixes its OpenGL backend then
 
 
 @dataclass(frozen=True)
@@ -168,7 +167,7 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, render_mode: str
 
             gym.register_envs(ale_py)
         elif is_mujoco(env_id):
-            quiet_mujoco_compiler()
+            prepare_mujoco()
         env = gym.make(env_id, **kwargs)
     if preprocessing.atari:
         if ResetWithoutReload.applies(env):
@@ -200,12 +199,17 @@ def render_modes(env_id: str) -> tuple[str, ...]:
 _MUJOCO_NOISE = ("compiler attribute 'settotalmass' is deprecated",)
 
 
-def quiet_mujoco_compiler() -> None:
-    """MuJoCo's warnings go to Python's logging (logger "mujoco"), but for a deprecation in
-    Gymnasium's models that users can do nothing about."""
+@functools.cache
+def prepare_mujoco() -> None:
+    """Once a process, before its first MuJoCo env: an off-screen renderer where there is no
+    display (read when the first film's context is made), and MuJoCo's warnings to Python's
+    logging (logger "mujoco"), but for a deprecation in Gymnasium's models that users can do
+    nothing about."""
     import logging
 
     import mujoco
+
+    choose_mujoco_backend()
 
     def warn(message: str) -> None:
         if not message.startswith(_MUJOCO_NOISE):
