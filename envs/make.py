@@ -150,6 +150,9 @@ class EnvSpecError(ValueError):
         self.problem = problem
         super().__init__(f"{field}: {problem}")
 
+    def __reduce__(self):  # pickle's default would call the class with the one-line message alone
+        return type(self), (self.field, self.problem), self.__dict__
+
 
 def make_env(env_id: str, kwargs: dict[str, Any] | None = None, render_mode: str | None = None,
              preprocessing: Preprocessing | None = None) -> gym.Env:

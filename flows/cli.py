@@ -89,11 +89,13 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str,
     `load()` imports it while the API starts and returns the call; the run's LocalCluster, where
     `distribution` asks for one, starts beside them. Ctrl-C or SIGTERM stops it within seconds
     (flows/stopping.py). Returns what the flow returned, or an exit code."""
+    from gymflow.flows.console import gymflow_errors_in_one_line_on_the_console
     from gymflow.flows.stopping import stopping_cleanly, temporary_api
     from gymflow.tasks.cluster.client import local_cluster_started_beside
 
     with stopping_cleanly(), temporary_api() as api_ready, local_cluster_started_beside(distribution) as cluster_ready:
         call = load()
+        gymflow_errors_in_one_line_on_the_console()
         api_ready()
         cluster_ready()
         try:

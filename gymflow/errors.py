@@ -1,7 +1,8 @@
 """The errors a user sees, one line each: the field or resource, and what is wrong with it.
 
 Each kind of failure has its own type, so a caller can tell a bad preset value from a cluster
-that is not there, a bucket that refuses, or a warm-start model that does not fit.
+that is not there, a bucket that refuses, or a warm-start model that does not fit. Every type
+survives pickling (Dask and Prefect carry exceptions between processes as pickles).
 """
 
 
@@ -13,6 +14,9 @@ class GymflowError(Exception):
         self.field = field
         self.problem = problem
         super().__init__(f"{field}: {problem}")
+
+    def __reduce__(self):  # pickle's default would call the class with the one-line message alone
+        return type(self), (self.field, self.problem), self.__dict__
 
 
 class InvalidPreset(GymflowError, ValueError):
@@ -30,3 +34,17 @@ class StorageRefused(GymflowError):
 
 class UnusableWarmStart(GymflowError):
     """The warm-start policy cannot be read, or does not fit the preset's network."""
+
+
+class JobFailed(GymflowError):
+    """A rollout, evaluation or check job raised on a Dask worker: `field` names the job and the
+    worker, `problem` the cause; `trace` is the worker's traceback, for the run's log."""
+
+    def __init__(self, field: str, problem: str, trace: str = ""):
+        super().__init__(field, problem)
+        self.trace = trace
+        if trace:  # shown with the flow's traceback in the run's log (the Prefect UI), not in a terminal
+            self.add_note(f"the worker's traceback:\n{trace}")
+
+    def __reduce__(self):
+        return type(self), (self.field, self.problem, self.trace), self.__dict__

@@ -87,3 +87,44 @@ def test_an_env_class_in_the_working_folder_is_found(tmp_path, monkeypatch, caps
     monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
     assert main(["show", "cartpole-ppo", "--set", "env.id=my_corridor:MyCorridor"]) == 0
     assert "id: my_corridor:MyCorridor" in capsys.readouterr().out
+
+
+def _error_types() -> list[type[BaseException]]:
+    """Every exception type gymflow defines, in any of its modules (the flows define none)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    names = ["gymflow.errors"]
+    for package in ("gymflow.agents", "gymflow.envs", "gymflow.presets", "gymflow.tasks"):
+        path = importlib.import_module(package).__path__
+        names += [package] + [info.name for info in pkgutil.walk_packages(path, f"{package}.")]
+    found = {}
+    for name in names:
+        module = importlib.import_module(name)
+        for _, member in inspect.getmembers(module, inspect.isclass):
+            if issubclass(member, BaseException) and member.__module__ == module.__name__:
+                found[f"{member.__module__}.{member.__qualname__}"] = member
+    return list(found.values())
+
+
+def test_every_gymflow_error_type_survives_pickling_as_itself():
+    import inspect
+    import pickle
+
+    types = _error_types()
+    assert {"GymflowError", "JobFailed", "EnvSpecError", "CheckpointError", "ShardError", "HostLost"} <= {
+        error_type.__name__ for error_type in types}
+    for error_type in types:
+        try:
+            parameters = inspect.signature(error_type).parameters.items()
+        except ValueError:  # Exception's own constructor: any arguments
+            parameters = {}.items()
+        arguments = [name for name, parameter in parameters
+                     if parameter.default is inspect.Parameter.empty and parameter.kind is parameter.POSITIONAL_OR_KEYWORD]
+        error = error_type(*[f"<{name}>" for name in arguments] or ["what went wrong"])
+        error.add_note("a note")
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is error_type and str(copy) == str(error), error_type
+        assert copy.__notes__ == ["a note"], error_type
+        assert vars(copy) == vars(error), error_type

@@ -1,5 +1,6 @@
-"""Job hosts on real Dask worker processes: a job's own error comes back as itself, a worker that
-dies mid-job has the job redone elsewhere, and closing the pool leaves no host behind."""
+"""Job hosts on real Dask worker processes: a job's own error comes back at once as one line (of
+any exception type, one pickle cannot rebuild included), a worker that dies mid-job has the job
+redone elsewhere, and closing the pool leaves no host behind."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 import pytest
 from distributed import Client, LocalCluster
 
+from gymflow.errors import JobFailed
 from gymflow.tasks.cluster.hosts import HostPool
 from gymflow.tasks.cluster.rounds import run_round
 
@@ -23,6 +25,32 @@ def whose_process(tag: str) -> tuple[str, int]:
 
 def fails(tag: str) -> None:
     raise ValueError(f"bad spec {tag}")
+
+
+class Stubborn(Exception):
+    """An exception pickle cannot rebuild: its constructor takes two arguments, its args hold one."""
+
+    def __init__(self, what: str, why: str):
+        super().__init__(f"{what} because {why}")
+
+
+def fails_stubbornly(tag: str) -> None:
+    raise Stubborn(tag, "the env\nsaid so")
+
+
+class OnlyHere:
+    """A result whose class the flow's side will not find."""
+
+
+def returns_what_the_flow_cannot_read(tag: str) -> object:
+    OnlyHere.__module__ = "a_module_only_the_worker_has"
+    OnlyHere.__qualname__ = "OnlyHere"
+    import sys
+    import types
+
+    module = sys.modules["a_module_only_the_worker_has"] = types.ModuleType("a_module_only_the_worker_has")
+    module.OnlyHere = OnlyHere
+    return OnlyHere()
 
 
 def dies_once(once_file: str) -> int:
@@ -52,12 +80,31 @@ def test_job_i_runs_on_worker_i_and_results_come_back_in_order(client):
     assert os.getpid() not in {pid for _, pid in results}
 
 
-def test_a_jobs_own_error_is_raised_as_itself_and_not_retried(client):
+def test_a_jobs_own_error_fails_the_call_at_once_in_one_line_naming_job_worker_and_cause(client, caplog):
     hosts = HostPool(client, None, 60)
-    with pytest.raises(ValueError, match="bad spec x") as caught:
+    with pytest.raises(JobFailed) as caught:
         run_round(hosts, fails, ["x"], LOGGER)
     hosts.close()
-    assert any("on the Dask worker" in note for note in caught.value.__notes__)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("fails job of slot 0 on the Dask worker tcp://127.0.0.1:")
+    assert message.endswith(": ValueError: bad spec x")
+    assert "in fails" in caught.value.trace  # the worker's traceback, for the run's log
+    assert "submitting the job again" not in caplog.text  # nothing retried
+
+
+@pytest.mark.parametrize("job, cause", [
+    (fails_stubbornly, "Stubborn: x because the env said so"),
+    (returns_what_the_flow_cannot_read, "its result cannot be read here: "),
+])
+def test_an_error_or_result_that_cannot_be_unpickled_here_fails_the_call_within_seconds(client, job, cause):
+    hosts = HostPool(client, None, 60)
+    started = time.monotonic()
+    with pytest.raises(JobFailed, match=cause) as caught:
+        run_round(hosts, job, ["x"], LOGGER)
+    hosts.close()
+    assert time.monotonic() - started < 10  # not the 60 s deadline, three times over
+    assert "\n" not in str(caught.value)
 
 
 def test_a_worker_killed_mid_job_has_the_job_redone_on_a_live_worker(client, tmp_path, caplog):

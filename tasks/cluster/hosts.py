@@ -9,9 +9,10 @@ door into the worker process.
 
 What Dask did for tasks, `HostPool` does for calls: it picks the worker (job i prefers worker i
 among those offering the rollout resources, so a worker finds its live envs again), tells a
-worker that died (`HostLost`: the call is redone elsewhere) from a job that failed (its own
-exception is raised), and restarts the worker of a call that outlives its deadline. Jobs run on
-the host's own threads, as many at once as the worker has threads.
+worker that died (`HostLost`: the call is redone elsewhere) from a job that failed (a one-line
+`JobFailed` naming the job, its worker and the cause is raised at once), and restarts the
+worker of a call that outlives its deadline. Jobs run on the host's own threads, as many at
+once as the worker has threads.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ from dataclasses import dataclass
 from logging import Logger, LoggerAdapter
 from typing import Any, Protocol
 
+import cloudpickle
 from distributed import Client, Future, get_worker
+
+from gymflow.errors import JobFailed
 
 ATTEMPTS = 3  # a job is tried this many times (worker deaths and deadlines together) before the run fails
 HOST_START_TIMEOUT_S = 30
@@ -42,14 +46,31 @@ class HostLost(RuntimeError):
 
 @dataclass(frozen=True)
 class JobFailure:
-    """A job's own exception, carried back as a value so it is not mistaken for a lost worker."""
+    """A job's own exception as plain text, so it is not mistaken for a lost worker and always
+    gets back: an exception that crossed as itself, of a type the flow's side could not unpickle
+    (a constructor pickle cannot call, a module only the worker has), left its call waiting forever."""
 
-    error: BaseException
-    trace: str
+    cause: str  # one line: "ModuleNotFoundError: No module named 'my_env'", or a gymflow error's own line
+    trace: str  # the worker's traceback
+
+    @classmethod
+    def of(cls, error: BaseException) -> JobFailure:
+        return cls(one_line_cause(error), "".join(traceback.format_exception(error)))
+
+
+def one_line_cause(error: BaseException) -> str:
+    """gymflow's errors say `field: problem` themselves; any other is `Type: message`, on one line."""
+    text = " ".join(str(error).split())
+    return text if hasattr(error, "field") and hasattr(error, "problem") else f"{type(error).__name__}: {text}"
 
 
 class JobHost:
-    """Lives on a Dask worker (an actor) and runs jobs there on its own threads."""
+    """Lives on a Dask worker (an actor) and runs jobs there on its own threads.
+
+    A job crosses as bytes both ways (cloudpickle's `(function, spec)` in, the result or a
+    `JobFailure` out), unpickled inside `run` and `relay`: a job that cannot be read on the
+    worker, or a result that cannot be read in the flow, fails its call in one line, where Dask's
+    own deserialization would log the error and never answer the call."""
 
     def __init__(self) -> None:
         # torch, gymnasium, the agents: imported as the host starts, not in its first job
@@ -57,12 +78,23 @@ class JobHost:
 
         self._threads = ThreadPoolExecutor(get_worker().state.nthreads, thread_name_prefix="gymflow-job")
 
-    async def run(self, function: Callable[[Any], Any], spec: Any) -> Any:
+    async def run(self, job: bytes) -> bytes:
         context = contextvars.copy_context()  # the job sees its worker (distributed.get_worker), as a task would
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._threads, context.run, function, spec)
-        except Exception as error:  # noqa: BLE001 (any error of the job goes back to the caller, as itself)
-            return JobFailure(error, traceback.format_exc())
+            function, spec = cloudpickle.loads(job)
+            outcome = await asyncio.get_running_loop().run_in_executor(self._threads, context.run, function, spec)
+        except Exception as error:  # noqa: BLE001 (any error of the job goes back to the caller, as text)
+            outcome = JobFailure.of(error)
+        try:
+            return cloudpickle.dumps(outcome)
+        except Exception as error:  # noqa: BLE001 (a result that cannot be pickled is the job's error)
+            return cloudpickle.dumps(JobFailure.of(error))
+
+
+def describe_job(function: Callable[[Any], Any], spec: Any, slot: int) -> str:
+    """`rollout job runs/x/shards/v3-w1`, `evaluation job of slot 0`: what a log line calls a job."""
+    key = getattr(spec, "shard_key", None)  # a rollout names its shard
+    return f"{function.__name__.removeprefix('run_')} job {key or f'of slot {slot}'}"
 
 
 @dataclass
@@ -126,15 +158,24 @@ class HostPool:
             future.set_exception(lost)
             return Call(future, function, spec, slot, "", attempt, time.monotonic() + self.timeout_s)
 
+        job, where = cloudpickle.dumps((function, spec)), f"{describe_job(function, spec, slot)} on the Dask worker {worker}"
+
         async def relay() -> None:
             try:
-                outcome = await actor.run(function, spec)
+                reply = await actor.run(job)
             except (OSError, RuntimeError) as error:  # the actor could not be reached: its worker is gone
                 future.set_exception(HostLost(f"the worker {worker} was lost: {error}"))
                 return
+            except Exception as error:  # noqa: BLE001 (whatever else Dask raises, the call ends)
+                future.set_exception(JobFailed(where, f"its call failed: {one_line_cause(error)}"))
+                return
+            try:
+                outcome = cloudpickle.loads(reply)
+            except Exception as error:  # noqa: BLE001 (e.g. a result of a type only the worker can import)
+                future.set_exception(JobFailed(where, f"its result cannot be read here: {one_line_cause(error)}"))
+                return
             if isinstance(outcome, JobFailure):
-                outcome.error.add_note(f"on the Dask worker {worker}:\n{outcome.trace}")
-                future.set_exception(outcome.error)
+                future.set_exception(JobFailed(where, outcome.cause, outcome.trace))
             else:
                 future.set_result(outcome)
 
@@ -193,8 +234,7 @@ class HostPool:
 
     @staticmethod
     def _describe(call: Call) -> str:
-        key = getattr(call.spec, "shard_key", None)  # a rollout names its shard
-        return f"{call.function.__name__} job {key or f'of slot {call.slot}'}"
+        return describe_job(call.function, call.spec, call.slot)
 
     def _host_for(self, slot: int) -> tuple[str, Any]:
         workers = self._able_workers()

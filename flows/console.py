@@ -1,0 +1,39 @@
+"""What the terminal of `gymflow run` shows of an error: one line.
+
+Prefect's engine logs a failed task or flow with its traceback ("Encountered exception during
+execution"), and its console handler prints it: dozens of lines of Prefect's and gymflow's frames
+(and, for a job, the worker's) above the one line that says what is wrong. For gymflow's own
+errors, which say it in that line, the console shows the line without the traceback; the run's
+log in the Prefect API (its UI) keeps the traceback, the worker's included.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+from gymflow.errors import GymflowError
+
+
+class WithoutGymflowTracebacks(logging.Formatter):
+    """Formats as `inner` does, leaving out the traceback of a gymflow error."""
+
+    def __init__(self, inner: logging.Formatter):
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.exc_info and isinstance(record.exc_info[1], GymflowError):
+            record = copy.copy(record)  # the same record goes on to the API's handler, traceback and all
+            record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return self.inner.format(record)
+
+
+def gymflow_errors_in_one_line_on_the_console() -> None:
+    """Wrap the formatter of each of Prefect's console handlers (once)."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    for name in ("prefect", "prefect.flow_runs", "prefect.task_runs", ""):
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, PrefectConsoleHandler) and not isinstance(handler.formatter, WithoutGymflowTracebacks):
+                handler.setFormatter(WithoutGymflowTracebacks(handler.formatter or logging.Formatter()))
