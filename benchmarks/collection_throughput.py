@@ -105,7 +105,7 @@ def interleaved(workers: int, envs: int, steps: int, rounds: int, preset: str = 
         for version in range(rounds + 1):
             checkpoints.publish(learner, version)
         plan = RoundPlan(config, "bench")
-        with dask_client(config.distribution) as client, job_hosts(client, config.distribution) as hosts:
+        with dask_client(config.distribution) as client, job_hosts(client, experiment, LOGGER) as hosts:
             client.wait_for_workers(min(workers, os.cpu_count() or 1))
             resume_from: list[str | None] = [None] * workers
             for version in range(rounds + 1):  # round 0 warms both sides up

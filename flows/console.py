@@ -35,5 +35,6 @@ def gymflow_errors_in_one_line_on_the_console() -> None:
 
     for name in ("prefect", "prefect.flow_runs", "prefect.task_runs", ""):
         for handler in logging.getLogger(name).handlers:
-            if isinstance(handler, PrefectConsoleHandler) and not isinstance(handler.formatter, WithoutGymflowTracebacks):
+            wrapped = isinstance(handler.formatter, WithoutGymflowTracebacks)
+            if isinstance(handler, PrefectConsoleHandler) and not wrapped:
                 handler.setFormatter(WithoutGymflowTracebacks(handler.formatter or logging.Formatter()))

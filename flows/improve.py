@@ -66,14 +66,13 @@ def improve(
     with (
         cancellable(flow_run.id, deployment.id),  # a Prefect cancellation ends the run within seconds
         dask_client(run.preset.distribution) as client,  # an unreachable cluster stops here
-        job_hosts(client, run.preset.distribution) as hosts,
+        job_hosts(client, run.experiment, logger) as hosts,  # so does a worker that cannot make the env
         tracked_run(run, str(flow_run.id), run_tags(changed, sweep_trial.tags() if sweep_trial else None)) as tracker,
     ):
         recorder = run_recorder(run, tracker, logger)
         logger.info("run %s: storage %s, MLflow run %s, Dask dashboard %s", run.run_id, storage_url(run),
                     tracker.run_id, client.dashboard_link)
         with improve_loop(run, hosts, recorder, logger, judge) as loop:
-            hosts.wait_started()  # the workers' imports are start-up, not training
             logger.info("run %s: rollout workers ready, training", run.run_id)
             started = time.perf_counter()
             state = first_state(run, hosts, loop, logger)  # heatup and version 0, or where a resumed run stood

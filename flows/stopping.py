@@ -8,6 +8,7 @@ the process without running any exit handler, leaving that server behind as an o
 So here:
 - `temporary_api()` starts the temporary server itself, in a session of its own (Ctrl-C does not
   reach it), while gymflow's imports load, and stops it last, after Prefect's exit-time drains;
+  the server watches this process and ends when it dies, SIGKILL included (flows/tethered.py);
 - `stopping_cleanly()` takes SIGTERM as Ctrl-C (KeyboardInterrupt: the flow run is marked
   crashed, the Dask cluster closed, the MLflow run marked failed on the way out; what was
   committed stays, for `gymflow resume`), and a second signal, or a stop that takes more than
@@ -61,7 +62,7 @@ class TemporaryApi:
         environment = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
                        "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "0"}
         return subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--app-dir", os.path.dirname(prefect.__path__[0]), "--factory",
+            [sys.executable, "-m", "gymflow.flows.tethered", str(os.getpid()), "uvicorn", "--app-dir", os.path.dirname(prefect.__path__[0]), "--factory",
              "prefect.server.api.server:create_app", "--fd", str(self.socket.fileno()),
              "--log-level", "critical", "--lifespan", "on"],
             env=environment, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -141,6 +141,18 @@ class DistributionConfig(_Strict):
         description="Dask worker resources each rollout and evaluation job needs, e.g. {'ROLLOUT': 1}; "
         "workers advertise theirs with `dask worker --resources ROLLOUT=1`.",
     )
+    ship_env_module: bool = Field(
+        default=True,
+        description="On a remote cluster (scheduler_address or cluster_class): send the module an env.id "
+        "'module:Class' names, where it is a file or package of the working folder, to every worker before the "
+        "first job and to workers that join later. false: the workers must have it installed.",
+    )
+    ship_paths: list[str] = Field(
+        default_factory=list,
+        description="On a remote cluster: .py files and package folders sent to every worker and put on its "
+        "import path, e.g. ['my_package']. Code only: what workers need installed (gymflow and its extras, "
+        "pip packages) is not shipped.",
+    )
     learner_threads: int = Field(
         default=1, ge=1, le=256, description="torch threads of the learner in the flow's process."
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,10 @@ def experiment_from(config: Preset) -> Experiment:
             f"the local folder {config.storage.root!r} is not reachable from a remote Dask cluster's "
             "workers; use an s3:// root, or set storage.shared=true if every worker mounts it at this path",
         )
+    for path in config.distribution.ship_paths:
+        if not (os.path.isdir(path) or (os.path.isfile(path) and path.endswith(".py"))):
+            raise InvalidPreset("distribution.ship_paths", f"{path!r} is not a .py file or a folder here; "
+                                "allowed: paths (relative to the working folder) of modules and packages")
     if algorithm.on_policy and config.distribution.mode == "async":
         raise InvalidPreset(
             "distribution.mode",

@@ -4,6 +4,7 @@ LocalCluster), S3 storage, worker resources, cluster classes, and what is refuse
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -201,3 +202,109 @@ def test_tls_settings_are_refused_before_any_work_without_a_tls_address_or_their
         "distribution.scheduler_address": "tls://127.0.0.1:8786", "distribution.tls.ca_file": "ca.pem",
         "distribution.tls.cert_file": "cert.pem", "distribution.tls.key_file": "key.pem",
         "storage.shared": "true"}.items())]) == 2
+
+
+MY_ENV = """
+from gymflow.testing.envs import Corridor
+
+
+class MyCorridor(Corridor):
+    '''The user's own env, in a module of the working folder only.'''
+"""
+
+
+@pytest.fixture
+def working_folder_env(workspace, monkeypatch) -> str:
+    """`my_corridor.py` in the working folder, importable by the flow's process (as the command
+    line makes it) and by no worker of `dask_cluster`, whose processes started in another folder."""
+    (workspace / "my_corridor.py").write_text(MY_ENV)
+    monkeypatch.syspath_prepend(str(workspace))
+    return "my_corridor:MyCorridor"
+
+
+def test_a_working_folder_env_is_shipped_to_workers_started_elsewhere_and_the_run_solves_it(
+        prefect_api, workspace, dask_cluster, tiny_budget, working_folder_env):
+    address, workers = dask_cluster
+    overrides = {**tiny_budget, **local_overrides(workspace), "env.id": working_folder_env,
+                 "storage.root": "data",  # relative: the workers started elsewhere find it at the flow's path
+                 "storage.shared": True, "distribution.scheduler_address": address,
+                 "schedule.total_env_steps": 20_000, "schedule.target_return": 0.9}
+    summary = improve("cartpole-ppo", overrides)
+    assert summary.solved and _pids(summary) == set(workers)
+    with Client(address, timeout=30) as client:  # the code left the workers with the run
+        assert not any(client.run(lambda: any("my_corridor" in name for name in sys.modules)).values())
+        assert not any(client.run(lambda: any("gymflow-shipped-code" in path for path in sys.path)).values())
+
+
+def test_with_shipping_off_a_worker_without_the_env_module_is_refused_in_one_line_before_anything_is_written(
+        workspace, dask_cluster, tiny_budget, working_folder_env, capsys):
+    address, _ = dask_cluster
+    started = time.monotonic()
+    code = main(["run", "cartpole-ppo", "--quiet", "--set", f"env.id={working_folder_env}",
+                 "--set", f"distribution.scheduler_address={address}", "--set", "storage.shared=true",
+                 "--set", "distribution.ship_env_module=false"])
+    assert code == 2 and time.monotonic() - started < 30
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.fullmatch(r"gymflow: error: env\.id: the Dask worker tcp://127\.0\.0\.1:\d+ cannot run this preset's "
+                        r"jobs: cannot import 'my_corridor': No module named 'my_corridor' \(distribution\."
+                        r"ship_env_module sends .*\)", error), error
+    assert written_files(workspace) == ["my_corridor.py"]
+
+
+NO_MUJOCO = "import sys\n\nsys.modules['mujoco'] = None  # as on a worker installed without gymflow's mujoco extra\n"
+
+
+def test_a_worker_without_the_mujoco_extra_is_refused_before_heatup(prefect_api, workspace, tmp_path_factory):
+    pytest.importorskip("mujoco")
+    elsewhere = tmp_path_factory.mktemp("worker-without-mujoco")
+    (elsewhere / "no_mujoco.py").write_text(NO_MUJOCO)
+    port = free_port()
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "cwd": elsewhere}
+    processes = [subprocess.Popen([DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                                   "--dashboard-address", ":0"], **quiet)]
+    try:
+        processes.append(subprocess.Popen([DASK, "worker", f"tcp://127.0.0.1:{port}", "--nthreads", "1", "--host",
+                                           "127.0.0.1", "--dashboard-address", ":0", "--preload",
+                                           str(elsewhere / "no_mujoco.py")], **quiet))
+        overrides = {**local_overrides(workspace), "storage.shared": True, "distribution.rollout_workers": 1,
+                     "distribution.scheduler_address": f"tcp://127.0.0.1:{port}"}
+        state = improve("hopper-ppo", overrides, return_state=True)
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=30)
+    assert state.is_failed()
+    assert re.search(r"env\.id: the Dask worker tcp://127\.0\.0\.1:\d+ cannot run this preset's jobs: 'Hopper-v5' "
+                     r"needs a package that is not installed .*pip install 'gymflow\[mujoco\]'", state.message), \
+        state.message
+    assert written_files(workspace) == []
+
+
+BROKEN_ENV = """
+from gymflow.testing.envs import Corridor
+
+
+class Stubborn(Exception):
+    def __init__(self, what, why):  # pickle cannot rebuild it: its args hold one string
+        super().__init__(f"{what} because {why}")
+
+
+class Broken(Corridor):
+    def step(self, action):
+        raise Stubborn("the corridor caved in", "the env said so")
+"""
+
+
+def test_a_job_raising_an_exception_pickle_cannot_rebuild_fails_the_run_in_one_line_within_30_s(tmp_path):
+    (tmp_path / "broken_env.py").write_text(BROKEN_ENV)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "gymflow.flows.cli", "run", "cartpole-ppo", "--quiet",
+                           "--set", "env.id=broken_env:Broken", "--set", "distribution.rollout_workers=1"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and time.monotonic() - started < 30
+    output = done.stdout + done.stderr
+    assert "Traceback" not in output and "Failed to deserialize" not in output, output[-3000:]
+    assert re.search(r"^gymflow: error: rollout job \S+ on the Dask worker tcp://127\.0\.0\.1:\d+: Stubborn: the corridor "
+                     r"caved in because the env said so$", done.stderr, re.MULTILINE), done.stderr[-3000:]

@@ -92,6 +92,19 @@ def test_a_stopped_run_ends_within_10_s_leaves_nothing_running_and_resumes_to_th
     assert mlflow.get_run(record["mlflow_run_id"]).info.status == "FINISHED"
 
 
+@pytest.mark.parametrize("killed", ["its process", "its process group"])
+def test_a_run_killed_mid_training_leaves_none_of_its_helper_processes_alive_10_s_later(killed, workspace, tiny_budget):
+    run = {**tiny_budget, "schedule.total_env_steps": 10_000_000, **local_overrides(workspace)}
+    env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}  # its own temporary API
+    flow, started = _started_run(workspace / "data", run, env)
+    assert any("uvicorn" in " ".join(p.cmdline()) for p in started)  # in a session of its own: no group reaches it
+    if killed == "its process":
+        flow.kill()
+    else:  # the OOM killer's way, here
+        os.killpg(flow.pid, signal.SIGKILL)
+    _stopped_within(flow, started, 10)
+
+
 def _flow_run_state(flow_run_id: str) -> str:
     from prefect.client.orchestration import get_client
 

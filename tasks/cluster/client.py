@@ -22,7 +22,10 @@ from distributed.utils import get_mp_context
 
 from gymflow.errors import ClusterUnavailable, InvalidPreset
 from gymflow.presets.model import DistributionConfig, TLSConfig
+from gymflow.presets.validate import Experiment
 from gymflow.tasks.cluster.hosts import HostPool
+from gymflow.tasks.cluster.rounds import AnyLogger, check_workers
+from gymflow.tasks.cluster.shipping import code_shipped, code_to_ship
 
 CONNECT_TIMEOUT_S = 10
 
@@ -135,15 +138,21 @@ def _local_cluster(config: DistributionConfig, workers: int) -> LocalCluster:
 
 
 @contextmanager
-def job_hosts(client: Client, config: DistributionConfig) -> Iterator[HostPool]:
-    """The run's job hosts on the workers offering the rollout resources, released at the end."""
+def job_hosts(client: Client, experiment: Experiment, logger: AnyLogger) -> Iterator[HostPool]:
+    """The run's job hosts on the workers offering the rollout resources, released at the end;
+    on a remote cluster the user's code is shipped to the workers first (tasks/cluster/shipping.py).
+    Each worker the jobs go to checks that it can make the env (`check_workers`): one that cannot
+    stops the run here, before anything is written."""
+    config = experiment.preset.distribution
     first_worker = next(_runs_on_shared_cluster) if client is _shared_client else 0
-    hosts = HostPool(client, config.rollout_resources, config.rollout_timeout_s, first_worker)
-    hosts.start(config.rollout_workers)
-    try:
-        yield hosts
-    finally:
-        hosts.close()
+    with code_shipped(client, code_to_ship(experiment.preset)):
+        hosts = HostPool(client, config.rollout_resources, config.rollout_timeout_s, first_worker)
+        hosts.start(config.rollout_workers)
+        try:
+            check_workers(hosts, experiment, logger)
+            yield hosts
+        finally:
+            hosts.close()
 
 
 def _drop_dasks_malloc_trim_threshold() -> None:

@@ -133,6 +133,10 @@ class Hosts(Protocol):
         """`call` while it runs or once finished; sent again if its worker was lost or wedged."""
         ...
 
+    def distinct_slots(self, slots: int) -> int:
+        """How many of slots 0..slots-1 go to different workers (the first that many do)."""
+        ...
+
 
 class HostPool:
     """The run's hosts on the workers that offer `resources`; see the module's docstring."""
@@ -158,7 +162,8 @@ class HostPool:
             future.set_exception(lost)
             return Call(future, function, spec, slot, "", attempt, time.monotonic() + self.timeout_s)
 
-        job, where = cloudpickle.dumps((function, spec)), f"{describe_job(function, spec, slot)} on the Dask worker {worker}"
+        job = cloudpickle.dumps((function, spec))
+        where = f"{describe_job(function, spec, slot)} on the Dask worker {worker}"
 
         async def relay() -> None:
             try:
@@ -200,22 +205,15 @@ class HostPool:
         return self._redo(call, f"{self._describe(call)} was still running after {self.timeout_s:.0f} s; "
                                 f"restarted its worker {call.worker}", logger)
 
+    def distinct_slots(self, slots: int) -> int:
+        return max(1, min(slots, len(self._able_workers())))
+
     def start(self, slots: int) -> None:
         """Start the hosts of slots 0..slots-1 now, without waiting: they warm up (imports) while
-        the run sets itself up, not in its first round."""
+        the run ships its code, not in its first job."""
         workers = self._able_workers()
         for slot in range(min(slots, len(workers))):
             self._host_future(workers[(slot + self.first_worker) % len(workers)])
-
-    def wait_started(self) -> None:
-        """Wait for the hosts `start` began (a host that fails to start is retried at its first job)."""
-        with self._lock:
-            pending = {worker: host for worker, host in self._hosts.items() if worker not in self._actors}
-        for worker, host in pending.items():
-            try:
-                self._actors[worker] = host.result(timeout=HOST_START_TIMEOUT_S)
-            except Exception:  # noqa: BLE001 (its first job tries again and reports why)
-                self._forget(worker)
 
     def close(self) -> None:
         """Release every host; their workers keep running (they may belong to a shared cluster)."""

@@ -1,4 +1,4 @@
-"""The jobs that run on Dask workers: collect a rollout, evaluate a policy.
+"""The jobs that run on Dask workers: check the worker, collect a rollout, evaluate a policy.
 
 They are plain functions (no Prefect: a worker process never imports it). Each gets a small
 typed spec, reaches the policy and the env cursor through storage, and hands back a small typed
@@ -12,6 +12,7 @@ cursor in the previous shard, so the trajectory is the same either way.
 from __future__ import annotations
 
 import copy
+import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -19,18 +20,21 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from distributed import get_worker
+from gymnasium import spaces
 
 from gymflow.agents.core import Policy, RandomPolicy
 from gymflow.agents.registry import algorithm_of
 from gymflow.agents.rollout import collect, evaluate
-from gymflow.envs.make import Preprocessing
+from gymflow.envs.make import EnvSpecError, Preprocessing, check_env
 from gymflow.envs.seeding import derive_seed
 from gymflow.envs.vector import SeededVectorEnv
 from gymflow.envs.video import CannotFilm, film_episode
+from gymflow.errors import GymflowError
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, CheckpointError, latest_policy_version, read_policy
 from gymflow.tasks.storage.codec import decode_tensors
 from gymflow.tasks.storage.layout import RunLayout
-from gymflow.tasks.storage.objects import StorageLocation, open_storage
+from gymflow.tasks.storage.objects import StorageLocation, check_storage, open_storage
 from gymflow.tasks.storage.shards import Collected, ShardRef, read_cursor, write_shard
 
 
@@ -100,10 +104,58 @@ class EvaluationResult:
         return float(np.mean(self.returns))
 
 
+@dataclass(frozen=True)
+class WorkerCheckSpec:
+    """What a worker must be able to do before a run's first job: make its env, with the spaces
+    the flow found."""
+
+    env_id: str
+    env_kwargs: dict[str, Any]
+    preprocessing: Preprocessing
+    algo: str
+    action_spaces: tuple[type[spaces.Space], ...]
+    images: bool
+    observation_space: spaces.Space
+    action_space: spaces.Space
+    storage: StorageLocation
+
+
+@dataclass(frozen=True)
+class WorkerCheck:
+    worker: str  # its address
+    field: str = ""  # the preset field the problem is about
+    problem: str = ""  # empty: it can
+
+
 _LIVE_ENVS: OrderedDict[tuple[str, str, int], tuple[str, SeededVectorEnv]] = OrderedDict()
 _NETWORKS: OrderedDict[tuple[str, str, int], torch.nn.Module] = OrderedDict()
 _CACHE_SIZE = 32
 _RETIRED_ATTEMPTS = 5
+
+
+def check_worker(spec: WorkerCheckSpec) -> WorkerCheck:
+    """Make the env once, as rollouts will, and compare its spaces with the flow's; reach the
+    storage root (a bucket with the worker's credentials, a shared folder at the flow's path).
+    Runs on a Dask worker."""
+    address = get_worker().address
+    try:
+        observation_space, action_space = check_env(spec.env_id, spec.env_kwargs, spec.action_spaces, spec.algo,
+                                                    spec.preprocessing, spec.images)
+    except EnvSpecError as error:
+        return WorkerCheck(address, error.field, error.problem)
+    if (observation_space, action_space) != (spec.observation_space, spec.action_space):
+        return WorkerCheck(address, "env.id", f"{spec.env_id!r} observes {observation_space} and acts in "
+                                              f"{action_space} there; the flow's process found "
+                                              f"{spec.observation_space} and {spec.action_space}")
+    try:
+        check_storage(spec.storage)
+    except GymflowError as error:
+        return WorkerCheck(address, error.field, error.problem)
+    storage = open_storage(spec.storage)
+    if storage.local and not os.path.isdir(storage.base):
+        return WorkerCheck(address, "storage.root", f"there is no folder {storage.base!r} there: a local root "
+                                                    "must be mounted at the same path on every worker")
+    return WorkerCheck(address)
 
 
 def run_rollout(spec: RolloutSpec) -> ShardRef:

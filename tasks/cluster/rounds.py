@@ -2,7 +2,8 @@
 every job's spec, seeds included, from the preset and the run id.
 
 A SYNC round is one rollout job per worker; an evaluation is its episodes split across the
-workers; an ASYNC chunk is one worker's next rollout. The plan is pure; `run_round` is the I/O.
+workers; an ASYNC chunk is one worker's next rollout; before all of them, each worker checks it
+can make the env. The plan is pure; `run_round` is the I/O.
 """
 
 from __future__ import annotations
@@ -17,9 +18,19 @@ from typing import Any, Literal
 import numpy as np
 
 from gymflow.envs.seeding import derive_seed
+from gymflow.errors import ClusterUnavailable
 from gymflow.presets.model import Preset
+from gymflow.presets.validate import Experiment
 from gymflow.tasks.cluster.hosts import Hosts, wait_first
-from gymflow.tasks.cluster.jobs import EvaluationResult, EvaluationSpec, RolloutSpec, run_evaluation, run_rollout
+from gymflow.tasks.cluster.jobs import (
+    EvaluationResult,
+    EvaluationSpec,
+    RolloutSpec,
+    WorkerCheckSpec,
+    check_worker,
+    run_evaluation,
+    run_rollout,
+)
 from gymflow.tasks.storage.objects import storage_location
 from gymflow.tasks.storage.shards import ShardRef
 
@@ -86,6 +97,24 @@ class RoundPlan:
             env_seed=derive_seed(preset.seed, "envs", worker), policy_seed=policy_seed,
             exploration=exploration, resume_from=cursor,
         )
+
+
+def check_workers(hosts: Hosts, experiment: Experiment, logger: AnyLogger) -> None:
+    """The pre-flight: each worker the run's jobs go to makes the env once and compares its spaces
+    with the flow's. A worker that cannot (a module, a package, an extra it lacks) stops the run
+    here, in one line naming it, before heatup and before anything is written."""
+    preset, algorithm = experiment.preset, experiment.algorithm
+    spec = WorkerCheckSpec(preset.env.id, dict(preset.env.kwargs), preset.env.preprocessing(), algorithm.name,
+                           algorithm.action_spaces, algorithm.reads_images, experiment.observation_space,
+                           experiment.action_space, storage_location(preset.storage))
+    checks = run_round(hosts, check_worker, [spec] * hosts.distinct_slots(preset.distribution.rollout_workers),
+                       logger)
+    for check in checks:
+        if check.problem:
+            hint = (" (distribution.ship_env_module sends a working-folder module to the workers)"
+                    if "cannot import" in check.problem and ":" in preset.env.id else "")
+            raise ClusterUnavailable(check.field, f"the Dask worker {check.worker} cannot run this preset's jobs: "
+                                                  f"{check.problem}{hint}")
 
 
 def collect_round(hosts: Hosts, specs: Sequence[RolloutSpec], logger: AnyLogger) -> list[ShardRef]:

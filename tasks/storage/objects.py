@@ -130,8 +130,12 @@ class Storage:
 
 
 def storage_location(config: StorageConfig) -> StorageLocation:
-    """Where a preset's `storage` section points."""
-    return StorageLocation(config.root, dict(config.options))
+    """Where a preset's `storage` section points; a relative local folder as an absolute path,
+    which a worker in another working folder (or on another machine, sharing it) finds too."""
+    root = config.root
+    if fsspec.utils.get_protocol(root) == "file" and "://" not in root:
+        root = os.path.abspath(root)
+    return StorageLocation(root, dict(config.options))
 
 
 def open_storage(location: StorageLocation) -> Storage:
@@ -146,11 +150,15 @@ def _open_cached(root: str, options_json: str) -> Storage:
 
 def check_storage(location: StorageLocation) -> None:
     """Refuse, with one line and before anything is written, a root that cannot be used: a
-    missing bucket, refused credentials, an unreachable endpoint, a local path that is a file."""
+    missing bucket, refused credentials, an unreachable endpoint, a local path that is a file.
+    A local root that can be used is created (an empty folder), so that a worker sharing it can
+    tell it sees the same folder."""
     if fsspec.utils.get_protocol(location.root) in S3_PROTOCOLS:
         _check_bucket(location)
     elif fsspec.utils.get_protocol(location.root) == "file":
-        _check_local_folder(fsspec.core.url_to_fs(location.root)[1])
+        folder = fsspec.core.url_to_fs(location.root)[1]
+        _check_local_folder(folder)
+        os.makedirs(folder, exist_ok=True)
 
 
 def _check_bucket(location: StorageLocation) -> None:
