@@ -36,3 +36,6 @@ class InProcessHosts:
 
     def settle(self, call: Call, logger: Logger | LoggerAdapter) -> Call:
         return call  # nothing is ever lost or wedged in-process
+
+    def distinct_slots(self, slots: int) -> int:
+        return 1  # one process

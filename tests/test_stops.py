@@ -92,6 +92,20 @@ def test_a_stopped_run_ends_within_10_s_leaves_nothing_running_and_resumes_to_th
     assert mlflow.get_run(record["mlflow_run_id"]).info.status == "FINISHED"
 
 
+def test_a_local_run_listens_on_loopback_only(workspace, tiny_budget):
+    run = {**tiny_budget, "schedule.total_env_steps": 10_000_000, **local_overrides(workspace)}
+    env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}  # its own temporary API too
+    flow, started = _started_run(workspace / "data", run, env)
+    try:
+        listening = {(process.pid, connection.laddr.ip) for process in [psutil.Process(flow.pid), *started]
+                     for connection in process.net_connections(kind="inet") if connection.status == psutil.CONN_LISTEN}
+    finally:
+        os.killpg(flow.pid, signal.SIGINT)
+        _stopped_within(flow, started, 10)
+    assert len(listening) >= 3  # the Prefect API, the Dask scheduler and its dashboard, the workers
+    assert {ip for _, ip in listening} == {"127.0.0.1"}, listening
+
+
 @pytest.mark.parametrize("killed", ["its process", "its process group"])
 def test_a_run_killed_mid_training_leaves_none_of_its_helper_processes_alive_10_s_later(killed, workspace, tiny_budget):
     run = {**tiny_budget, "schedule.total_env_steps": 10_000_000, **local_overrides(workspace)}

@@ -130,7 +130,7 @@ def _local_cluster(config: DistributionConfig, workers: int) -> LocalCluster:
             n_workers=workers,
             threads_per_worker=1,
             processes=True,
-            dashboard_address=":0",
+            dashboard_address="127.0.0.1:0",  # loopback only: the dashboard shows the workers' logs
             silence_logs=logging.ERROR,
             resources=config.rollout_resources or None,  # its workers offer what rollouts ask for
             preload=["gymflow.tasks.cluster.local_worker"],  # signals to the flow's group are the flow's
