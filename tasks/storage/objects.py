@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import uuid
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -62,6 +63,7 @@ class Storage:
         self.fs, self.base = fsspec.core.url_to_fs(location.root, **filesystem_options(location.root, location.options))
         self.base = self.base.rstrip("/")
         self.local = isinstance(self.fs, LocalFileSystem)
+        self.reads: Counter[str] = Counter()  # objects read by this process, by kind (`read_kind`)
 
     def path(self, key: str) -> str:
         return f"{self.base}/{key}"
@@ -83,6 +85,7 @@ class Storage:
         os.replace(temporary, path)
 
     def read(self, key: str) -> bytes:
+        self.reads[read_kind(key)] += 1
         return self.fs.cat_file(self.path(key))
 
     def exists(self, key: str) -> bool:
@@ -127,6 +130,14 @@ class Storage:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             with open(target, "wb") as handle:
                 handle.write(self.read(key))
+
+
+def read_kind(key: str) -> str:
+    """What a read fetched, for counting: `policies/policy.safetensors`, `shards`, `run.json`, ..."""
+    parts = key.split("/")
+    if len(parts) <= 2:
+        return parts[-1]
+    return f"{parts[2]}/{parts[-1]}" if parts[2] in ("policies", "checkpoints") else parts[2]
 
 
 def storage_location(config: StorageConfig) -> StorageLocation:

@@ -1,0 +1,220 @@
+"""What a SYNC round costs beyond its jobs' work, with 1 to 64 Dask worker processes.
+
+    .venv/bin/python benchmarks/cluster_coordination.py --workers 1 4 16 64 --rounds 5
+
+For each N: a `dask scheduler` process and N worker processes (one thread each; their nannies in
+one "farm" process, the workers forked from a server that has imported torch and gymflow's jobs,
+as gymflow's LocalCluster does), reached as a remote cluster is: through the scheduler. The
+flow's side is this process: each round publishes a policy version (as the learner commits),
+runs one rollout job per worker through the job hosts (tasks/cluster/hosts.py, `run_round`),
+and reads every shard back (as the learner ingests them). A job is 1,000 steps of CartPole-v1
+with cartpole-ppo's policy on one env: cheap stepping, so what grows with N is coordination.
+
+Printed per N (medians over the rounds after a warm-up round):
+- round: the round's wall-clock, publish + jobs + shard reads;
+- jobs' CPU / cores: the CPU time the N jobs spent (each measured in its own thread: stepping,
+  policy load, shard write) over the cores they shared; with more processes than cores, jobs
+  share cores and their wall-clock says little;
+- coordination: round minus jobs' CPU / cores: actor calls, the scheduler's routing, waiting for
+  the slowest, the flow's publish and shard reads; and its share of the round (target < 10% at 64);
+- flow: the flow's own time publishing and reading shards;
+- the CPU time a round costs outside the jobs: this process's (flow CPU), the scheduler's, and the
+  worker processes' beyond their jobs plus their nannies' (event loops, heartbeats, the actor calls);
+- policy reads per round on the workers (reads of policy.safetensors, summed over the worker
+  processes): one per process that changed version, not one per job (`--jobs-per-worker 4`
+  sends each process 4 jobs a round).
+
+Not in these figures (per round, not per worker): the Prefect task run and MLflow metrics of a
+round, measured by benchmarks/orchestration_overhead.py. This machine has 2 cores: with 64
+processes, everything here (the farm, the scheduler, this process) shares them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+LOGGER = logging.getLogger("cluster_coordination")
+DASK = str(Path(sys.executable).with_name("dask"))
+
+
+@dataclass(frozen=True)
+class TimedJob:
+    ref: object
+    cpu_seconds: float
+
+
+def timed_rollout(spec) -> TimedJob:
+    """run_rollout, with the CPU time of its thread (the job's own compute, wherever it is scheduled)."""
+    from gymflow.tasks.cluster.jobs import run_rollout
+
+    started = time.thread_time()
+    ref = run_rollout(spec)
+    return TimedJob(ref, time.thread_time() - started)
+
+
+def worker_policy_reads(location) -> int:
+    """policy.safetensors reads by this worker process so far, from the run's storage."""
+    from gymflow.tasks.storage.objects import open_storage
+
+    return open_storage(location).reads["policies/policy.safetensors"]
+
+
+def farm(address: str, workers: int) -> None:
+    """N nannies in this process, their workers forked from a server with gymflow's jobs imported."""
+    import dask
+    from distributed import Nanny
+
+    from gymflow.tasks.cluster import client as cluster
+
+    cluster._workers_forked_with_jobs_imported()
+
+    async def serve() -> None:
+        nannies = [Nanny(address, nthreads=1, memory_limit=0, host="127.0.0.1", dashboard=False)
+                   for _ in range(workers)]
+        await asyncio.gather(*nannies)
+        await asyncio.Event().wait()
+
+    with dask.config.set(cluster.WORKER_CONFIG):
+        asyncio.run(serve())
+
+
+@dataclass
+class Point:
+    workers: int
+    rounds: list[float]
+    jobs_cpu: list[float]
+    flow: list[float]
+    scheduler_cpu: list[float]
+    flow_cpu: list[float]  # this process's CPU time
+    workers_other_cpu: list[float]  # the worker processes' CPU beyond their jobs (event loops, heartbeats) and the nannies'
+    policy_reads: list[int]
+    start_seconds: float
+
+
+def measure(workers: int, rounds: int, steps: int, jobs_per_worker: int = 1) -> Point:
+    from distributed import Client
+
+    from gymflow.presets.validate import resolve_experiment
+    from gymflow.tasks.cluster.hosts import HostPool
+    from gymflow.tasks.cluster.rounds import RoundPlan, run_round
+    from gymflow.tasks.storage.objects import open_storage, storage_location
+    from gymflow.tasks.storage.shards import read_shard
+    from gymflow.tasks.training.learning import Checkpoints, create_learner
+
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    scheduler = subprocess.Popen([DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                                  "--dashboard-address", "127.0.0.1:0"], **quiet)
+    started = time.perf_counter()
+    workers_farm = subprocess.Popen([sys.executable, __file__, "--farm", address, str(workers)], **quiet)
+    try:
+        with tempfile.TemporaryDirectory() as folder, Client(address, timeout=60) as client:
+            client.wait_for_workers(workers, timeout=900)
+            start_seconds = time.perf_counter() - started
+            experiment = resolve_experiment("cartpole-ppo", {
+                "storage.root": folder, "storage.shared": True, "distribution.scheduler_address": address,
+                "distribution.rollout_workers": workers * jobs_per_worker, "distribution.envs_per_worker": 1,
+                "schedule.rollout_steps_per_env": steps})
+            preset = experiment.preset
+            storage = open_storage(storage_location(preset.storage))
+            checkpoints = Checkpoints(storage, "bench", preset.storage, policy_window=10**6)
+            learner, plan = create_learner(experiment), RoundPlan(preset, "bench")
+            hosts = HostPool(client, {}, 600)
+            hosts.start(workers * jobs_per_worker)
+            point = Point(workers, [], [], [], [], [], [], [], start_seconds)
+            scheduler_process, cursors = psutil.Process(scheduler.pid), [None] * (workers * jobs_per_worker)
+            farm_processes = [psutil.Process(workers_farm.pid), *psutil.Process(workers_farm.pid).children(recursive=True)]
+            for version in range(rounds + 1):  # round 0 warms up: hosts, envs, first policy
+                cpu_before = sum(scheduler_process.cpu_times()[:2])
+                farm_before, flow_before = _cpu(farm_processes), time.process_time()
+                reads_before = sum(client.run(worker_policy_reads, storage.location).values())
+                began = time.perf_counter()
+                checkpoints.publish(learner, version)
+                published = time.perf_counter()
+                jobs = run_round(hosts, timed_rollout, plan.rollouts(version, 0.0, cursors), LOGGER)
+                collected = time.perf_counter()
+                for job in jobs:
+                    read_shard(storage, job.ref)
+                ended = time.perf_counter()
+                farm_cpu, flow_cpu = _cpu(farm_processes) - farm_before, time.process_time() - flow_before
+                cursors = [job.ref.key for job in jobs]
+                if version:
+                    point.rounds.append(ended - began)
+                    point.jobs_cpu.append(sum(job.cpu_seconds for job in jobs) / min(workers, os.cpu_count() or 1))
+                    point.flow.append((published - began) + (ended - collected))
+                    point.scheduler_cpu.append(sum(scheduler_process.cpu_times()[:2]) - cpu_before)
+                    point.flow_cpu.append(flow_cpu)
+                    point.workers_other_cpu.append(farm_cpu - sum(job.cpu_seconds for job in jobs))
+                    point.policy_reads.append(sum(client.run(worker_policy_reads, storage.location).values()) - reads_before)
+            hosts.close()
+            return point
+    finally:
+        for process in (workers_farm, scheduler):
+            process.terminate()
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def _cpu(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in processes:
+        try:
+            total += sum(process.cpu_times()[:2])
+        except psutil.Error:
+            pass
+    return total
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--farm"]:
+        farm(sys.argv[2], int(sys.argv[3]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", nargs="+", type=int, default=[1, 4, 16, 64])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=1000, help="env steps per job")
+    parser.add_argument("--jobs-per-worker", type=int, default=1, help="rollout jobs per worker process a round")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    points = [measure(workers, args.rounds, args.steps, args.jobs_per_worker) for workers in args.workers]
+    median = statistics.median
+    print(f"\nmachine: {os.cpu_count()} cores; CartPole-v1, 1 env x {args.steps} steps per job, "
+          f"{args.jobs_per_worker} job(s) per worker, "
+          f"{args.rounds} rounds after a warm-up, medians")
+    print(f"{'workers':>7} {'start s':>7} {'round ms':>9} {'jobs CPU/cores ms':>17} {'coordination ms':>15} "
+          f"{'share':>6} {'flow ms':>8} {'flow CPU ms':>11} {'scheduler CPU ms':>16} {'workers other CPU ms':>20} "
+          f"{'policy reads':>12}")
+    for point in points:
+        coordination = median(r - c for r, c in zip(point.rounds, point.jobs_cpu))
+        print(f"{point.workers:>7} {point.start_seconds:>7.0f} {1000 * median(point.rounds):>9.0f} "
+              f"{1000 * median(point.jobs_cpu):>17.0f} {1000 * coordination:>15.0f} "
+              f"{coordination / median(point.rounds):>6.1%} {1000 * median(point.flow):>8.0f} "
+              f"{1000 * median(point.flow_cpu):>11.0f} {1000 * median(point.scheduler_cpu):>16.0f} "
+              f"{1000 * median(point.workers_other_cpu):>20.0f} {median(point.policy_reads):>12.0f}")
+
+
+if __name__ == "__main__":
+    main()
