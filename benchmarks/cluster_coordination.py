@@ -101,9 +101,10 @@ class Point:
     workers_other_cpu: list[float]  # the worker processes' CPU beyond their jobs (event loops, heartbeats) and the nannies'
     policy_reads: list[int]
     start_seconds: float
+    streamed: dict[str, float] | None = None  # the ASYNC phase's figures, with --async-chunks
 
 
-def measure(workers: int, rounds: int, steps: int, jobs_per_worker: int = 1) -> Point:
+def measure(workers: int, rounds: int, steps: int, jobs_per_worker: int = 1, async_chunks: int = 0) -> Point:
     from distributed import Client
 
     from gymflow.presets.validate import resolve_experiment
@@ -159,6 +160,11 @@ def measure(workers: int, rounds: int, steps: int, jobs_per_worker: int = 1) -> 
                     point.flow_cpu.append(flow_cpu)
                     point.workers_other_cpu.append(farm_cpu - sum(job.cpu_seconds for job in jobs))
                     point.policy_reads.append(sum(client.run(worker_policy_reads, storage.location).values()) - reads_before)
+            if async_chunks:
+                cpu = (lambda: sum(scheduler_process.cpu_times()[:2]), lambda: _cpu(farm_processes), time.process_time)
+                point.streamed = stream(hosts, plan, checkpoints, learner, cursors[:workers], async_chunks, cpu,
+                                        lambda: sum(client.run(worker_policy_reads, storage.location).values()),
+                                        rounds + 1)
             hosts.close()
             return point
     finally:
@@ -168,6 +174,47 @@ def measure(workers: int, rounds: int, steps: int, jobs_per_worker: int = 1) -> 
                 process.wait(60)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+def stream(hosts, plan, checkpoints, learner, cursors: list, chunks: int, cpu: tuple, policy_reads,
+           first_version: int) -> dict[str, float]:
+    """ASYNC: every worker collects `chunks` chunks, each sent as soon as its previous one is back,
+    acting with the newest version; the flow reads each shard as it lands and publishes a new
+    version every `workers` chunks (as a learner commits while shards stream in)."""
+    from gymflow.tasks.cluster.hosts import wait_first
+    from gymflow.tasks.storage.shards import read_shard
+
+    workers, storage = len(cursors), checkpoints.storage
+    version = checkpoints_published = first_version
+    checkpoints.publish(learner, version)
+    before = [measure() for measure in cpu]
+    reads_before, jobs_cpu, landed, sent = policy_reads(), 0.0, 0, [1] * workers
+    began = time.perf_counter()
+    in_flight = {w: hosts.call(timed_rollout, plan.chunk(w, 0, 0.0, cursors[w]), slot=w) for w in range(workers)}
+    while in_flight:
+        wait_first(in_flight.values(), 600)
+        for worker, call in list(in_flight.items()):
+            call = in_flight[worker] = hosts.settle(call, LOGGER)
+            if not call.finished:
+                continue
+            job = call.future.result()
+            read_shard(storage, job.ref)
+            jobs_cpu, landed = jobs_cpu + job.cpu_seconds, landed + 1
+            if landed % workers == 0:
+                checkpoints_published += 1
+                checkpoints.publish(learner, checkpoints_published)
+            if sent[worker] < chunks:
+                in_flight[worker] = hosts.call(timed_rollout, plan.chunk(worker, sent[worker], 0.0, job.ref.key),
+                                               slot=worker)
+                sent[worker] += 1
+            else:
+                del in_flight[worker]
+    wall = time.perf_counter() - began
+    scheduler_cpu, farm_cpu, flow_cpu = (measure() - start for measure, start in zip(cpu, before))
+    cores = min(workers, os.cpu_count() or 1)
+    return {"chunks": landed, "wall": wall, "jobs_cpu_per_core": jobs_cpu / cores, "flow_cpu": flow_cpu,
+            "scheduler_cpu": scheduler_cpu, "workers_other_cpu": farm_cpu - jobs_cpu,
+            "policy_reads": policy_reads() - reads_before, "versions": checkpoints_published - version}
 
 
 def _cpu(processes: list[psutil.Process]) -> float:
@@ -197,9 +244,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=1000, help="env steps per job")
     parser.add_argument("--jobs-per-worker", type=int, default=1, help="rollout jobs per worker process a round")
+    parser.add_argument("--async-chunks", type=int, default=0, help="then an ASYNC phase of this many chunks a worker")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    points = [measure(workers, args.rounds, args.steps, args.jobs_per_worker) for workers in args.workers]
+    points = [measure(workers, args.rounds, args.steps, args.jobs_per_worker, args.async_chunks)
+              for workers in args.workers]
     median = statistics.median
     print(f"\nmachine: {os.cpu_count()} cores; CartPole-v1, 1 env x {args.steps} steps per job, "
           f"{args.jobs_per_worker} job(s) per worker, "
@@ -214,6 +263,22 @@ def main() -> None:
               f"{coordination / median(point.rounds):>6.1%} {1000 * median(point.flow):>8.0f} "
               f"{1000 * median(point.flow_cpu):>11.0f} {1000 * median(point.scheduler_cpu):>16.0f} "
               f"{1000 * median(point.workers_other_cpu):>20.0f} {median(point.policy_reads):>12.0f}")
+    if args.async_chunks:
+        print_streamed(points, args.steps)
+
+
+def print_streamed(points: list[Point], steps: int) -> None:
+    print(f"\nASYNC: every worker's chunks back to back (1 env x {steps} steps each), newest policy, a version "
+          "published every N chunks; totals over the phase")
+    print(f"{'workers':>7} {'chunks':>6} {'wall ms':>8} {'jobs CPU/cores ms':>17} {'coordination':>12} "
+          f"{'flow CPU ms/chunk':>17} {'scheduler CPU ms/chunk':>22} {'workers other CPU ms/chunk':>26} "
+          f"{'policy reads':>12} {'versions':>8}")
+    for point in points:
+        f = point.streamed
+        print(f"{point.workers:>7} {f['chunks']:>6.0f} {1000 * f['wall']:>8.0f} {1000 * f['jobs_cpu_per_core']:>17.0f} "
+              f"{1 - f['jobs_cpu_per_core'] / f['wall']:>12.1%} {1000 * f['flow_cpu'] / f['chunks']:>17.2f} "
+              f"{1000 * f['scheduler_cpu'] / f['chunks']:>22.2f} {1000 * f['workers_other_cpu'] / f['chunks']:>26.2f} "
+              f"{f['policy_reads']:>12.0f} {f['versions']:>8.0f}")
 
 
 if __name__ == "__main__":

@@ -62,7 +62,8 @@ class TemporaryApi:
         environment = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
                        "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "0"}
         return subprocess.Popen(
-            [sys.executable, "-m", "gymflow.flows.tethered", str(os.getpid()), "uvicorn", "--app-dir", os.path.dirname(prefect.__path__[0]), "--factory",
+            [sys.executable, "-m", "gymflow.flows.tethered", str(os.getpid()),  # it ends when this process dies
+             "uvicorn", "--app-dir", os.path.dirname(prefect.__path__[0]), "--factory",
              "prefect.server.api.server:create_app", "--fd", str(self.socket.fileno()),
              "--log-level", "critical", "--lifespan", "on"],
             env=environment, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

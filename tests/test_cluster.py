@@ -308,3 +308,30 @@ def test_a_job_raising_an_exception_pickle_cannot_rebuild_fails_the_run_in_one_l
     assert "Traceback" not in output and "Failed to deserialize" not in output, output[-3000:]
     assert re.search(r"^gymflow: error: rollout job \S+ on the Dask worker tcp://127\.0\.0\.1:\d+: Stubborn: the corridor "
                      r"caved in because the env said so$", done.stderr, re.MULTILINE), done.stderr[-3000:]
+
+
+def test_shipped_code_reaches_a_worker_that_joins_later_and_leaves_with_the_run(dask_cluster, workspace,
+                                                                                 working_folder_env):
+    from gymflow.tasks.cluster.shipping import code_shipped
+
+    def _imports_my_corridor() -> bool:  # local: travels by value (the workers cannot import tests/)
+        import importlib
+
+        return importlib.import_module("my_corridor").MyCorridor.__name__ == "MyCorridor"
+
+    address, workers = dask_cluster
+    with Client(address, timeout=30) as client, code_shipped(client, [workspace / "my_corridor.py"]):
+        assert all(client.run(_imports_my_corridor).values())
+        joined = subprocess.Popen([DASK, "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
+                                   "--dashboard-address", ":0", "--name", "joined-later"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            client.wait_for_workers(len(workers) + 1, timeout=60)
+            (newcomer,) = [worker for worker, info in client.scheduler_info(n_workers=-1)["workers"].items()
+                           if info["name"] == "joined-later"]
+            assert client.run(_imports_my_corridor, workers=[newcomer])[newcomer]
+        finally:
+            joined.terminate()
+            joined.wait(timeout=30)
+    with Client(address, timeout=30) as client:
+        assert not any(client.run(lambda: "my_corridor" in sys.modules).values())
