@@ -20,6 +20,8 @@ Printed per N (medians over the rounds after a warm-up round):
 - flow: the flow's own time publishing and reading shards;
 - the CPU time a round costs outside the jobs: this process's (flow CPU), the scheduler's, and the
   worker processes' beyond their jobs plus their nannies' (event loops, heartbeats, the actor calls);
+- idle worker CPU: a worker process's CPU per second (with its nanny's) while no job runs, over 3 s
+  after the rounds: Dask's own background work (heartbeats, memory and system monitors);
 - policy reads per round on the workers (reads of policy.safetensors, summed over the worker
   processes): one per process that changed version, not one per job (`--jobs-per-worker 4`
   sends each process 4 jobs a round).
@@ -47,6 +49,7 @@ import psutil
 
 LOGGER = logging.getLogger("cluster_coordination")
 DASK = str(Path(sys.executable).with_name("dask"))
+IDLE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ class Point:
     policy_reads: list[int]
     start_seconds: float
     streamed: dict[str, float] | None = None  # the ASYNC phase's figures, with --async-chunks
+    idle_cpu_per_worker_s: float = 0.0  # a worker process's (and its nanny's) CPU per second while no job runs
 
 
 def measure(workers: int, rounds: int, steps: int, jobs_per_worker: int = 1, async_chunks: int = 0) -> Point:
@@ -160,6 +164,9 @@ def measure(workers: int, rounds: int, steps: int, jobs_per_worker: int = 1, asy
                     point.flow_cpu.append(flow_cpu)
                     point.workers_other_cpu.append(farm_cpu - sum(job.cpu_seconds for job in jobs))
                     point.policy_reads.append(sum(client.run(worker_policy_reads, storage.location).values()) - reads_before)
+            idle_before, idle_began = _cpu(farm_processes), time.perf_counter()
+            time.sleep(IDLE_S)
+            point.idle_cpu_per_worker_s = (_cpu(farm_processes) - idle_before) / (time.perf_counter() - idle_began) / workers
             if async_chunks:
                 cpu = (lambda: sum(scheduler_process.cpu_times()[:2]), lambda: _cpu(farm_processes), time.process_time)
                 point.streamed = stream(hosts, plan, checkpoints, learner, cursors[:workers], async_chunks, cpu,
@@ -255,14 +262,15 @@ def main() -> None:
           f"{args.rounds} rounds after a warm-up, medians")
     print(f"{'workers':>7} {'start s':>7} {'round ms':>9} {'jobs CPU/cores ms':>17} {'coordination ms':>15} "
           f"{'share':>6} {'flow ms':>8} {'flow CPU ms':>11} {'scheduler CPU ms':>16} {'workers other CPU ms':>20} "
-          f"{'policy reads':>12}")
+          f"{'policy reads':>12} {'idle worker CPU ms/s':>20}")
     for point in points:
         coordination = median(r - c for r, c in zip(point.rounds, point.jobs_cpu))
         print(f"{point.workers:>7} {point.start_seconds:>7.0f} {1000 * median(point.rounds):>9.0f} "
               f"{1000 * median(point.jobs_cpu):>17.0f} {1000 * coordination:>15.0f} "
               f"{coordination / median(point.rounds):>6.1%} {1000 * median(point.flow):>8.0f} "
               f"{1000 * median(point.flow_cpu):>11.0f} {1000 * median(point.scheduler_cpu):>16.0f} "
-              f"{1000 * median(point.workers_other_cpu):>20.0f} {median(point.policy_reads):>12.0f}")
+              f"{1000 * median(point.workers_other_cpu):>20.0f} {median(point.policy_reads):>12.0f} "
+              f"{1000 * point.idle_cpu_per_worker_s:>20.1f}")
     if args.async_chunks:
         print_streamed(points, args.steps)
 
