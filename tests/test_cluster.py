@@ -28,12 +28,13 @@ DASK = str(Path(sys.executable).with_name("dask"))
 
 
 @pytest.fixture(scope="module")
-def dask_cluster():
-    """`dask scheduler` and two `dask worker` processes on loopback; the first worker offers the
-    resource ROLLOUT=1, the second OTHER=1. Yields (address, {pid: resources})."""
+def dask_cluster(tmp_path_factory):
+    """`dask scheduler` and two `dask worker` processes on loopback, started in a folder of their
+    own; the first worker offers the resource ROLLOUT=1, the second OTHER=1. Yields (address,
+    {pid: resources})."""
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "cwd": tmp_path_factory.mktemp("cluster")}
     processes = [subprocess.Popen([DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port),
                                    "--dashboard-address", ":0"], **quiet)]
     try:
