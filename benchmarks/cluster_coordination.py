@@ -22,9 +22,10 @@ Printed per N (medians over the rounds after a warm-up round):
   worker processes' beyond their jobs plus their nannies' (event loops, heartbeats, the actor calls);
 - idle worker CPU: a worker process's CPU per second (with its nanny's) while no job runs, over 3 s
   after the rounds: Dask's own background work (heartbeats, memory and system monitors);
-- policy reads per round on the workers (reads of policy.safetensors, summed over the worker
-  processes): one per process that changed version, not one per job (`--jobs-per-worker 4`
-  sends each process 4 jobs a round).
+- policy reads per round on the workers (reads of policy.safetensors from storage, summed over the
+  worker processes): one per machine (tasks/storage/blob_cache.py), not one per process or job
+  (`--jobs-per-worker 4` sends each process 4 jobs a round; `--no-node-cache` turns the machine's
+  cache off: one read per process).
 
 Not in these figures (per round, not per worker): the Prefect task run and MLflow metrics of a
 round, measured by benchmarks/orchestration_overhead.py. This machine has 2 cores: with 64
@@ -72,6 +73,21 @@ def worker_policy_reads(location) -> int:
     from gymflow.tasks.storage.objects import open_storage
 
     return open_storage(location).reads["policies/policy.safetensors"]
+
+
+class Trained:
+    """The learner's weights moved a little at each version, as training moves them: every
+    published version is a new blob (the same weights would be one blob, by sha256)."""
+
+    def __init__(self, learner) -> None:
+        self.learner, self.version = learner, 0
+
+    def at(self, version: int) -> Trained:
+        self.version = version
+        return self
+
+    def policy_weights(self) -> dict:
+        return {name: tensor + 1e-6 * self.version for name, tensor in self.learner.policy_weights().items()}
 
 
 def farm(address: str, workers: int) -> None:
@@ -124,6 +140,8 @@ def measure(workers: int, rounds: int, steps: int, jobs_per_worker: int = 1, asy
     scheduler = subprocess.Popen([DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port),
                                   "--dashboard-address", "127.0.0.1:0"], **quiet)
     started = time.perf_counter()
+    if os.environ.get("GYMFLOW_BLOB_CACHE") != "off":  # the workers' machine cache, fresh for each N
+        os.environ["GYMFLOW_BLOB_CACHE"] = tempfile.mkdtemp(prefix="gymflow-bench-blobs-")
     workers_farm = subprocess.Popen([sys.executable, __file__, "--farm", address, str(workers)], **quiet)
     try:
         with tempfile.TemporaryDirectory() as folder, Client(address, timeout=60) as client:
@@ -136,7 +154,7 @@ def measure(workers: int, rounds: int, steps: int, jobs_per_worker: int = 1, asy
             preset = experiment.preset
             storage = open_storage(storage_location(preset.storage))
             checkpoints = Checkpoints(storage, "bench", preset.storage, policy_window=10**6)
-            learner, plan = create_learner(experiment), RoundPlan(preset, "bench")
+            learner, plan = Trained(create_learner(experiment)), RoundPlan(preset, "bench")
             hosts = HostPool(client, {}, 600)
             hosts.start(workers * jobs_per_worker)
             point = Point(workers, [], [], [], [], [], [], [], start_seconds)
@@ -147,7 +165,7 @@ def measure(workers: int, rounds: int, steps: int, jobs_per_worker: int = 1, asy
                 farm_before, flow_before = _cpu(farm_processes), time.process_time()
                 reads_before = sum(client.run(worker_policy_reads, storage.location).values())
                 began = time.perf_counter()
-                checkpoints.publish(learner, version)
+                checkpoints.publish(learner.at(version), version)
                 published = time.perf_counter()
                 jobs = run_round(hosts, timed_rollout, plan.rollouts(version, 0.0, cursors), LOGGER)
                 collected = time.perf_counter()
@@ -193,7 +211,7 @@ def stream(hosts, plan, checkpoints, learner, cursors: list, chunks: int, cpu: t
 
     workers, storage = len(cursors), checkpoints.storage
     version = checkpoints_published = first_version
-    checkpoints.publish(learner, version)
+    checkpoints.publish(learner.at(version), version)
     before = [measure() for measure in cpu]
     reads_before, jobs_cpu, landed, sent = policy_reads(), 0.0, 0, [1] * workers
     began = time.perf_counter()
@@ -209,7 +227,7 @@ def stream(hosts, plan, checkpoints, learner, cursors: list, chunks: int, cpu: t
             jobs_cpu, landed = jobs_cpu + job.cpu_seconds, landed + 1
             if landed % workers == 0:
                 checkpoints_published += 1
-                checkpoints.publish(learner, checkpoints_published)
+                checkpoints.publish(learner.at(checkpoints_published), checkpoints_published)
             if sent[worker] < chunks:
                 in_flight[worker] = hosts.call(timed_rollout, plan.chunk(worker, sent[worker], 0.0, job.ref.key),
                                                slot=worker)
@@ -251,9 +269,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=1000, help="env steps per job")
     parser.add_argument("--jobs-per-worker", type=int, default=1, help="rollout jobs per worker process a round")
+    parser.add_argument("--no-node-cache", action="store_true", help="GYMFLOW_BLOB_CACHE=off for the workers")
     parser.add_argument("--async-chunks", type=int, default=0, help="then an ASYNC phase of this many chunks a worker")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    os.environ["GYMFLOW_BLOB_CACHE"] = "off" if args.no_node_cache else ""
     points = [measure(workers, args.rounds, args.steps, args.jobs_per_worker, args.async_chunks)
               for workers in args.workers]
     median = statistics.median

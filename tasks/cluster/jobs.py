@@ -31,6 +31,7 @@ from gymflow.envs.seeding import derive_seed
 from gymflow.envs.vector import SeededVectorEnv
 from gymflow.envs.video import CannotFilm, film_episode
 from gymflow.errors import GymflowError
+from gymflow.tasks.storage.blob_cache import BlobCache
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, CheckpointError, latest_policy_version, read_policy
 from gymflow.tasks.storage.codec import decode_tensors
 from gymflow.tasks.storage.layout import RunLayout
@@ -130,6 +131,7 @@ class WorkerCheck:
 _LIVE_ENVS: OrderedDict[tuple[str, str, int], tuple[str, SeededVectorEnv]] = OrderedDict()
 _NETWORKS: OrderedDict[tuple[str, str, int], torch.nn.Module] = OrderedDict()
 _CACHE_SIZE = 32
+_NODE_BLOBS = BlobCache.for_this_machine()  # a policy blob is read from storage once a machine, not once a process
 _RETIRED_ATTEMPTS = 5
 
 
@@ -251,7 +253,7 @@ def _policy(
     key = (spec.storage.root, spec.run_id, version)
     network = _NETWORKS.get(key)
     if network is None:
-        blobs = read_policy(open_storage(spec.storage), RunLayout(spec.run_id), version, [POLICY_BLOB])
+        blobs = read_policy(open_storage(spec.storage), RunLayout(spec.run_id), version, [POLICY_BLOB], _NODE_BLOBS)
         network = _network_like(spec) or algorithm.network(spec.agent, env.observation_space, env.action_space)
         network.load_state_dict(decode_tensors(blobs[POLICY_BLOB]))
         network.eval()

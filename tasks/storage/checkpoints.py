@@ -17,8 +17,10 @@ import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from gymflow.tasks.storage.blob_cache import BlobCache
 from gymflow.tasks.storage.layout import RunLayout, Shelf
 from gymflow.tasks.storage.objects import Storage
 
@@ -90,11 +92,12 @@ def latest_on(storage: Storage, shelf: Shelf) -> int:
 
 def read_manifest(storage: Storage, shelf: Shelf, version: int) -> dict[str, Any]:
     key = f"{shelf.folder(version)}/{MANIFEST}"
-    if not storage.exists(key):
-        raise CheckpointError(f"v{version} has no manifest ({storage.url(key)}); it was never committed or is retired")
     try:
         manifest = json.loads(storage.read(key))
         manifest["blobs"]
+    except FileNotFoundError:
+        raise CheckpointError(f"v{version} has no manifest ({storage.url(key)}); it was never committed or is retired"
+                              ) from None
     except (ValueError, KeyError, TypeError) as error:
         raise CheckpointError(f"v{version} has an unreadable manifest: {error}") from None
     return manifest
@@ -107,32 +110,37 @@ def read_checkpoint(
     return read_version(storage, layout.checkpoint_shelf, version, names)
 
 
-def read_policy(storage: Storage, layout: RunLayout, version: int, names: Iterable[str] | None = None
-                ) -> dict[str, bytes]:
-    """The named blobs (all by default) of a published policy version, checked against its manifest."""
-    return read_version(storage, layout.policies, version, names)
+def read_policy(storage: Storage, layout: RunLayout, version: int, names: Iterable[str] | None = None,
+                cache: BlobCache | None = None) -> dict[str, bytes]:
+    """The named blobs (all by default) of a published policy version, checked against its
+    manifest; through `cache` (a worker machine's, by sha256) where given."""
+    return read_version(storage, layout.policies, version, names, cache)
 
 
-def read_version(storage: Storage, shelf: Shelf, version: int, names: Iterable[str] | None = None
-                 ) -> dict[str, bytes]:
+def read_version(storage: Storage, shelf: Shelf, version: int, names: Iterable[str] | None = None,
+                 cache: BlobCache | None = None) -> dict[str, bytes]:
     blobs = read_manifest(storage, shelf, version)["blobs"]
     wanted = list(blobs) if names is None else list(names)
     loaded = {}
     for name in wanted:
         if name not in blobs:
             raise CheckpointError(f"{shelf.prefix}/v{version} has no blob {name!r}")
-        key = f"{shelf.folder(version)}/{name}"
-        if not storage.exists(key):
-            raise CheckpointError(f"{shelf.prefix}/v{version}: blob {name!r} is missing")
-        data = storage.read(key)
-        expected = blobs[name]
-        if len(data) != expected["size"] or _sha256(data) != expected["sha256"]:
-            raise CheckpointError(
-                f"{shelf.prefix}/v{version}: blob {name!r} does not match its manifest "
-                f"({len(data)} bytes, expected {expected['size']}); refusing to load it"
-            )
-        loaded[name] = data
+        fetch = partial(_read_blob, storage, shelf, version, name, blobs[name])
+        loaded[name] = cache.get_or_fetch(blobs[name]["sha256"], fetch) if cache else fetch()
     return loaded
+
+
+def _read_blob(storage: Storage, shelf: Shelf, version: int, name: str, expected: dict[str, Any]) -> bytes:
+    try:
+        data = storage.read(f"{shelf.folder(version)}/{name}")
+    except FileNotFoundError:
+        raise CheckpointError(f"{shelf.prefix}/v{version}: blob {name!r} is missing") from None
+    if len(data) != expected["size"] or _sha256(data) != expected["sha256"]:
+        raise CheckpointError(
+            f"{shelf.prefix}/v{version}: blob {name!r} does not match its manifest "
+            f"({len(data)} bytes, expected {expected['size']}); refusing to load it"
+        )
+    return data
 
 
 def _sha256(data: bytes) -> str:
