@@ -15,7 +15,7 @@ from pydantic import Field
 from gymflow.flows.stopping import cancellable
 from gymflow.presets.overrides import PresetOverrides, as_dotted
 from gymflow.presets.validate import resolve_experiment
-from gymflow.tasks.cluster.client import dask_client, job_hosts
+from gymflow.tasks.cluster.client import rollout_hosts
 from gymflow.tasks.sweep.trial import SweepTrial, TrialJudge
 from gymflow.tasks.tracking.artifacts import publish_evaluations
 from gymflow.tasks.training.delivery import deliver, describe
@@ -65,13 +65,12 @@ def improve(
     judge = TrialJudge(sweep_trial) if sweep_trial else None
     with (
         cancellable(flow_run.id, deployment.id),  # a Prefect cancellation ends the run within seconds
-        dask_client(run.preset.distribution) as client,  # an unreachable cluster stops here
-        job_hosts(client, run.experiment, logger) as hosts,  # so does a worker that cannot make the env
+        rollout_hosts(run.experiment, logger) as (hosts, where),  # an unreachable cluster stops here, and a
+        # worker that cannot make the env; single mode runs the jobs in this process
         tracked_run(run, str(flow_run.id), run_tags(changed, sweep_trial.tags() if sweep_trial else None)) as tracker,
     ):
         recorder = run_recorder(run, tracker, logger)
-        logger.info("run %s: storage %s, MLflow run %s, Dask dashboard %s", run.run_id, storage_url(run),
-                    tracker.run_id, client.dashboard_link)
+        logger.info("run %s: storage %s, MLflow run %s, %s", run.run_id, storage_url(run), tracker.run_id, where)
         with improve_loop(run, hosts, recorder, logger, judge) as loop:
             logger.info("run %s: rollout workers ready, training", run.run_id)
             started = time.perf_counter()

@@ -71,6 +71,9 @@ def experiment_from(config: Preset) -> Experiment:
         if not (os.path.isdir(path) or (os.path.isfile(path) and path.endswith(".py"))):
             raise InvalidPreset("distribution.ship_paths", f"{path!r} is not a .py file or a folder here; "
                                 "allowed: paths (relative to the working folder) of modules and packages")
+    if config.distribution.mode == "single" and config.remote_cluster:
+        raise InvalidPreset("distribution.mode", "single runs the jobs in the flow's process; a scheduler_address "
+                                                 "or cluster_class asks for a cluster: use sync or async")
     if algorithm.on_policy and config.distribution.mode == "async":
         raise InvalidPreset(
             "distribution.mode",

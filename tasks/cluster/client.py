@@ -23,7 +23,7 @@ from distributed.utils import get_mp_context
 from gymflow.errors import ClusterUnavailable, InvalidPreset
 from gymflow.presets.model import DistributionConfig, TLSConfig
 from gymflow.presets.validate import Experiment
-from gymflow.tasks.cluster.hosts import HostPool
+from gymflow.tasks.cluster.hosts import HostPool, Hosts, InProcessHosts
 from gymflow.tasks.cluster.rounds import AnyLogger, check_workers
 from gymflow.tasks.cluster.shipping import code_shipped, code_to_ship
 
@@ -67,7 +67,7 @@ def shared_local_cluster(config: DistributionConfig, workers: int) -> Iterator[C
     would otherwise start and stop a cluster each), when `config` asks for a LocalCluster; runs
     of presets that name a scheduler or a cluster class keep theirs."""
     global _shared_client
-    if config.scheduler_address or config.cluster_class:
+    if config.scheduler_address or config.cluster_class or config.mode == "single":
         yield None
         return
     cluster = _local_cluster(config, min(workers, os.cpu_count() or 1))
@@ -86,7 +86,7 @@ def local_cluster_started_beside(config: DistributionConfig | None) -> Iterator[
     while the process imports the flow and its Prefect API starts, and serves the run as a shared
     cluster would (see `shared_local_cluster`). Yields the wait for it to be up; a cluster that
     fails to start is left to the run, which starts its own and reports why."""
-    if config is None or config.scheduler_address or config.cluster_class:
+    if config is None or config.scheduler_address or config.cluster_class or config.mode == "single":
         yield lambda: None
         return
     up, done = threading.Event(), threading.Event()
@@ -135,6 +135,18 @@ def _local_cluster(config: DistributionConfig, workers: int) -> LocalCluster:
             resources=config.rollout_resources or None,  # its workers offer what rollouts ask for
             preload=["gymflow.tasks.cluster.local_worker"],  # signals to the flow's group are the flow's
         )
+
+
+@contextmanager
+def rollout_hosts(experiment: Experiment, logger: AnyLogger) -> Iterator[tuple[Hosts, str]]:
+    """Where the run's jobs run, and a few words saying where: the job hosts on its Dask cluster
+    (`dask_client`, `job_hosts`), or, with `distribution.mode: single`, this process."""
+    config = experiment.preset.distribution
+    if config.mode == "single":
+        yield InProcessHosts(), "jobs in the flow's process (single mode)"
+        return
+    with dask_client(config) as client, job_hosts(client, experiment, logger) as hosts:
+        yield hosts, f"Dask dashboard {client.dashboard_link}"
 
 
 @contextmanager

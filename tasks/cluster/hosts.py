@@ -31,6 +31,7 @@ from logging import Logger, LoggerAdapter
 from typing import Any, Protocol
 
 import cloudpickle
+import torch
 from distributed import Client, Future, get_worker
 
 from gymflow.errors import JobFailed
@@ -136,6 +137,38 @@ class Hosts(Protocol):
     def distinct_slots(self, slots: int) -> int:
         """How many of slots 0..slots-1 go to different workers (the first that many do)."""
         ...
+
+
+class InProcessHosts:
+    """Every job run at once, in this process, when it is called: `distribution.mode: single`
+    (no Dask cluster; the same jobs, shards and checkpoints as a SYNC run, one after another), and
+    the tests' stand-in for a cluster. A job's error is a one-line `JobFailed`, as on a worker."""
+
+    timeout_s = 600.0  # never reached: a job is done when its call returns
+    closed = False
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[str, int]] = []  # (function name, slot) of every job run, in order
+
+    def call(self, function: Callable[[Any], Any], spec: Any, slot: int, attempt: int = 1) -> Call:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self.jobs.append((function.__name__, slot))
+        threads = torch.get_num_threads()  # a job takes one thread; the learner keeps its own
+        try:
+            future.set_result(function(spec))
+        except Exception as error:  # noqa: BLE001 (the caller raises it, as a host would)
+            failure = JobFailure.of(error)
+            future.set_exception(JobFailed(f"{describe_job(function, spec, slot)} in the flow's process",
+                                           failure.cause, failure.trace))
+        finally:
+            torch.set_num_threads(threads)
+        return Call(future, function, spec, slot, "in-process", attempt, time.monotonic() + self.timeout_s)
+
+    def settle(self, call: Call, logger: Logger | LoggerAdapter) -> Call:
+        return call  # nothing is ever lost or wedged in-process
+
+    def distinct_slots(self, slots: int) -> int:
+        return 1  # one process
 
 
 class HostPool:

@@ -148,7 +148,7 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
     the stop rule (with an outside judge that may end it early, a sweep's pruner). On the way out
     the evaluation thread ends; on an error, what is in flight is given up."""
     preset, plan = run.preset, RoundPlan(run.preset, run.run_id)
-    evaluations = EvaluationSchedule(hosts, plan, blocking=preset.distribution.mode == "sync", logger=logger)
+    evaluations = EvaluationSchedule(hosts, plan, blocking=preset.distribution.mode != "async", logger=logger)
     loop = ImproveLoop(
         run.learner, _collection(run, hosts, plan, logger), evaluations,
         Checkpoints(run.storage, run.run_id, preset.storage, policy_window=preset.distribution.max_policy_lag + 1),
@@ -188,7 +188,7 @@ def _collection(run: PreparedRun, hosts: Hosts, plan: RoundPlan, logger: AnyLogg
     exploration = partial(run.experiment.algorithm.exploration, preset.agent)
     rebuilt_from_shards = isinstance(learner, ReplayLearner) and not preset.storage.checkpoint_replay
     replay_window = learner.replay.capacity if rebuilt_from_shards else 0
-    if preset.distribution.mode == "sync":
+    if preset.distribution.mode != "async":  # single runs sync's rounds in this process
         return SyncRounds(hosts, plan, exploration, logger, replay_window)
     assert isinstance(learner, ReplayLearner)  # presets/validate.py refuses async for on-policy agents
     ratio = Ratio(preset.samples_per_insert, learner.samples_per_train_step,
