@@ -64,11 +64,11 @@ def plain_loop(preset: str, total_env_steps: int) -> float:
     return time.perf_counter() - started
 
 
-def gymflow_run(preset: str, total_env_steps: int, folder: str):
+def gymflow_run(preset: str, total_env_steps: int, folder: str, mode: str = "sync"):
     from gymflow.flows.improve import improve
 
     return improve(preset, {
-        "schedule.total_env_steps": total_env_steps, "schedule.target_return": None,
+        "schedule.total_env_steps": total_env_steps, "schedule.target_return": None, "distribution.mode": mode,
         "storage.root": os.path.join(folder, "data"), "tracking.tracking_uri": f"sqlite:///{os.path.join(folder, 'mlflow.db')}",
     })
 
@@ -77,6 +77,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", nargs="+", default=["cartpole-ppo", "cartpole-dqn"])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--mode", default="sync", choices=["single", "sync"], help="gymflow's distribution.mode")
     args = parser.parse_args()
 
     from prefect.testing.utilities import prefect_test_harness
@@ -87,10 +88,11 @@ def main() -> None:
             budget = BUDGETS.get(preset, 20_000)
             for _ in range(args.repeats):
                 plain = plain_loop(preset, budget)
-                summary = gymflow_run(preset, budget, folder)
+                summary = gymflow_run(preset, budget, folder, args.mode)
                 rows.append((preset, budget, plain, summary))
 
-    print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+          f"gymflow in distribution.mode {args.mode}")
     print(f"{'preset':<18} {'env steps':>9} {'plain s':>8} {'gymflow s':>9} {'ratio':>6} {'orch share':>10}")
     for preset, _budget, plain, summary in rows:
         print(f"{preset:<18} {summary.env_steps:>9,} {plain:>8.1f} {summary.wall_seconds:>9.1f} "
