@@ -39,3 +39,19 @@ def test_a_damaged_cached_blob_is_fetched_again_and_a_wrong_fetch_is_not_kept(tm
     other = hashlib.sha256(b"other").hexdigest()
     assert cache.get_or_fetch(other, lambda: b"not what the name says") == b"not what the name says"
     assert not (tmp_path / other).exists()
+
+
+def test_the_folder_is_pruned_to_the_newest_blobs_and_a_folder_that_cannot_be_used_only_costs_reads(tmp_path,
+                                                                                                      monkeypatch):
+    from gymflow.tasks.storage import blob_cache
+
+    monkeypatch.setattr(blob_cache, "KEEP", 2)
+    cache = BlobCache(tmp_path / "cache")
+    blobs = [bytes([index]) * 10 for index in range(5)]
+    for blob in blobs:
+        cache.get_or_fetch(hashlib.sha256(blob).hexdigest(), lambda blob=blob: blob)
+    kept = {path.name for path in (tmp_path / "cache").iterdir() if len(path.name) == 64}
+    assert kept == {hashlib.sha256(blob).hexdigest() for blob in blobs[-2:]}  # 5 > 2 x 2: back to the newest 2
+    (tmp_path / "a file").write_text("not a folder")
+    unusable = BlobCache(tmp_path / "a file" / "cache")
+    assert unusable.get_or_fetch(SHA, lambda: BLOB) == BLOB

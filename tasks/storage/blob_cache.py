@@ -9,7 +9,7 @@ disk. Only a blob whose sha256 was checked is written, under that name, and a ca
 checked again when read, so a damaged file is read from storage again, never used.
 
 Where: `$GYMFLOW_BLOB_CACHE` (`off`: no cache, every process reads from storage), else a folder of
-the user's in the system's temporary folder. The newest `KEEP` blobs are kept.
+the user's in the system's temporary folder. The newest `KEEP` blobs are kept (pruned past twice that).
 """
 
 from __future__ import annotations
@@ -36,18 +36,22 @@ class BlobCache:
         return None if folder == "off" else cls(Path(folder))
 
     def get_or_fetch(self, sha256: str, fetch: Callable[[], bytes]) -> bytes:
-        """The blob named `sha256`: from this folder, or from `fetch()` (which checks it) and kept."""
+        """The blob named `sha256`: from this folder, or from `fetch()` (which checks it) and kept.
+        The folder only saves reads: where it cannot be used, the blob is fetched."""
         cached = self._read(sha256)
         if cached is not None:
             return cached
-        with self._locked(sha256):
-            cached = self._read(sha256)  # another process fetched it while this one waited
-            if cached is not None:
-                return cached
-            data = fetch()
-            if hashlib.sha256(data).hexdigest() == sha256:
-                self._write(sha256, data)
-            return data
+        try:
+            with self._locked(sha256):
+                cached = self._read(sha256)  # another process fetched it while this one waited
+                if cached is not None:
+                    return cached
+                data = fetch()
+                if hashlib.sha256(data).hexdigest() == sha256:
+                    self._keep(sha256, data)
+                return data
+        except OSError:  # no folder to lock in (read-only, full)
+            return fetch()
 
     def _read(self, sha256: str) -> bytes | None:
         try:
@@ -56,16 +60,28 @@ class BlobCache:
             return None
         return data if hashlib.sha256(data).hexdigest() == sha256 else None
 
-    def _write(self, sha256: str, data: bytes) -> None:
-        temporary = self.folder / f".{sha256}.{uuid.uuid4().hex}"
-        temporary.write_bytes(data)
-        os.replace(temporary, self.folder / sha256)
-        self._prune()
+    def _keep(self, sha256: str, data: bytes) -> None:
+        try:
+            temporary = self.folder / f".{sha256}.{uuid.uuid4().hex}"
+            temporary.write_bytes(data)
+            os.replace(temporary, self.folder / sha256)
+            self._prune()
+        except OSError:  # a full disk, another process pruning at once: the cache is only slower
+            pass
 
     def _prune(self) -> None:
-        blobs = sorted((path for path in self.folder.iterdir() if len(path.name) == 64),
-                       key=lambda path: path.stat().st_mtime)
-        for path in blobs[:-KEEP]:
+        """Past 2 x KEEP blobs, back to the newest KEEP: deleting is rare, and a blob another process
+        deleted first is passed over."""
+        blobs = []
+        for path in self.folder.iterdir():
+            if len(path.name) == 64:
+                try:
+                    blobs.append((path.stat().st_mtime, path))
+                except OSError:  # pruned by another process meanwhile
+                    continue
+        if len(blobs) <= 2 * KEEP:
+            return
+        for _, path in sorted(blobs)[:-KEEP]:
             for stale in (path, self.folder / f"{path.name}.lock"):
                 stale.unlink(missing_ok=True)
 
