@@ -128,3 +128,17 @@ def test_every_gymflow_error_type_survives_pickling_as_itself():
         assert type(copy) is error_type and str(copy) == str(error), error_type
         assert copy.__notes__ == ["a note"], error_type
         assert vars(copy) == vars(error), error_type
+
+
+def test_a_worker_that_does_not_see_the_flows_local_root_is_told_in_one_line(tmp_path):
+    from gymflow.tasks.storage.objects import check_shared_root, ready_storage
+
+    location = StorageLocation(str(tmp_path / "shared" / "runs"))
+    with pytest.raises(StorageRefused) as caught:  # as on a worker without the shared mount
+        check_shared_root(location)
+    _one_line(caught.value, "storage.root")
+    assert "must be mounted at the same path on every worker" in str(caught.value)
+    check_storage(location)
+    assert not (tmp_path / "shared").exists()  # checking writes nothing
+    ready_storage(location)  # the flow's side makes the (empty) root
+    check_shared_root(location)

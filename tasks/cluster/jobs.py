@@ -12,7 +12,6 @@ cursor in the previous shard, so the trajectory is the same either way.
 from __future__ import annotations
 
 import copy
-import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from gymflow.tasks.storage.blob_cache import BlobCache
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, CheckpointError, latest_policy_version, read_policy
 from gymflow.tasks.storage.codec import decode_tensors
 from gymflow.tasks.storage.layout import RunLayout
-from gymflow.tasks.storage.objects import StorageLocation, check_storage, open_storage
+from gymflow.tasks.storage.objects import StorageLocation, check_shared_root, open_storage
 from gymflow.tasks.storage.shards import Collected, ShardRef, read_cursor, write_shard
 
 
@@ -150,13 +149,9 @@ def check_worker(spec: WorkerCheckSpec) -> WorkerCheck:
                                               f"{action_space} there; the flow's process found "
                                               f"{spec.observation_space} and {spec.action_space}")
     try:
-        check_storage(spec.storage)
+        check_shared_root(spec.storage)
     except GymflowError as error:
         return WorkerCheck(address, error.field, error.problem)
-    storage = open_storage(spec.storage)
-    if storage.local and not os.path.isdir(storage.base):
-        return WorkerCheck(address, "storage.root", f"there is no folder {storage.base!r} there: a local root "
-                                                    "must be mounted at the same path on every worker")
     return WorkerCheck(address)
 
 

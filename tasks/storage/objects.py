@@ -161,15 +161,32 @@ def _open_cached(root: str, options_json: str) -> Storage:
 
 def check_storage(location: StorageLocation) -> None:
     """Refuse, with one line and before anything is written, a root that cannot be used: a
-    missing bucket, refused credentials, an unreachable endpoint, a local path that is a file.
-    A local root that can be used is created (an empty folder), so that a worker sharing it can
-    tell it sees the same folder."""
+    missing bucket, refused credentials, an unreachable endpoint, a local path that is a file."""
     if fsspec.utils.get_protocol(location.root) in S3_PROTOCOLS:
         _check_bucket(location)
     elif fsspec.utils.get_protocol(location.root) == "file":
-        folder = fsspec.core.url_to_fs(location.root)[1]
-        _check_local_folder(folder)
-        os.makedirs(folder, exist_ok=True)
+        _check_local_folder(fsspec.core.url_to_fs(location.root)[1])
+
+
+def ready_storage(location: StorageLocation) -> Storage:
+    """The run's storage, checked (`check_storage`); a local root is created (an empty folder),
+    so that a worker sharing it can tell it sees the same folder (`check_shared_root`)."""
+    check_storage(location)
+    storage = open_storage(location)
+    if storage.local:
+        os.makedirs(storage.base, exist_ok=True)
+    return storage
+
+
+def check_shared_root(location: StorageLocation) -> None:
+    """From a worker: the root the flow made ready is reachable here too: a bucket with this
+    machine's credentials, a local folder at the flow's path (a shared mount)."""
+    storage = open_storage(location)
+    if not storage.local:
+        check_storage(location)
+    elif not os.path.isdir(storage.base):
+        raise StorageRefused("storage.root", f"there is no folder {storage.base!r} there: a local root must be "
+                                             "mounted at the same path on every worker")
 
 
 def _check_bucket(location: StorageLocation) -> None:

@@ -24,7 +24,7 @@ from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan
 from gymflow.tasks.storage.checkpoints import committed_versions
 from gymflow.tasks.storage.layout import RunLayout
-from gymflow.tasks.storage.objects import Storage, check_storage, open_storage, storage_location
+from gymflow.tasks.storage.objects import Storage, ready_storage, storage_location
 from gymflow.tasks.storage.records import (
     RunRecord,
     has_run_record,
@@ -75,9 +75,7 @@ def prepare_run(experiment: Experiment, warm_start: str | None, resume: str | No
     learner: from scratch, from a warm-start policy, or restored from `resume`'s checkpoints
     (with that run's own preset). A resumed run that died before its first checkpoint starts
     over, in its own MLflow run. `run_id` names a new run (default: preset name and time)."""
-    location = storage_location(experiment.preset.storage)
-    check_storage(location)
-    storage = open_storage(location)
+    storage = ready_storage(storage_location(experiment.preset.storage))
     if resume is None:
         weights = read_warm_start(warm_start, experiment.preset.tracking.tracking_uri) if warm_start else None
         if run_id is not None and has_run_record(storage, run_id):
