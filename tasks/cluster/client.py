@@ -23,6 +23,7 @@ from distributed.utils import get_mp_context
 from gymflow.errors import ClusterUnavailable, InvalidPreset
 from gymflow.presets.model import DistributionConfig, TLSConfig
 from gymflow.presets.validate import Experiment
+from gymflow.tasks.cluster.helper import HelperProcess
 from gymflow.tasks.cluster.hosts import HostPool, Hosts, InProcessHosts
 from gymflow.tasks.cluster.rounds import AnyLogger, check_workers
 from gymflow.tasks.cluster.shipping import code_shipped, code_to_ship
@@ -143,7 +144,11 @@ def rollout_hosts(experiment: Experiment, logger: AnyLogger) -> Iterator[tuple[H
     (`dask_client`, `job_hosts`), or, with `distribution.mode: single`, this process."""
     config = experiment.preset.distribution
     if config.mode == "single":
-        yield InProcessHosts(), "jobs in the flow's process (single mode)"
+        helper = HelperProcess(instead=InProcessHosts())
+        try:
+            yield InProcessHosts(evaluations=helper), "single mode: rollouts in this process, evaluations beside it"
+        finally:
+            helper.close()
         return
     with dask_client(config) as client, job_hosts(client, experiment, logger) as hosts:
         yield hosts, f"Dask dashboard {client.dashboard_link}"

@@ -23,7 +23,6 @@ import contextvars
 import math
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ import torch
 from distributed import Client, Future, get_worker
 
 from gymflow.errors import JobFailed
+from gymflow.tasks.cluster.wire import JobFailure, describe_job, one_line_cause, run_job
 
 ATTEMPTS = 3  # a job is tried this many times (worker deaths and deadlines together) before the run fails
 HOST_START_TIMEOUT_S = 30
@@ -43,26 +43,6 @@ WORKER_LIST_TTL_S = 1.0  # how long the list of able workers is trusted; a lost 
 
 class HostLost(RuntimeError):
     """The worker process holding a host died or was restarted while (or before) running a call."""
-
-
-@dataclass(frozen=True)
-class JobFailure:
-    """A job's own exception as plain text, so it is not mistaken for a lost worker and always
-    gets back: an exception that crossed as itself, of a type the flow's side could not unpickle
-    (a constructor pickle cannot call, a module only the worker has), left its call waiting forever."""
-
-    cause: str  # one line: "ModuleNotFoundError: No module named 'my_env'", or a gymflow error's own line
-    trace: str  # the worker's traceback
-
-    @classmethod
-    def of(cls, error: BaseException) -> JobFailure:
-        return cls(one_line_cause(error), "".join(traceback.format_exception(error)))
-
-
-def one_line_cause(error: BaseException) -> str:
-    """gymflow's errors say `field: problem` themselves; any other is `Type: message`, on one line."""
-    text = " ".join(str(error).split())
-    return text if hasattr(error, "field") and hasattr(error, "problem") else f"{type(error).__name__}: {text}"
 
 
 class JobHost:
@@ -81,21 +61,7 @@ class JobHost:
 
     async def run(self, job: bytes) -> bytes:
         context = contextvars.copy_context()  # the job sees its worker (distributed.get_worker), as a task would
-        try:
-            function, spec = cloudpickle.loads(job)
-            outcome = await asyncio.get_running_loop().run_in_executor(self._threads, context.run, function, spec)
-        except Exception as error:  # noqa: BLE001 (any error of the job goes back to the caller, as text)
-            outcome = JobFailure.of(error)
-        try:
-            return cloudpickle.dumps(outcome)
-        except Exception as error:  # noqa: BLE001 (a result that cannot be pickled is the job's error)
-            return cloudpickle.dumps(JobFailure.of(error))
-
-
-def describe_job(function: Callable[[Any], Any], spec: Any, slot: int) -> str:
-    """`rollout job runs/x/shards/v3-w1`, `evaluation job of slot 0`: what a log line calls a job."""
-    key = getattr(spec, "shard_key", None)  # a rollout names its shard
-    return f"{function.__name__.removeprefix('run_')} job {key or f'of slot {slot}'}"
+        return await asyncio.get_running_loop().run_in_executor(self._threads, context.run, run_job, job)
 
 
 @dataclass
@@ -138,6 +104,10 @@ class Hosts(Protocol):
         """How many of slots 0..slots-1 go to different workers (the first that many do)."""
         ...
 
+    def for_evaluations(self) -> Hosts:
+        """Where evaluations and films run: these hosts, or single mode's helper process."""
+        ...
+
 
 class InProcessHosts:
     """Every job run at once, in this process, when it is called: `distribution.mode: single`
@@ -147,8 +117,9 @@ class InProcessHosts:
     timeout_s = 600.0  # never reached: a job is done when its call returns
     closed = False
 
-    def __init__(self) -> None:
+    def __init__(self, evaluations: Hosts | None = None) -> None:
         self.jobs: list[tuple[str, int]] = []  # (function name, slot) of every job run, in order
+        self.evaluations = evaluations  # where evaluations run instead (single mode's helper process)
 
     def call(self, function: Callable[[Any], Any], spec: Any, slot: int, attempt: int = 1) -> Call:
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -169,6 +140,9 @@ class InProcessHosts:
 
     def distinct_slots(self, slots: int) -> int:
         return 1  # one process
+
+    def for_evaluations(self) -> Hosts:
+        return self.evaluations or self
 
 
 class HostPool:
@@ -240,6 +214,9 @@ class HostPool:
 
     def distinct_slots(self, slots: int) -> int:
         return max(1, min(slots, len(self._able_workers())))
+
+    def for_evaluations(self) -> HostPool:
+        return self
 
     def start(self, slots: int) -> None:
         """Start the hosts of slots 0..slots-1 now, without waiting: they warm up (imports) while

@@ -19,7 +19,6 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from distributed import get_worker
 from gymnasium import spaces
 
 from gymflow.agents.core import Policy, RandomPolicy
@@ -138,6 +137,8 @@ def check_worker(spec: WorkerCheckSpec) -> WorkerCheck:
     """Make the env once, as rollouts will, and compare its spaces with the flow's; reach the
     storage root (a bucket with the worker's credentials, a shared folder at the flow's path).
     Runs on a Dask worker."""
+    from distributed import get_worker  # here only: single mode's helper process runs jobs without Dask
+
     address = get_worker().address
     try:
         observation_space, action_space = check_env(spec.env_id, spec.env_kwargs, spec.action_spaces, spec.algo,

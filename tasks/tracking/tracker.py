@@ -21,6 +21,11 @@ from mlflow.utils.mlflow_tags import MLFLOW_GIT_BRANCH, MLFLOW_GIT_COMMIT, MLFLO
 
 _BATCH = 100  # MLflow accepts at most 100 params per batch
 _MAX_PENDING = 256  # queued metric batches held before waiting on the oldest
+# Metrics are sent to MLflow's background logger at most this often: each batch it writes costs
+# the flow's thread a few milliseconds of GIL (SQLAlchemy), so a batch per CartPole step slowed
+# the next rollout's stepping by half (docs/benchmarks.md, single mode).
+METRICS_EVERY_S = 2.0
+_METRICS_HELD = 1000  # metrics held before they are sent, however recent the last batch
 # MLflow 3's UI opens an experiment in its GenAI view unless this tag says it is for model training
 EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 
@@ -42,7 +47,7 @@ class Tracker:
             self.client.update_run(existing_run_id, status="RUNNING")
             self.client.set_tag(existing_run_id, "prefect.flow_run_id.resumed", tags.get("prefect.flow_run_id", ""))
             self.run_id, self.experiment_id = existing_run_id, run.info.experiment_id
-            self._pending: deque[RunOperations] = deque()
+            self._start_queue()
             return
         found = self.client.get_experiment_by_name(experiment)
         if found is None:
@@ -54,7 +59,12 @@ class Tracker:
                 self.client.set_experiment_tag(experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
         self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags)).info.run_id
         self.experiment_id = experiment_id
-        self._pending: deque[RunOperations] = deque()
+        self._start_queue()
+
+    def _start_queue(self) -> None:
+        self._pending: deque[RunOperations] = deque()  # batches handed to MLflow's background logger
+        self._held: list[Metric] = []  # metrics not yet handed over
+        self._sent_at = time.monotonic()
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         items = [Param(key, str(value)[:6000]) for key, value in params.items()]
@@ -62,17 +72,25 @@ class Tracker:
             self.client.log_batch(self.run_id, params=items[start : start + _BATCH])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """Queued and written by MLflow's background logger, off the training loop's path."""
+        """Held, then written by MLflow's background logger in batches of about METRICS_EVERY_S,
+        off the training loop's path; `flush` writes what is held."""
         timestamp = _now_ms()
-        items = [Metric(key, float(value), timestamp, step) for key, value in metrics.items() if math.isfinite(value)]
-        for start in range(0, len(items), 1000):
-            operation = self.client.log_batch(self.run_id, metrics=items[start : start + 1000], synchronous=False)
+        self._held += [Metric(key, float(value), timestamp, step) for key, value in metrics.items()
+                       if math.isfinite(value)]
+        if len(self._held) >= _METRICS_HELD or time.monotonic() - self._sent_at >= METRICS_EVERY_S:
+            self._send_held()
+
+    def _send_held(self) -> None:
+        held, self._held, self._sent_at = self._held, [], time.monotonic()
+        for start in range(0, len(held), 1000):  # MLflow's most metrics a batch
+            operation = self.client.log_batch(self.run_id, metrics=held[start : start + 1000], synchronous=False)
             self._pending.append(operation)
         while len(self._pending) > _MAX_PENDING:  # long runs: hold a bounded queue, the oldest long written
             self._pending.popleft().wait()
 
     def metric_rows(self, keys: Sequence[str]) -> list[dict[str, float]]:
         """What was logged so far, one dict per step (with 'time/env_steps'), for the given keys."""
+        self.flush()
         rows: dict[int, dict[str, float]] = {}
         for key in (*keys, "time/env_steps"):
             for metric in self.client.get_metric_history(self.run_id, key):
@@ -81,6 +99,7 @@ class Tracker:
 
     def evaluation_rows(self) -> list[tuple[int, float, float, float, int | None]]:
         """(env steps, mean, min, max, policy version) of every evaluation logged so far."""
+        self.flush()
         mean, low, high, version = [
             {m.step: m.value for m in self.client.get_metric_history(self.run_id, key)}
             for key in ("eval/return_mean", "eval/return_min", "eval/return_max", "eval/policy_version")
@@ -111,7 +130,8 @@ class Tracker:
             self.client.log_artifact(self.run_id, path, artifact_path)
 
     def flush(self) -> None:
-        """Wait until every queued metric is written."""
+        """Wait until every metric logged so far is written."""
+        self._send_held()
         while self._pending:
             self._pending.popleft().wait()
 

@@ -103,19 +103,18 @@ def film_version(hosts: Hosts, plan: RoundPlan, version: int, logger: AnyLogger)
     return evaluate_version(hosts, [replace(plan.evaluations(version, final=True)[0], episodes=1)], logger)
 
 
-def score_version(hosts: Hosts, plan: RoundPlan, version: int, logger: AnyLogger,
-                  final: bool = False) -> EvaluationResult:
+def score_version(hosts: Hosts, plan: RoundPlan, version: int, logger: AnyLogger) -> EvaluationResult:
     """Greedy episodes of `version` on the rollout workers: a task run in a flow run, a plain
     call outside one (the loop's in-process tests)."""
     if FlowRunContext.get() is None:
-        return evaluate_version(hosts, plan.evaluations(version, final), logger)
-    return evaluate(hosts, plan, version, final)
+        return evaluate_version(hosts, plan.evaluations(version), logger)
+    return evaluate(hosts, plan, version)
 
 
 @task(name="evaluate", task_run_name="evaluate-v{version}", cache_policy=NO_CACHE)
-def evaluate(hosts: Hosts, plan: RoundPlan, version: int, final: bool) -> EvaluationResult | State:
+def evaluate(hosts: Hosts, plan: RoundPlan, version: int) -> EvaluationResult | State:
     try:
-        return evaluate_version(hosts, plan.evaluations(version, final), get_run_logger())
+        return evaluate_version(hosts, plan.evaluations(version), get_run_logger())
     except Exception:
         if hosts.closed:  # the run is stopping (Ctrl-C): its cluster went away under this evaluation
             return Cancelled(message=f"the run stopped while v{version} was being evaluated")

@@ -143,13 +143,13 @@ class ImproveLoop:
     def final_evaluation(self, state: LoopState, deciding: Scored | None) -> Scored:
         """The evaluation that decides the run: the last version's, run now, unless a periodic
         one reached the target. Then, where the preset films the final evaluation, that version
-        is filmed beside what the caller does next, until `film_landed`."""
+        is filmed beside what the caller does next (off the training's path), until `film_landed`."""
         evaluations = self.evaluations
         if deciding is None:
             deciding = Scored(state.env_steps, score_version(evaluations.hosts, evaluations.plan, state.version,
-                                                             evaluations.logger, final=True))
+                                                             evaluations.logger))
             self.observer.evaluated(deciding, waited=True)
-        elif deciding.result.film is None and evaluations.plan.preset.tracking.video == "final":
+        if deciding.result.film is None and evaluations.plan.preset.tracking.video == "final":
             self._film = (evaluations.film(deciding.version), deciding.env_steps)
         return deciding
 

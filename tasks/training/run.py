@@ -146,7 +146,8 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
     the stop rule (with an outside judge that may end it early, a sweep's pruner). On the way out
     the evaluation thread ends; on an error, what is in flight is given up."""
     preset, plan = run.preset, RoundPlan(run.preset, run.run_id)
-    evaluations = EvaluationSchedule(hosts, plan, blocking=preset.distribution.mode != "async", logger=logger)
+    evaluations = EvaluationSchedule(hosts.for_evaluations(), plan, blocking=preset.distribution.mode != "async",
+                                     logger=logger)
     loop = ImproveLoop(
         run.learner, _collection(run, hosts, plan, logger), evaluations,
         Checkpoints(run.storage, run.run_id, preset.storage, policy_window=preset.distribution.max_policy_lag + 1),

@@ -1,0 +1,130 @@
+"""Single mode's helper process: evaluation and film jobs run there, on another core, while the
+learner learns in the flow's process (JORLDY's manage process). On a thread of the flow's
+process they shared the GIL with the learner: on CartPole an evaluation beside the learner took
+twice its own time and slowed learning by as much again (docs/benchmarks.md, single mode).
+
+The helper is `python -m gymflow.tasks.cluster.wire` (its `serve`) with the flow's import path, in a session
+of its own (a Ctrl-C in the terminal stops the flow, and the flow ends it). Jobs cross its stdin
+and stdout as length-prefixed frames of bytes (tasks/cluster/wire.py) and run one at a time, in
+the order they were sent; what a job prints goes to stderr. It exits when its stdin closes: when
+the flow closes it, or when the flow dies.
+
+The helper only makes single mode faster, never different: a job sent while it is still starting
+(its imports take about a second, and a CartPole run's first evaluation can come sooner), or after
+it died, runs in the flow's process instead, with the same result.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from logging import Logger, LoggerAdapter
+from typing import Any
+
+import cloudpickle
+
+from gymflow.errors import JobFailed
+from gymflow.tasks.cluster.hosts import Call, HostLost, Hosts
+from gymflow.tasks.cluster.wire import JobFailure, describe_job, one_line_cause, read_frame, write_frame
+
+STOP_WAIT_S = 5.0  # a job still running when the flow closes the helper is given this long, then killed
+
+
+class HelperProcess:
+    """Hosts for the jobs that run beside the learner in single mode: one helper process."""
+
+    timeout_s = 600.0  # never reached: a job is done when the helper answers, or fails when it exits
+    closed = False
+
+    def __init__(self, instead: Hosts) -> None:
+        """`instead`: where jobs run while the helper starts, or once it has died."""
+        self.instead = instead
+        path = os.pathsep.join(entry for entry in sys.path if entry)  # the user's env modules import there too
+        self.process = subprocess.Popen([sys.executable, "-m", "gymflow.tasks.cluster.wire"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path},
+                                        start_new_session=True)
+        self._waiting: deque[tuple[concurrent.futures.Future, str]] = deque()  # sent, in order, not answered
+        self._ready = threading.Event()  # set once the helper has imported what jobs need
+        self._gone = ""  # why no job can run there any more
+        self._lock = threading.Lock()
+        self._replies = threading.Thread(target=self._read_replies, name="helper-replies", daemon=True)
+        self._replies.start()
+
+    def call(self, function: Callable[[Any], Any], spec: Any, slot: int, attempt: int = 1) -> Call:
+        if not self._ready.is_set() or self._gone:
+            return self.instead.call(function, spec, slot, attempt)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        where = f"{describe_job(function, spec, slot)} in the helper process (pid {self.process.pid})"
+        job = cloudpickle.dumps((function, spec))
+        with self._lock:
+            self._waiting.append((future, where))
+            try:
+                write_frame(self.process.stdin, job)
+            except OSError:  # the helper exited: its replies' reader fails the call
+                pass
+        return Call(future, function, spec, slot, f"helper:{self.process.pid}", attempt,
+                    time.monotonic() + self.timeout_s)
+
+    def settle(self, call: Call, logger: Logger | LoggerAdapter) -> Call:
+        """`call`; sent again to `instead` if the helper died under it."""
+        if call.done() and isinstance(lost := call.future.exception(), HostLost):
+            logger.warning("%s; the job runs in the flow's process instead", lost)
+            return self.instead.call(call.function, call.spec, call.slot, call.attempt + 1)
+        return call
+
+    def distinct_slots(self, slots: int) -> int:
+        return 1
+
+    def for_evaluations(self) -> HelperProcess:
+        return self
+
+    def close(self) -> None:
+        """End the helper: at once if a job is still running (the run is stopping), else once it
+        has read the end of its input."""
+        self.closed = True
+        with self._lock:
+            busy = bool(self._waiting)
+        if busy:
+            self.process.kill()
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.process.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._replies.join(STOP_WAIT_S)
+
+    def _read_replies(self) -> None:
+        if read_frame(self.process.stdout) is not None:  # its first frame says it is ready
+            self._ready.set()
+        while (reply := read_frame(self.process.stdout)) is not None:
+            with self._lock:
+                future, where = self._waiting.popleft()
+            _settle_future(future, where, reply)
+        code = self.process.wait()
+        with self._lock:
+            self._gone = f"the helper process (pid {self.process.pid}) exited with code {code}"
+            while self._waiting:
+                future, where = self._waiting.popleft()
+                future.set_exception(HostLost(f"{where}: {self._gone}"))
+
+
+def _settle_future(future: concurrent.futures.Future, where: str, reply: bytes) -> None:
+    try:
+        outcome = cloudpickle.loads(reply)
+    except Exception as error:  # noqa: BLE001 (a result of a type this process cannot import)
+        future.set_exception(JobFailed(where, f"its result cannot be read here: {one_line_cause(error)}"))
+        return
+    if isinstance(outcome, JobFailure):
+        future.set_exception(JobFailed(where, outcome.cause, outcome.trace))
+    else:
+        future.set_result(outcome)
