@@ -60,9 +60,12 @@ def test_a_single_run_starts_no_process_and_ends_byte_identical_to_a_sync_run(pr
     synced = improve(preset, {**run, "storage.root": str(workspace / "sync")})
     with NewProcesses() as started:
         single = improve(preset, {**run, "storage.root": str(workspace / "single"), "distribution.mode": "single"})
-    # no Dask worker, nanny or fork server (MLflow's model logging runs a Python of its own)
+    # no Dask worker, nanny or fork server (MLflow's model logging runs a Python of its own); the one
+    # helper process that evaluated beside the learner has ended with the run
     assert not [command for command in started.seen.values() if "multiprocessing" in command or "dask" in command], \
         started.seen
+    helpers = [pid for pid, command in started.seen.items() if "gymflow.tasks.cluster.wire" in command]
+    assert len(helpers) == 1 and not psutil.pid_exists(helpers[0]), started.seen
     assert {process.split(":")[1] for process in single.rollout_processes} == {str(os.getpid())}
     assert single.versions_committed == synced.versions_committed
     assert _final_policy(workspace / "single", single) == _final_policy(workspace / "sync", synced)

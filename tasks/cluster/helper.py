@@ -56,18 +56,25 @@ class HelperProcess:
         self._replies = threading.Thread(target=self._read_replies, name="helper-replies", daemon=True)
         self._replies.start()
 
+    @property
+    def ready(self) -> bool:
+        """Started and not gone: jobs run there."""
+        return self._ready.is_set() and not self._gone
+
     def call(self, function: Callable[[Any], Any], spec: Any, slot: int, attempt: int = 1) -> Call:
-        if not self._ready.is_set() or self._gone:
-            return self.instead.call(function, spec, slot, attempt)
         future: concurrent.futures.Future = concurrent.futures.Future()
         where = f"{describe_job(function, spec, slot)} in the helper process (pid {self.process.pid})"
         job = cloudpickle.dumps((function, spec))
-        with self._lock:
-            self._waiting.append((future, where))
-            try:
-                write_frame(self.process.stdin, job)
-            except OSError:  # the helper exited: its replies' reader fails the call
-                pass
+        with self._lock:  # the replies' reader settles what is waiting when the helper exits, under it too
+            sent = self.ready
+            if sent:
+                self._waiting.append((future, where))
+                try:
+                    write_frame(self.process.stdin, job)
+                except OSError:  # the helper exited: its replies' reader fails the call
+                    pass
+        if not sent:
+            return self.instead.call(function, spec, slot, attempt)
         return Call(future, function, spec, slot, f"helper:{self.process.pid}", attempt,
                     time.monotonic() + self.timeout_s)
 

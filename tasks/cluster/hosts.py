@@ -35,6 +35,7 @@ from distributed import Client, Future, get_worker
 
 from gymflow.errors import JobFailed
 from gymflow.tasks.cluster.wire import JobFailure, describe_job, one_line_cause, run_job
+from gymflow.tasks.storage.shards import shards_kept_in_process
 
 ATTEMPTS = 3  # a job is tried this many times (worker deaths and deadlines together) before the run fails
 HOST_START_TIMEOUT_S = 30
@@ -126,7 +127,8 @@ class InProcessHosts:
         self.jobs.append((function.__name__, slot))
         threads = torch.get_num_threads()  # a job takes one thread; the learner keeps its own
         try:
-            future.set_result(function(spec))
+            with shards_kept_in_process():  # the learner takes them from memory
+                future.set_result(function(spec))
         except Exception as error:  # noqa: BLE001 (the caller raises it, as a host would)
             failure = JobFailure.of(error)
             future.set_exception(JobFailed(f"{describe_job(function, spec, slot)} in the flow's process",

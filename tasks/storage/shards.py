@@ -4,6 +4,10 @@ A shard holds the rollout, the episodes that ended in it, and the env cursor the
 the same worker continues from. Stacked image observations are kept as their distinct frames,
 compressed (agents/frames.py). The key is derived from (run, policy version, worker), so a
 retried rollout overwrites its own shard and never adds a second one.
+
+In single mode the rollout jobs run in the learner's process (`shards_kept_in_process`): a shard
+is still written, and the learner takes the rollout it holds from memory instead of reading,
+checking and decoding the bytes this process has just written.
 """
 
 from __future__ import annotations
@@ -12,6 +16,10 @@ import hashlib
 import os
 import socket
 import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +29,21 @@ from gymflow.agents.frames import FRAMES, frames_to_stacks, is_frame_stacks, sta
 from gymflow.envs.vector import EnvCursor
 from gymflow.tasks.storage.codec import decode_arrays, encode_arrays
 from gymflow.tasks.storage.objects import Storage
+
+_keeping: ContextVar[bool] = ContextVar("gymflow_shards_kept_in_process", default=False)
+_KEPT: OrderedDict[tuple[str, str], Rollout] = OrderedDict()  # (shard url, sha256) -> the rollout stored there
+_KEPT_MAX = 64  # rollouts held at most; a SYNC round's are taken by its learning step
+
+
+@contextmanager
+def shards_kept_in_process() -> Iterator[None]:
+    """While inside, the rollouts of vector shards written here stay in this process's memory
+    until `read_shard` takes them (frame shards are always read back: their stacks are rebuilt)."""
+    token = _keeping.set(True)
+    try:
+        yield
+    finally:
+        _keeping.reset(token)
 
 
 class ShardError(RuntimeError):
@@ -71,6 +94,11 @@ def write_shard(storage: Storage, key: str, version: int | None, worker: int, co
         arrays |= stacks_to_frames(rollout)
     data = encode_arrays(arrays, compress=pixels)
     storage.write(key, data)
+    sha256 = hashlib.sha256(data).hexdigest()
+    if _keeping.get() and not pixels:
+        _KEPT[(storage.url(key), sha256)] = rollout
+        while len(_KEPT) > _KEPT_MAX:
+            _KEPT.popitem(last=False)
     return ShardRef(
         key=key,
         version=version,
@@ -79,7 +107,7 @@ def write_shard(storage: Storage, key: str, version: int | None, worker: int, co
         episode_returns=tuple(float(x) for x in episodes.returns),
         episode_lengths=tuple(int(x) for x in episodes.lengths),
         size=len(data),
-        sha256=hashlib.sha256(data).hexdigest(),
+        sha256=sha256,
         collect_seconds=collected.collect_seconds,
         collected_by=f"{socket.gethostname()}:{os.getpid()}",
         written_at=time.time(),
@@ -88,8 +116,10 @@ def write_shard(storage: Storage, key: str, version: int | None, worker: int, co
 
 
 def read_shard(storage: Storage, ref: ShardRef) -> Rollout:
-    """The rollout its writer reported in `ref`, checked against the reported size and sha256."""
-    return _rollout(_read_verified(storage, ref))
+    """The rollout its writer reported in `ref`, checked against the reported size and sha256
+    (or, written in this process moments ago, the rollout it holds: `shards_kept_in_process`)."""
+    kept = _KEPT.pop((storage.url(ref.key), ref.sha256), None)
+    return kept if kept is not None else _rollout(_read_verified(storage, ref))
 
 
 def read_shard_at(storage: Storage, key: str) -> Rollout:
