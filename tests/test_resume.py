@@ -44,6 +44,7 @@ NORMALIZED = {"agent.normalize_observations": True}  # the statistics resume wit
 
 @pytest.mark.parametrize(("preset", "extra"), [
     ("cartpole-ppo", {**NORMALIZED, "agent.normalize_rewards": True}),
+    ("cartpole-ppo", {**NORMALIZED, "distribution.mode": "single"}),
     ("cartpole-dqn", {"agent.train_steps_per_iteration": 8, "agent.hidden_sizes": [16], "schedule.heatup_env_steps": 128,
                       **NORMALIZED}),
     ("cartpole-dqn", {**ASYNC, **NORMALIZED}),
@@ -69,7 +70,8 @@ def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, e
     while not list(killed_root.glob("runs/*/policies/v000004/manifest.json")):
         assert flow.poll() is None and time.monotonic() < deadline, "the flow ended before it could be killed"
         time.sleep(0.05)
-    os.killpg(flow.pid, signal.SIGKILL)  # the flow's process, its Dask scheduler and workers
+    os.killpg(flow.pid, signal.SIGKILL)  # the flow's process, its Dask scheduler and workers (single: its helper
+    # has a session of its own, and ends when its input does)
     flow.wait()
     (run_dir,) = (killed_root / "runs").iterdir()
     assert not (killed_root / "runs" / run_dir.name / "checkpoints" / f"v{clean.versions_committed - 1:06d}").exists()

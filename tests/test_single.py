@@ -12,6 +12,7 @@ import pytest
 from gymflow.flows.improve import improve
 from gymflow.presets import InvalidPreset
 from gymflow.presets.validate import resolve_experiment
+from gymflow.tasks.cluster.client import workers_beyond_cores
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
@@ -76,3 +77,15 @@ def test_single_with_a_cluster_is_refused_in_one_line():
         resolve_experiment("cartpole-ppo", {"distribution.mode": "single",
                                             "distribution.scheduler_address": "tcp://10.0.0.5:8786",
                                             "storage.shared": True})
+
+
+def test_more_rollout_workers_than_cores_on_a_local_cluster_is_said_in_one_line():
+    many = resolve_experiment("cartpole-ppo", {"distribution.rollout_workers": 3}).preset
+    assert workers_beyond_cores(many, cores=2) == (
+        "distribution.rollout_workers: 3 rollout workers do not fit this machine's 2 cores; its LocalCluster starts "
+        "2 worker processes and the other rollouts of each round wait for them (fewer workers with more "
+        "distribution.envs_per_worker step as many envs with less waiting)")
+    assert workers_beyond_cores(many, cores=3) is None
+    remote = resolve_experiment("cartpole-ppo", {"distribution.rollout_workers": 3, "storage.shared": True,
+                                                 "distribution.scheduler_address": "tcp://10.0.0.5:8786"}).preset
+    assert workers_beyond_cores(remote, cores=2) is None  # its cores are elsewhere

@@ -223,3 +223,20 @@ def test_a_killed_sweep_restarts_to_the_same_table_without_training_a_run_twice(
     import asyncio
 
     assert asyncio.run(pruned_state()) == "Pruned"
+
+
+@pytest.mark.e2e
+def test_a_sweep_in_single_mode_ranks_as_the_same_sweep_on_a_cluster(prefect_api, workspace, tiny_budget):
+    """Each trial's jobs run in the trial's own thread of the sweep's process, two trials at once,
+    and every trial ends as it does on the LocalCluster (single and sync runs are the same)."""
+    from gymflow.flows.sweep import sweep
+
+    spec = _spec(workspace, tiny_budget, concurrency=2)
+    synced = sweep(spec, sweep_id="synced")
+    single = sweep({**spec, "overrides": {**spec["overrides"], "distribution.mode": "single"}}, sweep_id="single")
+
+    assert single.ranking == synced.ranking
+    assert [row["outcome"] for row in single.ranking] == ["complete"] * len(LEARNING_RATES)
+    trials = [run for run in _sweep_runs(workspace, "single") if "mlflow.parentRunId" in run.data.tags]
+    assert len(trials) == 2 * len(LEARNING_RATES)
+    assert {run.data.params["distribution.mode"] for run in trials} == {"single"}

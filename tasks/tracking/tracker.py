@@ -78,9 +78,10 @@ class Tracker:
         self._held += [Metric(key, float(value), timestamp, step) for key, value in metrics.items()
                        if math.isfinite(value)]
         if len(self._held) >= _METRICS_HELD or time.monotonic() - self._sent_at >= METRICS_EVERY_S:
-            self._send_held()
+            self.send()
 
-    def _send_held(self) -> None:
+    def send(self) -> None:
+        """Hand the metrics held so far to MLflow's background logger now."""
         held, self._held, self._sent_at = self._held, [], time.monotonic()
         for start in range(0, len(held), 1000):  # MLflow's most metrics a batch
             operation = self.client.log_batch(self.run_id, metrics=held[start : start + 1000], synchronous=False)
@@ -131,7 +132,7 @@ class Tracker:
 
     def flush(self) -> None:
         """Wait until every metric logged so far is written."""
-        self._send_held()
+        self.send()
         while self._pending:
             self._pending.popleft().wait()
 

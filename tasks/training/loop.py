@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 from prefect import task
@@ -70,6 +70,12 @@ class StepReport:
     metrics: dict[str, float]  # namespaced: rollout/, train/, async/, time/
     work_seconds: float  # stepping envs, learning, an evaluation waited for: the step's critical path
     collected_by: frozenset[str]  # host:pid of the processes whose shards landed
+    checkpointed: bool = False  # the step's version was checkpointed: a resume starts from here
+
+
+class Commit(NamedTuple):
+    seconds: float  # publishing the policy, and checkpointing it when due
+    checkpointed: bool
 
 
 class Observer(Protocol):
@@ -106,24 +112,23 @@ class ImproveLoop:
         committed = experience.state.committed(next_evaluation)
         evaluation = self.evaluations.finished()
         self.latest = evaluation or self.latest
-        commit_seconds = self.commit(committed)
+        commit = self.commit(committed)
         waited = evaluation.result.seconds if evaluation is not None and self.evaluations.blocking else 0.0
-        self.observer.stepped(_report(experience, learned, committed, waited, commit_seconds,
-                                      time.perf_counter() - started))
+        self.observer.stepped(_report(experience, learned, committed, waited, commit, time.perf_counter() - started))
         if evaluation is not None:
             self.observer.evaluated(evaluation)
         return committed
 
-    def commit(self, state: LoopState) -> float:
-        """Publish `state.version`'s policy; checkpoint it when the cadence says so, and at the
-        end. Returns the seconds it took."""
+    def commit(self, state: LoopState) -> Commit:
+        """Publish `state.version`'s policy; checkpoint it when the cadence says so, and at the end."""
         started = time.perf_counter()
         scored = {self.latest.version} if self.latest else set()  # the run may deliver it
         self.checkpoints.publish(self.learner, state.version, pinned=self.evaluations.scoring() | scored)
-        if self.checkpoints.due(state) or self.stopped(state):
+        checkpointed = self.checkpoints.due(state) or self.stopped(state)
+        if checkpointed:
             delivered = {self.latest.version} if self.stop.target_reached(self.latest) else set()
             self.checkpoints.checkpoint(self.learner, state, self.collection.checkpointed(state), keep=delivered)
-        return time.perf_counter() - started
+        return Commit(time.perf_counter() - started, checkpointed)
 
     def stopped(self, state: LoopState) -> bool:
         return self.stop.reached(state, self.collection.drained(), self.latest)
@@ -187,7 +192,7 @@ def heatup(hosts: Hosts, plan: RoundPlan, learner: ReplayLearner, storage: Stora
 
 
 def _report(experience: Experience, learned: Learned, state: LoopState, evaluation_seconds: float,
-            commit_seconds: float, seconds: float) -> StepReport:
+            commit: Commit, seconds: float) -> StepReport:
     metrics = experience.metrics | rollout_metrics(experience.landed) | {
         f"train/{name}": value for name, value in learned.metrics.items()
     } | {
@@ -197,10 +202,11 @@ def _report(experience: Experience, learned: Learned, state: LoopState, evaluati
         "time/round_seconds": seconds,
         "time/collect_seconds": experience.collect_seconds,
         "time/learn_seconds": learned.seconds,
-        "time/commit_seconds": commit_seconds,  # publishing the policy, and a checkpoint when one is due
+        "time/commit_seconds": commit.seconds,  # publishing the policy, and a checkpoint when one is due
     }
     work = experience.collect_seconds + max(learned.seconds, evaluation_seconds)
-    return StepReport(state, metrics, work, frozenset(shard.collected_by for shard in experience.landed))
+    return StepReport(state, metrics, work, frozenset(shard.collected_by for shard in experience.landed),
+                      commit.checkpointed)
 
 
 def rollout_metrics(landed: tuple[ShardRef, ...]) -> dict[str, float]:

@@ -85,6 +85,8 @@ class RunRecorder:
 
     def stepped(self, report: StepReport) -> None:
         self.tracker.log_metrics(report.metrics, step=report.state.env_steps)
+        if report.checkpointed:  # what a resume from this version will not log again goes to MLflow now
+            self.tracker.send()
         self._keep_for_curve(report.metrics)
         self.work_seconds += report.work_seconds
         self.processes |= report.collected_by
