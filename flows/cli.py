@@ -45,8 +45,18 @@ def _command(argv: Sequence[str] | None) -> int:
         return 0
     if args.command == "checkpoints":
         return _checkpoints(args.run_id, args.root, parse_assignments(args.option))
+    if args.command == "show":
+        return _show(args.preset, args.set)
+    from gymflow.flows.stopping import temporary_api
+
+    with temporary_api() as api_ready:  # started first: its start-up is the longest wait before training
+        return _train(args, api_ready)
+
+
+def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
+    """`run`, `resume` or `sweep`, under the Prefect API that `api_ready` waits for."""
     if args.command == "sweep":
-        return _sweep(args.spec, args.id)
+        return _sweep(args.spec, args.id, api_ready)
     if args.command == "resume":
         from gymflow.tasks.storage.objects import Storage, StorageLocation
         from gymflow.tasks.storage.records import read_run_record
@@ -57,23 +67,31 @@ def _command(argv: Sequence[str] | None) -> int:
         except GymflowError as error:
             print(f"gymflow: error: {error}", file=sys.stderr)
             return 2
-        return _run("cartpole-ppo", {"storage.root": args.root, "storage.options": options}, args.quiet, args.run_id)
+        return _run("cartpole-ppo", {"storage.root": args.root, "storage.options": options}, args.quiet, api_ready,
+                    args.run_id)
     try:
         overrides = parse_assignments(args.set)
         from gymflow.presets.validate import resolve_experiment
+        from gymflow.tasks.storage.objects import check_storage, storage_location
 
         experiment = resolve_experiment(args.preset, overrides)
-        if args.command == "run":
-            from gymflow.tasks.storage.objects import check_storage, storage_location
-
-            check_storage(storage_location(experiment.preset.storage))
+        check_storage(storage_location(experiment.preset.storage))
     except GymflowError as error:
         print(f"gymflow: error: {error}", file=sys.stderr)
         return 2
-    if args.command == "show":
-        print(yaml.safe_dump(experiment.preset.model_dump(mode="json"), sort_keys=False), end="")
-        return 0
-    return _run(args.preset, overrides, quiet=args.quiet, distribution=experiment.preset.distribution)
+    return _run(args.preset, overrides, args.quiet, api_ready, distribution=experiment.preset.distribution)
+
+
+def _show(preset: str, assignments: list[str]) -> int:
+    try:
+        from gymflow.presets.validate import resolve_experiment
+
+        experiment = resolve_experiment(preset, parse_assignments(assignments))
+    except GymflowError as error:
+        print(f"gymflow: error: {error}", file=sys.stderr)
+        return 2
+    print(yaml.safe_dump(experiment.preset.model_dump(mode="json"), sort_keys=False), end="")
+    return 0
 
 
 def _working_folder_importable() -> None:
@@ -83,17 +101,17 @@ def _working_folder_importable() -> None:
         sys.path.insert(0, os.getcwd())
 
 
-def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str,
+def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready: Callable[[], None],
                    distribution: DistributionConfig | None = None) -> T | int:
-    """Run a flow under this process's temporary Prefect API (unless one is configured):
-    `load()` imports it while the API starts and returns the call; the run's LocalCluster, where
+    """Run a flow once the Prefect API answers (`api_ready` waits for this process's temporary
+    one): `load()` imports it meanwhile and returns the call; the run's LocalCluster, where
     `distribution` asks for one, starts beside them. Ctrl-C or SIGTERM stops it within seconds
     (flows/stopping.py). Returns what the flow returned, or an exit code."""
     from gymflow.flows.console import gymflow_errors_in_one_line_on_the_console
-    from gymflow.flows.stopping import stopping_cleanly, temporary_api
+    from gymflow.flows.stopping import stopping_cleanly
     from gymflow.tasks.cluster.client import local_cluster_started_beside
 
-    with stopping_cleanly(), temporary_api() as api_ready, local_cluster_started_beside(distribution) as cluster_ready:
+    with stopping_cleanly(), local_cluster_started_beside(distribution) as cluster_ready:
         call = load()
         gymflow_errors_in_one_line_on_the_console()
         api_ready()
@@ -108,7 +126,7 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str,
             return 130
 
 
-def _run(preset: str, overrides: dict, quiet: bool, resume: str | None = None,
+def _run(preset: str, overrides: dict, quiet: bool, api_ready: Callable[[], None], resume: str | None = None,
          distribution: DistributionConfig | None = None) -> int:
     """Train, with a progress bar."""
 
@@ -121,7 +139,7 @@ def _run(preset: str, overrides: dict, quiet: bool, resume: str | None = None,
         return lambda: _with_progress_bar(lambda: improve(preset, overrides, resume=resume), quiet)
 
     summary = _under_prefect(load, "What was committed stays: `gymflow resume RUN_ID --root ROOT` continues the "
-                                   "run (its id is in the log above)", distribution)
+                                   "run (its id is in the log above)", api_ready, distribution)
     if isinstance(summary, int):
         return summary
     verdict = "reached its target" if summary.solved else "did not reach its target"
@@ -134,7 +152,7 @@ def _run(preset: str, overrides: dict, quiet: bool, resume: str | None = None,
     return 0
 
 
-def _sweep(spec_path: str, sweep_id: str | None) -> int:
+def _sweep(spec_path: str, sweep_id: str | None, api_ready: Callable[[], None]) -> int:
     """Run (or continue, with --id) a sweep; its runs log their progress, the sweep its runs'."""
     from gymflow.presets.sweep import check_sweep, read_sweep_spec
 
@@ -151,7 +169,7 @@ def _sweep(spec_path: str, sweep_id: str | None) -> int:
         return lambda: sweep(spec, sweep_id)
 
     result = _under_prefect(load, "`gymflow sweep SPEC --id SWEEP_ID` continues the sweep (its id is in the log "
-                                  "above); finished runs are kept, interrupted ones resume")
+                                  "above); finished runs are kept, interrupted ones resume", api_ready)
     if isinstance(result, int):
         return result
     print(f"sweep {result.sweep_id}: {len(result.ranking)} configurations, {result.runs_trained} runs trained by "
