@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, TypeVar
 import yaml
 
 from gymflow.errors import GymflowError
-from gymflow.presets import builtin_presets, parse_assignments
 
 if TYPE_CHECKING:
     from gymflow.flows.sweep import SweepResult
@@ -39,22 +38,28 @@ def _command(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     _working_folder_importable()
+    if args.command in ("run", "resume", "sweep"):
+        from gymflow.flows.stopping import temporary_api
+
+        # started before anything else is imported (torch, Prefect): its start-up is the longest
+        # wait before the first training round
+        with temporary_api() as api_ready:
+            return _train(args, api_ready)
+    from gymflow.presets import builtin_presets, parse_assignments
+
     if args.command == "presets":
         for name, description in builtin_presets().items():
             print(f"{name:<20} {description}")
         return 0
     if args.command == "checkpoints":
         return _checkpoints(args.run_id, args.root, parse_assignments(args.option))
-    if args.command == "show":
-        return _show(args.preset, args.set)
-    from gymflow.flows.stopping import temporary_api
-
-    with temporary_api() as api_ready:  # started first: its start-up is the longest wait before training
-        return _train(args, api_ready)
+    return _show(args.preset, args.set)
 
 
 def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
     """`run`, `resume` or `sweep`, under the Prefect API that `api_ready` waits for."""
+    from gymflow.presets import parse_assignments
+
     if args.command == "sweep":
         return _sweep(args.spec, args.id, api_ready)
     if args.command == "resume":
@@ -83,6 +88,8 @@ def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
 
 
 def _show(preset: str, assignments: list[str]) -> int:
+    from gymflow.presets import parse_assignments
+
     try:
         from gymflow.presets.validate import resolve_experiment
 

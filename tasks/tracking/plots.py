@@ -4,10 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 
 _LOSSES = ("train/policy_loss", "train/value_loss", "train/entropy", "train/td_loss", "train/q_mean",
@@ -25,6 +21,7 @@ def plot_learning_curve(
 ) -> str:
     """Write a PNG to `path`. `history` holds one metrics dict per iteration (with
     'time/env_steps'); `evaluations` holds (env_steps, mean, min, max, version) of each evaluation."""
+    plt = _pyplot()
     figure, (returns_ax, loss_ax, speed_ax) = plt.subplots(
         3, 1, figsize=(9, 9), sharex=True, gridspec_kw={"height_ratios": [2.2, 1, 1]}
     )
@@ -68,3 +65,14 @@ def plot_learning_curve(
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+def _pyplot():
+    """matplotlib's pyplot, drawing to files: imported when the first curve is drawn (at the end of
+    a run), not among the imports that stand between the command and its first training round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
