@@ -41,8 +41,8 @@ def _command(argv: Sequence[str] | None) -> int:
     if args.command in ("run", "resume", "sweep"):
         from gymflow.flows.stopping import temporary_api
 
-        # started before anything else is imported (torch, Prefect): its start-up is the longest
-        # wait before the first training round
+        # started before the preset is checked (torch, Gymnasium) and the flow imported (MLflow):
+        # the server's start-up then runs on the other core
         with temporary_api() as api_ready:
             return _train(args, api_ready)
     from gymflow.presets import builtin_presets, parse_assignments
