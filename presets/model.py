@@ -94,7 +94,8 @@ class DistributionConfig(_Strict):
     mode: Literal["single", "sync", "async"] = Field(
         default="sync",
         description="single: no Dask cluster; the rollout jobs run in the flow's own process, one after another, "
-        "and the run is the same as in sync, byte for byte (small, fast envs; debugging). "
+        "evaluations in one helper process beside it, and the run is the same as in sync, byte for byte (small, "
+        "fast envs; debugging). "
         "sync: every iteration waits for all rollout workers, then learns (on- and off-policy). "
         "async (off-policy only): rollout workers keep collecting with the newest committed policy while "
         "the learner inserts their shards as they land and trains at samples_per_insert.",

@@ -21,8 +21,7 @@ def plot_learning_curve(
 ) -> str:
     """Write a PNG to `path`. `history` holds one metrics dict per iteration (with
     'time/env_steps'); `evaluations` holds (env_steps, mean, min, max, version) of each evaluation."""
-    plt = _pyplot()
-    figure, (returns_ax, loss_ax, speed_ax) = plt.subplots(
+    figure, (returns_ax, loss_ax, speed_ax) = _pyplot().subplots(
         3, 1, figsize=(9, 9), sharex=True, gridspec_kw={"height_ratios": [2.2, 1, 1]}
     )
     steps = np.array([h["time/env_steps"] for h in history], dtype=float)
@@ -63,7 +62,7 @@ def plot_learning_curve(
 
     figure.tight_layout()
     figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _pyplot().close(figure)
     return path
 
 

@@ -72,7 +72,10 @@ class SyncRounds:
         shards = tuple(collect_round(self.hosts, specs, self.logger))
         env_steps = state.env_steps + sum(shard.env_steps for shard in shards)
         after = replace(state, env_steps=env_steps, env_cursors=tuple(shard.key for shard in shards))
-        return Experience(shards, after, landed=shards, collect_seconds=max(shard.collect_seconds for shard in shards),
+        seconds = [shard.collect_seconds for shard in shards]
+        one_after_another = self.hosts.distinct_slots(len(shards)) == 1  # single mode: one process steps them all
+        return Experience(shards, after, landed=shards,
+                          collect_seconds=sum(seconds) if one_after_another else max(seconds),
                           metrics={"rollout/exploration": exploration} if exploration else {})
 
     def drained(self) -> bool:
