@@ -9,6 +9,7 @@ import gc
 import os
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, TypeVar
 
 import yaml
@@ -116,9 +117,8 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready:
     (flows/stopping.py). Returns what the flow returned, or an exit code."""
     from gymflow.flows.console import gymflow_errors_in_one_line_on_the_console
     from gymflow.flows.stopping import stopping_cleanly
-    from gymflow.tasks.cluster.client import local_cluster_started_beside
 
-    with stopping_cleanly(), local_cluster_started_beside(distribution) as cluster_ready:
+    with stopping_cleanly(), _cluster_beside(distribution) as cluster_ready:
         call = load()
         gymflow_errors_in_one_line_on_the_console()
         api_ready()
@@ -131,6 +131,15 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready:
         except KeyboardInterrupt:
             print(f"gymflow: stopped. {stopped}", file=sys.stderr)
             return 130
+
+
+def _cluster_beside(distribution: DistributionConfig | None) -> AbstractContextManager[Callable[[], None]]:
+    """The run's LocalCluster starting beside the imports; none (and no Dask import) in single mode."""
+    if distribution is None or distribution.mode == "single":
+        return nullcontext(lambda: None)
+    from gymflow.tasks.cluster.client import local_cluster_started_beside
+
+    return local_cluster_started_beside(distribution)
 
 
 def _run(preset: str, overrides: dict, quiet: bool, api_ready: Callable[[], None], resume: str | None = None,

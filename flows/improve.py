@@ -15,7 +15,7 @@ from pydantic import Field
 from gymflow.flows.stopping import cancellable
 from gymflow.presets.overrides import PresetOverrides, as_dotted
 from gymflow.presets.validate import resolve_experiment
-from gymflow.tasks.cluster.client import rollout_hosts
+from gymflow.tasks.cluster.placement import rollout_hosts
 from gymflow.tasks.sweep.trial import SweepTrial, TrialJudge
 from gymflow.tasks.tracking.artifacts import publish_evaluations
 from gymflow.tasks.training.delivery import deliver, describe

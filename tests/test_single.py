@@ -12,7 +12,7 @@ import pytest
 from gymflow.flows.improve import improve
 from gymflow.presets import InvalidPreset
 from gymflow.presets.validate import resolve_experiment
-from gymflow.tasks.cluster.client import workers_beyond_cores
+from gymflow.tasks.cluster.placement import workers_beyond_cores
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation

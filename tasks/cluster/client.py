@@ -21,10 +21,9 @@ from distributed.security import Security
 from distributed.utils import get_mp_context
 
 from gymflow.errors import ClusterUnavailable, InvalidPreset
-from gymflow.presets.model import DistributionConfig, Preset, TLSConfig
+from gymflow.presets.model import DistributionConfig, TLSConfig
 from gymflow.presets.validate import Experiment
-from gymflow.tasks.cluster.helper import HelperProcess
-from gymflow.tasks.cluster.hosts import HostPool, Hosts, InProcessHosts
+from gymflow.tasks.cluster.hosts import HostPool
 from gymflow.tasks.cluster.rounds import AnyLogger, check_workers
 from gymflow.tasks.cluster.shipping import code_shipped, code_to_ship
 
@@ -136,36 +135,6 @@ def _local_cluster(config: DistributionConfig, workers: int) -> LocalCluster:
             resources=config.rollout_resources or None,  # its workers offer what rollouts ask for
             preload=["gymflow.tasks.cluster.local_worker"],  # signals to the flow's group are the flow's
         )
-
-
-@contextmanager
-def rollout_hosts(experiment: Experiment, logger: AnyLogger) -> Iterator[tuple[Hosts, str]]:
-    """Where the run's jobs run, and a few words saying where: the job hosts on its Dask cluster
-    (`dask_client`, `job_hosts`), or, with `distribution.mode: single`, this process."""
-    config = experiment.preset.distribution
-    if config.mode == "single":
-        helper = HelperProcess(instead=InProcessHosts())
-        try:
-            yield InProcessHosts(evaluations=helper), "single mode: rollouts in this process, evaluations beside it"
-        finally:
-            helper.close()
-        return
-    if (note := workers_beyond_cores(experiment.preset, os.cpu_count() or 1)) is not None:
-        logger.warning("%s", note)
-    with dask_client(config) as client, job_hosts(client, experiment, logger) as hosts:
-        yield hosts, f"Dask dashboard {client.dashboard_link}"
-
-
-def workers_beyond_cores(preset: Preset, cores: int) -> str | None:
-    """One line for a run whose LocalCluster would have more rollout workers than the machine has
-    cores: it starts one worker process a core, and the rest of a round's rollouts queue behind
-    them (measured: 0.73 of linear speed-up, docs/benchmarks.md)."""
-    workers = preset.distribution.rollout_workers
-    if preset.remote_cluster or workers <= cores:
-        return None
-    return (f"distribution.rollout_workers: {workers} rollout workers do not fit this machine's {cores} cores; "
-            f"its LocalCluster starts {cores} worker processes and the other rollouts of each round wait for them "
-            f"(fewer workers with more distribution.envs_per_worker step as many envs with less waiting)")
 
 
 @contextmanager

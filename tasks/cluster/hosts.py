@@ -27,15 +27,17 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from logging import Logger, LoggerAdapter
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import cloudpickle
 import torch
-from distributed import Client, Future, get_worker
 
 from gymflow.errors import JobFailed
 from gymflow.tasks.cluster.wire import JobFailure, describe_job, one_line_cause, run_job
 from gymflow.tasks.storage.shards import shards_kept_in_process
+
+if TYPE_CHECKING:  # Dask is imported by the runs that use it (tasks/cluster/placement.py)
+    from distributed import Client, Future
 
 ATTEMPTS = 3  # a job is tried this many times (worker deaths and deadlines together) before the run fails
 HOST_START_TIMEOUT_S = 30
@@ -56,6 +58,8 @@ class JobHost:
 
     def __init__(self) -> None:
         # torch, gymnasium, the agents: imported as the host starts, not in its first job
+        from distributed import get_worker
+
         import gymflow.tasks.cluster.jobs  # noqa: F401
 
         self._threads = ThreadPoolExecutor(get_worker().state.nthreads, thread_name_prefix="gymflow-job")

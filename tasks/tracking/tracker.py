@@ -67,9 +67,12 @@ class Tracker:
         self._sent_at = time.monotonic()
 
     def log_params(self, params: Mapping[str, Any]) -> None:
+        """Written by MLflow's background logger, before any metric logged after them (the first
+        training round does not wait for a few hundred rows of SQLite); `flush` waits for them."""
         items = [Param(key, str(value)[:6000]) for key, value in params.items()]
         for start in range(0, len(items), _BATCH):
-            self.client.log_batch(self.run_id, params=items[start : start + _BATCH])
+            self._pending.append(self.client.log_batch(self.run_id, params=items[start : start + _BATCH],
+                                                       synchronous=False))
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Held, then written by MLflow's background logger in batches of about METRICS_EVERY_S,
