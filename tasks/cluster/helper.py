@@ -29,9 +29,8 @@ from typing import Any
 
 import cloudpickle
 
-from gymflow.errors import JobFailed
 from gymflow.tasks.cluster.hosts import Call, HostLost, Hosts
-from gymflow.tasks.cluster.wire import JobFailure, describe_job, one_line_cause, read_frame, write_frame
+from gymflow.tasks.cluster.wire import describe_job, read_frame, settle_reply, write_frame
 
 STOP_WAIT_S = 5.0  # a job still running when the flow closes the helper is given this long, then killed
 
@@ -116,22 +115,10 @@ class HelperProcess:
         while (reply := read_frame(self.process.stdout)) is not None:
             with self._lock:
                 future, where = self._waiting.popleft()
-            _settle_future(future, where, reply)
+            settle_reply(future, where, reply)
         code = self.process.wait()
         with self._lock:
             self._gone = f"the helper process (pid {self.process.pid}) exited with code {code}"
             while self._waiting:
                 future, where = self._waiting.popleft()
                 future.set_exception(HostLost(f"{where}: {self._gone}"))
-
-
-def _settle_future(future: concurrent.futures.Future, where: str, reply: bytes) -> None:
-    try:
-        outcome = cloudpickle.loads(reply)
-    except Exception as error:  # noqa: BLE001 (a result of a type this process cannot import)
-        future.set_exception(JobFailed(where, f"its result cannot be read here: {one_line_cause(error)}"))
-        return
-    if isinstance(outcome, JobFailure):
-        future.set_exception(JobFailed(where, outcome.cause, outcome.trace))
-    else:
-        future.set_result(outcome)

@@ -33,7 +33,7 @@ import cloudpickle
 import torch
 
 from gymflow.errors import JobFailed
-from gymflow.tasks.cluster.wire import JobFailure, describe_job, one_line_cause, run_job
+from gymflow.tasks.cluster.wire import JobFailure, describe_job, one_line_cause, run_job, settle_reply
 from gymflow.tasks.storage.shards import shards_kept_in_process
 
 if TYPE_CHECKING:  # Dask is imported by the runs that use it (tasks/cluster/placement.py)
@@ -134,9 +134,8 @@ class InProcessHosts:
             with shards_kept_in_process():  # the learner takes them from memory
                 future.set_result(function(spec))
         except Exception as error:  # noqa: BLE001 (the caller raises it, as a host would)
-            failure = JobFailure.of(error)
-            future.set_exception(JobFailed(f"{describe_job(function, spec, slot)} in the flow's process",
-                                           failure.cause, failure.trace))
+            where = f"{describe_job(function, spec, slot)} in the flow's process"
+            future.set_exception(JobFailure.of(error).raised_by(where))
         finally:
             torch.set_num_threads(threads)
         return Call(future, function, spec, slot, "in-process", attempt, time.monotonic() + self.timeout_s)
@@ -187,15 +186,7 @@ class HostPool:
             except Exception as error:  # noqa: BLE001 (whatever else Dask raises, the call ends)
                 future.set_exception(JobFailed(where, f"its call failed: {one_line_cause(error)}"))
                 return
-            try:
-                outcome = cloudpickle.loads(reply)
-            except Exception as error:  # noqa: BLE001 (e.g. a result of a type only the worker can import)
-                future.set_exception(JobFailed(where, f"its result cannot be read here: {one_line_cause(error)}"))
-                return
-            if isinstance(outcome, JobFailure):
-                future.set_exception(JobFailed(where, outcome.cause, outcome.trace))
-            else:
-                future.set_result(outcome)
+            settle_reply(future, where, reply)
 
         self.client.loop.add_callback(relay)
         return Call(future, function, spec, slot, worker, attempt, time.monotonic() + self.timeout_s)

@@ -7,6 +7,7 @@ length-prefixed frames on its stdin and stdout."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import struct
 import sys
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 import cloudpickle
+
+from gymflow.errors import JobFailed
 
 _LENGTH = struct.Struct("!Q")  # a frame's length, before its bytes
 
@@ -32,6 +35,24 @@ class JobFailure:
     @classmethod
     def of(cls, error: BaseException) -> JobFailure:
         return cls(one_line_cause(error), "".join(traceback.format_exception(error)))
+
+    def raised_by(self, where: str) -> JobFailed:
+        """The one-line error the caller raises: `where` (the job and its host), then the cause."""
+        return JobFailed(where, self.cause, self.trace)
+
+
+def settle_reply(future: concurrent.futures.Future, where: str, reply: bytes) -> None:
+    """Settle a job's call from its reply: the job's result, or a one-line `JobFailed` (the job's
+    own error, or a result this process cannot read: of a type only the worker can import)."""
+    try:
+        outcome = cloudpickle.loads(reply)
+    except Exception as error:  # noqa: BLE001 (whatever stops the reply being read ends the call)
+        future.set_exception(JobFailed(where, f"its result cannot be read here: {one_line_cause(error)}"))
+        return
+    if isinstance(outcome, JobFailure):
+        future.set_exception(outcome.raised_by(where))
+    else:
+        future.set_result(outcome)
 
 
 def run_job(job: bytes) -> bytes:
