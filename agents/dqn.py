@@ -3,59 +3,27 @@
 Mnih et al. 2015, with the usual options: double Q-learning (van Hasselt et al. 2016), dueling
 heads (Wang et al. 2016), n-step returns and prioritized replay (Schaul et al. 2016). SYNC: each
 iteration inserts the new transitions, then takes `train_steps_per_iteration` gradient steps.
-ASYNC: the caller inserts (`remember`) and trains (`train`) at its own ratio.
+ASYNC: the caller inserts (`insert`) and trains (`train`) at its own ratio.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from gymnasium import spaces
-from pydantic import ConfigDict, Field
 from torch import nn
 from torch.nn import functional as F
 
-from gymflow.agents.core import ReplayLearner, cpu_weights, on_device
-from gymflow.agents.networks import LayerWidths, mlp, observation_reader, seeded_init
-from gymflow.agents.normalization import ObservationNormalization, observation_normalizer, share_normalizer
-from gymflow.agents.replay import ReplayOptions, Sample, make_replay
-from gymflow.envs.vector import observation_dtype
-
-
-class DQNConfig(ReplayOptions, ObservationNormalization):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    algo: Literal["dqn"] = "dqn"
-    lr: float = Field(default=1e-3, gt=0, le=1, description="Adam learning rate.")
-    gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
-    batch_size: int = Field(default=64, ge=1, description="Transitions per gradient step.")
-    replay_capacity: int = Field(default=100_000, ge=1, description="Replay memory size.")
-    train_steps_per_iteration: int = Field(
-        default=128, ge=1, description="Gradient steps after each iteration's rollouts (TrainingSteps)."
-    )
-    target_update_every_train_steps: int = Field(
-        default=128, ge=1, description="Copy the online network to the target every this many gradient steps."
-    )
-    epsilon_start: float = Field(default=1.0, ge=0, le=1, description="Exploration at step 0.")
-    epsilon_end: float = Field(default=0.05, ge=0, le=1, description="Exploration after the decay.")
-    epsilon_decay_env_steps: int = Field(
-        default=10_000, ge=1, description="Environment steps over which epsilon decays linearly."
-    )
-    max_grad_norm: float = Field(default=10.0, gt=0, description="Gradient clipping norm.")
-    hidden_sizes: LayerWidths = Field(default=[256, 256], min_length=1, description="MLP widths.")
-    double_q: bool = Field(
-        default=False, description="Double Q-learning: the online network picks the next action, the target values it."
-    )
-    dueling: bool = Field(default=False, description="Dueling heads: Q = V + A - mean(A).")
-    n_step: int = Field(default=1, ge=1, le=100, description="Bootstrap after this many rewards (n-step returns).")
-
-
-def epsilon_at(config: DQNConfig, env_steps: int) -> float:
-    fraction = min(env_steps / config.epsilon_decay_env_steps, 1.0)
-    return config.epsilon_start + fraction * (config.epsilon_end - config.epsilon_start)
+from gymflow.agents.batches import Sample
+from gymflow.agents.configs import DQNConfig
+from gymflow.agents.core import AlgorithmParts, ReplayLearner
+from gymflow.agents.networks import TransitionBatch, cpu_weights, mlp, observation_reader, seeded_init
+from gymflow.agents.normalization import observation_normalizer, share_normalizer
+from gymflow.agents.replay import make_replay, memory_spec
 
 
 class DuelingQNetwork(nn.Module):
@@ -102,6 +70,30 @@ class QPolicy:
         return actions, np.zeros(len(obs), dtype=np.float32)
 
 
+@dataclass(frozen=True)
+class DQNLossTerms:
+    loss: torch.Tensor  # what is minimised
+    td_errors: torch.Tensor  # [B] y - Q(s, a), detached: the new priorities
+    q_taken: torch.Tensor  # [B] Q(s, a), detached
+
+
+def dqn_loss(q_network: nn.Module, target_network: nn.Module, batch: TransitionBatch, double_q: bool) -> DQNLossTerms:
+    """The importance-weighted Huber loss of Q(s, a) against y = r + gamma^n max_a' Q'(s', a') (Mnih
+    et al. 2015); with double Q-learning the online network picks a' and the target values it.
+    Pure: nothing is stepped."""
+    with torch.no_grad():
+        next_target_q = target_network(batch.next_obs)
+        if double_q:
+            next_actions = q_network(batch.next_obs).argmax(dim=1, keepdim=True)
+            next_q = next_target_q.gather(1, next_actions).squeeze(1)
+        else:
+            next_q = next_target_q.max(dim=1).values
+        targets = batch.rewards + batch.discounts * next_q
+    q_taken = q_network(batch.obs).gather(1, batch.actions[:, None]).squeeze(1)
+    loss = (batch.weights * F.smooth_l1_loss(q_taken, targets, reduction="none")).mean()
+    return DQNLossTerms(loss, (targets - q_taken).detach(), q_taken.detach())
+
+
 class DQNLearner(ReplayLearner):
     def __init__(self, config: DQNConfig, observation_space: spaces.Box, action_space: spaces.Discrete, seed: int,
                  device: str = "cpu"):
@@ -112,8 +104,7 @@ class DQNLearner(ReplayLearner):
         self.target_network = copy.deepcopy(self.q_network).requires_grad_(False)
         self.normalizer = share_normalizer(self.q_network, self.target_network)
         self.optimizer = torch.optim.Adam(self.q_network.parameters(), lr=config.lr, fused=True)
-        self.replay = make_replay(config.replay_capacity, observation_space.shape, (), np.int64, config,
-                                  observation_dtype(observation_space))
+        self.replay = make_replay(memory_spec(config, observation_space, action_space, config.n_step), config)
         self.rng = np.random.default_rng(seed)
         self.train_steps = 0
 
@@ -124,52 +115,20 @@ class DQNLearner(ReplayLearner):
         self.q_network.load_state_dict(weights)
         self.target_network.load_state_dict(weights)
 
-    @property
-    def n_step(self) -> int:
-        return self.config.n_step
-
-    def train(self, steps: int, progress: float) -> dict[str, float]:
-        """`steps` gradient steps on samples of the replay memory; `progress` anneals the
-        importance-weight exponent of prioritized replay."""
-        losses, q_means = [], []
-        for _ in range(steps):
-            loss, q_mean = self._update(self.replay.sample(self.config.batch_size, self.rng, progress))
-            losses.append(loss)
-            q_means.append(q_mean)
-            self.train_steps += 1
-            if self.train_steps % self.config.target_update_every_train_steps == 0:
-                self.target_network.load_state_dict(self.q_network.state_dict())
-        return {
-            "td_loss": float(np.mean(losses)) if losses else float("nan"),
-            "q_mean": float(np.mean(q_means)) if q_means else float("nan"),
-            "replay_size": float(len(self.replay)),
-            "replay_bytes_per_transition": self.replay.bytes_per_transition(),
-            "train_steps": float(self.train_steps),
-        }
-
-    def _update(self, sample: Sample) -> tuple[float, float]:
-        batch = sample.transitions
-        device = self.device
-        obs = on_device(batch.obs, device)
-        actions = on_device(batch.actions, device)
-        with torch.no_grad():
-            next_obs = on_device(batch.next_obs, device)
-            next_target_q = self.target_network(next_obs)
-            if self.config.double_q:
-                next_actions = self.q_network(next_obs).argmax(dim=1, keepdim=True)
-                next_q = next_target_q.gather(1, next_actions).squeeze(1)
-            else:
-                next_q = next_target_q.max(dim=1).values
-            targets = on_device(batch.rewards, device) + on_device(batch.discounts, device) * next_q
-        q_taken = self.q_network(obs).gather(1, actions[:, None]).squeeze(1)
-        weights = on_device(sample.weights, device)
-        loss = (weights * F.smooth_l1_loss(q_taken, targets, reduction="none")).mean()
+    def update(self, sample: Sample) -> dict[str, float]:
+        """One gradient step; the target network copies the online one every
+        `target_update_every_train_steps` of them."""
+        terms = dqn_loss(self.q_network, self.target_network, TransitionBatch.on(sample, self.device),
+                         self.config.double_q)
         self.optimizer.zero_grad()
-        loss.backward()
+        terms.loss.backward()
         nn.utils.clip_grad_norm_(self.q_network.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
-        self.replay.update_priorities(sample.index, (targets - q_taken).detach().cpu().numpy())
-        return loss.item(), q_taken.mean().item()
+        self.replay.update_priorities(sample.index, terms.td_errors.cpu().numpy())
+        self.train_steps += 1
+        if self.train_steps % self.config.target_update_every_train_steps == 0:
+            self.target_network.load_state_dict(self.q_network.state_dict())
+        return {"td_loss": terms.loss.item(), "q_mean": terms.q_taken.mean().item()}
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -186,3 +145,10 @@ class DQNLearner(ReplayLearner):
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.bit_generator.state = state["rng"]
         self.train_steps = int(state["train_steps"])
+
+
+PARTS = AlgorithmParts(
+    learner=DQNLearner,
+    network=make_network,
+    policy=lambda network, config, exploration, seed: QPolicy(network, exploration, seed),
+)

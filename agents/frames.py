@@ -13,12 +13,9 @@ else (a replay memory rebuilt from shards stands where the original stood).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-if TYPE_CHECKING:
-    from gymflow.agents.core import Rollout
+from gymflow.agents.batches import Rollout
 
 FRAMES = "frames"  # the array of distinct frames; its presence marks a shard stored this way
 STACKED = ("obs", "done_obs", "last_obs")  # the rollout's arrays of stacks, stored as frame indices

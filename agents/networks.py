@@ -4,16 +4,52 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Annotated
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 from gymnasium import spaces
-from pydantic import Field
 from torch import nn
 
+from gymflow.agents.batches import Sample
 from gymflow.envs.make import is_image
 
-LayerWidths = list[Annotated[int, Field(ge=1, le=65_536)]]  # the hidden layers of an MLP, input to output
+
+def on_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A numpy array as a tensor on the learner's device (a view of it on the CPU)."""
+    return torch.from_numpy(array).to(device)
+
+
+def cpu_weights(network: nn.Module) -> dict[str, torch.Tensor]:
+    """A network's weights on the CPU, where rollout workers, checkpoints and MLflow read them
+    (the live tensors themselves when the learner is on the CPU)."""
+    return {name: tensor.cpu() for name, tensor in network.state_dict().items()}
+
+
+@dataclass(frozen=True)
+class TransitionBatch:
+    """A sample of transitions on the learner's device."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor  # as stored: an actor-critic learner maps them to its actor's units
+    rewards: torch.Tensor  # the (n-step) discounted reward sum
+    discounts: torch.Tensor  # gamma^n, 0 where the episode terminated
+    next_obs: torch.Tensor
+    weights: torch.Tensor  # importance weights (ones for uniform replay)
+
+    @classmethod
+    def on(cls, sample: Sample, device: torch.device) -> TransitionBatch:
+        batch = sample.transitions
+        return cls(on_device(batch.obs, device), on_device(batch.actions, device), on_device(batch.rewards, device),
+                   on_device(batch.discounts, device), on_device(batch.next_obs, device),
+                   on_device(sample.weights, device))
+
+
+def step_optimizer(optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    """One gradient step of `optimizer` on `loss`."""
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
 
 
 class PixelEncoder(nn.Module):

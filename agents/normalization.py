@@ -18,20 +18,11 @@ from collections.abc import Iterable
 
 import numpy as np
 import torch
-from pydantic import BaseModel, Field
 from torch import nn
 
+from gymflow.agents.configs import ObservationNormalization
+
 EPSILON = 1e-8
-
-
-class ObservationNormalization(BaseModel):
-    """Observation normalisation options, shared by every agent."""
-
-    normalize_observations: bool = Field(
-        default=False, description="Scale observations by their running mean and variance, updated by the learner; "
-        "the statistics travel with each policy version."
-    )
-    observation_clip: float = Field(default=10.0, gt=0, description="Clip normalised observations to +-this.")
 
 
 class RunningMeanVar(nn.Module):
@@ -69,6 +60,12 @@ class ObservationNormalizer(RunningMeanVar):
         scaled = (obs.double() - self.mean) / torch.sqrt(self.var + EPSILON)
         return scaled.clamp(-self.clip, self.clip).to(obs.dtype)
 
+    def observe(self, observations: Iterable[np.ndarray]) -> None:
+        """Update the statistics from batches of observations, [..., *obs_shape] each, in order."""
+        shape = tuple(self.mean.shape)
+        for batch in observations:
+            self.update(np.asarray(batch).reshape(-1, *shape))
+
 
 def observation_normalizer(options: ObservationNormalization, obs_shape: tuple[int, ...]) -> nn.Module:
     """A network's first step: the normaliser where the options ask for one, else the identity."""
@@ -88,15 +85,6 @@ def share_normalizer(*networks: nn.Module) -> ObservationNormalizer | None:
                     shared = shared or child
                     parent._modules[name] = shared
     return shared
-
-
-def observe(normalizer: ObservationNormalizer | None, observations: Iterable[np.ndarray]) -> None:
-    """Update the statistics from batches of observations, [..., *obs_shape] each, in order."""
-    if normalizer is None:
-        return
-    shape = tuple(normalizer.mean.shape)
-    for batch in observations:
-        normalizer.update(np.asarray(batch).reshape(-1, *shape))
 
 
 class RewardScaler:

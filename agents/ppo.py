@@ -9,53 +9,27 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 from gymnasium import spaces
-from pydantic import ConfigDict, Field
 from torch import nn
 
-from gymflow.agents.core import OnPolicyLearner, Rollout, cpu_weights, on_device
-from gymflow.agents.networks import LayerWidths, hidden_layers, mlp, observation_reader, orthogonal_init, seeded_init
-from gymflow.agents.normalization import (
-    ObservationNormalization,
-    RewardScaler,
-    observation_normalizer,
-    observe,
-    share_normalizer,
+from gymflow.agents.batches import Rollout
+from gymflow.agents.configs import PPOConfig
+from gymflow.agents.core import AlgorithmParts, Learner
+from gymflow.agents.networks import (
+    cpu_weights,
+    hidden_layers,
+    mlp,
+    observation_reader,
+    on_device,
+    orthogonal_init,
+    seeded_init,
 )
+from gymflow.agents.normalization import RewardScaler, observation_normalizer, share_normalizer
 from gymflow.envs.make import is_image
-
-
-class PPOConfig(ObservationNormalization):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    algo: Literal["ppo"] = "ppo"
-    lr: float = Field(default=3e-4, gt=0, le=1, description="Adam learning rate.")
-    anneal_lr: bool = Field(default=True, description="Decay the learning rate linearly to 0.")
-    gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
-    gae_lambda: float = Field(default=0.95, ge=0, le=1, description="GAE lambda.")
-    clip_range: float = Field(default=0.2, gt=0, le=1, description="Surrogate clipping epsilon.")
-    epochs: int = Field(default=10, ge=1, le=1000, description="Passes over each iteration's batch.")
-    minibatch_size: int = Field(default=256, ge=1, description="Samples per gradient step.")
-    value_coef: float = Field(default=0.5, ge=0, description="Weight of the value loss.")
-    entropy_coef: float = Field(default=0.0, ge=0, description="Weight of the entropy bonus.")
-    max_grad_norm: float = Field(default=0.5, gt=0, description="Gradient clipping norm.")
-    normalize_advantages: bool = Field(default=True, description="Normalise per minibatch.")
-    hidden_sizes: LayerWidths = Field(default=[64, 64], min_length=1, description="MLP widths.")
-    activation: Literal["tanh", "relu"] = Field(default="tanh", description="Hidden-layer activation.")
-    log_std_init: float = Field(
-        default=0.0, ge=-20, le=2, description="Box actions: the initial log standard deviation (state-independent)."
-    )
-    normalize_rewards: bool = Field(
-        default=False, description="Divide rewards by the running std of the discounted return (learner only)."
-    )
-    reward_clip: float = Field(
-        default=10.0, gt=0, description="Clip normalised rewards to +-this (with normalize_rewards)."
-    )
-
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -177,7 +151,7 @@ def ppo_loss(network: ActorCritic, minibatch: dict[str, torch.Tensor], config: P
     return PPOLossTerms(loss, policy_loss, value_loss, entropy, log_ratio)
 
 
-class PPOLearner(OnPolicyLearner):
+class PPOLearner(Learner):
     def __init__(self, config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space, seed: int,
                  device: str = "cpu"):
         self.config = config
@@ -216,7 +190,8 @@ class PPOLearner(OnPolicyLearner):
         self.train_steps += updates
         # Only now do the observation statistics move: the rollouts' log-probabilities and values
         # were computed with the statistics that acted, and so are this batch's (the ratio starts at 1)
-        observe(self.normalizer, (rollout.obs for rollout in rollouts))
+        if self.normalizer is not None:
+            self.normalizer.observe(rollout.obs for rollout in rollouts)
         metrics = {key: value / updates for key, value in sums.items()}
         metrics["explained_variance"] = _explained_variance(batch["values"], batch["returns"])
         metrics["lr"] = lr
@@ -233,10 +208,16 @@ class PPOLearner(OnPolicyLearner):
 
     @torch.no_grad()
     def _flatten(self, rollouts: Sequence[Rollout]) -> dict[str, torch.Tensor]:
+        """The iteration's samples, flat: what acted, and the advantages and returns the critic
+        gives them now."""
         names = ("obs", "actions", "log_probs", "advantages", "returns", "values")
         parts: dict[str, list[torch.Tensor]] = {k: [] for k in names}
         for rollout in rollouts:
-            values, advantages = self._advantages(rollout)
+            values, next_values = self._critic_values(rollout)
+            scaled = rollout.rewards if self.reward_scaler is None else self.reward_scaler.scale(rollout.rewards)
+            continues = on_device(~(rollout.terminated | rollout.truncated), self.device).float()
+            advantages = generalized_advantages(on_device(scaled, self.device), values, next_values, continues,
+                                                self.config.gamma, self.config.gae_lambda)
             parts["obs"].append(on_device(rollout.obs, self.device).flatten(0, 1))
             actions = on_device(rollout.actions, self.device).flatten(0, 1)
             parts["actions"].append(actions if self.network.discrete else actions.float())
@@ -246,34 +227,17 @@ class PPOLearner(OnPolicyLearner):
             parts["values"].append(values.flatten())
         return {key: torch.cat(value) for key, value in parts.items()}
 
-    def _advantages(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
-        """GAE(gamma, lambda). A truncated episode bootstraps from the value of its final
-        observation; a terminated one from zero; neither leaks into the next episode."""
-        gamma, lam = self.config.gamma, self.config.gae_lambda
+    def _critic_values(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, N] V(s_t), and the value each step bootstraps from: V(s_t+1), the final
+        observation's value where an episode was truncated, 0 after a terminal step (an episode's
+        end, or a lost life that is terminal for learning only)."""
         steps, n = rollout.rewards.shape
         device = self.device
-        obs = on_device(rollout.obs, device)
-        values = self.network.value(obs.flatten(0, 1)).view(steps, n)
-        next_values = torch.cat([values[1:], self.network.value(on_device(rollout.last_obs, device))[None]])
-        next_values = next_values.flatten()
+        values = self.network.value(on_device(rollout.obs, device).flatten(0, 1)).view(steps, n)
+        next_values = torch.cat([values[1:], self.network.value(on_device(rollout.last_obs, device))[None]]).flatten()
         if len(rollout.done_index):
-            final_values = self.network.value(on_device(rollout.done_obs, device))
-            ended_terminal = on_device(rollout.terminated.reshape(-1)[rollout.done_index], device)
-            index = on_device(rollout.done_index, device)
-            next_values[index] = torch.where(ended_terminal, 0.0, final_values)
-        next_values = next_values.view(steps, n)
-        # nothing follows a terminal step: an episode's end, or a lost life that is terminal for learning only
-        next_values = torch.where(on_device(rollout.terminated, device), 0.0, next_values)
-        scaled = rollout.rewards if self.reward_scaler is None else self.reward_scaler.scale(rollout.rewards)
-        rewards = on_device(scaled, device)
-        continues = on_device(~(rollout.terminated | rollout.truncated), device).float()
-        deltas = rewards + gamma * next_values - values
-        advantages = torch.zeros_like(values)
-        running = torch.zeros(n, device=device)
-        for t in reversed(range(steps)):
-            running = deltas[t] + gamma * lam * continues[t] * running
-            advantages[t] = running
-        return values, advantages
+            next_values[on_device(rollout.done_index, device)] = self.network.value(on_device(rollout.done_obs, device))
+        return values, torch.where(on_device(rollout.terminated, device), 0.0, next_values.view(steps, n))
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -290,6 +254,27 @@ class PPOLearner(OnPolicyLearner):
         self.train_steps = int(state["train_steps"])
         if self.reward_scaler is not None:
             self.reward_scaler.load_state_dict(state["reward_scaler"])
+
+
+def generalized_advantages(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
+                           continues: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
+    """GAE(gamma, lambda) (Schulman et al. 2016, eq. 16), over [T, N] steps:
+    A_t = delta_t + gamma lambda c_t A_t+1, delta_t = r_t + gamma V'_t - V_t, where V'_t is the value
+    step t bootstraps from and c_t is 0 where an episode ended at step t (nothing leaks into the next)."""
+    deltas = rewards + gamma * next_values - values
+    advantages = torch.zeros_like(values)
+    running = torch.zeros(values.shape[1], device=values.device)
+    for t in reversed(range(len(values))):
+        running = deltas[t] + gamma * lam * continues[t] * running
+        advantages[t] = running
+    return advantages
+
+
+PARTS = AlgorithmParts(
+    learner=PPOLearner,
+    network=make_network,
+    policy=lambda network, config, exploration, seed: PPOPolicy(network, seed),
+)
 
 
 def _explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:

@@ -10,62 +10,43 @@ back new priorities after every batch (`update_priorities`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import BaseModel, Field
 
+from gymflow.agents.batches import Rollout, Sample, Steps, Transitions
 from gymflow.agents.frames import FRAMES, stacks_to_frames
+from gymflow.envs.vector import observation_dtype
 
 if TYPE_CHECKING:
-    from gymflow.agents.core import Rollout
+    from gymflow.agents.configs import ReplayOptions
 
 
-class Transitions(NamedTuple):
-    obs: np.ndarray
-    actions: np.ndarray
-    rewards: np.ndarray  # the (n-step) discounted reward sum
-    next_obs: np.ndarray  # the observation to bootstrap from
-    discounts: np.ndarray  # gamma^k of the bootstrap; 0 where the episode terminated
+@dataclass(frozen=True)
+class MemorySpec:
+    """What a memory holds and how it turns a rollout into transitions."""
 
-
-class Sample(NamedTuple):
-    """A batch drawn from a memory: the transitions, where they sit, and their importance weights
-    (all ones for uniform replay)."""
-
-    transitions: Transitions
-    index: np.ndarray
-    weights: np.ndarray
-
-
-class ReplayOptions(BaseModel):
-    """Replay settings shared by the off-policy agents."""
-
-    replay: Literal["uniform", "prioritized"] = Field(
-        default="uniform", description="uniform sampling, or prioritized by |TD error| (proportional)."
-    )
-    priority_alpha: float = Field(
-        default=0.6, ge=0, le=1, description="Prioritized: how strongly priorities shape sampling."
-    )
-    priority_beta_start: float = Field(
-        default=0.4, ge=0, le=1, description="Prioritized: importance-weight exponent at the start, annealed to 1."
-    )
-    priority_epsilon: float = Field(
-        default=1e-6, gt=0, description="Prioritized: added to |TD error| so no priority is 0."
-    )
+    capacity: int
+    obs_shape: tuple[int, ...]
+    obs_dtype: Any
+    action_shape: tuple[int, ...]
+    action_dtype: Any
+    gamma: float
+    n_step: int = 1  # transitions bootstrap after this many rewards (DQN's n-step returns)
 
 
 class ReplayMemory:
-    """A ring buffer sampled uniformly."""
+    """A ring buffer sampled uniformly. Experience goes in one way: `add(rollout)`."""
 
-    def __init__(self, capacity: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...], action_dtype,
-                 obs_dtype: type = np.float32):
-        self.capacity = capacity
+    def __init__(self, spec: MemorySpec):
+        self.spec = spec
+        self.capacity = capacity = spec.capacity
         self.arrays = {
-            "obs": np.zeros((capacity, *obs_shape), obs_dtype),
-            "actions": np.zeros((capacity, *action_shape), action_dtype),
+            "obs": np.zeros((capacity, *spec.obs_shape), spec.obs_dtype),
+            "actions": np.zeros((capacity, *spec.action_shape), spec.action_dtype),
             "rewards": np.zeros(capacity, np.float32),
-            "next_obs": np.zeros((capacity, *obs_shape), obs_dtype),
+            "next_obs": np.zeros((capacity, *spec.obs_shape), spec.obs_dtype),
             "discounts": np.zeros(capacity, np.float32),
         }
         self.size = 0
@@ -75,8 +56,12 @@ class ReplayMemory:
     def __len__(self) -> int:
         return self.size
 
-    def add(self, batch: Transitions) -> np.ndarray:
-        """Insert a batch, overwriting the oldest transitions when full; returns their slots."""
+    def add(self, rollout: Rollout) -> np.ndarray:
+        """Keep a rollout's n-step transitions; returns their slots."""
+        return self._store(n_step_transitions(rollout.steps(), self.spec.gamma, self.spec.n_step))
+
+    def _store(self, batch: Transitions) -> np.ndarray:
+        """Store transitions, overwriting the oldest when full; returns their slots."""
         self.inserted += len(batch.rewards)
         if len(batch.rewards) > self.capacity:
             batch = Transitions(*(values[-self.capacity :] for values in batch))
@@ -115,10 +100,6 @@ class ReplayMemory:
     def bytes_per_transition(self) -> float:
         """What the memory holds, in bytes, over its capacity in transitions."""
         return sum(values.nbytes for values in self.arrays.values()) / self.capacity
-
-    def add_rollout(self, rollout: Rollout, gamma: float, n_step: int) -> np.ndarray:
-        """Insert a rollout's n-step transitions; returns their slots."""
-        return self.add(n_step_transitions(rollout.steps(), gamma, n_step))
 
     def start_before(self, position: dict[str, int], rollouts: Sequence[Rollout]) -> None:
         """Rebuilding from the newest rollouts only: stand where the memory stood before they
@@ -172,15 +153,14 @@ class SumTree:
 class PrioritizedReplayMemory(ReplayMemory):
     """Proportional prioritized replay with importance weights; see the module's docstring."""
 
-    def __init__(self, capacity, obs_shape, action_shape, action_dtype, options: ReplayOptions,
-                 obs_dtype: type = np.float32):
-        super().__init__(capacity, obs_shape, action_shape, action_dtype, obs_dtype)
+    def __init__(self, spec: MemorySpec, options: ReplayOptions):
+        super().__init__(spec)
         self.options = options
-        self.tree = SumTree(capacity)
+        self.tree = SumTree(spec.capacity)
         self.max_priority = 1.0
 
-    def add(self, batch: Transitions) -> np.ndarray:
-        index = super().add(batch)
+    def _store(self, batch: Transitions) -> np.ndarray:
+        index = super()._store(batch)
         self.tree.set(index, np.full(len(index), self.max_priority**self.options.priority_alpha))
         return index
 
@@ -224,28 +204,23 @@ class PrioritizedReplayMemory(ReplayMemory):
         self.max_priority = float(state["max_priority"][0])
 
 
-def make_replay(
-    capacity: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...], action_dtype, options: ReplayOptions,
-    obs_dtype: type = np.float32,
-) -> ReplayMemory:
-    if len(obs_shape) == 3 and obs_dtype == np.uint8:
+def memory_spec(config: Any, observation_space: Any, action_space: Any, n_step: int = 1) -> MemorySpec:
+    """The spec of an off-policy agent's memory (`config.replay_capacity`, `config.gamma`): images
+    kept as their uint8, other observations as float32; discrete actions as int64."""
+    discrete = not action_space.shape
+    return MemorySpec(config.replay_capacity, tuple(observation_space.shape), observation_dtype(observation_space),
+                      tuple(action_space.shape), np.int64 if discrete else np.float32, config.gamma, n_step)
+
+
+def make_replay(spec: MemorySpec, options: ReplayOptions) -> ReplayMemory:
+    """The memory for a spec: stacked uint8 frames kept once, else uniform or prioritized."""
+    if len(spec.obs_shape) == 3 and np.dtype(spec.obs_dtype) == np.uint8:
         if options.replay != "uniform":  # presets/validate.py refuses it first, as agent.replay
             raise ValueError(f"agent.replay: {options.replay!r} is not built for image observations; use 'uniform'")
-        return FrameReplayMemory(capacity, obs_shape, action_shape, action_dtype)
+        return FrameReplayMemory(spec)
     if options.replay == "prioritized":
-        return PrioritizedReplayMemory(capacity, obs_shape, action_shape, action_dtype, options, obs_dtype)
-    return ReplayMemory(capacity, obs_shape, action_shape, action_dtype, obs_dtype)
-
-
-class Steps(NamedTuple):
-    """T consecutive steps of N envs, with the observation each step led to."""
-
-    obs: np.ndarray  # [T, N, *obs_shape]
-    actions: np.ndarray  # [T, N, *action_shape]
-    rewards: np.ndarray  # [T, N]
-    next_obs: np.ndarray  # [T, N, *obs_shape]: the final observation where an episode ended
-    terminated: np.ndarray  # [T, N] bool
-    truncated: np.ndarray  # [T, N] bool
+        return PrioritizedReplayMemory(spec, options)
+    return ReplayMemory(spec)
 
 
 def n_step_transitions(batch: Steps, gamma: float, n: int) -> Transitions:
@@ -298,23 +273,23 @@ class FrameReplayMemory(ReplayMemory):
     draw that lands on one is drawn again.
     """
 
-    def __init__(self, capacity: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...], action_dtype):
-        depth, *frame_shape = obs_shape
-        super().__init__(capacity, (depth,), action_shape, action_dtype, obs_dtype=np.int64)
-        self.frames = np.zeros((capacity + int(np.ceil(capacity * FRAME_SLACK)), *frame_shape), np.uint8)
-        self.oldest_frame = np.zeros(capacity, np.int64)  # the smallest serial each transition reads
+    def __init__(self, spec: MemorySpec):
+        depth, *frame_shape = spec.obs_shape
+        super().__init__(replace(spec, obs_shape=(depth,), obs_dtype=np.int64))  # a stack as its frames' serials
+        self.frames = np.zeros((spec.capacity + int(np.ceil(spec.capacity * FRAME_SLACK)), *frame_shape), np.uint8)
+        self.oldest_frame = np.zeros(spec.capacity, np.int64)  # the smallest serial each transition reads
         self.frames_written = 0
 
-    def add_rollout(self, rollout: Rollout, gamma: float, n_step: int) -> np.ndarray:
+    def add(self, rollout: Rollout) -> np.ndarray:
         encoded = stacks_to_frames(rollout)
         by_index = rollout._replace(obs=encoded["obs"], done_obs=encoded["done_obs"], last_obs=encoded["last_obs"])
-        transitions = n_step_transitions(by_index.steps(), gamma, n_step)  # observations as frame indices
+        transitions = n_step_transitions(by_index.steps(), self.spec.gamma, self.spec.n_step)  # as frame indices
         serial = self.frames_written
         frames = encoded[FRAMES][-len(self.frames):]
         skipped = len(encoded[FRAMES]) - len(frames)
         self.frames[(serial + skipped + np.arange(len(frames))) % len(self.frames)] = frames
         self.frames_written += len(encoded[FRAMES])
-        index = self.add(transitions._replace(obs=transitions.obs + serial, next_obs=transitions.next_obs + serial))
+        index = self._store(transitions._replace(obs=transitions.obs + serial, next_obs=transitions.next_obs + serial))
         self.oldest_frame[index] = np.minimum(transitions.obs.min(axis=1), transitions.next_obs.min(axis=1))[
             -len(index):] + serial
         return index

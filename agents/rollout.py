@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gymflow.agents.core import Episodes, Policy, Rollout, VectorEnv
+from gymflow.agents.batches import Episodes, Rollout
+from gymflow.agents.core import Policy, VectorEnv
 
 
 def collect(policy: Policy, env: VectorEnv, steps: int, explore: bool = True) -> tuple[Rollout, Episodes]:

@@ -8,43 +8,22 @@ inside the actor (its buffers), so a rollout worker needs the actor's weights al
 from __future__ import annotations
 
 import copy
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from gymnasium import spaces
-from pydantic import ConfigDict, Field
 from torch import nn
 
-from gymflow.agents.core import ReplayLearner, cpu_weights, on_device
-from gymflow.agents.networks import BoundedActions, LayerWidths, mlp, seeded_init
-from gymflow.agents.normalization import ObservationNormalization, observation_normalizer, share_normalizer
-from gymflow.agents.replay import ReplayOptions, Sample, make_replay
+from gymflow.agents.batches import Sample
+from gymflow.agents.configs import SACConfig
+from gymflow.agents.core import AlgorithmParts, ReplayLearner
+from gymflow.agents.networks import BoundedActions, TransitionBatch, cpu_weights, mlp, seeded_init, step_optimizer
+from gymflow.agents.normalization import observation_normalizer, share_normalizer
+from gymflow.agents.replay import make_replay, memory_spec
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
-
-
-class SACConfig(ReplayOptions, ObservationNormalization):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    algo: Literal["sac"] = "sac"
-    lr: float = Field(default=3e-4, gt=0, le=1, description="Adam learning rate of actor, critics and temperature.")
-    gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
-    tau: float = Field(
-        default=0.005, gt=0, le=1, description="Polyak step of the target critics after each gradient step."
-    )
-    batch_size: int = Field(default=256, ge=1, description="Transitions per gradient step.")
-    replay_capacity: int = Field(default=1_000_000, ge=1, description="Replay memory size.")
-    train_steps_per_iteration: int = Field(
-        default=64, ge=1, description="Gradient steps after each iteration's rollouts (TrainingSteps)."
-    )
-    entropy_coef: float | None = Field(
-        default=None, gt=0, description="A fixed entropy coefficient; None learns it towards the target entropy."
-    )
-    target_entropy: float | None = Field(default=None, description="None: -(number of action dimensions).")
-    hidden_sizes: LayerWidths = Field(
-        default=[256, 256], min_length=1, description="MLP widths of actor and critics."
-    )
 
 
 class SquashedGaussianActor(BoundedActions, nn.Module):
@@ -63,11 +42,11 @@ class SquashedGaussianActor(BoundedActions, nn.Module):
         features = torch.relu(self.trunk(self.obs_norm(obs)))
         return self.mean(features), self.log_std(features).clamp(LOG_STD_MIN, LOG_STD_MAX)
 
-    def sample(self, obs: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """(squashed actions in [-1, 1], their log-probabilities), reparameterised."""
+    def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(squashed actions in [-1, 1], their log-probabilities), reparameterised by standard
+        normal `noise` [B, A] (zeros: the mean's action). Acting and learning both sample here."""
         mean, log_std = self(obs)
         std = log_std.exp()
-        noise = torch.randn(mean.shape, generator=generator).to(mean.device)  # the CPU generator: same draws anywhere
         unsquashed = mean + std * noise
         squashed = torch.tanh(unsquashed)
         gaussian = -0.5 * noise.pow(2) - log_std - 0.5 * np.log(2 * np.pi)
@@ -97,7 +76,8 @@ def make_actor(config: SACConfig, observation_space: spaces.Box, action_space: s
 
 
 class SACPolicy:
-    """Samples the squashed Gaussian when exploring, its mean otherwise."""
+    """Samples the squashed Gaussian when exploring (noise from its own numpy RNG, so rollouts
+    replay), its mean otherwise."""
 
     def __init__(self, actor: SquashedGaussianActor, seed: int):
         self.actor = actor
@@ -105,13 +85,44 @@ class SACPolicy:
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
-        mean, log_std = self.actor(torch.from_numpy(obs))
-        unsquashed = mean.numpy()
-        if explore:
-            noise = self.rng.standard_normal(unsquashed.shape).astype(np.float32)
-            unsquashed = unsquashed + np.exp(log_std.numpy()) * noise
-        actions = self.actor.to_env(torch.tanh(torch.from_numpy(unsquashed))).numpy()
-        return actions.astype(np.float32), np.zeros(len(obs), dtype=np.float32)
+        shape = (len(obs), len(self.actor.action_scale))
+        noise = self.rng.standard_normal(shape).astype(np.float32) if explore else np.zeros(shape, np.float32)
+        squashed, log_prob = self.actor.sample(torch.from_numpy(obs), torch.from_numpy(noise))
+        return self.actor.to_env(squashed).numpy().astype(np.float32), log_prob.numpy()
+
+
+@dataclass(frozen=True)
+class CriticTerms:
+    loss: torch.Tensor
+    td_errors: torch.Tensor  # [B] the mean of the two critics' |y - Q|, detached: the new priorities
+    q1: torch.Tensor  # [B] detached
+
+
+def critic_loss(critic: TwinCritic, target_critic: TwinCritic, actor: SquashedGaussianActor, batch: TransitionBatch,
+                next_noise: torch.Tensor, entropy_coef: torch.Tensor) -> CriticTerms:
+    """Soft Bellman residual of both critics: y = r + gamma^n (min Q'(s', a') - alpha log pi(a'|s')),
+    a' ~ pi(.|s') drawn with `next_noise`; batch actions in the actor's [-1, 1] units. Pure."""
+    with torch.no_grad():
+        next_actions, next_log_prob = actor.sample(batch.next_obs, next_noise)
+        next_q = torch.min(*target_critic(batch.next_obs, next_actions)) - entropy_coef * next_log_prob
+        targets = batch.rewards + batch.discounts * next_q
+    q1, q2 = critic(batch.obs, batch.actions)
+    loss = 0.5 * (batch.weights * ((q1 - targets).pow(2) + (q2 - targets).pow(2))).mean()
+    td_errors = 0.5 * ((q1 - targets).abs() + (q2 - targets).abs())
+    return CriticTerms(loss, td_errors.detach(), q1.detach())
+
+
+def actor_loss(actor: SquashedGaussianActor, critic: TwinCritic, obs: torch.Tensor, noise: torch.Tensor,
+               entropy_coef: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E[alpha log pi(a|s) - min Q(s, a)] with a ~ pi(.|s) drawn with `noise`, log pi(a|s)). Pure;
+    the caller keeps the critic's gradients out."""
+    actions, log_prob = actor.sample(obs, noise)
+    return (entropy_coef * log_prob - torch.min(*critic(obs, actions))).mean(), log_prob
+
+
+def entropy_coef_loss(log_entropy_coef: torch.Tensor, log_prob: torch.Tensor, target_entropy: float) -> torch.Tensor:
+    """The temperature's loss: alpha rises while the policy's entropy is below the target."""
+    return -(log_entropy_coef * (log_prob.detach() + target_entropy)).mean()
 
 
 class SACLearner(ReplayLearner):
@@ -135,8 +146,7 @@ class SACLearner(ReplayLearner):
         self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=config.lr, fused=True)
         self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=config.lr, fused=True)
         self.entropy_optimizer = torch.optim.Adam([self.log_entropy_coef], lr=config.lr)
-        self.replay = make_replay(config.replay_capacity, observation_space.shape, action_space.shape, np.float32,
-                                  config)
+        self.replay = make_replay(memory_spec(config, observation_space, action_space), config)
         self.rng = np.random.default_rng(seed)
         self.generator = torch.Generator().manual_seed(seed)
         self.train_steps = 0
@@ -147,52 +157,33 @@ class SACLearner(ReplayLearner):
     def load_policy_weights(self, weights: dict[str, torch.Tensor]) -> None:
         self.actor.load_state_dict(weights)
 
-    def train(self, steps: int, progress: float) -> dict[str, float]:
-        rows = [self._update(self.replay.sample(self.config.batch_size, self.rng, progress)) for _ in range(steps)]
-        metrics = {key: float(np.mean([row[key] for row in rows])) for key in rows[0]} if rows else {}
-        return metrics | {"replay_size": float(len(self.replay)), "train_steps": float(self.train_steps)}
-
-    def _update(self, sample: Sample) -> dict[str, float]:
-        batch = sample.transitions
-        device = self.device
-        obs, next_obs = on_device(batch.obs, device), on_device(batch.next_obs, device)
-        actions = self.actor.from_env(on_device(batch.actions, device))
+    def update(self, sample: Sample) -> dict[str, float]:
+        """One step each of the critics, the actor and the temperature, then the target critics'
+        Polyak step."""
+        batch = TransitionBatch.on(sample, self.device)
+        batch = TransitionBatch(batch.obs, self.actor.from_env(batch.actions), batch.rewards, batch.discounts,
+                                batch.next_obs, batch.weights)
         entropy_coef = self.log_entropy_coef.exp().detach()
-        with torch.no_grad():
-            next_actions, next_log_prob = self.actor.sample(next_obs, self.generator)
-            next_q = torch.min(*self.target_critic(next_obs, next_actions)) - entropy_coef * next_log_prob
-            targets = on_device(batch.rewards, device) + on_device(batch.discounts, device) * next_q
-        q1, q2 = self.critic(obs, actions)
-        weights = on_device(sample.weights, device)
-        critic_loss = 0.5 * (weights * ((q1 - targets).pow(2) + (q2 - targets).pow(2))).mean()
-        self.critic_optimizer.zero_grad()
-        critic_loss.backward()
-        self.critic_optimizer.step()
-        td_errors = 0.5 * ((q1 - targets).abs() + (q2 - targets).abs())
-        self.replay.update_priorities(sample.index, td_errors.detach().cpu().numpy())
-
-        new_actions, log_prob = self.actor.sample(obs, self.generator)
+        next_noise, noise = (self._noise(batch.actions.shape) for _ in range(2))
+        critic = critic_loss(self.critic, self.target_critic, self.actor, batch, next_noise, entropy_coef)
+        step_optimizer(self.critic_optimizer, critic.loss)
+        self.replay.update_priorities(sample.index, critic.td_errors.cpu().numpy())
         self.critic.requires_grad_(False)
-        actor_loss = (entropy_coef * log_prob - torch.min(*self.critic(obs, new_actions))).mean()
-        self.actor_optimizer.zero_grad()
-        actor_loss.backward()
-        self.actor_optimizer.step()
+        actor, log_prob = actor_loss(self.actor, self.critic, batch.obs, noise, entropy_coef)
+        step_optimizer(self.actor_optimizer, actor)
         self.critic.requires_grad_(True)
-
         if self.config.entropy_coef is None:
-            entropy_loss = -(self.log_entropy_coef * (log_prob.detach() + self.target_entropy)).mean()
-            self.entropy_optimizer.zero_grad()
-            entropy_loss.backward()
-            self.entropy_optimizer.step()
+            temperature = entropy_coef_loss(self.log_entropy_coef, log_prob, self.target_entropy)
+            step_optimizer(self.entropy_optimizer, temperature)
         with torch.no_grad():
             torch._foreach_lerp_(list(self.target_critic.parameters()), list(self.critic.parameters()), self.config.tau)
         self.train_steps += 1
-        return {
-            "critic_loss": critic_loss.item(),
-            "actor_loss": actor_loss.item(),
-            "entropy_coef": float(entropy_coef),
-            "q_mean": q1.mean().item(),
-        }
+        return {"critic_loss": critic.loss.item(), "actor_loss": actor.item(), "entropy_coef": float(entropy_coef),
+                "q_mean": critic.q1.mean().item()}
+
+    def _noise(self, shape: torch.Size) -> torch.Tensor:
+        """Standard normal noise from the learner's CPU generator (the same draws on any device)."""
+        return torch.randn(shape, generator=self.generator).to(self.device)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -219,3 +210,11 @@ class SACLearner(ReplayLearner):
         self.rng.bit_generator.state = state["rng"]
         self.generator.set_state(state["generator"])
         self.train_steps = int(state["train_steps"])
+
+
+
+PARTS = AlgorithmParts(
+    learner=SACLearner,
+    network=make_actor,
+    policy=lambda network, config, exploration, seed: SACPolicy(network, seed),
+)

@@ -11,42 +11,20 @@ bounds itself (its buffers), so a rollout worker needs the actor's weights alone
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 from gymnasium import spaces
-from pydantic import ConfigDict, Field
 from torch import nn
 
-from gymflow.agents.core import ReplayLearner, cpu_weights, on_device
-from gymflow.agents.networks import BoundedActions, LayerWidths, mlp, seeded_init
-from gymflow.agents.normalization import ObservationNormalization, observation_normalizer, share_normalizer
-from gymflow.agents.replay import ReplayOptions, Sample, make_replay
+from gymflow.agents.batches import Sample
+from gymflow.agents.configs import TD3Config
+from gymflow.agents.core import AlgorithmParts, ReplayLearner
+from gymflow.agents.networks import BoundedActions, TransitionBatch, cpu_weights, mlp, seeded_init, step_optimizer
+from gymflow.agents.normalization import observation_normalizer, share_normalizer
+from gymflow.agents.replay import make_replay, memory_spec
 from gymflow.agents.sac import TwinCritic
-
-
-class TD3Config(ReplayOptions, ObservationNormalization):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    algo: Literal["td3"] = "td3"
-    lr: float = Field(default=1e-3, gt=0, le=1, description="Adam learning rate of actor and critics.")
-    gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
-    tau: float = Field(default=0.005, gt=0, le=1, description="Polyak step of the target networks at each update.")
-    batch_size: int = Field(default=256, ge=1, description="Transitions per gradient step.")
-    replay_capacity: int = Field(default=1_000_000, ge=1, description="Replay memory size.")
-    train_steps_per_iteration: int = Field(
-        default=64, ge=1, description="Critic gradient steps after each iteration's rollouts (TrainingSteps)."
-    )
-    exploration_noise: float = Field(
-        default=0.1, ge=0, le=10, description="Std of the Gaussian noise added to actions while collecting, "
-        "as a fraction of each action's half-range."
-    )
-    policy_delay: int = Field(default=2, ge=1, le=1000, description="Critic steps per actor and target update.")
-    target_noise: float = Field(default=0.2, ge=0, le=10, description="Std of the target policy smoothing noise.")
-    target_noise_clip: float = Field(default=0.5, ge=0, le=10, description="The smoothing noise is clipped to +-this.")
-    hidden_sizes: LayerWidths = Field(default=[400, 300], min_length=1, description="MLP widths of actor and critics.")
 
 
 class DeterministicActor(BoundedActions, nn.Module):
@@ -84,17 +62,6 @@ class TD3Policy:
         return actions.astype(np.float32), np.zeros(len(obs), dtype=np.float32)
 
 
-@dataclass(frozen=True)
-class CriticBatch:
-    """A minibatch on the learner's device; actions in the actor's [-1, 1] units."""
-
-    obs: torch.Tensor
-    actions: torch.Tensor
-    rewards: torch.Tensor
-    discounts: torch.Tensor  # gamma^n, 0 where the episode terminated
-    next_obs: torch.Tensor
-
-
 def smoothed_target_actions(target_actor: DeterministicActor, next_obs: torch.Tensor, noise: torch.Tensor,
                             config: TD3Config) -> torch.Tensor:
     """Target policy smoothing: pi'(s') + clip(noise * sigma, -c, c), kept within [-1, 1]. `noise`
@@ -103,17 +70,18 @@ def smoothed_target_actions(target_actor: DeterministicActor, next_obs: torch.Te
     return (target_actor(next_obs) + smoothing).clamp(-1.0, 1.0)
 
 
-def critic_targets(target_critic: TwinCritic, target_actions: torch.Tensor, batch: CriticBatch) -> torch.Tensor:
+def critic_targets(target_critic: TwinCritic, target_actions: torch.Tensor, batch: TransitionBatch) -> torch.Tensor:
     """Clipped double-Q: y = r + gamma^n * min(Q1', Q2')(s', a')."""
     with torch.no_grad():
         return batch.rewards + batch.discounts * torch.min(*target_critic(batch.next_obs, target_actions))
 
 
-def critic_loss(critic: TwinCritic, batch: CriticBatch, targets: torch.Tensor,
-                weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(the twin critics' weighted squared error, the mean of their absolute TD errors, Q1)."""
+def critic_loss(critic: TwinCritic, batch: TransitionBatch, targets: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the twin critics' weighted squared error, the mean of their absolute TD errors, Q1); batch
+    actions in the actor's [-1, 1] units. Pure."""
     q1, q2 = critic(batch.obs, batch.actions)
-    loss = (weights * ((q1 - targets).pow(2) + (q2 - targets).pow(2))).mean()
+    loss = (batch.weights * ((q1 - targets).pow(2) + (q2 - targets).pow(2))).mean()
     return loss, 0.5 * ((q1 - targets).abs() + (q2 - targets).abs()).detach(), q1.detach()
 
 
@@ -139,8 +107,7 @@ class TD3Learner(ReplayLearner):
         self.normalizer = share_normalizer(self.actor, self.critic, self.target_actor, self.target_critic)
         self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=config.lr, fused=True)
         self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=config.lr, fused=True)
-        self.replay = make_replay(config.replay_capacity, observation_space.shape, action_space.shape, np.float32,
-                                  config)
+        self.replay = make_replay(memory_spec(config, observation_space, action_space), config)
         self.rng = np.random.default_rng(seed)
         self.generator = torch.Generator().manual_seed(seed)
         self.train_steps = 0
@@ -152,32 +119,17 @@ class TD3Learner(ReplayLearner):
         self.actor.load_state_dict(weights)
         self.target_actor.load_state_dict(weights)
 
-    def train(self, steps: int, progress: float) -> dict[str, float]:
-        rows = [self._update(self.replay.sample(self.config.batch_size, self.rng, progress)) for _ in range(steps)]
-        keys = dict.fromkeys(key for row in rows for key in row)  # actor_loss: only where the actor moved
-        metrics = {key: float(np.mean([row[key] for row in rows if key in row])) for key in keys}
-        return metrics | {"replay_size": float(len(self.replay)), "train_steps": float(self.train_steps)}
-
-    def _batch(self, sample: Sample) -> CriticBatch:
-        transitions, device = sample.transitions, self.device
-        return CriticBatch(
-            obs=on_device(transitions.obs, device),
-            actions=self.actor.from_env(on_device(transitions.actions, device)),
-            rewards=on_device(transitions.rewards, device),
-            discounts=on_device(transitions.discounts, device),
-            next_obs=on_device(transitions.next_obs, device),
-        )
-
-    def _update(self, sample: Sample) -> dict[str, float]:
-        batch = self._batch(sample)
+    def update(self, sample: Sample) -> dict[str, float]:
+        """A critic step; every `policy_delay` of them an actor step and the targets' Polyak step."""
+        batch = TransitionBatch.on(sample, self.device)
+        batch = TransitionBatch(batch.obs, self.actor.from_env(batch.actions), batch.rewards, batch.discounts,
+                                batch.next_obs, batch.weights)
         noise = torch.randn(batch.actions.shape, generator=self.generator).to(self.device)
         with torch.no_grad():
             targets = critic_targets(self.target_critic, smoothed_target_actions(self.target_actor, batch.next_obs,
                                                                                   noise, self.config), batch)
-        loss, td_errors, q1 = critic_loss(self.critic, batch, targets, on_device(sample.weights, self.device))
-        self.critic_optimizer.zero_grad()
-        loss.backward()
-        self.critic_optimizer.step()
+        loss, td_errors, q1 = critic_loss(self.critic, batch, targets)
+        step_optimizer(self.critic_optimizer, loss)
         self.replay.update_priorities(sample.index, td_errors.cpu().numpy())
         self.train_steps += 1
         metrics = {"critic_loss": loss.item(), "q_mean": q1.mean().item()}
@@ -188,9 +140,7 @@ class TD3Learner(ReplayLearner):
     def _update_actor_and_targets(self, obs: torch.Tensor) -> float:
         self.critic.requires_grad_(False)
         loss = actor_loss(self.actor, self.critic, obs)
-        self.actor_optimizer.zero_grad()
-        loss.backward()
-        self.actor_optimizer.step()
+        step_optimizer(self.actor_optimizer, loss)
         self.critic.requires_grad_(True)
         with torch.no_grad():
             for target, online in ((self.target_actor, self.actor), (self.target_critic, self.critic)):
@@ -220,3 +170,10 @@ class TD3Learner(ReplayLearner):
         self.rng.bit_generator.state = state["rng"]
         self.generator.set_state(state["generator"])
         self.train_steps = int(state["train_steps"])
+
+
+PARTS = AlgorithmParts(
+    learner=TD3Learner,
+    network=make_actor,
+    policy=lambda network, config, exploration, seed: TD3Policy(network, config.exploration_noise, seed),
+)

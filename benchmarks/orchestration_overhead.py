@@ -49,7 +49,7 @@ def plain_loop(preset: str, total_env_steps: int) -> float:
         from gymflow.agents.core import RandomPolicy
 
         rollout, _ = collect(RandomPolicy(env.action_space, 0), env, -(-schedule.heatup_env_steps // config.envs_in_total))
-        learner.remember([rollout])
+        learner.insert([rollout])
         steps += rollout.env_steps
     while steps < total_env_steps:
         policy = algorithm.policy(network, config.agent, algorithm.exploration(config.agent, steps), steps)

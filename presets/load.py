@@ -11,8 +11,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from gymflow.agents.registry import ALGORITHMS
-from gymflow.agents.replay import ReplayOptions
+from gymflow.agents.algorithms import ALGORITHMS
+from gymflow.agents.configs import ReplayOptions
 from gymflow.errors import InvalidPreset
 from gymflow.presets.model import Preset
 

@@ -11,10 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gymflow.agents.dqn import DQNConfig
-from gymflow.agents.ppo import PPOConfig
-from gymflow.agents.sac import SACConfig
-from gymflow.agents.td3 import TD3Config
+from gymflow.agents.configs import DQNConfig, PPOConfig, SACConfig, TD3Config
 from gymflow.envs.make import Preprocessing
 
 STORAGE_SCHEMES = ("file", "s3", "s3a")

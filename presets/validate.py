@@ -9,7 +9,7 @@ from typing import Any
 
 from gymnasium import spaces
 
-from gymflow.agents.registry import ALGORITHMS, Algorithm, algorithm_of
+from gymflow.agents.algorithms import ALGORITHMS, Algorithm, algorithm_of
 from gymflow.envs.make import EnvSpecError, check_env, is_image
 from gymflow.errors import InvalidPreset
 from gymflow.presets.load import load_preset

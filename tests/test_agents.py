@@ -7,14 +7,15 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from gymflow.agents.core import Rollout
-from gymflow.agents.dqn import DQNConfig, DQNLearner, epsilon_at
-from gymflow.agents.ppo import PPOConfig, PPOLearner
-from gymflow.agents.registry import algorithm_of
-from gymflow.agents.replay import ReplayMemory, Transitions
+from gymflow.agents.algorithms import algorithm_of
+from gymflow.agents.batches import Rollout
+from gymflow.agents.configs import DQNConfig, PPOConfig, SACConfig, TD3Config, epsilon_at
+from gymflow.agents.dqn import DQNLearner
+from gymflow.agents.ppo import PPOLearner
+from gymflow.agents.replay import MemorySpec, ReplayMemory
 from gymflow.agents.rollout import collect, evaluate
-from gymflow.agents.sac import SACConfig, SACLearner
-from gymflow.agents.td3 import TD3Config, TD3Learner
+from gymflow.agents.sac import SACLearner
+from gymflow.agents.td3 import TD3Learner
 from gymflow.envs.vector import SeededVectorEnv
 from gymflow.tasks.storage.codec import decode_state, encode_state
 
@@ -52,8 +53,7 @@ def test_gae_bootstraps_from_the_value_on_truncation_and_from_zero_on_terminatio
     _constant_critic(learner, 2.0)
     # Episode ends at step 1 by truncation; a new one runs steps 2-3 and terminates at step 3.
     rollout = _rollout([1, 1, 1, 1], [False, False, False, True], [False, True, False, False])
-    values, advantages = learner._advantages(rollout)
-    returns = (advantages + values)[:, 0].tolist()
+    returns = learner._flatten([rollout])["returns"].tolist()
     # truncated: G1 = 1 + 0.5 * V(final) = 2; G0 = 1 + 0.5 * G1 = 2
     # terminated: G3 = 1; G2 = 1 + 0.5 * 1 = 1.5
     assert returns == pytest.approx([2.0, 2.0, 1.5, 1.0])
@@ -62,8 +62,8 @@ def test_gae_bootstraps_from_the_value_on_truncation_and_from_zero_on_terminatio
 def test_gae_bootstraps_the_unfinished_tail_from_the_last_observation():
     learner = PPOLearner(PPOConfig(gamma=0.5, gae_lambda=1.0), OBS, ACTIONS, seed=0)
     _constant_critic(learner, 4.0)
-    values, advantages = learner._advantages(_rollout([0, 0], [False, False], [False, False]))
-    assert (advantages + values)[:, 0].tolist() == pytest.approx([1.0, 2.0])
+    returns = learner._flatten([_rollout([0, 0], [False, False], [False, False])])["returns"]
+    assert returns.tolist() == pytest.approx([1.0, 2.0])
 
 
 def test_ppo_learns_the_corridor_in_a_few_iterations():
@@ -150,14 +150,15 @@ def test_epsilon_decays_linearly_then_holds():
 
 
 def test_replay_memory_wraps_around_and_round_trips():
-    memory = ReplayMemory(5, (1,), (), np.int64)
+    memory = ReplayMemory(MemorySpec(5, (1,), np.float32, (), np.int64, gamma=0.9))
     for start in (0, 3, 6):
-        n = 3
-        values = np.arange(start, start + n, dtype=np.float32)
-        memory.add(Transitions(values[:, None], np.arange(n), values, values[:, None], np.ones(n, np.float32)))
+        values = np.arange(start, start + 3, dtype=np.float32)
+        memory.add(Rollout(values[:, None, None], np.zeros((3, 1), np.int64), values[:, None], np.zeros((3, 1), bool),
+                           np.zeros((3, 1), bool), np.zeros(0, np.int64), np.zeros((0, 1), np.float32),
+                           values[-1:, None] + 1, np.zeros((3, 1), np.float32)))
     assert len(memory) == 5 and memory.inserted == 9
     assert sorted(memory.arrays["rewards"].tolist()) == [4, 5, 6, 7, 8]
-    copy = ReplayMemory(5, (1,), (), np.int64)
+    copy = ReplayMemory(memory.spec)
     copy.load_state_dict(memory.state_dict())
     rng_a, rng_b = np.random.default_rng(0), np.random.default_rng(0)
     np.testing.assert_array_equal(memory.sample(10, rng_a).transitions.rewards, copy.sample(10, rng_b).transitions.rewards)

@@ -9,7 +9,8 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from gymflow.agents.ppo import PPOConfig, PPOLearner
+from gymflow.agents.configs import PPOConfig
+from gymflow.agents.ppo import PPOLearner
 from gymflow.presets.model import StorageConfig
 from gymflow.tasks.storage.checkpoints import CheckpointError, commit_checkpoint, latest_version, read_checkpoint
 from gymflow.tasks.storage.codec import decode_arrays, decode_state, encode_state

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import shutil
 import subprocess
 import sys
@@ -58,11 +59,31 @@ def test_flows_hold_no_storage_keys_and_no_math():
         assert not keys, f"{path} spells storage keys: {keys}"
 
 
+def _loaded_after(imports: str, roots: set[str]) -> list[str]:
+    """Which of the `roots` packages a fresh interpreter has loaded after `imports`."""
+    code = (f"import json, sys, {imports}\n"
+            f"print(json.dumps(sorted(set(m.split('.')[0] for m in sys.modules) & set({sorted(roots)!r}))))")
+    return json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
 def test_importing_the_agents_and_envs_loads_no_service_client():
-    code = ("import sys, gymflow.agents.registry, gymflow.envs, gymflow.presets.validate\n"
-            f"print(sorted(set(m.split('.')[0] for m in sys.modules) & set({sorted(SERVICES)!r})))")
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert loaded.strip() == "[]"
+    assert _loaded_after("gymflow.agents.algorithms, gymflow.envs, gymflow.presets.validate", SERVICES) == []
+
+
+def test_presets_and_flows_load_no_torch_until_a_run_needs_it():
+    # `gymflow presets`, `prefect deploy` and a worker's import of a flow pay for Prefect, not for torch
+    flows = ", ".join(f"gymflow.flows.{path.stem}" for path in sorted((ROOT / "flows").glob("*.py"))
+                      if path.stem != "__init__")
+    assert _loaded_after(f"gymflow.presets, gymflow.agents.algorithms, {flows}", {"torch", "safetensors"}) == []
+    assert _loaded_after("gymflow.flows.improve", {"torch", "mlflow", "matplotlib", "distributed"}) == []
+
+
+def test_the_roles_module_holds_roles_only():
+    names = _imports("agents")["agents/core.py"]
+    assert not {name for name in names if name.startswith("gymflow.")} - {"gymflow.agents.batches"}
+    assert not _roots(names) & {"torch", "pydantic"}
+    batches = _imports("agents")["agents/batches.py"]
+    assert _roots(batches) <= {"__future__", "typing", "numpy"}
 
 
 def test_the_wheel_installs_everything_under_the_gymflow_namespace(tmp_path):

@@ -68,7 +68,7 @@ def test_stop_rule_needs_the_budget_and_nothing_left_to_learn_or_the_target():
     assert rule.reached(state, drained=True, latest=None)
     assert not rule.reached(state, drained=False, latest=None)
     assert not rule.reached(LoopState(3, 999, 2000, (None,)), drained=True, latest=None)
-    from gymflow.tasks.cluster.jobs import EvaluationResult
+    from gymflow.tasks.cluster.messages import EvaluationResult
 
     scored = Scored(500, EvaluationResult(2, (100.0, 101.0), (5, 5), 0.1))
     assert rule.reached(LoopState(3, 10, 2000, (None,)), drained=False, latest=scored)

@@ -9,11 +9,12 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from gymflow.agents.dqn import DQNConfig, DQNLearner
+from gymflow.agents.algorithms import algorithm_of
+from gymflow.agents.configs import DQNConfig, PPOConfig, SACConfig
+from gymflow.agents.dqn import DQNLearner
 from gymflow.agents.normalization import ObservationNormalizer, RewardScaler
-from gymflow.agents.ppo import PPOConfig, PPOLearner
-from gymflow.agents.registry import algorithm_of
-from gymflow.agents.sac import SACConfig, SACLearner
+from gymflow.agents.ppo import PPOLearner
+from gymflow.agents.sac import SACLearner
 from tests.test_agents import _rollout
 
 OBS = spaces.Box(-100.0, 100.0, shape=(2,), dtype=np.float32)
@@ -86,7 +87,7 @@ def test_a_replay_learner_resuming_does_not_count_its_remembered_experience_twic
     rollout = _rollout(np.ones(8), [False] * 8, [False] * 8, obs=np.full((8, 1, 2), 7.0, np.float32))
     learner.insert([rollout])
     count = learner.normalizer.count.item()
-    learner.remember([rollout])  # what rebuilding the memory on resume does
+    learner.replay.add(rollout)  # what rebuilding the memory on resume does
     assert learner.normalizer.count.item() == count
 
 

@@ -131,15 +131,21 @@ def _catch_rollouts(count: int, steps: int, stack: int = 4, envs: int = 3):
     return [collect(policy, env, steps)[0] for _ in range(count)]
 
 
+def _frame_spec(capacity: int, n_step: int = 1, frame: tuple[int, int] = (20, 10)):
+    from gymflow.agents.replay import MemorySpec
+
+    return MemorySpec(capacity, (4, *frame), np.uint8, (), np.int64, gamma=0.9, n_step=n_step)
+
+
 def test_the_frame_memory_samples_the_stacks_a_memory_of_whole_stacks_holds():
     from gymflow.agents.replay import FrameReplayMemory, ReplayMemory
 
     rollouts = _catch_rollouts(count=4, steps=20)  # 240 transitions, episodes ending inside every rollout
-    frames = FrameReplayMemory(1000, (4, 20, 10), (), np.int64)
-    whole = ReplayMemory(1000, (4, 20, 10), (), np.int64, obs_dtype=np.uint8)
+    spec = _frame_spec(1000, n_step=3)
+    frames, whole = FrameReplayMemory(spec), ReplayMemory(spec)
     for rollout in rollouts:
-        frames.add_rollout(rollout, gamma=0.9, n_step=3)
-        whole.add_rollout(rollout, gamma=0.9, n_step=3)
+        frames.add(rollout)
+        whole.add(rollout)
     mine, theirs = frames.sample(64, np.random.default_rng(4)), whole.sample(64, np.random.default_rng(4))
     assert (mine.index == theirs.index).all()
     for name in ("obs", "actions", "rewards", "next_obs", "discounts"):
@@ -150,11 +156,11 @@ def test_the_frame_memory_samples_the_stacks_a_memory_of_whole_stacks_holds():
 def test_a_full_frame_memory_overwrites_the_oldest_and_never_samples_a_stale_stack():
     from gymflow.agents.replay import FrameReplayMemory, ReplayMemory
 
-    frames = FrameReplayMemory(100, (4, 20, 10), (), np.int64)
-    whole = ReplayMemory(100, (4, 20, 10), (), np.int64, obs_dtype=np.uint8)
+    spec = _frame_spec(100, n_step=1)
+    frames, whole = FrameReplayMemory(spec), ReplayMemory(spec)
     for rollout in _catch_rollouts(count=5, steps=10):  # 150 transitions into 100 slots; 9-step episodes
-        frames.add_rollout(rollout, gamma=0.9, n_step=1)
-        whole.add_rollout(rollout, gamma=0.9, n_step=1)
+        frames.add(rollout)
+        whole.add(rollout)
     fresh = frames.oldest_frame >= frames.frames_written - len(frames.frames)
     assert 0 < fresh.sum() < 100  # short episodes: more than one frame a transition, the oldest went stale
     index = np.flatnonzero(fresh)
@@ -166,9 +172,9 @@ def test_a_full_frame_memory_overwrites_the_oldest_and_never_samples_a_stale_sta
 def test_replay_of_atari_frames_needs_under_7_5_kb_a_transition():
     from gymflow.agents.replay import FrameReplayMemory, ReplayMemory
 
-    atari = FrameReplayMemory(10_000, (4, 84, 84), (), np.int64)
+    atari = FrameReplayMemory(_frame_spec(10_000, frame=(84, 84)))
     assert atari.bytes_per_transition() < 7.5 * 1024
-    assert ReplayMemory(10, (4, 84, 84), (), np.int64, obs_dtype=np.uint8).bytes_per_transition() > 56_000
+    assert ReplayMemory(_frame_spec(10, frame=(84, 84))).bytes_per_transition() > 56_000
 
 
 def test_a_resumed_pixel_dqn_run_rebuilds_its_frame_replay_from_shards_and_ends_byte_identical(tmp_path):

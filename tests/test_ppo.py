@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from gymflow.agents import ppo
-from gymflow.agents.ppo import PPOConfig, PPOLearner
-from gymflow.agents.registry import ALGORITHMS
+from gymflow.agents.algorithms import ALGORITHMS
+from gymflow.agents.configs import PPOConfig
+from gymflow.agents.ppo import PPOLearner
 from gymflow.agents.rollout import collect
 from gymflow.envs.vector import SeededVectorEnv
 

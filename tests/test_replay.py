@@ -7,22 +7,27 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from gymflow.agents.dqn import DQNConfig, DQNLearner
-from gymflow.agents.replay import (
-    PrioritizedReplayMemory,
-    ReplayOptions,
-    Steps,
-    SumTree,
-    Transitions,
-    n_step_transitions,
-)
+from gymflow.agents.batches import Rollout, Steps
+from gymflow.agents.configs import DQNConfig, ReplayOptions
+from gymflow.agents.dqn import DQNLearner
+from gymflow.agents.replay import MemorySpec, PrioritizedReplayMemory, SumTree, n_step_transitions
+
+
+def one_env_rollout(obs: np.ndarray, rewards: np.ndarray, terminated: bool = False) -> Rollout:
+    """T steps of one env: observations [T, *obs_shape], rewards [T]; every step terminal or none."""
+    steps = len(rewards)
+    ends = np.full((steps, 1), terminated)
+    return Rollout(obs[:, None], np.zeros((steps, 1), np.int64), rewards[:, None].astype(np.float32), ends,
+                   np.zeros((steps, 1), bool), np.flatnonzero(ends).astype(np.int64), obs[ends[:, 0]], obs[-1:],
+                   np.zeros((steps, 1), np.float32))
 
 
 def _memory(size: int, alpha: float = 1.0, beta: float = 0.4) -> PrioritizedReplayMemory:
-    memory = PrioritizedReplayMemory(size, (1,), (), np.int64, ReplayOptions(
+    spec = MemorySpec(size, (1,), np.float32, (), np.int64, gamma=1.0)
+    memory = PrioritizedReplayMemory(spec, ReplayOptions(
         replay="prioritized", priority_alpha=alpha, priority_beta_start=beta, priority_epsilon=1e-9))
     values = np.arange(size, dtype=np.float32)
-    memory.add(Transitions(values[:, None], np.zeros(size, np.int64), values, values[:, None], np.ones(size, np.float32)))
+    memory.add(one_env_rollout(values[:, None], values))
     return memory
 
 
@@ -76,9 +81,8 @@ def test_the_learner_hands_back_new_priorities_after_each_batch():
     learner = DQNLearner(DQNConfig(hidden_sizes=[8], batch_size=16, replay="prioritized"), observation_space, action_space, 0)
     count = 64
     rng = np.random.default_rng(0)
-    learner.replay.add(Transitions(rng.random((count, 2), np.float32), rng.integers(0, 2, count),
-                                   rng.normal(size=count).astype(np.float32) * 10, rng.random((count, 2), np.float32),
-                                   np.zeros(count, np.float32)))
+    learner.replay.add(one_env_rollout(rng.random((count, 2), np.float32), rng.normal(size=count) * 10,
+                                       terminated=True))
     before = learner.replay.probabilities().copy()
     np.testing.assert_allclose(before, 1 / count)
     learner.train(4, progress=0.0)
@@ -92,7 +96,7 @@ def test_the_learner_hands_back_new_priorities_after_each_batch():
 def test_prioritized_memory_round_trips_with_its_priorities():
     memory = _memory(6)
     memory.update_priorities(np.arange(6), np.arange(1.0, 7.0))
-    copy = PrioritizedReplayMemory(6, (1,), (), np.int64, memory.options)
+    copy = PrioritizedReplayMemory(memory.spec, memory.options)
     copy.load_state_dict(memory.state_dict())
     np.testing.assert_allclose(copy.probabilities(), memory.probabilities())
     assert copy.max_priority == memory.max_priority

@@ -9,12 +9,12 @@ import pytest
 import torch
 from gymnasium import spaces
 
+from gymflow.agents.algorithms import algorithm_of
+from gymflow.agents.configs import TD3Config
 from gymflow.agents.core import RandomPolicy
-from gymflow.agents.registry import algorithm_of
+from gymflow.agents.networks import TransitionBatch
 from gymflow.agents.rollout import collect, evaluate
 from gymflow.agents.td3 import (
-    CriticBatch,
-    TD3Config,
     TD3Learner,
     actor_loss,
     critic_targets,
@@ -51,8 +51,8 @@ def test_the_critics_target_is_the_reward_plus_the_discounted_smaller_target_q()
     learner = TD3Learner(config, OBS, ACTIONS, seed=0)
     _constant_output(learner.target_critic.q1, [3.0])
     _constant_output(learner.target_critic.q2, [-1.5])
-    batch = CriticBatch(obs=torch.zeros(2, 2), actions=torch.zeros(2, 2), rewards=torch.tensor([1.0, 2.0]),
-                        discounts=torch.tensor([0.99, 0.0]), next_obs=torch.zeros(2, 2))
+    batch = TransitionBatch(obs=torch.zeros(2, 2), actions=torch.zeros(2, 2), rewards=torch.tensor([1.0, 2.0]),
+                            discounts=torch.tensor([0.99, 0.0]), next_obs=torch.zeros(2, 2), weights=torch.ones(2))
     targets = critic_targets(learner.target_critic, torch.zeros(2, 2), batch)
     np.testing.assert_allclose(targets.numpy(), [1.0 + 0.99 * -1.5, 2.0], atol=1e-6)  # min(3, -1.5); terminal: r
 
@@ -75,7 +75,7 @@ def test_the_actor_and_the_targets_move_every_policy_delay_critic_steps_by_a_pol
     env.reset()
     learner = TD3Learner(config, env.observation_space, env.action_space, seed=0)
     rollout, _ = collect(algorithm_of(config).policy(learner.actor, config, 0.0, 0), env, 16)
-    learner.remember([rollout])
+    learner.replay.add(rollout)
     for step in range(1, 7):
         actor, critic = _parameters(learner.actor), _parameters(learner.critic)
         target_actor, target_critic = _parameters(learner.target_actor), _parameters(learner.target_critic)

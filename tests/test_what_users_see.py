@@ -124,7 +124,7 @@ def test_the_flow_run_has_progress_evaluations_and_a_summary_with_its_curve(fini
 
 def _greedy_actions(run: FinishedRun, observations: np.ndarray) -> np.ndarray:
     """The delivered version's greedy actions, computed as the rollout workers compute them."""
-    from gymflow.agents.registry import algorithm_of
+    from gymflow.agents.algorithms import algorithm_of
     from gymflow.presets.load import load_preset
     from gymflow.tasks.storage.checkpoints import POLICY_BLOB, read_policy
     from gymflow.tasks.storage.codec import decode_tensors

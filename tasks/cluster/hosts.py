@@ -30,7 +30,6 @@ from logging import Logger, LoggerAdapter
 from typing import TYPE_CHECKING, Any, Protocol
 
 import cloudpickle
-import torch
 
 from gymflow.errors import JobFailed
 from gymflow.tasks.cluster.wire import JobFailure, describe_job, one_line_cause, run_job, settle_reply
@@ -57,10 +56,11 @@ class JobHost:
     own deserialization would log the error and never answer the call."""
 
     def __init__(self) -> None:
-        # torch, gymnasium, the agents: imported as the host starts, not in its first job
         from distributed import get_worker
 
-        import gymflow.tasks.cluster.jobs  # noqa: F401
+        from gymflow.tasks.cluster.jobs import import_job_machinery
+
+        import_job_machinery()
 
         self._threads = ThreadPoolExecutor(get_worker().state.nthreads, thread_name_prefix="gymflow-job")
 
@@ -129,6 +129,8 @@ class InProcessHosts:
     def call(self, function: Callable[[Any], Any], spec: Any, slot: int, attempt: int = 1) -> Call:
         future: concurrent.futures.Future = concurrent.futures.Future()
         self.jobs.append((function.__name__, slot))
+        import torch  # here: a flow's modules import none
+
         threads = torch.get_num_threads()  # a job takes one thread; the learner keeps its own
         try:
             with shards_kept_in_process():  # the learner takes them from memory

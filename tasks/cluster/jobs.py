@@ -14,123 +14,55 @@ from __future__ import annotations
 import copy
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from gymnasium import spaces
 
+from gymflow.agents.algorithms import ALGORITHMS, algorithm_of
 from gymflow.agents.core import Policy, RandomPolicy
-from gymflow.agents.registry import algorithm_of
 from gymflow.agents.rollout import collect, evaluate
-from gymflow.envs.make import EnvSpecError, Preprocessing, check_env
+from gymflow.envs.make import EnvSpecError, check_env
 from gymflow.envs.seeding import derive_seed
 from gymflow.envs.vector import SeededVectorEnv
 from gymflow.envs.video import CannotFilm, film_episode
 from gymflow.errors import GymflowError
+from gymflow.tasks.cluster.messages import (
+    EvaluationResult,
+    EvaluationSpec,
+    Film,
+    RolloutSpec,
+    WorkerCheck,
+    WorkerCheckSpec,
+)
 from gymflow.tasks.storage.blob_cache import BlobCache
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, CheckpointError, latest_policy_version, read_policy
 from gymflow.tasks.storage.codec import decode_tensors
 from gymflow.tasks.storage.layout import RunLayout
-from gymflow.tasks.storage.objects import StorageLocation, check_shared_root, open_storage
+from gymflow.tasks.storage.objects import check_shared_root, open_storage
 from gymflow.tasks.storage.shards import Collected, ShardRef, read_cursor, write_shard
 
-
-@dataclass(frozen=True)
-class RolloutSpec:
-    """One worker's share of one round of collection."""
-
-    storage: StorageLocation
-    run_id: str
-    env_id: str
-    env_kwargs: dict[str, Any]
-    preprocessing: Preprocessing  # the training envs' wrappers
-    agent: Any  # the agent's pydantic config
-    # None: uniform random (heatup); "newest": the newest committed when the job starts (async)
-    policy_version: int | Literal["newest"] | None
-    worker: int
-    num_envs: int
-    steps_per_env: int
-    env_seed: int  # fixed for the worker over the run: episode k of env i is seeded from it
-    policy_seed: int  # fresh for each (version, worker): exploration noise
-    exploration: float
-    resume_from: str | None  # the shard whose env cursor this round continues from
-    chunk: int | None = None  # async: this worker's chunk number, which names its shard
-
-    @property
-    def shard_key(self) -> str:
-        if self.chunk is not None:
-            return RunLayout(self.run_id).chunk(self.worker, self.chunk)
-        assert self.policy_version != "newest"
-        return RunLayout(self.run_id).shard(self.policy_version, self.worker)
-
-
-@dataclass(frozen=True)
-class EvaluationSpec:
-    storage: StorageLocation
-    run_id: str
-    env_id: str
-    env_kwargs: dict[str, Any]
-    preprocessing: Preprocessing  # the evaluation envs' wrappers
-    agent: Any
-    policy_version: int
-    episodes: int
-    seed: int  # the same at every evaluation of a run, so evaluations compare
-    film: bool = False  # after its episodes, film its first one again into the run's videos/
-
-
-@dataclass(frozen=True)
-class Film:
-    """An episode of the evaluated policy on video, in the run's storage."""
-
-    key: str  # the MP4's storage key
-    frames: int
-    episode_return: float
-
-
-@dataclass(frozen=True)
-class EvaluationResult:
-    version: int
-    returns: tuple[float, ...]
-    lengths: tuple[int, ...]
-    seconds: float
-    film: Film | None = None
-    no_film: str = ""  # why a film that was asked for is missing
-
-    @property
-    def mean_return(self) -> float:
-        return float(np.mean(self.returns))
-
-
-@dataclass(frozen=True)
-class WorkerCheckSpec:
-    """What a worker must be able to do before a run's first job: make its env, with the spaces
-    the flow found."""
-
-    env_id: str
-    env_kwargs: dict[str, Any]
-    preprocessing: Preprocessing
-    algo: str
-    action_spaces: tuple[type[spaces.Space], ...]
-    images: bool
-    observation_space: spaces.Space
-    action_space: spaces.Space
-    storage: StorageLocation
-
-
-@dataclass(frozen=True)
-class WorkerCheck:
-    worker: str  # its address
-    field: str = ""  # the preset field the problem is about
-    problem: str = ""  # empty: it can
-
+if TYPE_CHECKING:
+    from torch import nn
 
 _LIVE_ENVS: OrderedDict[tuple[str, str, int], tuple[str, SeededVectorEnv]] = OrderedDict()
-_NETWORKS: OrderedDict[tuple[str, str, int], torch.nn.Module] = OrderedDict()
+_NETWORKS: OrderedDict[tuple[str, str, int], nn.Module] = OrderedDict()
 _CACHE_SIZE = 32
 _NODE_BLOBS = BlobCache.for_this_machine()  # a policy blob is read from storage once a machine, not once a process
 _RETIRED_ATTEMPTS = 5
+
+
+def import_job_machinery() -> None:
+    """Import what jobs use (torch, every algorithm's networks and policy) now, as a host starts,
+    rather than in its first job."""
+    for algorithm in ALGORITHMS.values():
+        algorithm.parts()
+
+
+def _one_thread() -> None:
+    """A job steps envs and small networks: one torch thread (the learner keeps its own)."""
+    import torch  # here: the flow imports this module for its job functions without torch
+
+    torch.set_num_threads(1)
 
 
 def check_worker(spec: WorkerCheckSpec) -> WorkerCheck:
@@ -158,7 +90,7 @@ def check_worker(spec: WorkerCheckSpec) -> WorkerCheck:
 
 def run_rollout(spec: RolloutSpec) -> ShardRef:
     """Collect one worker's share of a round and write its shard. Runs on a Dask worker."""
-    torch.set_num_threads(1)
+    _one_thread()
     storage = open_storage(spec.storage)
     env = _take_live_envs(spec)
     version, policy = _acting_policy(spec, env)
@@ -173,7 +105,7 @@ def run_rollout(spec: RolloutSpec) -> ShardRef:
 
 def run_evaluation(spec: EvaluationSpec) -> EvaluationResult:
     """Run `episodes` greedy episodes of one policy version, one per env. Runs on a Dask worker."""
-    torch.set_num_threads(1)
+    _one_thread()
     started = time.perf_counter()
     env = SeededVectorEnv(spec.env_id, spec.env_kwargs, spec.episodes, spec.seed, spec.preprocessing)
     env.reset()
@@ -257,7 +189,7 @@ def _policy(
     return algorithm.policy(network, spec.agent, exploration, seed)
 
 
-def _network_like(spec: RolloutSpec | EvaluationSpec) -> torch.nn.Module | None:
+def _network_like(spec: RolloutSpec | EvaluationSpec) -> nn.Module | None:
     """A copy of a cached network of the spec's run, to load a version's weights into: a copy
     costs a few milliseconds where drawing a network's initial weights (orthogonal, for the CNN
     policies) can cost a hundred."""

@@ -22,15 +22,8 @@ from gymflow.errors import ClusterUnavailable
 from gymflow.presets.model import Preset
 from gymflow.presets.validate import Experiment
 from gymflow.tasks.cluster.hosts import Hosts, wait_first
-from gymflow.tasks.cluster.jobs import (
-    EvaluationResult,
-    EvaluationSpec,
-    RolloutSpec,
-    WorkerCheckSpec,
-    check_worker,
-    run_evaluation,
-    run_rollout,
-)
+from gymflow.tasks.cluster.jobs import check_worker, run_evaluation, run_rollout
+from gymflow.tasks.cluster.messages import EvaluationResult, EvaluationSpec, RolloutSpec, WorkerCheckSpec
 from gymflow.tasks.storage.objects import storage_location
 from gymflow.tasks.storage.shards import ShardRef
 

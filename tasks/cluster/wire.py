@@ -98,7 +98,9 @@ def read_frame(stream: IO[bytes]) -> bytes | None:
 def serve() -> None:
     """The helper's side: say it is ready (an empty frame), then run each job read from stdin and
     answer each on the original stdout."""
-    import gymflow.tasks.cluster.jobs  # noqa: F401 (torch, Gymnasium, the agents: imported before the first job)
+    from gymflow.tasks.cluster.jobs import import_job_machinery
+
+    import_job_machinery()
 
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a job's prints must not land among the replies

@@ -10,24 +10,33 @@ from __future__ import annotations
 import io
 import json
 import zipfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from safetensors.torch import load as load_tensors
-from safetensors.torch import save as save_tensors
+
+if TYPE_CHECKING:
+    import torch
+
+# torch and safetensors are imported where tensors are encoded or decoded: the flow's modules import
+# this one for arrays (shards) without them
 
 
 def encode_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
-    return save_tensors({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()})
+    from safetensors.torch import save
+
+    return save({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()})
 
 
 def decode_tensors(data: bytes) -> dict[str, torch.Tensor]:
-    return load_tensors(data)
+    from safetensors.torch import load
+
+    return load(data)
 
 
 def encode_state(tree: Any) -> tuple[bytes, bytes]:
     """(safetensors bytes, JSON bytes) for a nested state of dicts, lists, scalars and tensors."""
+    import torch
+
     tensors: dict[str, torch.Tensor] = {}
 
     def encode(node: Any, path: str) -> Any:

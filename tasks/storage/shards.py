@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gymflow.agents.core import Episodes, Rollout
+from gymflow.agents.batches import Episodes, Rollout
 from gymflow.agents.frames import FRAMES, frames_to_stacks, is_frame_stacks, stacks_to_frames
 from gymflow.envs.vector import EnvCursor
 from gymflow.tasks.storage.codec import decode_arrays, encode_arrays

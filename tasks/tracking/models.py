@@ -23,7 +23,6 @@ from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 from mlflow.types import Schema, TensorSpec
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from safetensors.torch import load_file
 
 import gymflow
 import gymflow.agents
@@ -143,6 +142,8 @@ def _model_code(folder: str) -> str:
 def read_warm_start(source: str, tracking_uri: str) -> dict:
     """Policy weights to start from: a policy.safetensors path, or an MLflow model URI
     (models:/name@alias, models:/name/3, models:/<model id>) of a gymflow policy."""
+    from safetensors.torch import load_file  # torch: not for a flow that only reads the registry
+
     try:
         if source.startswith(("models:/", "runs:/")):
             with tempfile.TemporaryDirectory() as folder:

@@ -19,7 +19,7 @@ class GymflowPolicy(PythonModel):
     """Greedy actions of a gymflow policy for a batch of observations."""
 
     def load_context(self, context) -> None:
-        from gymflow.agents.registry import algorithm_of
+        from gymflow.agents.algorithms import algorithm_of
         from gymflow.envs.make import make_env
         from gymflow.presets.load import validate_preset_data
 

@@ -10,14 +10,13 @@ import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mlflow.entities import Metric, Param
-from mlflow.tracking import MlflowClient
-from mlflow.tracking.context.registry import resolve_tags
-from mlflow.utils.async_logging.run_operations import RunOperations
-from mlflow.utils.git_utils import get_git_branch, get_git_commit, get_git_repo_url
-from mlflow.utils.mlflow_tags import MLFLOW_GIT_BRANCH, MLFLOW_GIT_COMMIT, MLFLOW_GIT_REPO_URL, MLFLOW_RUN_NOTE
+if TYPE_CHECKING:
+    from mlflow.entities import Metric
+    from mlflow.utils.async_logging.run_operations import RunOperations
+
+# MLflow (~1 s to import) is imported where a tracker is made or used: importing a flow costs none of it
 
 _BATCH = 100  # MLflow accepts at most 100 params per batch
 _MAX_PENDING = 256  # queued metric batches held before waiting on the oldest
@@ -41,6 +40,8 @@ class Tracker:
         existing_run_id: str | None = None,
     ):
         """A new MLflow run, or `existing_run_id` reopened (a resumed run logs into its own)."""
+        from mlflow.tracking import MlflowClient
+
         self.client, self.tracking_uri = MlflowClient(tracking_uri), tracking_uri
         if existing_run_id is not None:
             run = self.client.get_run(existing_run_id)
@@ -69,6 +70,8 @@ class Tracker:
     def log_params(self, params: Mapping[str, Any]) -> None:
         """Written by MLflow's background logger, before any metric logged after them (the first
         training round does not wait for a few hundred rows of SQLite); `flush` waits for them."""
+        from mlflow.entities import Param
+
         items = [Param(key, str(value)[:6000]) for key, value in params.items()]
         for start in range(0, len(items), _BATCH):
             self._pending.append(self.client.log_batch(self.run_id, params=items[start : start + _BATCH],
@@ -77,6 +80,8 @@ class Tracker:
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Held, then written by MLflow's background logger in batches of about METRICS_EVERY_S,
         off the training loop's path; `flush` writes what is held."""
+        from mlflow.entities import Metric
+
         timestamp = _now_ms()
         self._held += [Metric(key, float(value), timestamp, step) for key, value in metrics.items()
                        if math.isfinite(value)]
@@ -113,6 +118,8 @@ class Tracker:
 
     def describe(self, markdown: str) -> None:
         """The run's description in the MLflow UI."""
+        from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
+
         self.client.set_tag(self.run_id, MLFLOW_RUN_NOTE, markdown)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
@@ -149,6 +156,10 @@ def source_tags() -> dict[str, str]:
     """Who started a run, from what and at which commit: MLflow's own context tags (user, entry
     point, its git repository), or the working folder's git commit where the entry point is in
     no repository."""
+    from mlflow.tracking.context.registry import resolve_tags
+    from mlflow.utils.git_utils import get_git_branch, get_git_commit, get_git_repo_url
+    from mlflow.utils.mlflow_tags import MLFLOW_GIT_BRANCH, MLFLOW_GIT_COMMIT, MLFLOW_GIT_REPO_URL
+
     tags = resolve_tags()
     if MLFLOW_GIT_COMMIT not in tags and (commit := get_git_commit(os.getcwd())):
         found = {MLFLOW_GIT_COMMIT: commit, MLFLOW_GIT_BRANCH: get_git_branch(os.getcwd()),

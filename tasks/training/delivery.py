@@ -13,7 +13,6 @@ from typing import NamedTuple
 
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, committed_versions, read_policy
 from gymflow.tasks.storage.layout import RunLayout
-from gymflow.tasks.tracking.models import PolicyModel, log_policy_model
 from gymflow.tasks.tracking.plots import plot_learning_curve
 from gymflow.tasks.tracking.tracker import Tracker
 from gymflow.tasks.training.run import PreparedRun
@@ -33,6 +32,8 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
     The model is logged last, at the run's final env step, so the summary figures and the final
     evaluation's metrics are linked to it. `films_landed` waits for a film still being made (it
     is logged, and named in the summary)."""
+    from gymflow.tasks.tracking.models import PolicyModel, log_policy_model  # MLflow's model code, here only
+
     config = run.preset
     with tempfile.TemporaryDirectory() as folder:
         preset_file = Path(folder, "preset.yaml")

@@ -21,7 +21,7 @@ from prefect.context import FlowRunContext
 from prefect.states import Cancelled
 
 from gymflow.tasks.cluster.hosts import Hosts
-from gymflow.tasks.cluster.jobs import EvaluationResult
+from gymflow.tasks.cluster.messages import EvaluationResult
 from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, evaluate_version
 from gymflow.tasks.training.state import LoopState
 

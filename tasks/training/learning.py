@@ -14,13 +14,12 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from gymflow.agents.core import Learner, ReplayLearner, Rollout
+from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.errors import UnusableWarmStart
 from gymflow.presets.model import StorageConfig
 from gymflow.presets.validate import Experiment, learner_device
@@ -44,10 +43,13 @@ from gymflow.tasks.storage.codec import encode_arrays, encode_state, encode_tens
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.storage.retention import ShardFloor, delete_below
-from gymflow.tasks.storage.shards import ShardRef, read_shard
+from gymflow.tasks.storage.shards import read_shard
 from gymflow.tasks.training.collection import Experience
 from gymflow.tasks.training.ledger import discard_segments_after
 from gymflow.tasks.training.state import STATE_BLOB, LoopState
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ def import_optimizer_machinery() -> None:
 def create_learner(experiment: Experiment, warm_start: dict[str, torch.Tensor] | None = None) -> Learner:
     """The run's learner, in this process, with the preset's number of torch threads, starting
     from `warm_start` policy weights when given."""
+    import torch  # here: the modules a flow imports stay free of torch
+
     config = experiment.preset
     torch.set_num_threads(config.distribution.learner_threads)
     learner = experiment.algorithm.learner(config.agent, experiment.observation_space, experiment.action_space,
@@ -89,21 +93,12 @@ def learn(learner: Learner, storage: Storage, experience: Experience, progress: 
     started = time.perf_counter()
     if experience.train_steps is None:
         metrics = learner.learn(rollouts, progress)
+    elif isinstance(learner, ReplayLearner):  # ASYNC: the ratio of samples to inserts chose the steps
+        learner.insert(rollouts)
+        metrics = learner.train(experience.train_steps, progress) if experience.train_steps else {}
     else:
-        metrics = _remember_and_train(replay_learner(learner), rollouts, experience.train_steps, progress)
-    return Learned(metrics, time.perf_counter() - started)
-
-
-def _remember_and_train(learner: ReplayLearner, rollouts: Sequence[Rollout], steps: int,
-                        progress: float) -> dict[str, float]:
-    learner.insert(rollouts)
-    return learner.train(steps, progress) if steps else {}
-
-
-def replay_learner(learner: Learner) -> ReplayLearner:
-    if not isinstance(learner, ReplayLearner):
         raise TypeError(f"{type(learner).__name__} keeps no replay memory")
-    return learner
+    return Learned(metrics, time.perf_counter() - started)
 
 
 @dataclass(frozen=True)
@@ -233,8 +228,3 @@ class Checkpoints:
         """Wait for the deletions under way."""
         self.retirement.close()
 
-
-def fill_replay(learner: ReplayLearner, storage: Storage, shards: Sequence[ShardRef]) -> int:
-    """Insert heatup's shards into the replay memory; no learning. Returns the memory's size."""
-    learner.insert([read_shard(storage, shard) for shard in shards])
-    return len(learner.replay)

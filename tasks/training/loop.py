@@ -22,13 +22,13 @@ from prefect.cache_policies import NO_CACHE
 
 from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.tasks.cluster.hosts import Hosts
-from gymflow.tasks.cluster.jobs import EvaluationResult
+from gymflow.tasks.cluster.messages import EvaluationResult
 from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, collect_round
 from gymflow.tasks.storage.objects import Storage
-from gymflow.tasks.storage.shards import ShardRef
+from gymflow.tasks.storage.shards import ShardRef, read_shard
 from gymflow.tasks.training.collection import Collection, Experience
 from gymflow.tasks.training.evaluation import EvaluationSchedule, Scored, score_version
-from gymflow.tasks.training.learning import Checkpoints, Learned, fill_replay, learn
+from gymflow.tasks.training.learning import Checkpoints, Learned, learn
 from gymflow.tasks.training.state import LoopState
 
 TASK_SECONDS = 2.0  # the training one `train` task run carries
@@ -185,8 +185,8 @@ def heatup(hosts: Hosts, plan: RoundPlan, learner: ReplayLearner, storage: Stora
     no learning. Its env steps count against the budget."""
     state = LoopState.start(plan.workers, plan.preset.schedule.evaluate_every_env_steps)
     shards = collect_round(hosts, plan.rollouts(None, 1.0, state.env_cursors), logger)
-    filled = fill_replay(learner, storage, shards)
-    logger.info("heatup: %s random-policy env steps in replay", f"{filled:,}")
+    learner.insert([read_shard(storage, shard) for shard in shards])
+    logger.info("heatup: %s random-policy env steps in replay", f"{len(learner.replay):,}")
     return replace(state, env_steps=sum(shard.env_steps for shard in shards),
                    env_cursors=tuple(shard.key for shard in shards))
 

@@ -15,7 +15,8 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from gymflow.agents.core import Learner, ReplayLearner, Rollout
+from gymflow.agents.batches import Rollout
+from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.presets.load import validate_preset_data
 from gymflow.presets.model import Preset
 from gymflow.presets.validate import Experiment, experiment_from
@@ -76,8 +77,8 @@ def rebuild_replay(learner: ReplayLearner, storage: Storage, layout: RunLayout, 
         tail.append(rollouts)
         steps += sum(rollout.env_steps for rollout in rollouts)
     learner.replay.start_before(position, [rollout for rollouts in tail for rollout in rollouts])
-    for rollouts in reversed(tail):
-        learner.remember(rollouts)
+    for rollout in (rollout for rollouts in reversed(tail) for rollout in rollouts):
+        learner.replay.add(rollout)
     if learner.replay.position() != position:
         raise CheckpointError(f"rebuilding the replay memory from {storage.url(layout.shards)} ended at "
                               f"{learner.replay.position()}, not where checkpoint v{state.version} stood ({position})")

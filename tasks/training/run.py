@@ -33,7 +33,6 @@ from gymflow.tasks.storage.records import (
     write_stored_preset,
 )
 from gymflow.tasks.tracking.artifacts import ProgressArtifact
-from gymflow.tasks.tracking.models import read_warm_start
 from gymflow.tasks.tracking.progress import ProgressLog
 from gymflow.tasks.tracking.tracker import Tracker, s3_artifact_environment, source_tags
 from gymflow.tasks.training.collection import Collection, SyncRounds
@@ -75,6 +74,8 @@ def prepare_run(experiment: Experiment, warm_start: str | None, resume: str | No
     learner: from scratch, from a warm-start policy, or restored from `resume`'s checkpoints
     (with that run's own preset). A resumed run that died before its first checkpoint starts
     over, in its own MLflow run. `run_id` names a new run (default: preset name and time)."""
+    from gymflow.tasks.tracking.models import read_warm_start  # MLflow's model code, here only
+
     storage = ready_storage(storage_location(experiment.preset.storage))
     if resume is None:
         weights = read_warm_start(warm_start, experiment.preset.tracking.tracking_uri) if warm_start else None

@@ -1,0 +1,68 @@
+"""The algorithms gymflow knows: what each needs from an environment, and where its parts live.
+
+This table imports no torch: presets, the command line and the flows read it to check a preset
+(`gymflow presets`, `gymflow show`, a run's validation) in a fraction of a second. An algorithm's
+networks, policy and learner are imported the first time something builds one.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gymnasium import spaces
+
+from gymflow.agents.configs import DQNConfig, PPOConfig, SACConfig, TD3Config, epsilon_at
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from gymflow.agents.core import AlgorithmParts, Learner, Policy
+
+
+def no_exploration(config: Any, env_steps: int) -> float:
+    """Algorithms whose policies explore by their own noise, not by a schedule."""
+    return 0.0
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    config: type
+    on_policy: bool  # learns only from its current policy's rollouts: no replay memory, no heatup
+    action_spaces: tuple[type[spaces.Space], ...]
+    reads_images: bool  # uint8 image observations, through a CNN
+    module: str  # defines PARTS, an AlgorithmParts (imports torch)
+    exploration: Callable[[Any, int], float] = no_exploration  # (config, env_steps) -> exploration parameter
+
+    def parts(self) -> AlgorithmParts:
+        return importlib.import_module(self.module).PARTS
+
+    def learner(self, config: Any, observation_space: spaces.Space, action_space: spaces.Space, seed: int,
+                device: str = "cpu") -> Learner:
+        return self.parts().learner(config, observation_space, action_space, seed, device)
+
+    def network(self, config: Any, observation_space: spaces.Space, action_space: spaces.Space) -> nn.Module:
+        """The network a rollout worker acts with (the learner's is one of these)."""
+        return self.parts().network(config, observation_space, action_space)
+
+    def policy(self, network: nn.Module, config: Any, exploration: float, seed: int) -> Policy:
+        return self.parts().policy(network, config, exploration, seed)
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "ppo": Algorithm("ppo", PPOConfig, on_policy=True, action_spaces=(spaces.Discrete, spaces.Box),
+                     reads_images=True, module="gymflow.agents.ppo"),
+    "dqn": Algorithm("dqn", DQNConfig, on_policy=False, action_spaces=(spaces.Discrete,), reads_images=True,
+                     module="gymflow.agents.dqn", exploration=epsilon_at),
+    "sac": Algorithm("sac", SACConfig, on_policy=False, action_spaces=(spaces.Box,), reads_images=False,
+                     module="gymflow.agents.sac"),
+    "td3": Algorithm("td3", TD3Config, on_policy=False, action_spaces=(spaces.Box,), reads_images=False,
+                     module="gymflow.agents.td3"),
+}
+
+
+def algorithm_of(agent_config: Any) -> Algorithm:
+    return ALGORITHMS[agent_config.algo]

@@ -1,0 +1,146 @@
+"""What each algorithm's settings are: pydantic models and nothing heavier, so that presets,
+the command line and the flows can read and check them without importing torch.
+
+The networks, losses and learners that use them live in agents/ppo.py, dqn.py, sac.py and td3.py.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+LayerWidths = list[Annotated[int, Field(ge=1, le=65_536)]]  # the hidden layers of an MLP, input to output
+
+
+class ObservationNormalization(BaseModel):
+    """Observation normalisation options, shared by every agent."""
+
+    normalize_observations: bool = Field(
+        default=False, description="Scale observations by their running mean and variance, updated by the learner; "
+        "the statistics travel with each policy version."
+    )
+    observation_clip: float = Field(default=10.0, gt=0, description="Clip normalised observations to +-this.")
+
+
+class ReplayOptions(BaseModel):
+    """Replay settings shared by the off-policy agents."""
+
+    replay: Literal["uniform", "prioritized"] = Field(
+        default="uniform", description="uniform sampling, or prioritized by |TD error| (proportional)."
+    )
+    priority_alpha: float = Field(
+        default=0.6, ge=0, le=1, description="Prioritized: how strongly priorities shape sampling."
+    )
+    priority_beta_start: float = Field(
+        default=0.4, ge=0, le=1, description="Prioritized: importance-weight exponent at the start, annealed to 1."
+    )
+    priority_epsilon: float = Field(
+        default=1e-6, gt=0, description="Prioritized: added to |TD error| so no priority is 0."
+    )
+
+
+class PPOConfig(ObservationNormalization):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    algo: Literal["ppo"] = "ppo"
+    lr: float = Field(default=3e-4, gt=0, le=1, description="Adam learning rate.")
+    anneal_lr: bool = Field(default=True, description="Decay the learning rate linearly to 0.")
+    gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
+    gae_lambda: float = Field(default=0.95, ge=0, le=1, description="GAE lambda.")
+    clip_range: float = Field(default=0.2, gt=0, le=1, description="Surrogate clipping epsilon.")
+    epochs: int = Field(default=10, ge=1, le=1000, description="Passes over each iteration's batch.")
+    minibatch_size: int = Field(default=256, ge=1, description="Samples per gradient step.")
+    value_coef: float = Field(default=0.5, ge=0, description="Weight of the value loss.")
+    entropy_coef: float = Field(default=0.0, ge=0, description="Weight of the entropy bonus.")
+    max_grad_norm: float = Field(default=0.5, gt=0, description="Gradient clipping norm.")
+    normalize_advantages: bool = Field(default=True, description="Normalise per minibatch.")
+    hidden_sizes: LayerWidths = Field(default=[64, 64], min_length=1, description="MLP widths.")
+    activation: Literal["tanh", "relu"] = Field(default="tanh", description="Hidden-layer activation.")
+    log_std_init: float = Field(
+        default=0.0, ge=-20, le=2, description="Box actions: the initial log standard deviation (state-independent)."
+    )
+    normalize_rewards: bool = Field(
+        default=False, description="Divide rewards by the running std of the discounted return (learner only)."
+    )
+    reward_clip: float = Field(
+        default=10.0, gt=0, description="Clip normalised rewards to +-this (with normalize_rewards)."
+    )
+
+
+class DQNConfig(ReplayOptions, ObservationNormalization):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    algo: Literal["dqn"] = "dqn"
+    lr: float = Field(default=1e-3, gt=0, le=1, description="Adam learning rate.")
+    gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
+    batch_size: int = Field(default=64, ge=1, description="Transitions per gradient step.")
+    replay_capacity: int = Field(default=100_000, ge=1, description="Replay memory size.")
+    train_steps_per_iteration: int = Field(
+        default=128, ge=1, description="Gradient steps after each iteration's rollouts (TrainingSteps)."
+    )
+    target_update_every_train_steps: int = Field(
+        default=128, ge=1, description="Copy the online network to the target every this many gradient steps."
+    )
+    epsilon_start: float = Field(default=1.0, ge=0, le=1, description="Exploration at step 0.")
+    epsilon_end: float = Field(default=0.05, ge=0, le=1, description="Exploration after the decay.")
+    epsilon_decay_env_steps: int = Field(
+        default=10_000, ge=1, description="Environment steps over which epsilon decays linearly."
+    )
+    max_grad_norm: float = Field(default=10.0, gt=0, description="Gradient clipping norm.")
+    hidden_sizes: LayerWidths = Field(default=[256, 256], min_length=1, description="MLP widths.")
+    double_q: bool = Field(
+        default=False, description="Double Q-learning: the online network picks the next action, the target values it."
+    )
+    dueling: bool = Field(default=False, description="Dueling heads: Q = V + A - mean(A).")
+    n_step: int = Field(default=1, ge=1, le=100, description="Bootstrap after this many rewards (n-step returns).")
+
+
+def epsilon_at(config: DQNConfig, env_steps: int) -> float:
+    fraction = min(env_steps / config.epsilon_decay_env_steps, 1.0)
+    return config.epsilon_start + fraction * (config.epsilon_end - config.epsilon_start)
+
+
+class SACConfig(ReplayOptions, ObservationNormalization):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    algo: Literal["sac"] = "sac"
+    lr: float = Field(default=3e-4, gt=0, le=1, description="Adam learning rate of actor, critics and temperature.")
+    gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
+    tau: float = Field(
+        default=0.005, gt=0, le=1, description="Polyak step of the target critics after each gradient step."
+    )
+    batch_size: int = Field(default=256, ge=1, description="Transitions per gradient step.")
+    replay_capacity: int = Field(default=1_000_000, ge=1, description="Replay memory size.")
+    train_steps_per_iteration: int = Field(
+        default=64, ge=1, description="Gradient steps after each iteration's rollouts (TrainingSteps)."
+    )
+    entropy_coef: float | None = Field(
+        default=None, gt=0, description="A fixed entropy coefficient; None learns it towards the target entropy."
+    )
+    target_entropy: float | None = Field(default=None, description="None: -(number of action dimensions).")
+    hidden_sizes: LayerWidths = Field(
+        default=[256, 256], min_length=1, description="MLP widths of actor and critics."
+    )
+
+
+class TD3Config(ReplayOptions, ObservationNormalization):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    algo: Literal["td3"] = "td3"
+    lr: float = Field(default=1e-3, gt=0, le=1, description="Adam learning rate of actor and critics.")
+    gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
+    tau: float = Field(default=0.005, gt=0, le=1, description="Polyak step of the target networks at each update.")
+    batch_size: int = Field(default=256, ge=1, description="Transitions per gradient step.")
+    replay_capacity: int = Field(default=1_000_000, ge=1, description="Replay memory size.")
+    train_steps_per_iteration: int = Field(
+        default=64, ge=1, description="Critic gradient steps after each iteration's rollouts (TrainingSteps)."
+    )
+    exploration_noise: float = Field(
+        default=0.1, ge=0, le=10, description="Std of the Gaussian noise added to actions while collecting, "
+        "as a fraction of each action's half-range."
+    )
+    policy_delay: int = Field(default=2, ge=1, le=1000, description="Critic steps per actor and target update.")
+    target_noise: float = Field(default=0.2, ge=0, le=10, description="Std of the target policy smoothing noise.")
+    target_noise_clip: float = Field(default=0.5, ge=0, le=10, description="The smoothing noise is clipped to +-this.")
+    hidden_sizes: LayerWidths = Field(default=[400, 300], min_length=1, description="MLP widths of actor and critics.")

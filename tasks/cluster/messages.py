@@ -1,0 +1,105 @@
+"""The messages between the flow and the jobs it runs on workers (tasks/cluster/jobs.py): small
+frozen dataclasses that name what to do and say what came of it. Nothing heavier than numpy and
+gymnasium's spaces: the flow's side imports them without the jobs' torch and envs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from gymnasium import spaces
+
+from gymflow.envs.make import Preprocessing
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import StorageLocation
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """One worker's share of one round of collection."""
+
+    storage: StorageLocation
+    run_id: str
+    env_id: str
+    env_kwargs: dict[str, Any]
+    preprocessing: Preprocessing  # the training envs' wrappers
+    agent: Any  # the agent's pydantic config
+    # None: uniform random (heatup); "newest": the newest committed when the job starts (async)
+    policy_version: int | Literal["newest"] | None
+    worker: int
+    num_envs: int
+    steps_per_env: int
+    env_seed: int  # fixed for the worker over the run: episode k of env i is seeded from it
+    policy_seed: int  # fresh for each (version, worker): exploration noise
+    exploration: float
+    resume_from: str | None  # the shard whose env cursor this round continues from
+    chunk: int | None = None  # async: this worker's chunk number, which names its shard
+
+    @property
+    def shard_key(self) -> str:
+        if self.chunk is not None:
+            return RunLayout(self.run_id).chunk(self.worker, self.chunk)
+        assert self.policy_version != "newest"
+        return RunLayout(self.run_id).shard(self.policy_version, self.worker)
+
+
+@dataclass(frozen=True)
+class EvaluationSpec:
+    storage: StorageLocation
+    run_id: str
+    env_id: str
+    env_kwargs: dict[str, Any]
+    preprocessing: Preprocessing  # the evaluation envs' wrappers
+    agent: Any
+    policy_version: int
+    episodes: int
+    seed: int  # the same at every evaluation of a run, so evaluations compare
+    film: bool = False  # after its episodes, film its first one again into the run's videos/
+
+
+@dataclass(frozen=True)
+class Film:
+    """An episode of the evaluated policy on video, in the run's storage."""
+
+    key: str  # the MP4's storage key
+    frames: int
+    episode_return: float
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    version: int
+    returns: tuple[float, ...]
+    lengths: tuple[int, ...]
+    seconds: float
+    film: Film | None = None
+    no_film: str = ""  # why a film that was asked for is missing
+
+    @property
+    def mean_return(self) -> float:
+        return float(np.mean(self.returns))
+
+
+@dataclass(frozen=True)
+class WorkerCheckSpec:
+    """What a worker must be able to do before a run's first job: make its env, with the spaces
+    the flow found."""
+
+    env_id: str
+    env_kwargs: dict[str, Any]
+    preprocessing: Preprocessing
+    algo: str
+    action_spaces: tuple[type[spaces.Space], ...]
+    images: bool
+    observation_space: spaces.Space
+    action_space: spaces.Space
+    storage: StorageLocation
+
+
+@dataclass(frozen=True)
+class WorkerCheck:
+    worker: str  # its address
+    field: str = ""  # the preset field the problem is about
+    problem: str = ""  # empty: it can

@@ -1,0 +1,211 @@
+"""The learner side, held to the papers without an optimiser: each loss function against values
+computed by hand on a tiny batch, GAE against its recursion, the log-probability a policy reports
+while acting against the one the learner computes for the same action, and every learner's
+training state saved and restored whole."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from gymflow.agents import dqn, ppo, sac, td3
+from gymflow.agents.batches import Rollout
+from gymflow.agents.configs import DQNConfig, PPOConfig, SACConfig, TD3Config
+from gymflow.agents.networks import TransitionBatch
+from gymflow.tasks.storage.codec import decode_state, encode_state
+
+OBS = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+TWO_ACTIONS = spaces.Discrete(2)
+ONE_DIMENSION = spaces.Box(-2.0, 2.0, shape=(1,), dtype=np.float32)
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def _constant(layers: torch.nn.Sequential, output: list[float]) -> None:
+    """An MLP that outputs `output` whatever it reads: zero weights, the output as the last bias."""
+    with torch.no_grad():
+        for parameter in layers.parameters():
+            parameter.zero_()
+        layers[-1].bias.copy_(torch.tensor(output))
+
+
+def _batch(rewards: list[float], discounts: list[float], actions: list, weights: list[float] | None = None
+           ) -> TransitionBatch:
+    size = len(rewards)
+    return TransitionBatch(torch.zeros(size, 2), torch.tensor(actions), torch.tensor(rewards), torch.tensor(discounts),
+                           torch.zeros(size, 2), torch.tensor(weights or [1.0] * size))
+
+
+def test_gae_is_the_discounted_sum_of_td_errors_cut_at_episode_ends():
+    rewards, values = torch.tensor([[1.0], [1.0], [1.0]]), torch.tensor([[0.5], [0.5], [0.5]])
+    next_values = torch.tensor([[0.5], [0.5], [0.0]])  # the episode terminates at step 2
+    continues = torch.tensor([[1.0], [1.0], [0.0]])
+    advantages = ppo.generalized_advantages(rewards, values, next_values, continues, gamma=0.9, lam=0.8)
+    # deltas: 1 + 0.9 * 0.5 - 0.5 = 0.95, 0.95, 1 - 0.5 = 0.5; A_t = delta_t + 0.72 * A_t+1
+    np.testing.assert_allclose(advantages[:, 0].numpy(), [0.95 + 0.72 * (0.95 + 0.72 * 0.5), 0.95 + 0.72 * 0.5, 0.5],
+                               rtol=1e-6)
+
+
+def test_the_ppo_loss_is_the_clipped_surrogate_plus_value_error_minus_entropy():
+    config = PPOConfig(clip_range=0.2, value_coef=0.5, entropy_coef=0.01, normalize_advantages=False)
+    network = ppo.make_network(config, OBS, TWO_ACTIONS)
+    _constant(network.actor, [0.0, math.log(3.0)])  # pi = [0.25, 0.75]
+    _constant(network.critic, [1.0])
+    minibatch = {"obs": torch.zeros(2, 2), "actions": torch.tensor([0, 1]),
+                 "log_probs": torch.log(torch.tensor([0.5, 0.5])), "advantages": torch.tensor([1.0, -1.0]),
+                 "returns": torch.tensor([2.0, 0.0])}
+    terms = ppo.ppo_loss(network, minibatch, config)
+    # ratios 0.5 and 1.5: min(0.5 * 1, 0.8 * 1) = 0.5; min(1.5 * -1, 1.2 * -1) = -1.5
+    entropy = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    assert terms.policy_loss.item() == pytest.approx(-(0.5 - 1.5) / 2)
+    assert terms.value_loss.item() == pytest.approx(((1 - 2) ** 2 + (1 - 0) ** 2) / 2)
+    assert terms.entropy.item() == pytest.approx(entropy)
+    assert terms.loss.item() == pytest.approx(0.5 + 0.5 * 1.0 - 0.01 * entropy)
+    np.testing.assert_allclose(terms.log_ratio.detach().numpy(), np.log([0.5, 1.5]), rtol=1e-6)
+
+
+@pytest.mark.parametrize(("double_q", "expected_targets"), [(False, [1 + 0.5 * 5, 0.0]), (True, [1 + 0.5 * 3, 0.0])])
+def test_the_dqn_loss_is_the_weighted_huber_error_against_the_bootstrapped_target(double_q, expected_targets):
+    config = DQNConfig(hidden_sizes=[4])
+    online, target = dqn.make_network(config, OBS, TWO_ACTIONS), dqn.make_network(config, OBS, TWO_ACTIONS)
+    _constant(online, [2.0, 1.0])  # the online network prefers action 0
+    _constant(target, [3.0, 5.0])  # the target network values action 1 more
+    batch = _batch(rewards=[1.0, 0.0], discounts=[0.5, 0.0], actions=[0, 1], weights=[1.0, 0.5])
+    terms = dqn.dqn_loss(online, target, batch, double_q)
+    errors = np.array(expected_targets) - [2.0, 1.0]
+    huber = np.where(np.abs(errors) < 1, 0.5 * errors**2, np.abs(errors) - 0.5)
+    assert terms.loss.item() == pytest.approx(np.mean([1.0, 0.5] * huber))
+    np.testing.assert_allclose(terms.td_errors.numpy(), errors, rtol=1e-6)
+
+
+def _sac_parts():
+    config = SACConfig(hidden_sizes=[4])
+    actor = sac.make_actor(config, OBS, ONE_DIMENSION)
+    with torch.no_grad():  # mean 0, log std 0 everywhere: zero noise gives action 0
+        for parameter in actor.parameters():
+            parameter.zero_()
+    critic = sac.TwinCritic(2, 1, [4], torch.nn.Identity())
+    _constant(critic.q1, [1.0])
+    _constant(critic.q2, [4.0])
+    target = sac.TwinCritic(2, 1, [4], torch.nn.Identity())
+    _constant(target.q1, [3.0])
+    _constant(target.q2, [2.0])
+    return actor, critic, target
+
+
+def test_the_sac_losses_are_the_soft_bellman_residual_and_the_entropy_regularised_policy_objective():
+    actor, critic, target = _sac_parts()
+    alpha = torch.tensor(0.5)
+    log_prob_at_zero = -LOG_SQRT_2PI - math.log(1 + 1e-6)  # a standard normal at 0, tanh'(0) = 1
+    batch = _batch(rewards=[1.0], discounts=[0.9], actions=[[0.0]])
+    terms = sac.critic_loss(critic, target, actor, batch, torch.zeros(1, 1), alpha)
+    y = 1.0 + 0.9 * (min(3.0, 2.0) - 0.5 * log_prob_at_zero)
+    assert terms.loss.item() == pytest.approx(0.5 * ((1.0 - y) ** 2 + (4.0 - y) ** 2), rel=1e-6)
+    assert terms.td_errors.item() == pytest.approx(0.5 * (abs(1.0 - y) + abs(4.0 - y)), rel=1e-6)
+    loss, log_prob = sac.actor_loss(actor, critic, torch.zeros(1, 2), torch.zeros(1, 1), alpha)
+    assert log_prob.item() == pytest.approx(log_prob_at_zero, rel=1e-6)
+    assert loss.item() == pytest.approx(0.5 * log_prob_at_zero - min(1.0, 4.0), rel=1e-6)
+    temperature = sac.entropy_coef_loss(torch.tensor([math.log(0.5)]), log_prob, target_entropy=-1.0)
+    assert temperature.item() == pytest.approx(-math.log(0.5) * (log_prob_at_zero - 1.0), rel=1e-6)
+
+
+def test_the_td3_critic_loss_is_both_critics_squared_error_against_one_target():
+    critic = td3.TwinCritic(2, 1, [4], torch.nn.Identity())
+    _constant(critic.q1, [1.0])
+    _constant(critic.q2, [4.0])
+    batch = _batch(rewards=[0.0, 0.0], discounts=[0.0, 0.0], actions=[[0.0], [0.0]], weights=[1.0, 0.5])
+    loss, td_errors, q1 = td3.critic_loss(critic, batch, torch.tensor([2.0, 2.0]))
+    assert loss.item() == pytest.approx(np.mean(np.array([1.0, 0.5]) * ((1 - 2) ** 2 + (4 - 2) ** 2)))
+    np.testing.assert_allclose(td_errors.numpy(), [1.5, 1.5])
+    np.testing.assert_allclose(q1.numpy(), [1.0, 1.0])
+
+
+@pytest.mark.parametrize("action_space", [TWO_ACTIONS, spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)])
+def test_ppo_acts_with_the_log_probabilities_its_learner_computes(action_space):
+    config = PPOConfig(log_std_init=-0.5)
+    network = ppo.make_network(config, OBS, action_space)
+    obs = np.random.default_rng(0).uniform(-1, 1, (64, 2)).astype(np.float32)
+    actions, acting = ppo.PPOPolicy(network, seed=3).act(obs, explore=True)
+    with torch.no_grad():
+        distribution, _ = network.distribution_and_value(torch.from_numpy(obs))
+        learning = distribution.log_prob(torch.from_numpy(actions)).numpy()
+    np.testing.assert_allclose(acting, learning, rtol=1e-5, atol=1e-5)
+
+
+def test_sac_acts_with_the_log_probability_of_the_action_it_returns():
+    config = SACConfig(hidden_sizes=[8])
+    actor = sac.make_actor(config, OBS, spaces.Box(-2.0, 2.0, shape=(2,), dtype=np.float32))
+    obs = np.random.default_rng(0).uniform(-1, 1, (64, 2)).astype(np.float32)
+    actions, acting = sac.SACPolicy(actor, seed=3).act(obs, explore=True)
+    with torch.no_grad():  # the density of the returned action, from its definition
+        mean, log_std = actor(torch.from_numpy(obs))
+        squashed = actor.from_env(torch.from_numpy(actions)).double()
+        gaussian = torch.distributions.Normal(mean.double(), log_std.double().exp()).log_prob(torch.atanh(squashed))
+        learning = (gaussian - torch.log(1 - squashed.pow(2) + 1e-6)).sum(1).numpy()
+    np.testing.assert_allclose(acting, learning, rtol=1e-3, atol=1e-3)
+
+
+def _trained(make, steps: int = 2):
+    learner = make()
+    rng = np.random.default_rng(0)
+    continuous = isinstance(learner, sac.SACLearner | td3.TD3Learner | ppo.PPOLearner) and not getattr(
+        getattr(learner, "network", None), "discrete", False)
+    actions = rng.uniform(-1, 1, (16, 2, 1)).astype(np.float32) if continuous else rng.integers(0, 2, (16, 2))
+    rollout = Rollout(rng.uniform(-1, 1, (16, 2, 2)).astype(np.float32), actions,
+                      rng.normal(size=(16, 2)).astype(np.float32), np.zeros((16, 2), bool), np.zeros((16, 2), bool),
+                      np.zeros(0, np.int64), np.zeros((0, 2), np.float32), np.zeros((2, 2), np.float32),
+                      np.full((16, 2), -0.7, np.float32))
+    for step in range(steps):
+        learner.learn([rollout], step / steps)
+    return learner
+
+
+def _fingerprint(value, seen: set[int] | None = None):
+    """Everything an object holds that training can change, as comparable plain values."""
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return "<seen>"
+    seen.add(id(value))
+    if isinstance(value, torch.nn.Module | torch.optim.Optimizer):
+        return _fingerprint(value.state_dict(), seen)
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy().tobytes()
+    if isinstance(value, torch.Generator):
+        return value.get_state().numpy().tobytes()
+    if isinstance(value, np.random.Generator):
+        return repr(value.bit_generator.state)
+    if isinstance(value, np.ndarray):
+        return value.tobytes()
+    if isinstance(value, dict):
+        return {str(key): _fingerprint(item, seen) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_fingerprint(item, seen) for item in value]
+    if hasattr(value, "__dict__") and not hasattr(value, "model_fields"):  # a plain object; configs do not change
+        return {name: _fingerprint(item, seen) for name, item in vars(value).items()}
+    return value
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ppo.PPOLearner(PPOConfig(minibatch_size=8, epochs=2), OBS, TWO_ACTIONS, 1),
+    lambda: ppo.PPOLearner(PPOConfig(minibatch_size=8, normalize_observations=True, normalize_rewards=True), OBS,
+                           ONE_DIMENSION, 1),
+    lambda: dqn.DQNLearner(DQNConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3, replay="prioritized",
+                                     normalize_observations=True, target_update_every_train_steps=2), OBS,
+                           TWO_ACTIONS, 1),
+    lambda: sac.SACLearner(SACConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
+                                     normalize_observations=True), OBS, ONE_DIMENSION, 1),
+    lambda: td3.TD3Learner(TD3Config(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
+                                     normalize_observations=True), OBS, ONE_DIMENSION, 1),
+], ids=["ppo", "ppo-normalising", "dqn", "sac", "td3"])
+def test_a_learners_saved_state_holds_everything_training_changes(make):
+    trained, fresh = _trained(make), make()
+    assert _fingerprint(trained) != _fingerprint(fresh)
+    fresh.load_state_dict(decode_state(*encode_state(trained.state_dict())))
+    if hasattr(trained, "replay"):  # the memory travels in its own checkpoint blob
+        fresh.replay.load_state_dict(trained.replay.state_dict())
+    before, after = _fingerprint(trained), _fingerprint(fresh)
+    missing = sorted(name for name in before if before[name] != after[name])
+    assert missing == [], f"changed by training but not restored from the saved state: {missing}"
