@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -24,6 +23,7 @@ from gymflow.agents.core import AlgorithmParts, ReplayLearner
 from gymflow.agents.networks import TransitionBatch, cpu_weights, mlp, observation_reader, seeded_init
 from gymflow.agents.normalization import observation_normalizer, share_normalizer
 from gymflow.agents.replay import make_replay, memory_spec
+from gymflow.agents.training_state import SavedWhole
 
 
 class DuelingQNetwork(nn.Module):
@@ -94,7 +94,9 @@ def dqn_loss(q_network: nn.Module, target_network: nn.Module, batch: TransitionB
     return DQNLossTerms(loss, (targets - q_taken).detach(), q_taken.detach())
 
 
-class DQNLearner(ReplayLearner):
+class DQNLearner(SavedWhole, ReplayLearner):
+    TRAINING_STATE = ("q_network", "target_network", "optimizer", "rng", "train_steps")
+
     def __init__(self, config: DQNConfig, observation_space: spaces.Box, action_space: spaces.Discrete, seed: int,
                  device: str = "cpu"):
         self.config = config
@@ -129,23 +131,6 @@ class DQNLearner(ReplayLearner):
         if self.train_steps % self.config.target_update_every_train_steps == 0:
             self.target_network.load_state_dict(self.q_network.state_dict())
         return {"td_loss": terms.loss.item(), "q_mean": terms.q_taken.mean().item()}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "q_network": self.q_network.state_dict(),
-            "target_network": self.target_network.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "rng": self.rng.bit_generator.state,
-            "train_steps": self.train_steps,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.q_network.load_state_dict(state["q_network"])
-        self.target_network.load_state_dict(state["target_network"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.rng.bit_generator.state = state["rng"]
-        self.train_steps = int(state["train_steps"])
-
 
 PARTS = AlgorithmParts(
     learner=DQNLearner,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +28,7 @@ from gymflow.agents.networks import (
     seeded_init,
 )
 from gymflow.agents.normalization import RewardScaler, observation_normalizer, share_normalizer
+from gymflow.agents.training_state import SavedWhole
 from gymflow.envs.make import is_image
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -151,7 +151,9 @@ def ppo_loss(network: ActorCritic, minibatch: dict[str, torch.Tensor], config: P
     return PPOLossTerms(loss, policy_loss, value_loss, entropy, log_ratio)
 
 
-class PPOLearner(Learner):
+class PPOLearner(SavedWhole, Learner):
+    TRAINING_STATE = ("network", "optimizer", "generator", "train_steps", "reward_scaler")
+
     def __init__(self, config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space, seed: int,
                  device: str = "cpu"):
         self.config = config
@@ -238,23 +240,6 @@ class PPOLearner(Learner):
         if len(rollout.done_index):
             next_values[on_device(rollout.done_index, device)] = self.network.value(on_device(rollout.done_obs, device))
         return values, torch.where(on_device(rollout.terminated, device), 0.0, next_values.view(steps, n))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "network": self.network.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "generator": self.generator.get_state(),
-            "train_steps": self.train_steps,
-        } | ({"reward_scaler": self.reward_scaler.state_dict()} if self.reward_scaler else {})
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.network.load_state_dict(state["network"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
-        self.train_steps = int(state["train_steps"])
-        if self.reward_scaler is not None:
-            self.reward_scaler.load_state_dict(state["reward_scaler"])
-
 
 def generalized_advantages(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
                            continues: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:

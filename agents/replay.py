@@ -186,10 +186,6 @@ class PrioritizedReplayMemory(ReplayMemory):
         self.max_priority = max(self.max_priority, float(priorities.max()))
         self.tree.set(index, priorities**self.options.priority_alpha)
 
-    def probabilities(self) -> np.ndarray:
-        """The sampling probability of every stored transition."""
-        return self.tree.get(np.arange(self.size)) / self.tree.total
-
     def state_dict(self) -> dict[str, np.ndarray]:
         state = super().state_dict()
         state["priorities"] = self.tree.get(np.arange(self.size))

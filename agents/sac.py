@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -22,6 +21,7 @@ from gymflow.agents.core import AlgorithmParts, ReplayLearner
 from gymflow.agents.networks import BoundedActions, TransitionBatch, cpu_weights, mlp, seeded_init, step_optimizer
 from gymflow.agents.normalization import observation_normalizer, share_normalizer
 from gymflow.agents.replay import make_replay, memory_spec
+from gymflow.agents.training_state import SavedWhole
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 
@@ -125,7 +125,10 @@ def entropy_coef_loss(log_entropy_coef: torch.Tensor, log_prob: torch.Tensor, ta
     return -(log_entropy_coef * (log_prob.detach() + target_entropy)).mean()
 
 
-class SACLearner(ReplayLearner):
+class SACLearner(SavedWhole, ReplayLearner):
+    TRAINING_STATE = ("actor", "critic", "target_critic", "actor_optimizer", "critic_optimizer", "entropy_optimizer",
+                      "log_entropy_coef", "rng", "generator", "train_steps")
+
     def __init__(self, config: SACConfig, observation_space: spaces.Box, action_space: spaces.Box, seed: int,
                  device: str = "cpu"):
         self.config = config
@@ -184,34 +187,6 @@ class SACLearner(ReplayLearner):
     def _noise(self, shape: torch.Size) -> torch.Tensor:
         """Standard normal noise from the learner's CPU generator (the same draws on any device)."""
         return torch.randn(shape, generator=self.generator).to(self.device)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "actor": self.actor.state_dict(),
-            "critic": self.critic.state_dict(),
-            "target_critic": self.target_critic.state_dict(),
-            "actor_optimizer": self.actor_optimizer.state_dict(),
-            "critic_optimizer": self.critic_optimizer.state_dict(),
-            "entropy_optimizer": self.entropy_optimizer.state_dict(),
-            "log_entropy_coef": self.log_entropy_coef.detach().clone(),
-            "rng": self.rng.bit_generator.state,
-            "generator": self.generator.get_state(),
-            "train_steps": self.train_steps,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.actor.load_state_dict(state["actor"])
-        self.critic.load_state_dict(state["critic"])
-        self.target_critic.load_state_dict(state["target_critic"])
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        self.entropy_optimizer.load_state_dict(state["entropy_optimizer"])
-        self.log_entropy_coef.data.copy_(state["log_entropy_coef"])
-        self.rng.bit_generator.state = state["rng"]
-        self.generator.set_state(state["generator"])
-        self.train_steps = int(state["train_steps"])
-
-
 
 PARTS = AlgorithmParts(
     learner=SACLearner,

@@ -11,7 +11,6 @@ bounds itself (its buffers), so a rollout worker needs the actor's weights alone
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import numpy as np
 import torch
@@ -25,6 +24,7 @@ from gymflow.agents.networks import BoundedActions, TransitionBatch, cpu_weights
 from gymflow.agents.normalization import observation_normalizer, share_normalizer
 from gymflow.agents.replay import make_replay, memory_spec
 from gymflow.agents.sac import TwinCritic
+from gymflow.agents.training_state import SavedWhole
 
 
 class DeterministicActor(BoundedActions, nn.Module):
@@ -90,7 +90,10 @@ def actor_loss(actor: DeterministicActor, critic: TwinCritic, obs: torch.Tensor)
     return -critic.first(obs, actor(obs)).mean()
 
 
-class TD3Learner(ReplayLearner):
+class TD3Learner(SavedWhole, ReplayLearner):
+    TRAINING_STATE = ("actor", "critic", "target_actor", "target_critic", "actor_optimizer",
+                      "critic_optimizer", "rng", "generator", "train_steps")
+
     def __init__(self, config: TD3Config, observation_space: spaces.Box, action_space: spaces.Box, seed: int,
                  device: str = "cpu"):
         self.config = config
@@ -146,31 +149,6 @@ class TD3Learner(ReplayLearner):
             for target, online in ((self.target_actor, self.actor), (self.target_critic, self.critic)):
                 torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), self.config.tau)
         return loss.item()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "actor": self.actor.state_dict(),
-            "critic": self.critic.state_dict(),
-            "target_actor": self.target_actor.state_dict(),
-            "target_critic": self.target_critic.state_dict(),
-            "actor_optimizer": self.actor_optimizer.state_dict(),
-            "critic_optimizer": self.critic_optimizer.state_dict(),
-            "rng": self.rng.bit_generator.state,
-            "generator": self.generator.get_state(),
-            "train_steps": self.train_steps,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.actor.load_state_dict(state["actor"])
-        self.critic.load_state_dict(state["critic"])
-        self.target_actor.load_state_dict(state["target_actor"])
-        self.target_critic.load_state_dict(state["target_critic"])
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        self.rng.bit_generator.state = state["rng"]
-        self.generator.set_state(state["generator"])
-        self.train_steps = int(state["train_steps"])
-
 
 PARTS = AlgorithmParts(
     learner=TD3Learner,

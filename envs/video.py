@@ -62,14 +62,6 @@ def film_episode(act: Callable[[np.ndarray], np.ndarray], env_id: str, env_kwarg
     return Filmed(film.mp4, film.frames, episode_return, length)
 
 
-def encode_mp4(frames: list[np.ndarray], fps: int) -> bytes:
-    """H.264 MP4 of RGB frames of one size."""
-    with Mp4Encoder(frames[0].shape, fps) as film:
-        for frame in frames:
-            film.add(frame)
-    return film.mp4
-
-
 class Mp4Encoder:
     """RGB frames of one size fed to an ffmpeg process as they come; the MP4's bytes once the
     `with` block ends. Odd sizes are padded by a pixel (yuv420p needs even ones)."""

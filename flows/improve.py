@@ -18,7 +18,7 @@ from gymflow.presets.validate import resolve_experiment
 from gymflow.tasks.cluster.placement import rollout_hosts
 from gymflow.tasks.sweep.trial import SweepTrial, TrialJudge
 from gymflow.tasks.tracking.artifacts import publish_evaluations
-from gymflow.tasks.training.delivery import deliver, describe
+from gymflow.tasks.training.delivery import deliver, describe, report_run
 from gymflow.tasks.training.loop import train
 from gymflow.tasks.training.run import (
     first_state,
@@ -77,14 +77,15 @@ def improve(
             state = first_state(run, hosts, loop, logger)  # heatup and version 0, or where a resumed run stood
             while not loop.stopped(state):
                 state = train(loop, state)  # ~2 s of collect -> learn -> commit -> maybe evaluate
-            state, deciding = loop.finish(state)
-            deciding = loop.final_evaluation(state, deciding)  # the final policy's film is made beside delivery
+            state, deciding = loop.finish(state)  # the deciding policy's film is made beside delivery
             identity = RunIdentity(run.run_id, tracker.run_id, storage_url(run))
             ending = RunEnding(loop.stop.target_reached(deciding), loop.stop.stopped_early(loop.latest),
                                time.perf_counter() - started)
             summary = summarize(identity, state, recorder, deciding, ending)
             recorder.progress.update(summary.env_steps, f"done: eval {summary.final_return:.1f}", force=True)
-            summary, report = deliver(run, tracker, summary, recorder, films_landed=loop.film_landed)
+            delivered = deliver(run, tracker, summary, recorder)  # artifacts, figures, the model
+            loop.film_landed()
+            summary, report = delivered.summary, report_run(run, tracker, delivered, recorder)
     logger.info("run %s done: %s", run.run_id, describe(summary))
     publish_evaluations(run.run_id, summary.evaluations)
     create_markdown_artifact(key="improve-summary", markdown=report, description=f"gymflow run {run.run_id}")

@@ -18,6 +18,8 @@ def prefect_api():
     from prefect.testing.utilities import prefect_test_harness
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "0")  # no telemetry from a test machine
+    # the loop run in-process (tests/in_process.py) makes task runs outside any flow run: their logs stay here
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     with prefect_test_harness(server_startup_timeout=120):
         yield
 

@@ -1,5 +1,6 @@
 """The improve loop in-process, for the tests: its jobs run in this process (gymflow.testing's
-InProcessHosts), on a local storage folder, with no Prefect, Dask or MLflow."""
+InProcessHosts), on a local storage folder, with no flow run, Dask or MLflow. Its heatup and
+evaluations are Prefect tasks: a test that runs the loop uses the `prefect_api` fixture."""
 
 from __future__ import annotations
 

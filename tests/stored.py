@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
+
 from gymflow.tasks.storage.checkpoints import (
     committed_versions,
     latest_version,
@@ -11,6 +14,7 @@ from gymflow.tasks.storage.checkpoints import (
 )
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage
+from gymflow.tasks.training.ledger import FINAL_LEDGER, Ledger, read_segment, segment_versions
 
 
 def check_run_storage(storage: Storage, summary, expect_heatup: bool = False) -> None:
@@ -33,3 +37,25 @@ def check_run_storage(storage: Storage, summary, expect_heatup: bool = False) ->
                                                                          else [])
     expected = sorted(f"{layout.prefix}/shards/{r}/w{w:03d}.npz" for r in rounds for w in (0, 1))
     assert storage.list(f"{layout.prefix}/shards") == expected  # one shard per (version, worker)
+
+
+@dataclass(frozen=True)
+class LedgerEntries:
+    """A finished run's whole ledger, read back from its segments (all of them only where
+    `storage.keep_shards: all` kept them): what the tests check."""
+
+    inserted: tuple[str, ...]
+    dropped: tuple[str, ...]
+    unused: tuple[str, ...]
+    lags: dict[str, int] = field(default_factory=dict)
+    counts: Ledger = field(default_factory=Ledger)
+
+
+def read_ledger(storage: Storage, run_id: str) -> LedgerEntries:
+    layout = RunLayout(run_id)
+    final = json.loads(storage.read(f"{layout.prefix}/{FINAL_LEDGER}"))
+    records = [r for version in segment_versions(storage, layout) for r in read_segment(storage, layout, version)]
+    return LedgerEntries(
+        inserted=tuple(r.key for r in records if r.admitted), dropped=tuple(r.key for r in records if not r.admitted),
+        unused=tuple(final["unused"]), lags={r.key: r.lag for r in records}, counts=Ledger(**final["counts"]),
+    )

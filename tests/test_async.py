@@ -17,9 +17,9 @@ from gymflow.tasks.storage.checkpoints import committed_versions, read_checkpoin
 from gymflow.tasks.storage.codec import decode_arrays
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
-from gymflow.tasks.training.ledger import read_ledger
 from gymflow.tasks.training.state import LoopState
 from tests.conftest import local_overrides, written_files
+from tests.stored import read_ledger
 
 pytestmark = pytest.mark.e2e
 

@@ -64,7 +64,7 @@ def test_a_hanging_rollout_is_timed_out_and_redone(clean_run, workspace, drill):
 
 def test_an_async_worker_sigkilled_mid_chunk_loses_no_shard_and_counts_none_twice(prefect_api, workspace, async_budget):
     from gymflow.tasks.storage.checkpoints import committed_versions
-    from gymflow.tasks.training.ledger import read_ledger
+    from tests.stored import read_ledger
     once = workspace / "killed.once"
     overrides = {**async_budget, **local_overrides(workspace), "env.id": "gymflow.testing.envs:Tripwire",
                  "env.kwargs": {"at_step": 300, "once_file": str(once), "fault": "kill"}}
@@ -85,7 +85,7 @@ def test_an_async_worker_sigkilled_mid_chunk_loses_no_shard_and_counts_none_twic
 
 
 def test_an_async_chunk_that_hangs_is_timed_out_and_redone(prefect_api, workspace, async_budget):
-    from gymflow.tasks.training.ledger import read_ledger
+    from tests.stored import read_ledger
     once = workspace / "hung.once"
     overrides = {**async_budget, **local_overrides(workspace), "env.id": "gymflow.testing.envs:Tripwire",
                  "env.kwargs": {"at_step": 300, "once_file": str(once), "fault": "hang"},

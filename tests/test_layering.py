@@ -86,6 +86,18 @@ def test_the_roles_module_holds_roles_only():
     assert _roots(batches) <= {"__future__", "typing", "numpy"}
 
 
+def test_no_product_module_branches_on_whether_it_runs_under_a_test():
+    # a task is called as a task (a test that runs the loop in-process gives it a real Prefect API), and
+    # no module asks whether a flow run or a test is around it
+    for folder in ("agents", "envs", "flows", "presets", "tasks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+            calls_fn = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "fn"]
+            assert "FlowRunContext" not in names and not calls_fn, f"{path.relative_to(ROOT)}: {calls_fn}"
+            assert "PYTEST_CURRENT_TEST" not in path.read_text(), path
+
+
 def test_the_wheel_installs_everything_under_the_gymflow_namespace(tmp_path):
     source = tmp_path / "source"  # a copy, so that no earlier build/ folder leaks stale modules into the wheel
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",

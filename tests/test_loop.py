@@ -7,18 +7,24 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from gymflow.tasks.cluster.rounds import RoundPlan
 from gymflow.tasks.storage.checkpoints import read_checkpoint, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.training.evaluation import EvaluationSchedule, Scored
 from gymflow.tasks.training.learning import Checkpoints, create_learner
-from gymflow.tasks.training.ledger import Ledger, read_ledger
+from gymflow.tasks.training.ledger import Ledger
 from gymflow.tasks.training.loop import StopRule
 from gymflow.tasks.training.resume import restore
 from gymflow.tasks.training.run import PreparedRun, first_state, improve_loop
 from gymflow.tasks.training.state import LoopState, StreamPosition
 from gymflow.testing.hosts import InProcessHosts
 from tests.in_process import LOGGER, Recording, prepared, train_in_process
+from tests.stored import read_ledger
+
+# the loop's heatup and evaluations are Prefect tasks: they run as task runs of the session's API
+pytestmark = pytest.mark.usefixtures("prefect_api")
 
 
 def _policy(run: PreparedRun, version: int) -> bytes:
@@ -31,9 +37,10 @@ def test_sync_rounds_collect_learn_commit_and_evaluate_on_schedule(tiny_budget, 
     assert [r.state.env_steps for r in observer.reports] == [128, 256, 384, 512, 640]
     assert [r.state.version for r in observer.reports] == [1, 2, 3, 4, 5]
     assert state == observer.reports[-1].state
-    # due at 256 env steps, then every 256: versions 2 and 4 are scored beside their rounds, and waited for
-    assert [(e.env_steps, e.version) for e in observer.evaluations] == [(256, 2), (512, 4)]
-    assert deciding is None  # no target: the last version still needs its final evaluation
+    # due at 256 env steps, then every 256: versions 2 and 4 are scored beside their rounds, and waited for;
+    # no target reached, so the last version's own evaluation decides the run
+    assert [(e.env_steps, e.version) for e in observer.evaluations] == [(256, 2), (512, 4), (640, 5)]
+    assert deciding is observer.evaluations[-1]
     stored = read_checkpoint(run.storage, RunLayout(run.run_id), 5, ["loop_state.json"])
     assert LoopState.from_json(stored["loop_state.json"]) == state
     assert state.env_cursors == tuple(RunLayout(run.run_id).shard(4, w) for w in (0, 1))
@@ -42,7 +49,7 @@ def test_sync_rounds_collect_learn_commit_and_evaluate_on_schedule(tiny_budget, 
 def test_a_target_reached_stops_the_run_at_the_version_that_reached_it(tiny_budget, tmp_path):
     run = prepared(tmp_path, "cartpole-ppo", {**tiny_budget, "schedule.target_return": -1000.0})
     state, observer, deciding = train_in_process(run)
-    assert deciding is not None and deciding.version == 2  # the first evaluation reaches it
+    assert deciding.version == 2  # the first evaluation reaches it
     assert state.version == 3 and len(observer.reports) == 3  # the round it ran beside was committed
 
 
@@ -53,10 +60,9 @@ def test_a_run_that_reached_its_target_at_a_periodic_evaluation_films_that_versi
         state = first_state(run, hosts, loop, LOGGER)
         while not loop.stopped(state):
             state = loop.step(state)
-        state, deciding = loop.finish(state)
-        decided = loop.final_evaluation(state, deciding)
+        state, decided = loop.finish(state)
         loop.film_landed()
-    assert decided is deciding and decided.version == 2  # no evaluation of its own: the periodic one decides
+    assert decided in observer.evaluations and decided.version == 2  # no evaluation of its own: the periodic one decides
     (filmed,) = observer.films
     assert filmed.version == 2 and filmed.result.film.frames > 1
     assert run.storage.exists(RunLayout(run.run_id).video(2))

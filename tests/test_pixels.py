@@ -177,7 +177,7 @@ def test_replay_of_atari_frames_needs_under_7_5_kb_a_transition():
     assert ReplayMemory(_frame_spec(10, frame=(84, 84))).bytes_per_transition() > 56_000
 
 
-def test_a_resumed_pixel_dqn_run_rebuilds_its_frame_replay_from_shards_and_ends_byte_identical(tmp_path):
+def test_a_resumed_pixel_dqn_run_rebuilds_its_frame_replay_from_shards_and_ends_byte_identical(prefect_api, tmp_path):
     from gymflow.tasks.training.learning import create_learner
     from gymflow.tasks.training.resume import restore
     from gymflow.tasks.training.run import PreparedRun

@@ -19,8 +19,8 @@ from gymflow.flows.improve import improve
 from gymflow.tasks.storage.checkpoints import read_checkpoint
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
-from gymflow.tasks.training.ledger import read_ledger
 from tests.conftest import local_overrides
+from tests.stored import read_ledger
 
 pytestmark = pytest.mark.e2e
 

@@ -11,10 +11,14 @@ from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.storage.retention import ShardFloor
 from gymflow.tasks.training.learning import Checkpoints, create_learner
-from gymflow.tasks.training.ledger import read_ledger, segment_versions
+from gymflow.tasks.training.ledger import segment_versions
 from gymflow.tasks.training.resume import restore
 from gymflow.tasks.training.run import PreparedRun
 from tests.in_process import prepared, train_in_process
+from tests.stored import read_ledger
+
+# the loop's heatup and evaluations are Prefect tasks: they run as task runs of the session's API
+pytestmark = pytest.mark.usefixtures("prefect_api")
 
 
 class FlowDied(Exception):

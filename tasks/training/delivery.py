@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import tempfile
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
@@ -23,15 +22,13 @@ LEARNING_CURVE = "learning_curve.png"
 
 class Delivered(NamedTuple):
     summary: RunSummary  # with the logged model's URI
-    report: str  # Markdown for the Prefect UI: the summary table, the learning curve, the film
+    learning_curve: bytes  # the PNG
 
 
-def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: RunRecorder,
-            films_landed: Callable[[], None] = lambda: None) -> Delivered:
-    """Log the run's artifacts, summary figures and model to MLflow, and describe the run there.
-    The model is logged last, at the run's final env step, so the summary figures and the final
-    evaluation's metrics are linked to it. `films_landed` waits for a film still being made (it
-    is logged, and named in the summary)."""
+def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: RunRecorder) -> Delivered:
+    """Log the run's artifacts, summary figures and model to MLflow. The model is logged last, at
+    the run's final env step, so the summary figures and the final evaluation's metrics are
+    linked to it."""
     from gymflow.tasks.tracking.models import PolicyModel, log_policy_model  # MLflow's model code, here only
 
     config = run.preset
@@ -61,12 +58,16 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
     policy = read_policy(run.storage, layout, delivered, [POLICY_BLOB])[POLICY_BLOB]
     model = PolicyModel(policy, run.preset_yaml(), run.experiment.observation_space, run.experiment.action_space,
                         run.params())
-    summary = replace(summary, model_uri=log_policy_model(tracker, model, step=summary.env_steps))
-    films_landed()
-    table = summary_table(run, summary, tracker, recorder.films)
+    return Delivered(replace(summary, model_uri=log_policy_model(tracker, model, step=summary.env_steps)), curve_png)
+
+
+def report_run(run: PreparedRun, tracker: Tracker, delivered: Delivered, recorder: RunRecorder) -> str:
+    """Describe the run in MLflow (the summary table, its films named); returns the Markdown for
+    the Prefect UI: the table and the learning curve."""
+    table = summary_table(run, delivered.summary, tracker, recorder.films)
     tracker.describe(table)
-    curve_image = f"![learning curve](data:image/png;base64,{base64.b64encode(curve_png).decode()})"
-    return Delivered(summary, f"{table}\n\n{curve_image}\n")
+    curve_image = f"![learning curve](data:image/png;base64,{base64.b64encode(delivered.learning_curve).decode()})"
+    return f"{table}\n\n{curve_image}\n"
 
 
 def summary_table(run: PreparedRun, summary: RunSummary, tracker: Tracker, films: list[str]) -> str:

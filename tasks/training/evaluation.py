@@ -17,7 +17,6 @@ import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
-from prefect.context import FlowRunContext
 from prefect.states import Cancelled
 
 from gymflow.tasks.cluster.hosts import Hosts
@@ -68,7 +67,7 @@ class EvaluationSchedule:
         if self._running is not None or state.env_steps < state.next_evaluation:
             return state.next_evaluation
         in_flow_run = contextvars.copy_context()  # the evaluation's task run belongs to this flow run
-        future = self._thread.submit(in_flow_run.run, score_version, self.hosts, self.plan, state.version, self.logger)
+        future = self._thread.submit(in_flow_run.run, evaluate, self.hosts, self.plan, state.version)
         self._running = (future, state.env_steps, state.version)
         return state.next_evaluation + self.every
 
@@ -90,6 +89,14 @@ class EvaluationSchedule:
         self._running = None
         return Scored(env_steps, future.result())
 
+    def score_now(self, state: LoopState) -> Scored:
+        """An evaluation of `state.version`, run now on the caller's thread."""
+        return Scored(state.env_steps, evaluate(self.hosts, self.plan, state.version))
+
+    @property
+    def films_final(self) -> bool:
+        return self.plan.preset.tracking.video == "final"
+
     def film(self, version: int) -> Future[EvaluationResult]:
         """A film of `version` (`film_version`), made on the evaluation thread."""
         return self._thread.submit(film_version, self.hosts, self.plan, version, self.logger)
@@ -103,16 +110,9 @@ def film_version(hosts: Hosts, plan: RoundPlan, version: int, logger: AnyLogger)
     return evaluate_version(hosts, [replace(plan.evaluations(version, final=True)[0], episodes=1)], logger)
 
 
-def score_version(hosts: Hosts, plan: RoundPlan, version: int, logger: AnyLogger) -> EvaluationResult:
-    """Greedy episodes of `version` on the rollout workers: a task run in a flow run, a plain
-    call outside one (the loop's in-process tests)."""
-    if FlowRunContext.get() is None:
-        return evaluate_version(hosts, plan.evaluations(version), logger)
-    return evaluate(hosts, plan, version)
-
-
 @task(name="evaluate", task_run_name="evaluate-v{version}", cache_policy=NO_CACHE)
 def evaluate(hosts: Hosts, plan: RoundPlan, version: int) -> EvaluationResult | State:
+    """Greedy episodes of `version` on the rollout workers, as a task run of the flow run."""
     try:
         return evaluate_version(hosts, plan.evaluations(version), get_run_logger())
     except Exception:

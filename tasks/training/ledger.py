@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage
@@ -153,28 +153,6 @@ def discard_segments_after(storage: Storage, layout: RunLayout, version: int) ->
     storage.delete(layout.ledger_segment(v) for v in segment_versions(storage, layout) if v > version)
 
 
-@dataclass(frozen=True)
-class LedgerEntries:
-    """A finished run's whole ledger, read back from its segments (all of them only where
-    `storage.keep_shards: all` kept them): for reports, exports and tests."""
-
-    inserted: tuple[str, ...]
-    dropped: tuple[str, ...]
-    unused: tuple[str, ...]
-    lags: dict[str, int] = field(default_factory=dict)
-    counts: Ledger = field(default_factory=Ledger)
-
-
 def write_final_ledger(storage: Storage, run_id: str, counts: Ledger, unused: list[ShardRef]) -> None:
     document = {"counts": asdict(counts), "unused": [shard.key for shard in unused]}
     storage.write(f"{RunLayout(run_id).prefix}/{FINAL_LEDGER}", json.dumps(document, indent=1).encode())
-
-
-def read_ledger(storage: Storage, run_id: str) -> LedgerEntries:
-    layout = RunLayout(run_id)
-    final = json.loads(storage.read(f"{layout.prefix}/{FINAL_LEDGER}"))
-    records = [r for version in segment_versions(storage, layout) for r in read_segment(storage, layout, version)]
-    return LedgerEntries(
-        inserted=tuple(r.key for r in records if r.admitted), dropped=tuple(r.key for r in records if not r.admitted),
-        unused=tuple(final["unused"]), lags={r.key: r.lag for r in records}, counts=Ledger(**final["counts"]),
-    )

@@ -27,7 +27,7 @@ from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, collect_round
 from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.storage.shards import ShardRef, read_shard
 from gymflow.tasks.training.collection import Collection, Experience
-from gymflow.tasks.training.evaluation import EvaluationSchedule, Scored, score_version
+from gymflow.tasks.training.evaluation import EvaluationSchedule, Scored
 from gymflow.tasks.training.learning import Checkpoints, Learned, learn
 from gymflow.tasks.training.state import LoopState
 
@@ -76,6 +76,11 @@ class StepReport:
 class Commit(NamedTuple):
     seconds: float  # publishing the policy, and checkpointing it when due
     checkpointed: bool
+
+
+class Finished(NamedTuple):
+    state: LoopState  # after what was in flight landed
+    deciding: Scored  # the evaluation that decides whether the run reached its target
 
 
 class Observer(Protocol):
@@ -133,33 +138,31 @@ class ImproveLoop:
     def stopped(self, state: LoopState) -> bool:
         return self.stop.reached(state, self.collection.drained(), self.latest)
 
-    def finish(self, state: LoopState) -> tuple[LoopState, Scored | None]:
-        """After the last step: what is in flight lands, and an evaluation still running is
-        waited for. Returns the final state and the evaluation that decides whether the run
-        reached its target (None: the last version still needs its final evaluation)."""
+    def finish(self, state: LoopState) -> Finished:
+        """After the last step: what is in flight lands, an evaluation still running is waited
+        for, and the evaluation that decides the run is found: a periodic one that reached the
+        target, else the last version's, run now. Where the preset films the final evaluation,
+        that version's film starts beside what the caller does next; `film_landed` waits for it."""
         state = self.collection.finish(state)
         late = self.evaluations.wait()
         if late is not None:
             self.observer.evaluated(late)
-        if self.stop.target_reached(self.latest):
-            return state, self.latest
-        return state, late if self.stop.target_reached(late) and late.version == state.version else None
+        deciding = self._deciding(state, late)
+        if deciding.result.film is None and self.evaluations.films_final:
+            self._film = (self.evaluations.film(deciding.version), deciding.env_steps)
+        return Finished(state, deciding)
 
-    def final_evaluation(self, state: LoopState, deciding: Scored | None) -> Scored:
-        """The evaluation that decides the run: the last version's, run now, unless a periodic
-        one reached the target. Then, where the preset films the final evaluation, that version
-        is filmed beside what the caller does next (off the training's path), until `film_landed`."""
-        evaluations = self.evaluations
-        if deciding is None:
-            deciding = Scored(state.env_steps, score_version(evaluations.hosts, evaluations.plan, state.version,
-                                                             evaluations.logger))
-            self.observer.evaluated(deciding, waited=True)
-        if deciding.result.film is None and evaluations.plan.preset.tracking.video == "final":
-            self._film = (evaluations.film(deciding.version), deciding.env_steps)
+    def _deciding(self, state: LoopState, late: Scored | None) -> Scored:
+        if self.stop.target_reached(self.latest):
+            return self.latest
+        if late is not None and self.stop.target_reached(late) and late.version == state.version:
+            return late
+        deciding = self.evaluations.score_now(state)
+        self.observer.evaluated(deciding, waited=True)
         return deciding
 
     def film_landed(self) -> None:
-        """Wait for the film `final_evaluation` started, and hand it to the observer."""
+        """Wait for the film `finish` started, and hand it to the observer."""
         if self._film is not None:
             future, env_steps = self._film
             self._film = None

@@ -13,7 +13,6 @@ from functools import partial
 from typing import Any
 
 import yaml
-from prefect.context import FlowRunContext
 
 from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.errors import InvalidPreset
@@ -171,8 +170,7 @@ def first_state(run: PreparedRun, hosts: Hosts, loop: ImproveLoop, logger: AnyLo
         return run.restored.state
     plan, learner = RoundPlan(run.preset, run.run_id), run.learner
     if isinstance(learner, ReplayLearner) and run.preset.schedule.heatup_env_steps:
-        fill = heatup if FlowRunContext.get() else heatup.fn  # a task run in a flow run; plain in-process
-        state = fill(hosts, plan, learner, run.storage, logger)
+        state = heatup(hosts, plan, learner, run.storage, logger)
     else:
         state = LoopState.start(plan.workers, run.preset.schedule.evaluate_every_env_steps)
     loop.commit(state)
