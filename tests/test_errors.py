@@ -42,9 +42,12 @@ def test_a_scheduler_nobody_runs_is_an_unavailable_cluster():
 
 def test_a_policy_that_does_not_fit_or_cannot_be_read_is_an_unusable_warm_start(tmp_path):
     experiment = resolve_experiment("cartpole-ppo")
-    with pytest.raises(UnusableWarmStart) as caught:
+    with pytest.raises(UnusableWarmStart, match="it has no log_std") as caught:
         create_learner(experiment, {"actor.0.weight": torch.zeros(3, 3)})
     _one_line(caught.value, "warm_start")
+    weights = create_learner(experiment).policy_weights()
+    with pytest.raises(UnusableWarmStart, match=r"actor.0.weight is \(3, 3\), this network's is \(64, 4\)"):
+        create_learner(experiment, weights | {"actor.0.weight": torch.zeros(3, 3)})
     with pytest.raises(UnusableWarmStart) as caught:
         read_warm_start(str(tmp_path / "missing.safetensors"), f"sqlite:///{tmp_path / 'mlflow.db'}")
     _one_line(caught.value, "warm_start")

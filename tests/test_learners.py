@@ -13,8 +13,10 @@ import torch
 from gymnasium import spaces
 
 from gymflow.agents import dqn, ppo, sac, td3
+from gymflow.agents.algorithms import ALGORITHMS
 from gymflow.agents.batches import Rollout
 from gymflow.agents.configs import DQNConfig, PPOConfig, SACConfig, TD3Config
+from gymflow.agents.core import ReplayLearner
 from gymflow.agents.networks import TransitionBatch
 from gymflow.tasks.storage.codec import decode_state, encode_state
 
@@ -209,3 +211,10 @@ def test_a_learners_saved_state_holds_everything_training_changes(make):
     before, after = _fingerprint(trained), _fingerprint(fresh)
     missing = sorted(name for name in before if before[name] != after[name])
     assert missing == [], f"changed by training but not restored from the saved state: {missing}"
+
+
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS.values()), ids=list(ALGORITHMS))
+def test_the_table_says_on_policy_exactly_where_the_learner_keeps_no_replay_memory(algorithm):
+    # presets check `on_policy` without torch; the loop asks the learner for its role: the two must agree
+    assert algorithm.on_policy == (not issubclass(algorithm.parts().learner, ReplayLearner))
+    assert algorithm.config().algo == algorithm.name

@@ -74,15 +74,27 @@ def create_learner(experiment: Experiment, warm_start: dict[str, torch.Tensor] |
     learner = experiment.algorithm.learner(config.agent, experiment.observation_space, experiment.action_space,
                                            config.seed, learner_device(config))
     if warm_start is not None:
-        try:
-            learner.load_policy_weights(warm_start)
-        except RuntimeError as error:
-            first_line = str(error).splitlines()[1].strip() if "\n" in str(error) else str(error)
-            if "mean\"" in first_line or "mean'" in first_line:  # an ObservationNormalizer's buffers
-                first_line = "agent.normalize_observations must be as it was in the run that trained the policy"
-            raise UnusableWarmStart("warm_start", f"the policy does not fit this preset's network: {first_line}") \
-                from None
+        if (misfit := warm_start_misfit(learner.policy_weights(), warm_start)) is not None:
+            raise UnusableWarmStart("warm_start", f"the policy does not fit this preset's network: {misfit}")
+        learner.load_policy_weights(warm_start)
     return learner
+
+
+_STATISTICS = (".mean", ".var", ".count")  # an ObservationNormalizer's buffers, in a network's weights
+
+
+def warm_start_misfit(expected: dict[str, torch.Tensor], given: dict[str, torch.Tensor]) -> str | None:
+    """Why weights `given` cannot start a network whose own weights are `expected`: names or
+    shapes that differ, said in the preset's terms where they can be; None if they fit."""
+    missing, extra = [k for k in expected if k not in given], [k for k in given if k not in expected]
+    if any(key.endswith(_STATISTICS) for key in missing + extra):
+        return "agent.normalize_observations must be as it was in the run that trained the policy"
+    if missing or extra:
+        return f"it has no {missing[0]}" if missing else f"it has {extra[0]}, which this network has not"
+    for key, tensor in expected.items():
+        if tuple(given[key].shape) != tuple(tensor.shape):
+            return f"{key} is {tuple(given[key].shape)}, this network's is {tuple(tensor.shape)} (agent.hidden_sizes?)"
+    return None
 
 
 def learn(learner: Learner, storage: Storage, experience: Experience, progress: float) -> Learned:
