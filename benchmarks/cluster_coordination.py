@@ -132,7 +132,8 @@ def measure(workers: int, rounds: int, steps: int, jobs_per_worker: int = 1, asy
     from gymflow.tasks.cluster.rounds import RoundPlan, run_round
     from gymflow.tasks.storage.objects import open_storage, storage_location
     from gymflow.tasks.storage.shards import read_shard
-    from gymflow.tasks.training.learning import Checkpoints, create_learner
+    from gymflow.tasks.training.commits import Commits
+    from gymflow.tasks.training.learning import create_learner
 
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
@@ -153,7 +154,7 @@ def measure(workers: int, rounds: int, steps: int, jobs_per_worker: int = 1, asy
                 "schedule.rollout_steps_per_env": steps})
             preset = experiment.preset
             storage = open_storage(storage_location(preset.storage))
-            checkpoints = Checkpoints(storage, "bench", preset.storage, policy_window=10**6)
+            checkpoints = Commits(storage, "bench", preset.storage, policy_window=10**6)
             learner, plan = Trained(create_learner(experiment)), RoundPlan(preset, "bench")
             hosts = HostPool(client, {}, 600)
             hosts.start(workers * jobs_per_worker)

@@ -89,7 +89,8 @@ def interleaved(workers: int, envs: int, steps: int, rounds: int, preset: str = 
     from gymflow.tasks.cluster.jobs import run_rollout
     from gymflow.tasks.cluster.rounds import RoundPlan, run_round
     from gymflow.tasks.storage.objects import open_storage, storage_location
-    from gymflow.tasks.training.learning import Checkpoints, create_learner
+    from gymflow.tasks.training.commits import Commits
+    from gymflow.tasks.training.learning import create_learner
 
     timings = Timings()
     plain = _PlainProcesses(preset, workers if at_once else 1 if baseline else 0)
@@ -99,7 +100,7 @@ def interleaved(workers: int, envs: int, steps: int, rounds: int, preset: str = 
             "distribution.envs_per_worker": envs, "schedule.rollout_steps_per_env": steps,
         })
         config = experiment.preset
-        checkpoints = Checkpoints(open_storage(storage_location(config.storage)), "bench", config.storage,
+        checkpoints = Commits(open_storage(storage_location(config.storage)), "bench", config.storage,
                                   policy_window=10**6)
         learner = create_learner(experiment)
         for version in range(rounds + 1):

@@ -59,12 +59,13 @@ def bare_rollout_job(preset: str, rounds: int = 30) -> tuple[float, float]:
     from gymflow.tasks.cluster.jobs import run_rollout
     from gymflow.tasks.cluster.rounds import RoundPlan
     from gymflow.tasks.storage.objects import open_storage, storage_location
-    from gymflow.tasks.training.learning import Checkpoints, create_learner
+    from gymflow.tasks.training.commits import Commits
+    from gymflow.tasks.training.learning import create_learner
 
     with tempfile.TemporaryDirectory() as folder:
         experiment = resolve_experiment(preset, {"storage.root": folder})
         config, learner = experiment.preset, create_learner(experiment)
-        checkpoints = Checkpoints(open_storage(storage_location(config.storage)), "profile", config.storage,
+        checkpoints = Commits(open_storage(storage_location(config.storage)), "profile", config.storage,
                                   policy_window=10**6)
         workers = config.distribution.rollout_workers
         for version in range(rounds):
@@ -87,7 +88,7 @@ def loop_phases(preset: str, env_steps: int) -> tuple[dict[str, list[float]], ob
     from gymflow.flows.improve import improve
     from gymflow.presets.validate import resolve_experiment
     from gymflow.tasks.cluster import rounds
-    from gymflow.tasks.training import collection, learning, loop
+    from gymflow.tasks.training import collection, commits, learning, loop
 
     timers: dict[str, list[float]] = collections.defaultdict(list)
 
@@ -107,8 +108,8 @@ def loop_phases(preset: str, env_steps: int) -> tuple[dict[str, list[float]], ob
     timed(rounds, "run_round", "  the round's jobs, sent and gathered")
     timed(loop, "learn", "learn (shard reads included)")
     timed(learning, "read_shard", "  shard read + sha256")
-    timed(learning.Checkpoints, "commit", "checkpoint commit")
-    timed(resolve_experiment(preset).algorithm.learner, "learn", "  the algorithm's learn()")
+    timed(commits.Commits, "commit", "checkpoint commit")
+    timed(resolve_experiment(preset).algorithm.parts().learner, "learn", "  the algorithm's learn()")
     with prefect_test_harness(server_startup_timeout=120), tempfile.TemporaryDirectory() as folder:
         overrides = {"schedule.total_env_steps": env_steps, "schedule.target_return": None,
                      "storage.root": os.path.join(folder, "data"),

@@ -17,7 +17,7 @@ from gymflow.tasks.storage.codec import decode_arrays, decode_state, encode_stat
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from gymflow.tasks.storage.retention import ShardFloor
-from gymflow.tasks.training.learning import Checkpoints
+from gymflow.tasks.training.commits import Commits
 from gymflow.tasks.training.state import LoopState
 
 
@@ -67,7 +67,7 @@ def test_a_version_without_manifest_or_pointer_is_never_loaded(storage):
 def test_learner_checkpoint_loads_without_executing_code(storage):
     learner = PPOLearner(PPOConfig(), spaces.Box(-1, 1, (3,)), spaces.Discrete(2), seed=0)
     state = LoopState.start(workers=2, first_evaluation=100)
-    Checkpoints(storage, "run-1", StorageConfig(), policy_window=1).checkpoint(learner, state, ShardFloor(2, True))
+    Commits(storage, "run-1", StorageConfig(), policy_window=1).checkpoint(learner, state, ShardFloor(2, True))
     blobs = read_checkpoint(storage, LAYOUT, 0)
     assert set(blobs) == {"policy.safetensors", "learner.safetensors", "learner.json", "loop_state.json",
                           "shard_floor.json"}

@@ -12,7 +12,7 @@ from gymflow.tasks.cluster.rounds import RoundPlan
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import open_storage, storage_location
 from gymflow.tasks.storage.shards import ShardError, read_shard
-from gymflow.tasks.training.learning import Checkpoints
+from gymflow.tasks.training.commits import Commits
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def _commit_version(experiment, run_id: str, version: int) -> None:
     config = experiment.preset
     learner = experiment.algorithm.learner(config.agent, experiment.observation_space, experiment.action_space, config.seed)
     storage = open_storage(storage_location(config.storage))
-    Checkpoints(storage, run_id, config.storage, policy_window=10).publish(learner, version)
+    Commits(storage, run_id, config.storage, policy_window=10).publish(learner, version)
 
 
 def _two_rounds(experiment, run_id: str, forget_live_envs: bool):

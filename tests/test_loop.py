@@ -12,8 +12,9 @@ import pytest
 from gymflow.tasks.cluster.rounds import RoundPlan
 from gymflow.tasks.storage.checkpoints import read_checkpoint, read_policy
 from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.training.commits import Commits
 from gymflow.tasks.training.evaluation import EvaluationSchedule, Scored
-from gymflow.tasks.training.learning import Checkpoints, create_learner
+from gymflow.tasks.training.learning import create_learner
 from gymflow.tasks.training.ledger import Ledger
 from gymflow.tasks.training.loop import StopRule
 from gymflow.tasks.training.resume import restore
@@ -83,7 +84,7 @@ def test_stop_rule_needs_the_budget_and_nothing_left_to_learn_or_the_target():
 
 def test_one_evaluation_runs_at_a_time_and_the_schedule_moves_on_when_one_starts(tiny_budget, tmp_path):
     run = prepared(tmp_path, "cartpole-ppo", tiny_budget)
-    Checkpoints(run.storage, run.run_id, run.preset.storage, policy_window=1).publish(run.learner, 0)
+    Commits(run.storage, run.run_id, run.preset.storage, policy_window=1).publish(run.learner, 0)
     schedule = EvaluationSchedule(InProcessHosts(), RoundPlan(run.preset, run.run_id), blocking=False, logger=LOGGER)
     try:
         assert schedule.start_if_due(LoopState(0, 100, 256, (None, None))) == 256  # not due yet

@@ -10,7 +10,8 @@ from gymflow.tasks.storage.checkpoints import committed_versions, read_policy, v
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.storage.retention import ShardFloor
-from gymflow.tasks.training.learning import Checkpoints, create_learner
+from gymflow.tasks.training.commits import Commits
+from gymflow.tasks.training.learning import create_learner
 from gymflow.tasks.training.ledger import segment_versions
 from gymflow.tasks.training.resume import restore
 from gymflow.tasks.training.run import PreparedRun
@@ -121,7 +122,7 @@ def test_an_async_run_keeps_a_replay_window_of_chunks_and_resumes_after_a_deleti
 
 def test_policies_retire_outside_the_window_unless_an_evaluation_is_scoring_them(tiny_budget, tmp_path):
     run = prepared(tmp_path, "cartpole-ppo", tiny_budget)
-    checkpoints = Checkpoints(run.storage, run.run_id, run.preset.storage, policy_window=2)
+    checkpoints = Commits(run.storage, run.run_id, run.preset.storage, policy_window=2)
     for version in range(11):
         checkpoints.publish(run.learner, version, pinned={3} if version < 10 else set())
         if version == 9:

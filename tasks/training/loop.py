@@ -27,8 +27,9 @@ from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, collect_round
 from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.storage.shards import ShardRef, read_shard
 from gymflow.tasks.training.collection import Collection, Experience
+from gymflow.tasks.training.commits import Commits, InUse
 from gymflow.tasks.training.evaluation import EvaluationSchedule, Scored
-from gymflow.tasks.training.learning import Checkpoints, Learned, learn
+from gymflow.tasks.training.learning import Learned, learn
 from gymflow.tasks.training.state import LoopState
 
 TASK_SECONDS = 2.0  # the training one `train` task run carries
@@ -102,9 +103,9 @@ class ImproveLoop:
     run, where versions are committed, when to stop, and who is told."""
 
     def __init__(self, learner: Learner, collection: Collection, evaluations: EvaluationSchedule,
-                 checkpoints: Checkpoints, stop: StopRule, observer: Observer):
+                 commits: Commits, stop: StopRule, observer: Observer):
         self.learner, self.collection, self.evaluations = learner, collection, evaluations
-        self.checkpoints, self.stop, self.observer = checkpoints, stop, observer
+        self.commits, self.stop, self.observer = commits, stop, observer
         self.latest: Scored | None = None  # the newest evaluation that finished
         self._film: tuple[Future[EvaluationResult], int] | None = None  # the deciding version's, with its env steps
 
@@ -113,7 +114,7 @@ class ImproveLoop:
         started = time.perf_counter()
         experience = self.collection.collect(state)
         next_evaluation = self.evaluations.start_if_due(state)  # scores version v while the learner learns
-        learned = learn(self.learner, self.checkpoints.storage, experience, self._progress(state))
+        learned = learn(self.learner, self.commits.storage, experience, self._progress(state))
         committed = experience.state.committed(next_evaluation)
         evaluation = self.evaluations.finished()
         self.latest = evaluation or self.latest
@@ -125,14 +126,12 @@ class ImproveLoop:
         return committed
 
     def commit(self, state: LoopState) -> Commit:
-        """Publish `state.version`'s policy; checkpoint it when the cadence says so, and at the end."""
+        """Commit `state.version` (tasks/training/commits.py), keeping what the run may still read."""
         started = time.perf_counter()
-        scored = {self.latest.version} if self.latest else set()  # the run may deliver it
-        self.checkpoints.publish(self.learner, state.version, pinned=self.evaluations.scoring() | scored)
-        checkpointed = self.checkpoints.due(state) or self.stopped(state)
-        if checkpointed:
-            delivered = {self.latest.version} if self.stop.target_reached(self.latest) else set()
-            self.checkpoints.checkpoint(self.learner, state, self.collection.checkpointed(state), keep=delivered)
+        latest = self.latest.version if self.latest else None
+        in_use = InUse(self.evaluations.scoring(), latest, latest if self.stop.target_reached(self.latest) else None)
+        checkpointed = self.commits.commit(self.learner, state, in_use, self.stopped(state),
+                                           self.collection.checkpointed)
         return Commit(time.perf_counter() - started, checkpointed)
 
     def stopped(self, state: LoopState) -> bool:

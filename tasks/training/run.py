@@ -35,8 +35,9 @@ from gymflow.tasks.tracking.artifacts import ProgressArtifact
 from gymflow.tasks.tracking.progress import ProgressLog
 from gymflow.tasks.tracking.tracker import Tracker, s3_artifact_environment, source_tags
 from gymflow.tasks.training.collection import Collection, SyncRounds
+from gymflow.tasks.training.commits import Commits
 from gymflow.tasks.training.evaluation import EvaluationSchedule
-from gymflow.tasks.training.learning import Checkpoints, create_learner
+from gymflow.tasks.training.learning import create_learner
 from gymflow.tasks.training.loop import EarlyStop, ImproveLoop, Observer, StopRule, heatup
 from gymflow.tasks.training.resume import Restored, restore, stored_experiment
 from gymflow.tasks.training.state import LoopState
@@ -150,7 +151,7 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
                                      logger=logger)
     loop = ImproveLoop(
         run.learner, _collection(run, hosts, plan, logger), evaluations,
-        Checkpoints(run.storage, run.run_id, preset.storage, policy_window=preset.distribution.max_policy_lag + 1),
+        Commits(run.storage, run.run_id, preset.storage, policy_window=preset.distribution.max_policy_lag + 1),
         StopRule(preset.schedule.total_env_steps, preset.schedule.target_return, early_stop), observer,
     )
     try:
@@ -160,13 +161,13 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
         raise
     finally:
         evaluations.close()
-        loop.checkpoints.close()
+        loop.commits.close()
 
 
 def first_state(run: PreparedRun, hosts: Hosts, loop: ImproveLoop, logger: AnyLogger) -> LoopState:
     """Where training starts: a resumed run's state, or heatup (off-policy agents) and version 0."""
     if run.restored is not None:
-        loop.checkpoints.resumed(run.learner, run.restored.state)
+        loop.commits.resumed(run.learner, run.restored.state)
         return run.restored.state
     plan, learner = RoundPlan(run.preset, run.run_id), run.learner
     if isinstance(learner, ReplayLearner) and run.preset.schedule.heatup_env_steps:
