@@ -148,9 +148,9 @@ def _run(preset: str, overrides: dict, quiet: bool, api_ready: Callable[[], None
 
     def load() -> Callable[[], RunSummary]:
         from gymflow.flows.improve import improve
-        from gymflow.tasks.training.learning import import_optimizer_machinery
+        from gymflow.tasks.training.learning import import_run_machinery
 
-        import_optimizer_machinery()
+        import_run_machinery()
 
         return lambda: _with_progress_bar(lambda: improve(preset, overrides, resume=resume), quiet)
 

@@ -26,10 +26,18 @@ class Learned:
     seconds: float  # in the algorithm's updates, excluding storage
 
 
-def import_optimizer_machinery() -> None:
-    """What torch imports at the first optimizer a process makes (`torch._dynamo`, ~1.5 s),
-    imported now: the command line does it while its Prefect API starts."""
+def import_run_machinery() -> None:
+    """What a run imports once it starts, imported now: the command line does it while its
+    Prefect API starts, on the core the API's start leaves free. Torch with what its first
+    optimizer imports (`torch._dynamo`, ~1.5 s), every algorithm's networks, and MLflow's tracking
+    client with its SQL store (~1.5 s): a flow's modules import none of them."""
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+    import mlflow.tracking  # noqa: F401
     import torch._dynamo  # noqa: F401
+
+    from gymflow.tasks.cluster.jobs import import_job_machinery
+
+    import_job_machinery()
 
 
 def create_learner(experiment: Experiment, warm_start: dict[str, torch.Tensor] | None = None) -> Learner:
