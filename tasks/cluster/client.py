@@ -20,6 +20,7 @@ from distributed import Client, LocalCluster
 from distributed.security import Security
 from distributed.utils import get_mp_context
 
+from gymflow.agents.algorithms import ALGORITHMS
 from gymflow.errors import ClusterUnavailable, InvalidPreset
 from gymflow.presets.model import DistributionConfig, TLSConfig
 from gymflow.presets.validate import Experiment
@@ -166,7 +167,10 @@ def _drop_dasks_malloc_trim_threshold() -> None:
         del os.environ["MALLOC_TRIM_THRESHOLD_"]
 
 
-WORKER_PRELOAD = ["distributed", "gymflow.tasks.cluster.local_worker", "gymflow.tasks.cluster.jobs"]
+# the jobs and what they run (torch, every algorithm's networks and policy), imported once by the server
+# the workers are forked from
+WORKER_PRELOAD = ["distributed", "gymflow.tasks.cluster.local_worker", "gymflow.tasks.cluster.jobs",
+                  *(algorithm.module for algorithm in ALGORITHMS.values())]
 
 
 def _workers_forked_with_jobs_imported() -> None:
