@@ -165,12 +165,11 @@ def _trained(make, steps: int = 2):
     return learner
 
 
-def _fingerprint(value, seen: set[int] | None = None):
-    """Everything an object holds that training can change, as comparable plain values."""
-    seen = set() if seen is None else seen
-    if id(value) in seen:
-        return "<seen>"
-    seen.add(id(value))
+def _fingerprint(value, seen: list | None = None):
+    """Everything an object holds that training can change, as comparable plain values. Objects
+    that hold others (a learner, a memory, a scaler) are walked once: a shared one is "<shared>"
+    the second time (kept in `seen`, so no id is reused while the walk lasts)."""
+    seen = [] if seen is None else seen
     if isinstance(value, torch.nn.Module | torch.optim.Optimizer):
         return _fingerprint(value.state_dict(), seen)
     if isinstance(value, torch.Tensor):
@@ -186,6 +185,9 @@ def _fingerprint(value, seen: set[int] | None = None):
     if isinstance(value, list | tuple):
         return [_fingerprint(item, seen) for item in value]
     if hasattr(value, "__dict__") and not hasattr(value, "model_fields"):  # a plain object; configs do not change
+        if any(value is other for other in seen):
+            return "<shared>"
+        seen.append(value)
         return {name: _fingerprint(item, seen) for name, item in vars(value).items()}
     return value
 
