@@ -138,21 +138,3 @@ class VectorEnv(Protocol):
     action_space: Any
 
     def step(self, actions: np.ndarray) -> Any: ...
-
-
-class RandomPolicy:
-    """Uniform random actions, for heatup."""
-
-    def __init__(self, action_space: Any, seed: int):
-        self.action_space = action_space
-        self.rng = np.random.default_rng(seed)
-
-    def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
-        n = len(obs)
-        space = self.action_space
-        if hasattr(space, "n"):
-            actions = self.rng.integers(0, space.n, size=n)
-        else:
-            actions = self.rng.uniform(space.low, space.high, size=(n, *space.shape))
-            actions = actions.astype(np.float32)
-        return actions, np.zeros(n, dtype=np.float32)

@@ -1,9 +1,12 @@
-"""Collection and evaluation: plain functions of a policy and a vector env.
+"""Collection and evaluation: plain functions of a policy and a vector env; and the random
+policy heatup collects with.
 
 The same code collects in SYNC rollouts, heatup, evaluation and tests.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -74,3 +77,21 @@ def _action_bounds(space) -> tuple[np.ndarray | None, np.ndarray | None]:
     if not space.shape:
         return None, None
     return space.low, space.high
+
+
+class RandomPolicy:
+    """Uniform random actions, for heatup."""
+
+    def __init__(self, action_space: Any, seed: int):
+        self.action_space = action_space
+        self.rng = np.random.default_rng(seed)
+
+    def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
+        n = len(obs)
+        space = self.action_space
+        if hasattr(space, "n"):
+            actions = self.rng.integers(0, space.n, size=n)
+        else:
+            actions = self.rng.uniform(space.low, space.high, size=(n, *space.shape))
+            actions = actions.astype(np.float32)
+        return actions, np.zeros(n, dtype=np.float32)

@@ -31,7 +31,7 @@ BUDGETS = {"cartpole-ppo": 40_960, "cartpole-dqn": 20_000, "cartpole-dqn-async":
 
 def plain_loop(preset: str, total_env_steps: int) -> float:
     """Seconds the same training takes in one process with nothing around it."""
-    from gymflow.agents.rollout import collect, evaluate
+    from gymflow.agents.rollout import RandomPolicy, collect, evaluate
     from gymflow.envs.vector import SeededVectorEnv
     from gymflow.presets.validate import resolve_experiment
     from gymflow.tasks.training.learning import create_learner
@@ -46,7 +46,6 @@ def plain_loop(preset: str, total_env_steps: int) -> float:
     started = time.perf_counter()
     steps, next_evaluation = 0, schedule.evaluate_every_env_steps
     if schedule.heatup_env_steps:
-        from gymflow.agents.core import RandomPolicy
 
         rollout, _ = collect(RandomPolicy(env.action_space, 0), env, -(-schedule.heatup_env_steps // config.envs_in_total))
         learner.insert([rollout])

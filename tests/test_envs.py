@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gymflow.agents.core import RandomPolicy
-from gymflow.agents.rollout import collect
+from gymflow.agents.rollout import RandomPolicy, collect
 from gymflow.envs.vector import SeededVectorEnv
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gymflow.agents.core import RandomPolicy
-from gymflow.agents.rollout import collect, evaluate
+from gymflow.agents.rollout import RandomPolicy, collect, evaluate
 from gymflow.envs.catch import Catch
 from gymflow.envs.make import Preprocessing, make_env
 from gymflow.envs.vector import SeededVectorEnv

@@ -11,9 +11,8 @@ from gymnasium import spaces
 
 from gymflow.agents.algorithms import algorithm_of
 from gymflow.agents.configs import TD3Config
-from gymflow.agents.core import RandomPolicy
 from gymflow.agents.networks import TransitionBatch
-from gymflow.agents.rollout import collect, evaluate
+from gymflow.agents.rollout import RandomPolicy, collect, evaluate
 from gymflow.agents.td3 import (
     TD3Learner,
     actor_loss,

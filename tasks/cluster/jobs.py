@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gymflow.agents.algorithms import ALGORITHMS, algorithm_of
-from gymflow.agents.core import Policy, RandomPolicy
-from gymflow.agents.rollout import collect, evaluate
+from gymflow.agents.core import Policy
+from gymflow.agents.rollout import RandomPolicy, collect, evaluate
 from gymflow.envs.make import EnvSpecError, check_env
 from gymflow.envs.seeding import derive_seed
 from gymflow.envs.vector import SeededVectorEnv
