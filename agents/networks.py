@@ -52,6 +52,24 @@ def step_optimizer(optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None
     optimizer.step()
 
 
+class TwinCritic(nn.Module):
+    """Two Q-networks over (observation, action in the actor's [-1, 1] units): SAC's and TD3's critics."""
+
+    def __init__(self, obs_size: int, action_size: int, hidden: list[int], obs_norm: nn.Module):
+        super().__init__()
+        self.obs_norm = obs_norm
+        self.q1 = mlp(obs_size + action_size, hidden, 1, nn.ReLU)
+        self.q2 = mlp(obs_size + action_size, hidden, 1, nn.ReLU)
+
+    def forward(self, obs: torch.Tensor, squashed_actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs = torch.cat([self.obs_norm(obs), squashed_actions], dim=1)
+        return self.q1(inputs).squeeze(1), self.q2(inputs).squeeze(1)
+
+    def first(self, obs: torch.Tensor, squashed_actions: torch.Tensor) -> torch.Tensor:
+        """Q1 alone (TD3's actor follows it)."""
+        return self.q1(torch.cat([self.obs_norm(obs), squashed_actions], dim=1)).squeeze(1)
+
+
 class PixelEncoder(nn.Module):
     """uint8 frames [N, channels, height, width] -> a flat feature vector. The Nature DQN
     convolutions (Mnih et al. 2015: 32 8x8 /4, 64 4x4 /2, 64 3x3 /1) for frames of 36 pixels or

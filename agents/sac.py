@@ -18,7 +18,15 @@ from torch import nn
 from gymflow.agents.batches import Sample
 from gymflow.agents.configs import SACConfig
 from gymflow.agents.core import AlgorithmParts, ReplayLearner
-from gymflow.agents.networks import BoundedActions, TransitionBatch, cpu_weights, mlp, seeded_init, step_optimizer
+from gymflow.agents.networks import (
+    BoundedActions,
+    TransitionBatch,
+    TwinCritic,
+    cpu_weights,
+    mlp,
+    seeded_init,
+    step_optimizer,
+)
 from gymflow.agents.normalization import observation_normalizer, share_normalizer
 from gymflow.agents.replay import make_replay, memory_spec
 from gymflow.agents.training_state import SavedWhole
@@ -52,22 +60,6 @@ class SquashedGaussianActor(BoundedActions, nn.Module):
         gaussian = -0.5 * noise.pow(2) - log_std - 0.5 * np.log(2 * np.pi)
         log_prob = (gaussian - torch.log(1 - squashed.pow(2) + 1e-6)).sum(dim=1)
         return squashed, log_prob
-
-
-class TwinCritic(nn.Module):
-    def __init__(self, obs_size: int, action_size: int, hidden: list[int], obs_norm: nn.Module):
-        super().__init__()
-        self.obs_norm = obs_norm
-        self.q1 = mlp(obs_size + action_size, hidden, 1, nn.ReLU)
-        self.q2 = mlp(obs_size + action_size, hidden, 1, nn.ReLU)
-
-    def forward(self, obs: torch.Tensor, squashed_actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs = torch.cat([self.obs_norm(obs), squashed_actions], dim=1)
-        return self.q1(inputs).squeeze(1), self.q2(inputs).squeeze(1)
-
-    def first(self, obs: torch.Tensor, squashed_actions: torch.Tensor) -> torch.Tensor:
-        """Q1 alone (TD3's actor follows it)."""
-        return self.q1(torch.cat([self.obs_norm(obs), squashed_actions], dim=1)).squeeze(1)
 
 
 def make_actor(config: SACConfig, observation_space: spaces.Box, action_space: spaces.Box) -> SquashedGaussianActor:

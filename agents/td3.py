@@ -20,10 +20,17 @@ from torch import nn
 from gymflow.agents.batches import Sample
 from gymflow.agents.configs import TD3Config
 from gymflow.agents.core import AlgorithmParts, ReplayLearner
-from gymflow.agents.networks import BoundedActions, TransitionBatch, cpu_weights, mlp, seeded_init, step_optimizer
+from gymflow.agents.networks import (
+    BoundedActions,
+    TransitionBatch,
+    TwinCritic,
+    cpu_weights,
+    mlp,
+    seeded_init,
+    step_optimizer,
+)
 from gymflow.agents.normalization import observation_normalizer, share_normalizer
 from gymflow.agents.replay import make_replay, memory_spec
-from gymflow.agents.sac import TwinCritic
 from gymflow.agents.training_state import SavedWhole
 
 

@@ -17,7 +17,7 @@ from gymflow.agents.algorithms import ALGORITHMS
 from gymflow.agents.batches import Rollout
 from gymflow.agents.configs import DQNConfig, PPOConfig, SACConfig, TD3Config
 from gymflow.agents.core import ReplayLearner
-from gymflow.agents.networks import TransitionBatch
+from gymflow.agents.networks import TransitionBatch, TwinCritic
 from gymflow.tasks.storage.codec import decode_state, encode_state
 
 OBS = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
@@ -89,10 +89,10 @@ def _sac_parts():
     with torch.no_grad():  # mean 0, log std 0 everywhere: zero noise gives action 0
         for parameter in actor.parameters():
             parameter.zero_()
-    critic = sac.TwinCritic(2, 1, [4], torch.nn.Identity())
+    critic = TwinCritic(2, 1, [4], torch.nn.Identity())
     _constant(critic.q1, [1.0])
     _constant(critic.q2, [4.0])
-    target = sac.TwinCritic(2, 1, [4], torch.nn.Identity())
+    target = TwinCritic(2, 1, [4], torch.nn.Identity())
     _constant(target.q1, [3.0])
     _constant(target.q2, [2.0])
     return actor, critic, target
@@ -115,7 +115,7 @@ def test_the_sac_losses_are_the_soft_bellman_residual_and_the_entropy_regularise
 
 
 def test_the_td3_critic_loss_is_both_critics_squared_error_against_one_target():
-    critic = td3.TwinCritic(2, 1, [4], torch.nn.Identity())
+    critic = TwinCritic(2, 1, [4], torch.nn.Identity())
     _constant(critic.q1, [1.0])
     _constant(critic.q2, [4.0])
     batch = _batch(rewards=[0.0, 0.0], discounts=[0.0, 0.0], actions=[[0.0], [0.0]], weights=[1.0, 0.5])
