@@ -8,7 +8,7 @@ inside the actor (its buffers), so a rollout worker needs the actor's weights al
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -156,8 +156,7 @@ class SACLearner(SavedWhole, ReplayLearner):
         """One step each of the critics, the actor and the temperature, then the target critics'
         Polyak step."""
         batch = TransitionBatch.on(sample, self.device)
-        batch = TransitionBatch(batch.obs, self.actor.from_env(batch.actions), batch.rewards, batch.discounts,
-                                batch.next_obs, batch.weights)
+        batch = replace(batch, actions=self.actor.from_env(batch.actions))  # in the actor's [-1, 1] units
         entropy_coef = self.log_entropy_coef.exp().detach()
         next_noise, noise = (self._noise(batch.actions.shape) for _ in range(2))
         critic = critic_loss(self.critic, self.target_critic, self.actor, batch, next_noise, entropy_coef)

@@ -11,6 +11,7 @@ bounds itself (its buffers), so a rollout worker needs the actor's weights alone
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -132,8 +133,7 @@ class TD3Learner(SavedWhole, ReplayLearner):
     def update(self, sample: Sample) -> dict[str, float]:
         """A critic step; every `policy_delay` of them an actor step and the targets' Polyak step."""
         batch = TransitionBatch.on(sample, self.device)
-        batch = TransitionBatch(batch.obs, self.actor.from_env(batch.actions), batch.rewards, batch.discounts,
-                                batch.next_obs, batch.weights)
+        batch = replace(batch, actions=self.actor.from_env(batch.actions))  # in the actor's [-1, 1] units
         noise = torch.randn(batch.actions.shape, generator=self.generator).to(self.device)
         with torch.no_grad():
             targets = critic_targets(self.target_critic, smoothed_target_actions(self.target_actor, batch.next_obs,
