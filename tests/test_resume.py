@@ -59,16 +59,22 @@ def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, e
     clean = improve(preset, {**run, "storage.root": str(workspace / "clean")})
 
     killed_root = workspace / "killed"
+    output = (workspace / "killed-flow.log").open("wb")
     flow = subprocess.Popen(
         [sys.executable, "-c", ("import json, sys\nfrom gymflow.flows.improve import improve\n"
                                 "if __name__ == '__main__':\n    improve(sys.argv[1], json.loads(sys.argv[2]))"),
          preset, json.dumps({**run, "storage.root": str(killed_root)})],
         env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
-        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, stdout=output, stderr=subprocess.STDOUT,
     )
+    # ASYNC commits as many versions as its learner keeps up with: kill halfway through the clean run's, at most at v4
+    kill_at = min(4, clean.versions_committed // 2)
+    assert kill_at >= 2, f"the clean run committed {clean.versions_committed} versions: too few to be killed midway"
     deadline = time.monotonic() + 180
-    while not list(killed_root.glob("runs/*/policies/v000004/manifest.json")):
-        assert flow.poll() is None and time.monotonic() < deadline, "the flow ended before it could be killed"
+    while not list(killed_root.glob(f"runs/*/policies/v{kill_at:06d}/manifest.json")):
+        assert flow.poll() is None and time.monotonic() < deadline, (
+            f"the flow ended before it could be killed (exit {flow.poll()}):\n"
+            f"{(workspace / 'killed-flow.log').read_text()[-3000:]}")
         time.sleep(0.05)
     os.killpg(flow.pid, signal.SIGKILL)  # the flow's process, its Dask scheduler and workers (single: its helper
     # has a session of its own, and ends when its input does)
