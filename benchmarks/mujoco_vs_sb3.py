@@ -4,7 +4,12 @@ hyper-parameters (the preset's), same env-step budget, the two sides alternating
     .venv/bin/pip install -e ".[bench,mujoco]"
     .venv/bin/python benchmarks/mujoco_vs_sb3.py hopper-ppo --steps 1000000 --seeds 0 1 2
     .venv/bin/python benchmarks/mujoco_vs_sb3.py halfcheetah-sac --steps 100000 --seeds 0 1 2
-    .venv/bin/python benchmarks/mujoco_vs_sb3.py hopper-td3 --steps 300000 --seeds 0 1 2
+    .venv/bin/python benchmarks/mujoco_vs_sb3.py hopper-td3 --steps 300000 --seeds 0 1 2 \
+        --record benchmarks/records/hopper-td3-300000.jsonl
+
+With `--record FILE`, each finished seed's two runs are appended to FILE as one JSON line, seeds
+already there are not run again, and the table covers every seed in it: a long comparison can be
+run a seed at a time (or continue after a kill) and still be reported as one.
 
 For each seed and side: the final greedy evaluation return (10 episodes; gymflow's own final
 evaluation, SB3's `evaluate_policy` with the training run's observation statistics) and the
@@ -16,6 +21,7 @@ timing. SB3: model construction plus `learn()`). Then medians and the ratio gymf
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import tempfile
@@ -117,27 +123,65 @@ def run_gymflow(preset: str, seed: int, steps: int, folder: str) -> tuple[float,
     return summary.final_return, time.perf_counter() - started
 
 
+Row = tuple[int, tuple[float, float], tuple[float, float]]  # seed, gymflow's (return, s), SB3's (return, s)
+
+
+def recorded_rows(record: str | None, workload: str, steps: int) -> list[Row]:
+    """The seeds `record` holds for this workload and budget."""
+    if record is None or not os.path.exists(record):
+        return []
+    with open(record) as lines:
+        entries = [json.loads(line) for line in lines if line.strip()]
+    return [(e["seed"], tuple(e["gymflow"]), tuple(e["sb3"])) for e in entries
+            if e["workload"] == workload and e["steps"] == steps]
+
+
+def record_row(record: str, workload: str, steps: int, row: Row) -> None:
+    os.makedirs(os.path.dirname(record) or ".", exist_ok=True)
+    seed, ours, theirs = row
+    entry = {"workload": workload, "steps": steps, "seed": seed, "gymflow": list(ours), "sb3": list(theirs),
+             "date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count()}
+    with open(record, "a") as lines:
+        lines.write(json.dumps(entry) + "\n")
+
+
+def run_seeds(workload: Workload, seeds: list[int], steps: int, record: str | None) -> list[Row]:
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        run_gymflow(workload.preset, 99, 2048 if "ppo" in workload.preset else 10_240, folder)  # Prefect API up
+        for seed in seeds:  # alternate which side goes first (by the seed's parity): the VM drifts
+            if seed % 2 == 0:
+                ours = run_gymflow(workload.preset, seed, steps, folder)
+                theirs = workload.sb3(seed, steps)
+            else:
+                theirs = workload.sb3(seed, steps)
+                ours = run_gymflow(workload.preset, seed, steps, folder)
+            rows.append((seed, ours, theirs))
+            if record is not None:
+                record_row(record, workload.preset, steps, rows[-1])
+            print(f"seed {seed}: gymflow {ours[0]:.1f} in {ours[1]:.0f} s, SB3 {theirs[0]:.1f} in {theirs[1]:.0f} s",
+                  flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("workload", choices=sorted(WORKLOADS))
     parser.add_argument("--steps", type=int, required=True, help="env-step budget of every run")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--record", help="a JSON-lines file: finished seeds are kept there and not run again")
     args = parser.parse_args()
     workload = WORKLOADS[args.workload]
-    rows = []
-    with tempfile.TemporaryDirectory() as folder:
-        run_gymflow(workload.preset, 99, 2048 if "ppo" in workload.preset else 10_240, folder)  # Prefect API up
-        for index, seed in enumerate(args.seeds):  # alternate which side goes first: the VM drifts
-            if index % 2 == 0:
-                ours = run_gymflow(workload.preset, seed, args.steps, folder)
-                theirs = workload.sb3(seed, args.steps)
-            else:
-                theirs = workload.sb3(seed, args.steps)
-                ours = run_gymflow(workload.preset, seed, args.steps, folder)
-            rows.append((seed, ours, theirs))
-            print(f"seed {seed}: gymflow {ours[0]:.1f} in {ours[1]:.0f} s, SB3 {theirs[0]:.1f} in {theirs[1]:.0f} s",
-                  flush=True)
-    print(f"\nmachine: {os.cpu_count()} cores; {workload.env_id}, {args.workload}, {args.steps:,} env steps, "
+    rows = recorded_rows(args.record, args.workload, args.steps)
+    to_run = [seed for seed in args.seeds if seed not in {row[0] for row in rows}]
+    if to_run:
+        rows += run_seeds(workload, to_run, args.steps, args.record)
+    rows.sort()
+    report(workload, args.workload, args.steps, rows)
+
+
+def report(workload: Workload, name: str, steps: int, rows: list[Row]) -> None:
+    print(f"\nmachine: {os.cpu_count()} cores; {workload.env_id}, {name}, {steps:,} env steps, "
           f"final greedy return over {EVALUATION_EPISODES} episodes")
     print(f"{'seed':>4} {'gymflow return':>15} {'s':>7}   {'SB3 return':>11} {'s':>7}   {'time ratio':>10}")
     for seed, (g_return, g_s), (b_return, b_s) in rows:
