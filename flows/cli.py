@@ -1,6 +1,6 @@
 """The command line: `gymflow presets`, `gymflow show PRESET`, `gymflow run PRESET --set k=v`,
 `gymflow resume RUN_ID --root ROOT`, `gymflow checkpoints RUN_ID --root ROOT`,
-`gymflow sweep SPEC.yaml [--id SWEEP_ID]`."""
+`gymflow sweep SPEC.yaml [--id SWEEP_ID]`, `gymflow export RUN_ID --to DATASETS_ROOT`."""
 
 from __future__ import annotations
 
@@ -54,6 +54,8 @@ def _command(argv: Sequence[str] | None) -> int:
         return 0
     if args.command == "checkpoints":
         return _checkpoints(args.run_id, args.root, parse_assignments(args.option))
+    if args.command == "export":
+        return _export(args)
     return _show(args.preset, args.set)
 
 
@@ -264,6 +266,33 @@ def _checkpoints(run_id: str, root: str, options: dict) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    """A run's experience as a Minari dataset under the datasets root `--to`."""
+    from gymflow.presets import parse_assignments
+    from gymflow.tasks.lake.export import export_run
+    from gymflow.tasks.storage.objects import Storage, StorageLocation
+
+    dataset_id = args.id or f"gymflow/{args.run_id}-v0"
+    try:
+        source = Storage(StorageLocation(args.root, parse_assignments(args.option)))
+        destination = Storage(StorageLocation(args.to, parse_assignments(args.to_option)))
+        report = export_run(source, args.run_id, destination, dataset_id, args.format,
+                            progress=lambda episodes, steps: print(f"  {episodes:,} episodes, {steps:,} steps",
+                                                                   flush=True))
+    except GymflowError as error:
+        print(f"gymflow: error: {error}", file=sys.stderr)
+        return 2
+    print(f"exported {report.episodes:,} episodes ({report.steps:,} steps) of {report.workers} rollout workers "
+          f"to {report.url}")
+    if report.retired_before:
+        kept = ", ".join(f"worker {worker} from {first}" for worker, first in report.retired_before.items())
+        print(f"  the first shards were retired (storage.keep_shards: needed); exportable: {kept}, each env from "
+              "its first whole episode there (storage.keep_shards: all keeps every shard)")
+    print(f"  load it: MINARI_DATASETS_PATH={args.to} python -c \"import minari; "
+          f"print(minari.load_dataset('{dataset_id}'))\"")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gymflow", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -291,7 +320,21 @@ def _parser() -> argparse.ArgumentParser:
                              help="a storage option, e.g. --option endpoint_url=http://127.0.0.1:9000")
         if name == "resume":
             command.add_argument("--quiet", action="store_true", help="no progress bar")
+    _export_arguments(commands.add_parser("export", help="write a run's experience as a Minari dataset"))
     return parser
+
+
+def _export_arguments(command: argparse.ArgumentParser) -> None:
+    command.add_argument("run_id", help="the run id, e.g. cartpole-dqn-20261121-112038-28cdab")
+    command.add_argument("--to", required=True, metavar="DATASETS_ROOT",
+                         help="a Minari datasets root: a folder, or a URL such as s3://bucket/x")
+    command.add_argument("--id", help="the dataset id (default gymflow/RUN_ID-v0), as minari.load_dataset names it")
+    command.add_argument("--format", choices=("hdf5", "arrow"), default="hdf5", help="Minari's storage format")
+    command.add_argument("--root", default="gymflow-data", help="the storage root the run is under (storage.root)")
+    command.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                         help="a storage option of --root, e.g. --option endpoint_url=http://127.0.0.1:9000")
+    command.add_argument("--to-option", action="append", default=[], metavar="KEY=VALUE",
+                         help="a storage option of --to")
 
 
 if __name__ == "__main__":

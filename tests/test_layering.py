@@ -46,6 +46,11 @@ def test_the_storage_code_imports_no_prefect_and_no_other_role():
         assert not others, f"{path} imports {others}"
 
 
+def test_the_lake_reads_storage_without_orchestration_or_tracking():
+    for path, names in _imports("tasks/lake").items():
+        assert not _roots(names) & {"prefect", "distributed", "dask", "mlflow", "torch"}, path
+
+
 def test_flows_hold_no_storage_keys_and_no_math():
     for path, names in _imports("flows").items():
         assert not _roots(names) & {"numpy", "torch", "fsspec", "s3fs", "safetensors"}, path

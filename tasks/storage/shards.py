@@ -46,6 +46,9 @@ def shards_kept_in_process() -> Iterator[None]:
         _keeping.reset(token)
 
 
+NO_POLICY = -1  # a shard's policy_version where heatup's uniform random policy acted
+
+
 class ShardError(RuntimeError):
     """A shard that is missing or does not match the reference its writer returned."""
 
@@ -88,6 +91,7 @@ def write_shard(storage: Storage, key: str, version: int | None, worker: int, co
         "cursor_episode_index": cursor.episode_index,
         "cursor_action_counts": cursor.action_counts,
         "cursor_actions": cursor.actions,
+        "policy_version": np.int64(NO_POLICY if version is None else version),  # for exports: chunk keys lack it
     }
     pixels = is_frame_stacks(rollout.obs)
     if pixels:  # each frame once, and compressed: frames are mostly flat colour
@@ -139,10 +143,30 @@ def _rollout(arrays: dict[str, np.ndarray]) -> Rollout:
 def read_cursor(storage: Storage, key: str) -> EnvCursor:
     if not storage.exists(key):
         raise ShardError(f"shard {storage.url(key)} is missing; cannot continue its envs")
+    return _cursor(decode_arrays(storage.read(key)))
+
+
+@dataclass(frozen=True)
+class StoredShard:
+    """A shard read whole: its rollout, where its envs stood after it, and the policy version
+    that acted (NO_POLICY for heatup's random policy; None where the shard predates recording it)."""
+
+    key: str
+    rollout: Rollout
+    cursor: EnvCursor
+    policy_version: int | None
+
+
+def read_stored_shard(storage: Storage, key: str) -> StoredShard:
+    if not storage.exists(key):
+        raise ShardError(f"shard {storage.url(key)} is missing")
     arrays = decode_arrays(storage.read(key))
-    return EnvCursor(
-        arrays["cursor_episode_index"], arrays["cursor_action_counts"], arrays["cursor_actions"]
-    )
+    version = int(arrays["policy_version"]) if "policy_version" in arrays else None
+    return StoredShard(key, _rollout(arrays), _cursor(arrays), version)
+
+
+def _cursor(arrays: dict[str, np.ndarray]) -> EnvCursor:
+    return EnvCursor(arrays["cursor_episode_index"], arrays["cursor_action_counts"], arrays["cursor_actions"])
 
 
 def _read_verified(storage: Storage, ref: ShardRef) -> dict[str, np.ndarray]:

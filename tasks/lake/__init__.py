@@ -1,0 +1,1 @@
+"""The experience lake: a run's stored experience as a dataset (export)."""

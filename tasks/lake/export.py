@@ -1,0 +1,226 @@
+"""`gymflow export`: a run's experience as a Minari dataset (Farama's format for offline RL,
+which `minari.load_dataset` and d3rlpy read), in a local folder or object storage.
+
+Episodes are stitched from the run's shards (tasks/lake/episodes.py). Each keeps the seed its
+env was reset with and, in its infos, the policy version that chose each action; the dataset's
+metadata names the run, its preset and its env wrappers. Observations are written exactly (no
+JPEG), frame stacks as each step's newest frame. The dataset is built in a temporary folder and
+copied to its destination only when whole, its metadata last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from gymflow.envs.make import EnvSpecError, is_image, make_env
+from gymflow.envs.seeding import derive_seed
+from gymflow.errors import GymflowError
+from gymflow.presets.load import validate_preset_data
+from gymflow.presets.model import Preset
+from gymflow.tasks.lake.episodes import Episode, WorkerStream, read_episodes, worker_streams
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage
+from gymflow.tasks.storage.records import read_stored_preset
+from gymflow.tasks.storage.shards import ShardError
+
+DataFormat = Literal["hdf5", "arrow"]
+STEPS_PER_WRITE = 100_000  # episodes are handed to Minari in batches of about this many steps
+METADATA = "metadata.json"
+
+
+class ExportRefused(GymflowError):
+    """An export that cannot be made, found before anything is written."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportReport:
+    dataset_id: str
+    url: str  # where the dataset's folder is
+    episodes: int
+    steps: int
+    workers: int
+    retired_before: dict[int, str]  # per worker whose first shards were retired, its first kept (v000003, chunk 12):
+    # its envs are read from their first whole episode there
+
+
+@dataclasses.dataclass(frozen=True)
+class RunExperience:
+    """What an export reads: the run's preset, its shards by worker, and the spaces of its data."""
+
+    run_id: str
+    preset: Preset
+    streams: list[WorkerStream]
+    observation_space: spaces.Box
+    action_space: spaces.Space
+    newest_frame: bool  # observations are frame stacks: each step keeps its newest frame
+
+    def episodes(self, storage: Storage) -> Iterator[Episode]:
+        for stream in self.streams:
+            env_seed = derive_seed(self.preset.seed, "envs", stream.worker)  # as rounds.py seeds the worker's envs
+            yield from read_episodes(storage, stream, env_seed, self.newest_frame)
+
+
+def find_run_experience(storage: Storage, run_id: str) -> RunExperience:
+    layout = RunLayout(run_id)
+    if not storage.exists(layout.preset):
+        raise ExportRefused("run_id", f"no run {run_id!r} under {storage.url()} (its preset.yaml is missing)")
+    preset = validate_preset_data(read_stored_preset(storage, run_id))
+    streams = worker_streams(storage, layout)
+    if not streams:
+        raise ExportRefused("run_id", f"run {run_id!r} has no shards left under {storage.url(layout.shards)}")
+    try:
+        env = make_env(preset.env.id, preset.env.kwargs, preprocessing=preset.env.preprocessing())
+    except EnvSpecError as error:
+        raise ExportRefused(error.field, error.problem) from None
+    observation_space, action_space = env.observation_space, env.action_space
+    env.close()
+    newest_frame = is_image(observation_space) and (preset.env.frame_stack > 1 or observation_space.shape[0] == 1)
+    if newest_frame:
+        observation_space = spaces.Box(0, 255, observation_space.shape[1:], np.uint8)
+    elif observation_space.dtype != np.uint8:  # shards keep vectors as float32 (envs/vector.py)
+        observation_space = spaces.Box(observation_space.low.astype(np.float32),
+                                       observation_space.high.astype(np.float32), dtype=np.float32)
+    return RunExperience(run_id, preset, streams, observation_space, action_space, newest_frame)
+
+
+def export_run(source: Storage, run_id: str, destination: Storage, dataset_id: str,
+               data_format: DataFormat = "hdf5", progress: Callable[[int, int], None] | None = None) -> ExportReport:
+    """Write run `run_id`'s experience (in `source`) as Minari dataset `dataset_id` under
+    `destination` (a Minari datasets root); `progress(episodes, steps)` after each batch."""
+    minari = _minari()
+    try:
+        minari.dataset.minari_dataset.parse_dataset_id(dataset_id)
+    except (ValueError, TypeError):  # TypeError: no version
+        raise ExportRefused("--id", f"{dataset_id!r} is not a Minari dataset id; allowed: "
+                                    "[namespace/]name-vN, e.g. gymflow/cartpole-v0") from None
+    folder = dataset_folder(dataset_id)
+    if destination.list(folder):
+        raise ExportRefused("--id", f"a dataset {dataset_id!r} exists already at {destination.url(folder)}")
+    experience = find_run_experience(source, run_id)
+    with tempfile.TemporaryDirectory(prefix="gymflow-export-") as local_root:
+        previous = os.environ.get("MINARI_DATASETS_PATH")
+        os.environ["MINARI_DATASETS_PATH"] = local_root  # where minari builds it
+        try:
+            dataset, episodes, steps = None, 0, 0
+            for batch in _batches(experience.episodes(source)):
+                buffers = [_episode_buffer(episode) for episode in batch]
+                if dataset is None:
+                    dataset = _create(minari, dataset_id, buffers, experience, data_format)
+                else:
+                    dataset.update_dataset_from_buffer(buffers)
+                episodes, steps = episodes + len(batch), steps + sum(e.steps for e in batch)
+                if progress is not None:
+                    progress(episodes, steps)
+        except ShardError as error:  # nothing has reached the destination
+            raise ExportRefused("run_id", f"run {run_id!r} cannot be exported: {error}") from None
+        finally:
+            _restore_environment("MINARI_DATASETS_PATH", previous)
+        if dataset is None:
+            raise ExportRefused("run_id", f"run {run_id!r} holds no whole episode yet")
+        _copy_folder(Path(local_root, folder), destination, folder)
+    retired = {stream.worker: stream.first_kept for stream in experience.streams if not stream.from_the_start}
+    return ExportReport(dataset_id, destination.url(folder), episodes, steps, len(experience.streams), retired)
+
+
+def _minari() -> Any:
+    try:
+        import minari
+    except ImportError:
+        raise ExportRefused("--to", "exports need Minari, which gymflow's lake extra installs: "
+                                    "pip install 'gymflow[lake]'") from None
+    return minari
+
+
+def dataset_folder(dataset_id: str) -> str:
+    """Where Minari keeps a dataset under its datasets root."""
+    return dataset_id
+
+
+def _batches(episodes: Iterable[Episode]) -> Iterator[list[Episode]]:
+    batch: list[Episode] = []
+    for episode in episodes:
+        batch.append(episode)
+        if sum(e.steps for e in batch) >= STEPS_PER_WRITE:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _episode_buffer(episode: Episode) -> Any:
+    from minari.data_collector import EpisodeBuffer
+
+    # infos run alongside the observations (T + 1): entry t is about the action taken at observation t;
+    # the final observation takes no action, and repeats the last entry
+    ended = np.zeros(episode.steps, dtype=bool)
+    ended[-1] = True
+    same = np.ones(episode.steps + 1, dtype=np.int64)
+    infos = {
+        "policy_version": np.append(episode.policy_versions, episode.policy_versions[-1]),
+        "life_lost": np.append(False, episode.life_lost),  # entry t + 1: step t lost a life
+        "worker": same * episode.worker, "env": same * episode.env, "episode_index": same * episode.index,
+    }
+    return EpisodeBuffer(seed=episode.seed, observations=episode.observations, actions=episode.actions,
+                         rewards=episode.rewards.astype(np.float64), terminations=ended & episode.terminated,
+                         truncations=ended & (not episode.terminated), infos=infos)
+
+
+def _create(minari: Any, dataset_id: str, buffers: list, experience: RunExperience, data_format: DataFormat) -> Any:
+    preset = experience.preset
+    with warnings.catch_warnings():  # that no author_email and no eval_env were given (none is wanted)
+        warnings.filterwarnings("ignore", category=UserWarning, module="minari")
+        dataset = minari.create_dataset_from_buffers(
+            dataset_id, buffers, env=_env_spec(preset), observation_space=experience.observation_space,
+            action_space=experience.action_space, algorithm_name=f"gymflow {preset.agent.algo}", author="gymflow",
+            description=(f"The experience gymflow run {experience.run_id} collected (preset {preset.name}). Rewards "
+                         "and observations as its learner saw them: the env spec is the bare env; gymflow's wrappers "
+                         "are in the metadata (gymflow_env)."),
+            data_format=data_format, jpeg_encoding=False,
+        )
+    dataset.storage.update_metadata({
+        "gymflow_run_id": experience.run_id, "gymflow_preset": preset.name,
+        "gymflow_preset_yaml": _preset_yaml(preset), "gymflow_env": preset.env.model_dump_json(),
+        "gymflow_frames": "each step's newest frame of its stack" if experience.newest_frame else "as observed",
+    })
+    return dataset
+
+
+def _env_spec(preset: Preset) -> gym.envs.registration.EnvSpec:
+    env_id, kwargs = preset.env.id, dict(preset.env.kwargs)
+    if ":" in env_id:  # a 'module:Class' entry point: a spec of its own, named after the class
+        return gym.envs.registration.EnvSpec(id=f"{env_id.rpartition(':')[2]}-v0", entry_point=env_id, kwargs=kwargs)
+    spec = gym.spec(env_id)
+    return dataclasses.replace(spec, kwargs={**spec.kwargs, **kwargs})
+
+
+def _preset_yaml(preset: Preset) -> str:
+    import yaml
+
+    from gymflow.presets.load import redacted
+
+    return yaml.safe_dump(redacted(preset.model_dump(mode="json")), sort_keys=False)
+
+
+def _copy_folder(local: Path, destination: Storage, prefix: str) -> None:
+    """Every file of `local` to `prefix` in `destination`, the metadata last: a dataset Minari
+    can load is a whole one."""
+    files = sorted(path for path in local.rglob("*") if path.is_file())
+    for path in sorted(files, key=lambda path: path.name == METADATA):
+        destination.write(f"{prefix}/{path.relative_to(local).as_posix()}", path.read_bytes())
+
+
+def _restore_environment(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value

@@ -1,0 +1,142 @@
+"""`gymflow export`: a run's experience as a Minari dataset, read back with minari.load_dataset
+and checked against the envs themselves: every exported episode replays, from the seed it records
+and its actions, to the same observations, rewards and ending; and the dataset holds every episode
+the run's shards saw end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gymflow.envs.make import make_env
+from gymflow.flows.cli import main
+from gymflow.flows.improve import improve
+from gymflow.presets.load import validate_preset_data
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage, StorageLocation
+from gymflow.tasks.storage.records import read_stored_preset
+from gymflow.tasks.storage.shards import read_stored_shard
+from tests.conftest import local_overrides, written_files
+
+pytestmark = pytest.mark.e2e
+minari = pytest.importorskip("minari")
+
+OFF_POLICY = {"agent.train_steps_per_iteration": 8, "agent.hidden_sizes": [16], "agent.batch_size": 16,
+              "schedule.heatup_env_steps": 128}
+ASYNC = {"distribution.mode": "async", "distribution.samples_per_insert": 2, "distribution.commit_every_train_steps": 4}
+PIXELS = {"env.id": "gymflow.envs.catch:Catch", "env.frame_stack": 2, "distribution.envs_per_worker": 2,
+          "schedule.total_env_steps": 1024}
+
+
+@pytest.mark.parametrize(("preset", "extra"), [
+    ("cartpole-dqn", OFF_POLICY),  # heatup's shards, then a round's
+    ("cartpole-dqn", {**OFF_POLICY, **ASYNC}),  # each worker's stream of chunks
+    ("catch-dqn", {**OFF_POLICY, **PIXELS}),  # frame stacks: the dataset keeps each step's newest frame
+], ids=["sync", "async", "pixels"])
+def test_an_exported_run_replays_episode_by_episode(preset, extra, prefect_api, workspace, tiny_budget, monkeypatch):
+    run = improve(preset, {**tiny_budget, **extra, "storage.keep_shards": "all", **local_overrides(workspace)})
+    datasets = workspace / "datasets"
+    assert main(["export", run.run_id, "--root", str(workspace / "data"), "--to", str(datasets),
+                 "--id", "gymflow/test-v0"]) == 0
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(datasets))
+    dataset = minari.load_dataset("gymflow/test-v0")
+    storage = Storage(StorageLocation(str(workspace / "data")))
+    ended = _episode_returns_in_shards(storage, run.run_id)
+    assert dataset.total_episodes == len(ended) > 0  # every episode that ended, once
+    assert sorted(float(sum(e.rewards)) for e in dataset) == pytest.approx(sorted(ended))
+    preset_data = validate_preset_data(read_stored_preset(storage, run.run_id))
+    seeds = [m["seed"] for m in dataset.storage.get_episode_metadata(range(dataset.total_episodes))]
+    for episode, seed in zip(dataset, seeds, strict=True):
+        _replay(episode, seed, preset_data.env, newest_frame=preset == "catch-dqn")
+    metadata = dataset.storage.metadata
+    assert metadata["gymflow_run_id"] == run.run_id and metadata["total_steps"] == sum(len(e) for e in dataset)
+    versions = np.concatenate([e.infos["policy_version"] for e in dataset])
+    assert versions.min() == -1 and versions.max() >= 1  # heatup's random policy, then trained versions
+
+
+def _episode_returns_in_shards(storage: Storage, run_id: str) -> list[float]:
+    keys = [key for key in storage.list(RunLayout(run_id).shards) if key.endswith(".npz")]
+    return [float(r) for key in keys for r in _stored_returns(storage, key)]
+
+
+def _stored_returns(storage: Storage, key: str) -> np.ndarray:
+    from gymflow.tasks.storage.codec import decode_arrays
+
+    read_stored_shard(storage, key)  # a whole, readable shard
+    return decode_arrays(storage.read(key))["episode_returns"]
+
+
+def _replay(episode, seed: int, env_config, newest_frame: bool) -> None:
+    """The env, reset with the episode's seed and stepped with its actions, observes what it holds."""
+    env = make_env(env_config.id, env_config.kwargs, preprocessing=env_config.preprocessing())
+
+    def observed(obs) -> np.ndarray:
+        obs = np.asarray(obs)
+        return obs[-1] if newest_frame else obs.astype(np.float32)
+
+    obs, _ = env.reset(seed=seed)
+    np.testing.assert_array_equal(observed(obs), episode.observations[0])
+    for t, action in enumerate(episode.actions):
+        obs, reward, terminated, truncated, _ = env.step(int(action) if np.ndim(action) == 0 else action)
+        np.testing.assert_array_equal(observed(obs), episode.observations[t + 1])
+        assert np.float32(reward) == episode.rewards[t]
+        assert (terminated, truncated) == (bool(episode.terminations[t]), bool(episode.truncations[t]))
+    assert terminated or truncated
+    env.close()
+
+
+def test_a_run_whose_first_shards_were_retired_exports_whole_episodes_after_them(prefect_api, workspace, tiny_budget,
+                                                                                    capsys, monkeypatch):
+    run = improve("cartpole-ppo", {**tiny_budget, "schedule.total_env_steps": 1280, **local_overrides(workspace)})
+    storage = Storage(StorageLocation(str(workspace / "data")))
+    assert not storage.exists(f"{RunLayout(run.run_id).shards}/v000000/w000.npz")  # retired (keep_shards: needed)
+    datasets = workspace / "datasets"
+    assert main(["export", run.run_id, "--root", str(workspace / "data"), "--to", str(datasets)]) == 0
+    assert "the first shards were retired (storage.keep_shards: needed); exportable: worker 0 from v0" \
+        in capsys.readouterr().out
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(datasets))
+    dataset = minari.load_dataset(f"gymflow/{run.run_id}-v0")
+    env = validate_preset_data(read_stored_preset(storage, run.run_id)).env
+    seeds = [m["seed"] for m in dataset.storage.get_episode_metadata(range(dataset.total_episodes))]
+    assert dataset.total_episodes > 0
+    for episode, seed in zip(dataset, seeds, strict=True):
+        _replay(episode, seed, env, newest_frame=False)
+
+
+def test_an_export_that_cannot_be_made_is_refused_in_one_line_with_nothing_written(prefect_api, workspace,
+                                                                                     tiny_budget, capsys):
+    root, datasets = str(workspace / "data"), workspace / "datasets"
+    assert main(["export", "no-such-run", "--root", root, "--to", str(datasets)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"gymflow: error: run_id: no run 'no-such-run' under file://{root} (its preset.yaml is missing)"]
+    run = improve("cartpole-dqn", {**tiny_budget, **OFF_POLICY, **local_overrides(workspace)})
+    capsys.readouterr()  # the run's own output
+    assert main(["export", run.run_id, "--root", root, "--to", str(datasets), "--id", "no version"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "gymflow: error: --id: 'no version' is not a Minari dataset id; allowed: [namespace/]name-vN, "
+        "e.g. gymflow/cartpole-v0"]
+    assert not datasets.exists()
+    assert main(["export", run.run_id, "--root", root, "--to", str(datasets), "--id", "gymflow/once-v0"]) == 0
+    before = written_files(datasets)
+    assert main(["export", run.run_id, "--root", root, "--to", str(datasets), "--id", "gymflow/once-v0"]) == 2
+    assert "--id: a dataset 'gymflow/once-v0' exists already" in capsys.readouterr().err
+    assert written_files(datasets) == before
+
+
+def test_a_run_in_object_storage_exports_to_object_storage(prefect_api, workspace, tiny_budget, s3_server, monkeypatch):
+    options = s3_server.options()
+    root, datasets = f"s3://{s3_server.bucket}/lake-runs", f"s3://{s3_server.bucket}/lake-datasets"
+    run = improve("cartpole-dqn", {**tiny_budget, **OFF_POLICY, **local_overrides(workspace), "storage.root": root,
+                                   "storage.options": options, "storage.keep_shards": "all"})
+    as_options = [f"{key}={value}" for key, value in options.items()]
+    assert main(["export", run.run_id, "--root", root, *[f"--option={o}" for o in as_options], "--to", datasets,
+                 *[f"--to-option={o}" for o in as_options], "--id", "gymflow/s3-v0", "--format", "arrow"]) == 0
+
+    Storage(StorageLocation(datasets, options)).download("gymflow/s3-v0", str(workspace / "local" / "gymflow" / "s3-v0"))
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(workspace / "local"))
+    dataset = minari.load_dataset("gymflow/s3-v0")
+    assert dataset.storage.metadata["data_format"] == "arrow"
+    assert dataset.total_episodes == len(_episode_returns_in_shards(Storage(StorageLocation(root, options)),
+                                                                    run.run_id)) > 0
