@@ -216,7 +216,7 @@ def _copy_folder(local: Path, destination: Storage, prefix: str) -> None:
     can load is a whole one."""
     files = sorted(path for path in local.rglob("*") if path.is_file())
     for path in sorted(files, key=lambda path: path.name == METADATA):
-        destination.write(f"{prefix}/{path.relative_to(local).as_posix()}", path.read_bytes())
+        destination.upload(f"{prefix}/{path.relative_to(local).as_posix()}", str(path))
 
 
 def _restore_environment(name: str, value: str | None) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import uuid
 from collections import Counter
 from collections.abc import Iterable
@@ -82,6 +83,18 @@ class Storage:
         temporary = f"{path}.tmp-{uuid.uuid4().hex}"
         with open(temporary, "wb") as handle:
             handle.write(data)
+        os.replace(temporary, path)
+
+    def upload(self, key: str, local_path: str) -> None:
+        """Write a local file as a whole object without holding it in memory (S3: a multipart
+        upload where it is large); it appears at once, as `write`'s do."""
+        path = self.path(key)
+        if not self.local:
+            self.fs.put_file(local_path, path)
+            return
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temporary = f"{path}.tmp-{uuid.uuid4().hex}"
+        shutil.copyfile(local_path, temporary)
         os.replace(temporary, path)
 
     def read(self, key: str) -> bytes:
