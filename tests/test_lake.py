@@ -140,3 +140,47 @@ def test_a_run_in_object_storage_exports_to_object_storage(prefect_api, workspac
     assert dataset.storage.metadata["data_format"] == "arrow"
     assert dataset.total_episodes == len(_episode_returns_in_shards(Storage(StorageLocation(root, options)),
                                                                     run.run_id)) > 0
+
+
+def test_an_async_run_killed_and_resumed_exports_whole_consistent_streams(prefect_api, workspace, tiny_budget,
+                                                                          monkeypatch):
+    """The chunks a killed ASYNC run wrote after its last checkpoint are collected again by the
+    resumed run: each worker's stream still continues shard to shard (the stitcher checks it)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from prefect.settings import PREFECT_API_URL
+
+    root = workspace / "data"
+    run = {**tiny_budget, **OFF_POLICY, **ASYNC, "schedule.total_env_steps": 2560, "storage.keep_shards": "all",
+           **local_overrides(workspace)}
+    flow = subprocess.Popen(
+        [sys.executable, "-c", ("import json, sys\nfrom gymflow.flows.improve import improve\n"
+                                "if __name__ == '__main__':\n    improve(sys.argv[1], json.loads(sys.argv[2]))"),
+         "cartpole-dqn", json.dumps(run)],
+        env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
+        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 180
+    while not list(root.glob("runs/*/policies/v000001/manifest.json")):  # ASYNC may commit few versions
+        assert flow.poll() is None and time.monotonic() < deadline, "the flow ended before it could be killed"
+        time.sleep(0.05)
+    os.killpg(flow.pid, signal.SIGKILL)
+    flow.wait()
+    (run_dir,) = (root / "runs").iterdir()
+    assert main(["resume", run_dir.name, "--root", str(root), "--quiet"]) == 0
+    datasets = workspace / "datasets"
+    assert main(["export", run_dir.name, "--root", str(root), "--to", str(datasets), "--id", "gymflow/resumed-v0"]) == 0
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(datasets))
+    dataset = minari.load_dataset("gymflow/resumed-v0")
+    storage = Storage(StorageLocation(str(root)))
+    env = validate_preset_data(read_stored_preset(storage, run_dir.name)).env
+    seeds = [m["seed"] for m in dataset.storage.get_episode_metadata(range(dataset.total_episodes))]
+    assert dataset.total_episodes == len(_episode_returns_in_shards(storage, run_dir.name)) > 0
+    for episode, seed in zip(dataset, seeds, strict=True):
+        _replay(episode, seed, env, newest_frame=False)
