@@ -17,9 +17,10 @@ import os
 import shutil
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import fsspec
@@ -79,11 +80,7 @@ class Storage:
         if not self.local:
             self.fs.pipe_file(path, data)
             return
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        temporary = f"{path}.tmp-{uuid.uuid4().hex}"
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-        os.replace(temporary, path)
+        _appear_at_once(path, lambda temporary: Path(temporary).write_bytes(data))
 
     def upload(self, key: str, local_path: str) -> None:
         """Write a local file as a whole object without holding it in memory (S3: a multipart
@@ -92,10 +89,7 @@ class Storage:
         if not self.local:
             self.fs.put_file(local_path, path)
             return
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        temporary = f"{path}.tmp-{uuid.uuid4().hex}"
-        shutil.copyfile(local_path, temporary)
-        os.replace(temporary, path)
+        _appear_at_once(path, lambda temporary: shutil.copyfile(local_path, temporary))
 
     def read(self, key: str) -> bytes:
         self.reads[read_kind(key)] += 1
@@ -143,6 +137,14 @@ class Storage:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             with open(target, "wb") as handle:
                 handle.write(self.read(key))
+
+
+def _appear_at_once(path: str, fill: Callable[[str], object]) -> None:
+    """A local file written whole to a temporary name by `fill`, then renamed to `path`."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temporary = f"{path}.tmp-{uuid.uuid4().hex}"
+    fill(temporary)
+    os.replace(temporary, path)
 
 
 def read_kind(key: str) -> str:
