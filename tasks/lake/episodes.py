@@ -9,20 +9,17 @@ worker's envs played, each with the seed its reset took. A worker whose first sh
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from gymflow.envs.seeding import derive_seed
-from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.layout import RunLayout, parse_shard_key
 from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.storage.shards import NO_POLICY, ShardError, StoredShard, read_stored_shard
 
 UNKNOWN_VERSION = -2  # an ASYNC chunk written before shards recorded their policy version
-_SHARD = re.compile(r"/shards/(?:(heatup)|v(\d{6})|async/w\d{3}/c(\d{6}))(?:/w(\d{3}))?\.npz$")
-_WORKER = re.compile(r"/w(\d{3})(?:/c\d{6})?\.npz$")
 
 
 @dataclass(frozen=True)
@@ -55,26 +52,20 @@ class WorkerStream:
     @property
     def from_the_start(self) -> bool:
         """Whether its first shard is the worker's first (nothing before it was retired)."""
-        kind, version, chunk, _ = _SHARD.search(self.keys[0]).groups()
-        return kind == "heatup" or version == "000000" or chunk == "000000"
+        return parse_shard_key(self.keys[0]).order <= 0
 
     @property
     def first_kept(self) -> str:
         """Its first shard, by round (v000003) or chunk (chunk 12)."""
-        kind, version, chunk, _ = _SHARD.search(self.keys[0]).groups()
-        return kind if kind else f"v{version}" if version else f"chunk {int(chunk)}"
+        return parse_shard_key(self.keys[0]).name
 
 
 def worker_streams(storage: Storage, layout: RunLayout) -> list[WorkerStream]:
     """Every rollout worker's stored shards, heatup's first, then by round or chunk number."""
     streams: dict[int, list[tuple[int, str]]] = {}
     for key in storage.list(layout.shards):
-        match = _SHARD.search(key)
-        if match is None:
-            continue
-        heatup, version, chunk, _ = match.groups()
-        order = -1 if heatup else int(version or chunk)
-        streams.setdefault(int(_WORKER.search(key).group(1)), []).append((order, key))
+        if shard := parse_shard_key(key):
+            streams.setdefault(shard.worker, []).append((shard.order, key))
     return [WorkerStream(worker, tuple(key for _, key in sorted(keys))) for worker, keys in sorted(streams.items())]
 
 
@@ -82,8 +73,8 @@ def acting_version(shard: StoredShard) -> int:
     """The policy version that collected a shard: recorded in it, else read from its key."""
     if shard.policy_version is not None:
         return shard.policy_version
-    heatup, version, _, _ = _SHARD.search(shard.key).groups()
-    return NO_POLICY if heatup else int(version) if version else UNKNOWN_VERSION
+    key = parse_shard_key(shard.key)
+    return NO_POLICY if key.heatup else key.round if key.round is not None else UNKNOWN_VERSION
 
 
 @dataclass

@@ -2,7 +2,46 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+_SHARD_KEY = re.compile(r"/shards/(?:heatup/w(?P<heatup>\d{3})|v(?P<round>\d{6})/w(?P<worker>\d{3})"
+                        r"|async/w(?P<streamer>\d{3})/c(?P<chunk>\d{6}))\.npz$")
+
+
+@dataclass(frozen=True)
+class ShardKey:
+    """What a shard's key says: the rollout worker that wrote it, and its round (SYNC: the policy
+    version that collected it) or its chunk number (ASYNC); heatup's have neither."""
+
+    worker: int
+    round: int | None = None
+    chunk: int | None = None
+
+    @property
+    def heatup(self) -> bool:
+        return self.round is None and self.chunk is None
+
+    @property
+    def order(self) -> int:
+        """Its place in its worker's stream: heatup's first, then by round or chunk."""
+        return -1 if self.heatup else self.round if self.round is not None else self.chunk
+
+    @property
+    def name(self) -> str:
+        return "heatup" if self.heatup else f"v{self.round:06d}" if self.round is not None else f"chunk {self.chunk}"
+
+
+def parse_shard_key(key: str) -> ShardKey | None:
+    """The `ShardKey` of a key `RunLayout.shard` or `.chunk` made; None for any other key."""
+    found = _SHARD_KEY.search(key)
+    if found is None:
+        return None
+    if found["heatup"] is not None:
+        return ShardKey(int(found["heatup"]))
+    if found["round"] is not None:
+        return ShardKey(int(found["worker"]), round=int(found["round"]))
+    return ShardKey(int(found["streamer"]), chunk=int(found["chunk"]))
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,9 @@ import json
 import re
 from dataclasses import asdict, dataclass
 
-from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.layout import RunLayout, parse_shard_key
 from gymflow.tasks.storage.objects import Storage
 
-_ROUND = re.compile(r"/shards/v(\d{6})/w\d{3}\.npz$")
-_CHUNK = re.compile(r"/shards/async/w(\d{3})/c(\d{6})\.npz$")
-_HEATUP = re.compile(r"/shards/heatup/w\d{3}\.npz$")
 _SEGMENT = re.compile(r"/ledger/v(\d{6})\.json$")
 
 
@@ -54,13 +51,12 @@ class ShardFloor:
 
     def needs(self, key: str) -> bool:
         """Whether a resume from the checkpoint may read the shard or segment at `key`."""
-        if _HEATUP.search(key):
-            return self.heatup
-        if found := _ROUND.search(key):
-            return int(found[1]) >= self.round
-        if found := _CHUNK.search(key):
-            worker, chunk = int(found[1]), int(found[2])
-            return worker >= len(self.chunks) or chunk >= self.chunks[worker]
+        if shard := parse_shard_key(key):
+            if shard.heatup:
+                return self.heatup
+            if shard.round is not None:
+                return shard.round >= self.round
+            return shard.worker >= len(self.chunks) or shard.chunk >= self.chunks[shard.worker]
         if found := _SEGMENT.search(key):
             return int(found[1]) >= self.segment
         return True
