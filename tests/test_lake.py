@@ -12,10 +12,10 @@ from gymflow.envs.make import make_env
 from gymflow.flows.cli import main
 from gymflow.flows.improve import improve
 from gymflow.presets.load import validate_preset_data
+from gymflow.tasks.storage.codec import decode_arrays
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from gymflow.tasks.storage.records import read_stored_preset
-from gymflow.tasks.storage.shards import read_stored_shard
 from tests.conftest import local_overrides, written_files
 
 pytestmark = pytest.mark.e2e
@@ -56,15 +56,9 @@ def test_an_exported_run_replays_episode_by_episode(preset, extra, prefect_api, 
 
 
 def _episode_returns_in_shards(storage: Storage, run_id: str) -> list[float]:
+    """The returns of the episodes every stored shard of the run saw end."""
     keys = [key for key in storage.list(RunLayout(run_id).shards) if key.endswith(".npz")]
-    return [float(r) for key in keys for r in _stored_returns(storage, key)]
-
-
-def _stored_returns(storage: Storage, key: str) -> np.ndarray:
-    from gymflow.tasks.storage.codec import decode_arrays
-
-    read_stored_shard(storage, key)  # a whole, readable shard
-    return decode_arrays(storage.read(key))["episode_returns"]
+    return [float(r) for key in keys for r in decode_arrays(storage.read(key))["episode_returns"]]
 
 
 def _replay(episode, seed: int, env_config, newest_frame: bool) -> None:

@@ -79,6 +79,7 @@ def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, e
     os.killpg(flow.pid, signal.SIGKILL)  # the flow's process, its Dask scheduler and workers (single: its helper
     # has a session of its own, and ends when its input does)
     flow.wait()
+    output.close()
     (run_dir,) = (killed_root / "runs").iterdir()
     assert not (killed_root / "runs" / run_dir.name / "checkpoints" / f"v{clean.versions_committed - 1:06d}").exists()
 

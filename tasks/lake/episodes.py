@@ -50,11 +50,6 @@ class WorkerStream:
     keys: tuple[str, ...]
 
     @property
-    def from_the_start(self) -> bool:
-        """Whether its first shard is the worker's first (nothing before it was retired)."""
-        return parse_shard_key(self.keys[0]).order <= 0
-
-    @property
     def first_kept(self) -> str:
         """Its first shard, by round (v000003) or chunk (chunk 12)."""
         return parse_shard_key(self.keys[0]).name
@@ -95,6 +90,12 @@ class EpisodeStitcher:
         self.newest_frame = newest_frame  # frame stacks [k, h, w]: keep each step's newest frame
         self._open: list[_Open] = []
         self._last_obs: np.ndarray | None = None
+        self.from_the_start: bool | None = None  # known at the first shard: every env at its first step
+
+    def read(self, storage: Storage) -> Iterator[Episode]:
+        """Every whole episode of the stream, in the order they ended."""
+        for key in self.stream.keys:
+            yield from self.add(read_stored_shard(storage, key))
 
     def add(self, shard: StoredShard) -> Iterator[Episode]:
         rollout = shard.rollout
@@ -103,7 +104,8 @@ class EpisodeStitcher:
         for row, flat in enumerate(rollout.done_index):
             ends[int(flat) % envs].append((int(flat) // envs, row))
         if self._last_obs is None:
-            self._open = [self._first_episode(shard, env, len(ends[env])) for env in range(envs)]
+            self._open = [self._first_episode(shard, env, ends[env]) for env in range(envs)]
+            self.from_the_start = all(episode.index == 0 and episode.whole for episode in self._open)
         elif not np.array_equal(rollout.obs[0], self._last_obs):
             raise ShardError(f"shard {shard.key} does not continue the envs of the shard before it")
         version = acting_version(shard)
@@ -114,10 +116,17 @@ class EpisodeStitcher:
                                  f"says {int(shard.cursor.episode_index[env])}")
         self._last_obs = rollout.last_obs
 
-    def _first_episode(self, shard: StoredShard, env: int, ended_here: int) -> _Open:
-        if self.stream.from_the_start:
-            return _Open(index=0, whole=True)
-        return _Open(index=int(shard.cursor.episode_index[env]) - ended_here, whole=False)
+    @staticmethod
+    def _first_episode(shard: StoredShard, env: int, ends: list[tuple[int, int]]) -> _Open:
+        """The episode env `env` is in at the stream's first step: whole if it began there (the
+        first episode to end here is as long as the steps up to its end; else the env's actions
+        since its reset are this shard's)."""
+        if ends:
+            step, row = ends[0]
+            began_here = int(shard.episode_lengths[row]) == step + 1
+        else:
+            began_here = int(shard.cursor.action_counts[env]) == len(shard.rollout.rewards)
+        return _Open(index=int(shard.cursor.episode_index[env]) - len(ends), whole=began_here)
 
     def _split(self, shard: StoredShard, env: int, ends: list[tuple[int, int]], version: int) -> Iterator[Episode]:
         rollout, start = shard.rollout, 0
@@ -152,9 +161,3 @@ class EpisodeStitcher:
     def _frames(self, obs: np.ndarray) -> np.ndarray:
         return obs[:, -1] if self.newest_frame else obs
 
-
-def read_episodes(storage: Storage, stream: WorkerStream, env_seed: int, newest_frame: bool) -> Iterator[Episode]:
-    """Every whole episode of one worker's stream, in the order they ended."""
-    stitcher = EpisodeStitcher(stream, env_seed, newest_frame)
-    for key in stream.keys:
-        yield from stitcher.add(read_stored_shard(storage, key))

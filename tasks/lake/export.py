@@ -27,7 +27,7 @@ from gymflow.envs.seeding import derive_seed
 from gymflow.errors import GymflowError
 from gymflow.presets.load import validate_preset_data
 from gymflow.presets.model import Preset
-from gymflow.tasks.lake.episodes import Episode, WorkerStream, read_episodes, worker_streams
+from gymflow.tasks.lake.episodes import Episode, EpisodeStitcher, WorkerStream, worker_streams
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.storage.records import read_stored_preset
@@ -64,10 +64,9 @@ class RunExperience:
     action_space: spaces.Space
     newest_frame: bool  # observations are frame stacks: each step keeps its newest frame
 
-    def episodes(self, storage: Storage) -> Iterator[Episode]:
-        for stream in self.streams:
-            env_seed = derive_seed(self.preset.seed, "envs", stream.worker)  # as rounds.py seeds the worker's envs
-            yield from read_episodes(storage, stream, env_seed, self.newest_frame)
+    def stitchers(self) -> list[EpisodeStitcher]:
+        return [EpisodeStitcher(stream, derive_seed(self.preset.seed, "envs", stream.worker),  # as rounds.py seeds
+                                self.newest_frame) for stream in self.streams]
 
 
 def find_run_experience(storage: Storage, run_id: str) -> RunExperience:
@@ -107,12 +106,13 @@ def export_run(source: Storage, run_id: str, destination: Storage, dataset_id: s
     if destination.list(folder):
         raise ExportRefused("--id", f"a dataset {dataset_id!r} exists already at {destination.url(folder)}")
     experience = find_run_experience(source, run_id)
+    stitchers = experience.stitchers()
     with tempfile.TemporaryDirectory(prefix="gymflow-export-") as local_root:
         previous = os.environ.get("MINARI_DATASETS_PATH")
         os.environ["MINARI_DATASETS_PATH"] = local_root  # where minari builds it
         try:
             dataset, episodes, steps = None, 0, 0
-            for batch in _batches(experience.episodes(source)):
+            for batch in _batches(episode for stitcher in stitchers for episode in stitcher.read(source)):
                 buffers = [_episode_buffer(episode) for episode in batch]
                 if dataset is None:
                     dataset = _create(minari, dataset_id, buffers, experience, data_format)
@@ -128,7 +128,7 @@ def export_run(source: Storage, run_id: str, destination: Storage, dataset_id: s
         if dataset is None:
             raise ExportRefused("run_id", f"run {run_id!r} holds no whole episode yet")
         _copy_folder(Path(local_root, folder), destination, folder)
-    retired = {stream.worker: stream.first_kept for stream in experience.streams if not stream.from_the_start}
+    retired = {s.stream.worker: s.stream.first_kept for s in stitchers if not s.from_the_start}
     return ExportReport(dataset_id, destination.url(folder), episodes, steps, len(experience.streams), retired)
 
 

@@ -148,11 +148,13 @@ def read_cursor(storage: Storage, key: str) -> EnvCursor:
 
 @dataclass(frozen=True)
 class StoredShard:
-    """A shard read whole: its rollout, where its envs stood after it, and the policy version
-    that acted (NO_POLICY for heatup's random policy; None where the shard predates recording it)."""
+    """A shard read whole: its rollout, the lengths of the episodes that ended in it (in the order
+    of `rollout.done_index`), where its envs stood after it, and the policy version that acted
+    (NO_POLICY for heatup's random policy; None where the shard predates recording it)."""
 
     key: str
     rollout: Rollout
+    episode_lengths: np.ndarray
     cursor: EnvCursor
     policy_version: int | None
 
@@ -162,7 +164,7 @@ def read_stored_shard(storage: Storage, key: str) -> StoredShard:
         raise ShardError(f"shard {storage.url(key)} is missing")
     arrays = decode_arrays(storage.read(key))
     version = int(arrays["policy_version"]) if "policy_version" in arrays else None
-    return StoredShard(key, _rollout(arrays), _cursor(arrays), version)
+    return StoredShard(key, _rollout(arrays), arrays["episode_lengths"], _cursor(arrays), version)
 
 
 def _cursor(arrays: dict[str, np.ndarray]) -> EnvCursor:
