@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gymflow.tasks.storage.checkpoints import (
     committed_versions,
@@ -59,3 +60,10 @@ def read_ledger(storage: Storage, run_id: str) -> LedgerEntries:
         inserted=tuple(r.key for r in records if r.admitted), dropped=tuple(r.key for r in records if not r.admitted),
         unused=tuple(final["unused"]), lags={r.key: r.lag for r in records}, counts=Ledger(**final["counts"]),
     )
+
+
+def newest_published(root: Path) -> int:
+    """The newest policy version a run under the local storage `root` has published so far (-1: none). A
+    fast run retires old versions between two polls, so a wait for version N asks for "N or newer"."""
+    versions = [int(manifest.parent.name[1:]) for manifest in root.glob("runs/*/policies/v*/manifest.json")]
+    return max(versions, default=-1)

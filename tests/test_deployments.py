@@ -21,6 +21,7 @@ from gymflow.tasks.storage.checkpoints import latest_version, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from tests.conftest import free_port
+from tests.stored import newest_published
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
@@ -173,7 +174,7 @@ def test_a_cancelled_deployment_run_stops_within_10_s_leaves_nothing_running_and
     clean = improve("cartpole-ppo", {**overrides, "storage.root": str(tmp_path / "clean")})
     flow_run_id = _deployment_run(env, overrides=overrides)
     deadline = time.monotonic() + 240
-    while not list(root.glob("runs/*/policies/v000003/manifest.json")):
+    while newest_published(root) < 3:
         assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
         time.sleep(0.05)
     running = psutil.Process(worker.pid).children(recursive=True)  # the flow's process, its Dask workers, ...

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -21,7 +20,7 @@ from gymflow.tasks.storage.checkpoints import read_checkpoint
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from tests.conftest import local_overrides
-from tests.stored import read_ledger
+from tests.stored import newest_published, read_ledger
 
 pytestmark = pytest.mark.e2e
 
@@ -30,11 +29,6 @@ def _final_weights(root, summary) -> bytes:
     storage = Storage(StorageLocation(str(root)))
     return read_checkpoint(storage, RunLayout(summary.run_id), summary.versions_committed - 1,
                            ["policy.safetensors"])["policy.safetensors"]
-
-
-def _newest_published(root: Path) -> int:
-    versions = [int(manifest.parent.name[1:]) for manifest in root.glob("runs/*/policies/v*/manifest.json")]
-    return max(versions, default=-1)
 
 
 ASYNC = {"distribution.mode": "async", "distribution.samples_per_insert": 2, "distribution.commit_every_train_steps": 4,
@@ -77,7 +71,7 @@ def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, e
     kill_at = min(4, clean.versions_committed // 2)
     assert kill_at >= 2, f"the clean run committed {clean.versions_committed} versions: too few to be killed midway"
     deadline = time.monotonic() + 180
-    while _newest_published(killed_root) < kill_at:  # a fast run retires v{kill_at} before a poll may see it
+    while newest_published(killed_root) < kill_at:  # a fast run retires v{kill_at} before a poll may see it
         assert flow.poll() is None and time.monotonic() < deadline, (
             f"the flow ended before it could be killed (exit {flow.poll()}):\n"
             f"{(workspace / 'killed-flow.log').read_text()[-3000:]}")

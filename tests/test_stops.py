@@ -24,6 +24,7 @@ from gymflow.tasks.storage.checkpoints import read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from tests.conftest import local_overrides
+from tests.stored import newest_published
 
 pytestmark = pytest.mark.e2e
 GYMFLOW = str(Path(sys.executable).with_name("gymflow"))
@@ -36,7 +37,7 @@ def _started_run(root: Path, run: dict, env: dict) -> tuple[subprocess.Popen, li
                                                                           for k, v in run.items())],
                             env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 180
-    while not list(root.glob("runs/*/policies/v000003/manifest.json")):
+    while newest_published(root) < 3:
         assert flow.poll() is None and time.monotonic() < deadline, flow.stderr.read().decode()[-2000:]
         time.sleep(0.05)
     return flow, psutil.Process(flow.pid).children(recursive=True)
