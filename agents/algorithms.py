@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from gymnasium import spaces
 
-from gymflow.agents.configs import DQNConfig, PPOConfig, SACConfig, TD3Config, epsilon_at
+from gymflow.agents.configs import BCConfig, DQNConfig, PPOConfig, SACConfig, TD3Config, epsilon_at
 
 if TYPE_CHECKING:
     from torch import nn
@@ -36,6 +36,7 @@ class Algorithm:
     reads_images: bool  # uint8 image observations, through a CNN
     module: str  # defines PARTS, an AlgorithmParts (imports torch)
     exploration: Callable[[Any, int], float] = no_exploration  # (config, env_steps) -> exploration parameter
+    offline_only: bool = False  # learns from a dataset alone (presets' `dataset`), never collecting
 
     def parts(self) -> AlgorithmParts:
         return importlib.import_module(self.module).PARTS
@@ -61,6 +62,8 @@ ALGORITHMS: dict[str, Algorithm] = {
                      module="gymflow.agents.sac"),
     "td3": Algorithm("td3", TD3Config, on_policy=False, action_spaces=(spaces.Box,), reads_images=False,
                      module="gymflow.agents.td3"),
+    "bc": Algorithm("bc", BCConfig, on_policy=False, action_spaces=(spaces.Discrete, spaces.Box), reads_images=False,
+                    module="gymflow.agents.bc", offline_only=True),
 }
 
 

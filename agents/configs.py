@@ -1,7 +1,7 @@
 """What each algorithm's settings are: pydantic models and nothing heavier, so that presets,
 the command line and the flows can read and check them without importing torch.
 
-The networks, losses and learners that use them live in agents/ppo.py, dqn.py, sac.py and td3.py.
+The networks, losses and learners that use them live in agents/ppo.py, dqn.py, sac.py, td3.py and bc.py.
 """
 
 from __future__ import annotations
@@ -144,3 +144,20 @@ class TD3Config(ReplayOptions, ObservationNormalization):
     target_noise: float = Field(default=0.2, ge=0, le=10, description="Std of the target policy smoothing noise.")
     target_noise_clip: float = Field(default=0.5, ge=0, le=10, description="The smoothing noise is clipped to +-this.")
     hidden_sizes: LayerWidths = Field(default=[400, 300], min_length=1, description="MLP widths of actor and critics.")
+
+
+class BCConfig(ObservationNormalization):
+    """Behaviour cloning: learns offline only, from a dataset's actions (presets' `dataset`)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    algo: Literal["bc"] = "bc"
+    lr: float = Field(default=1e-3, gt=0, le=1, description="Adam learning rate.")
+    batch_size: int = Field(default=256, ge=1, description="Transitions per gradient step.")
+    replay_capacity: int = Field(
+        default=1_000_000, ge=1, description="Transitions held in memory: the dataset's, which must fit."
+    )
+    train_steps_per_iteration: int = Field(
+        default=500, ge=1, description="Gradient steps between two committed versions (TrainingSteps)."
+    )
+    hidden_sizes: LayerWidths = Field(default=[256, 256], min_length=1, description="MLP widths.")

@@ -214,7 +214,7 @@ def _with_progress_bar(train: Callable[[], RunSummary], quiet: bool) -> RunSumma
     bar = Progress(
         TextColumn("[bold]training"),
         BarColumn(),
-        TextColumn("{task.completed:,.0f}/{task.total:,.0f} env steps"),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f} {task.fields[unit]}"),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
         TextColumn("{task.fields[status]}"),
@@ -225,10 +225,10 @@ def _with_progress_bar(train: Callable[[], RunSummary], quiet: bool) -> RunSumma
     class BarView:
         task_id = None
 
-        def update(self, env_steps: int, total: int, status: str) -> None:
+        def update(self, done: int, total: int, unit: str, status: str) -> None:
             if self.task_id is None:
-                self.task_id = bar.add_task("train", total=total, status="")
-            bar.update(self.task_id, completed=min(env_steps, total), status=status)
+                self.task_id = bar.add_task("train", total=total, status="", unit=unit)
+            bar.update(self.task_id, completed=min(done, total), status=status)
 
     with bar, showing_progress(BarView()):
         return train()

@@ -82,7 +82,7 @@ def improve(
             ending = RunEnding(loop.stop.target_reached(deciding), loop.stop.stopped_early(loop.latest),
                                time.perf_counter() - started)
             summary = summarize(identity, state, recorder, deciding, ending)
-            recorder.progress.update(summary.env_steps, f"done: eval {summary.final_return:.1f}", force=True)
+            recorder.progress.update(recorder.budget.spent(state), f"done: eval {summary.final_return:.1f}", force=True)
             delivered = deliver(run, tracker, summary, recorder)  # artifacts, figures, the model
             loop.film_landed()
             summary, report = delivered.summary, report_run(run, tracker, delivered, recorder)

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gymflow.agents.configs import DQNConfig, PPOConfig, SACConfig, TD3Config
+from gymflow.agents.configs import BCConfig, DQNConfig, PPOConfig, SACConfig, TD3Config
 from gymflow.envs.make import Preprocessing
 
 STORAGE_SCHEMES = ("file", "s3", "s3a")
@@ -23,7 +23,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-AgentConfig = Annotated[PPOConfig | DQNConfig | SACConfig | TD3Config, Field(discriminator="algo")]
+AgentConfig = Annotated[PPOConfig | DQNConfig | SACConfig | TD3Config | BCConfig, Field(discriminator="algo")]
 
 
 class EnvConfig(_Strict):
@@ -53,7 +53,14 @@ class ScheduleConfig(_Strict):
     """The improve loop's schedule, each field in an explicit unit."""
 
     total_env_steps: int = Field(
-        gt=0, description="Stop after this many environment steps of training (EnvironmentSteps)."
+        ge=0, description="Stop after this many environment steps of training (EnvironmentSteps). 0 with a "
+        "dataset: an offline run, which collects nothing and stops after total_train_steps."
+    )
+    total_train_steps: int | None = Field(
+        default=None, gt=0, description="Offline runs: stop after this many gradient steps (TrainingSteps)."
+    )
+    evaluate_every_train_steps: int | None = Field(
+        default=None, gt=0, description="Offline runs: evaluate the greedy policy every this many gradient steps."
     )
     heatup_env_steps: int = Field(
         default=0,
@@ -61,13 +68,15 @@ class ScheduleConfig(_Strict):
         description="Random-policy environment steps that fill replay before training "
         "(off-policy agents only).",
     )
-    rollout_steps_per_env: int = Field(
+    rollout_steps_per_env: int | None = Field(
+        default=None,
         gt=0,
         le=100_000,
-        description="Environment steps each env takes per training iteration.",
+        description="Environment steps each env takes per training iteration (required unless offline).",
     )
-    evaluate_every_env_steps: int = Field(
-        gt=0, description="Evaluate the greedy policy every this many environment steps."
+    evaluate_every_env_steps: int | None = Field(
+        default=None, gt=0,
+        description="Evaluate the greedy policy every this many environment steps (required unless offline).",
     )
     evaluation_episodes: int = Field(
         default=10, gt=0, le=1000, description="Episodes averaged in each evaluation."
@@ -253,6 +262,21 @@ class TrackingConfig(_Strict):
     )
 
 
+class DatasetConfig(_Strict):
+    """Experience to learn from that no rollout of this run collected: a Minari dataset (`gymflow
+    export` writes one from a run)."""
+
+    id: str = Field(min_length=1, description="The Minari dataset id, [namespace/]name-vN (gymflow/cartpole-v0).")
+    root: str | None = Field(
+        default=None,
+        description="The Minari datasets root it is under: a local folder, file:// or s3:// URL. None: Minari's "
+        "own (MINARI_DATASETS_PATH, else ~/.minari/datasets).",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="fsspec/s3fs options for an s3:// root, e.g. {'endpoint_url': ...}."
+    )
+
+
 class Preset(_Strict):
     """One experiment: what to learn, how, on what budget, where things go."""
 
@@ -263,7 +287,17 @@ class Preset(_Strict):
     distribution: DistributionConfig = Field(default_factory=DistributionConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    dataset: DatasetConfig | None = Field(
+        default=None,
+        description="Put this dataset's transitions in the replay memory before training (off-policy agents): the "
+        "whole of an offline run's experience (schedule.total_env_steps 0), or the start of an online one's.",
+    )
     seed: int = Field(default=0, ge=0, description="Run seed; every other seed derives from it.")
+
+    @property
+    def offline(self) -> bool:
+        """Learns from its dataset alone: nothing is collected, and the budget is gradient steps."""
+        return self.dataset is not None and self.schedule.total_env_steps == 0
 
     @property
     def remote_cluster(self) -> bool:

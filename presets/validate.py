@@ -87,7 +87,45 @@ def experiment_from(config: Preset) -> Experiment:
         _check_cuda(config.distribution.learner_device)
     if algorithm.on_policy and config.schedule.heatup_env_steps:
         raise InvalidPreset("schedule.heatup_env_steps", f"must be 0 for the on-policy {algorithm.name}")
+    _check_dataset(config, algorithm)
     return Experiment(config, algorithm, observation_space, action_space)
+
+
+def _check_dataset(config: Preset, algorithm: Algorithm) -> None:
+    """A run's schedule against where its experience comes from: collected, a dataset, or both
+    (the dataset itself is checked when the run is prepared: tasks/lake/source.py)."""
+    schedule = config.schedule
+    if config.dataset is None and algorithm.offline_only:
+        raise InvalidPreset("dataset.id", f"{algorithm.name} learns from a dataset alone: name one, with "
+                                          "schedule.total_env_steps 0")
+    if config.dataset is None and schedule.total_env_steps == 0:
+        raise InvalidPreset("schedule.total_env_steps", "must be > 0, or 0 with a dataset.id to learn from offline")
+    if config.dataset is not None and algorithm.on_policy:
+        raise InvalidPreset("dataset", f"{algorithm.name} learns only from its current policy's rollouts; a dataset "
+                                       f"needs an off-policy agent ({_off_policy()})")
+    if config.dataset is not None and config.distribution.mode == "async":
+        raise InvalidPreset("distribution.mode", "a run with a dataset is sync or single (not yet async)")
+    if algorithm.offline_only and not config.offline:
+        raise InvalidPreset("schedule.total_env_steps", f"{algorithm.name} learns from its dataset alone: allowed: 0")
+    if config.offline:
+        _check_offline_schedule(config)
+        return
+    for name in ("rollout_steps_per_env", "evaluate_every_env_steps"):
+        if getattr(schedule, name) is None:
+            raise InvalidPreset(f"schedule.{name}", "a run that collects needs it: allowed: an integer > 0")
+
+
+def _check_offline_schedule(config: Preset) -> None:
+    schedule = config.schedule
+    for name in ("total_train_steps", "evaluate_every_train_steps"):
+        if getattr(schedule, name) is None:
+            raise InvalidPreset(f"schedule.{name}", "an offline run (total_env_steps 0) counts gradient steps: "
+                                                    "allowed: an integer > 0")
+    if schedule.heatup_env_steps:
+        raise InvalidPreset("schedule.heatup_env_steps", "an offline run collects nothing: allowed: 0")
+    if config.storage.checkpoint_every_env_steps is not None:
+        raise InvalidPreset("storage.checkpoint_every_env_steps", "an offline run collects no env steps: use "
+                            "checkpoint_every_seconds, or neither (a checkpoint at each evaluation)")
 
 
 def _check_cuda(device: str) -> None:

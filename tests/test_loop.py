@@ -19,7 +19,7 @@ from gymflow.tasks.training.ledger import Ledger
 from gymflow.tasks.training.loop import StopRule
 from gymflow.tasks.training.resume import restore
 from gymflow.tasks.training.run import PreparedRun, first_state, improve_loop
-from gymflow.tasks.training.state import LoopState, StreamPosition
+from gymflow.tasks.training.state import Budget, LoopState, StreamPosition
 from gymflow.testing.hosts import InProcessHosts
 from tests.in_process import LOGGER, Recording, prepared, train_in_process
 from tests.stored import read_ledger
@@ -40,7 +40,7 @@ def test_sync_rounds_collect_learn_commit_and_evaluate_on_schedule(tiny_budget, 
     assert state == observer.reports[-1].state
     # due at 256 env steps, then every 256: versions 2 and 4 are scored beside their rounds, and waited for;
     # no target reached, so the last version's own evaluation decides the run
-    assert [(e.env_steps, e.version) for e in observer.evaluations] == [(256, 2), (512, 4), (640, 5)]
+    assert [(e.step, e.version) for e in observer.evaluations] == [(256, 2), (512, 4), (640, 5)]
     assert deciding is observer.evaluations[-1]
     stored = read_checkpoint(run.storage, RunLayout(run.run_id), 5, ["loop_state.json"])
     assert LoopState.from_json(stored["loop_state.json"]) == state
@@ -70,7 +70,7 @@ def test_a_run_that_reached_its_target_at_a_periodic_evaluation_films_that_versi
 
 
 def test_stop_rule_needs_the_budget_and_nothing_left_to_learn_or_the_target():
-    rule = StopRule(total_env_steps=1000, target_return=100.0)
+    rule = StopRule(Budget(total=1000, evaluate_every=100), target_return=100.0)
     state = LoopState(3, 1000, 2000, (None,))
     assert rule.reached(state, drained=True, latest=None)
     assert not rule.reached(state, drained=False, latest=None)
@@ -79,20 +79,21 @@ def test_stop_rule_needs_the_budget_and_nothing_left_to_learn_or_the_target():
 
     scored = Scored(500, EvaluationResult(2, (100.0, 101.0), (5, 5), 0.1))
     assert rule.reached(LoopState(3, 10, 2000, (None,)), drained=False, latest=scored)
-    assert not StopRule(1000, None).target_reached(scored)
+    assert not StopRule(Budget(1000, 100), None).target_reached(scored)
 
 
 def test_one_evaluation_runs_at_a_time_and_the_schedule_moves_on_when_one_starts(tiny_budget, tmp_path):
     run = prepared(tmp_path, "cartpole-ppo", tiny_budget)
     Commits(run.storage, run.run_id, run.preset.storage, policy_window=1).publish(run.learner, 0)
-    schedule = EvaluationSchedule(InProcessHosts(), RoundPlan(run.preset, run.run_id), blocking=False, logger=LOGGER)
+    schedule = EvaluationSchedule(InProcessHosts(), RoundPlan(run.preset, run.run_id), Budget.of(run.preset),
+                                  blocking=False, logger=LOGGER)
     try:
         assert schedule.start_if_due(LoopState(0, 100, 256, (None, None))) == 256  # not due yet
         assert schedule.wait() is None
         assert schedule.start_if_due(LoopState(0, 300, 256, (None, None))) == 512  # due: version 0 is scored
         assert schedule.start_if_due(LoopState(0, 600, 512, (None, None))) == 512  # one at a time
         scored = schedule.wait()
-        assert (scored.env_steps, scored.version, len(scored.result.returns)) == (300, 0, 4)
+        assert (scored.step, scored.version, len(scored.result.returns)) == (300, 0, 4)
         assert schedule.finished() is None
     finally:
         schedule.close()

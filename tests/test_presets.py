@@ -85,17 +85,25 @@ def test_a_bad_base_is_one_line_naming_it(tmp_path, text, says):
 @pytest.mark.parametrize(
     ("preset", "overrides", "field", "says"),
     [
-        ("nope", {}, "preset", "allowed: breakout-dqn, breakout-ppo, cartpole-dqn, cartpole-dqn-async, cartpole-ppo, "
+        ("nope", {}, "preset", "allowed: breakout-dqn, breakout-ppo, cartpole-bc, cartpole-dqn, cartpole-dqn-async, "
+                               "cartpole-ppo, "
                                "catch-dqn, catch-ppo, halfcheetah-ppo, halfcheetah-sac, hopper-ppo, hopper-td3, "
                                "lunarlander-ppo, mujoco-ppo, pendulum-sac"),
         ("cartpole-ppo", {"env.id": "NoSuchEnv-v0"}, "env.id", "not a registered Gymnasium id"),
         ("cartpole-ppo", {"env.id": "gymflow.testing.envs:NoSuchClass"}, "env.id", "not a gymnasium.Env subclass"),
         ("cartpole-ppo", {"agent.learning_rate": 1}, "agent.learning_rate", "allowed here: activation, algo, anneal_lr"),
-        ("cartpole-ppo", {"nonsense": 1}, "nonsense", "allowed here: agent, distribution, env"),
+        ("cartpole-ppo", {"nonsense": 1}, "nonsense", "allowed here: agent, dataset, distribution, env"),
         ("cartpole-ppo", {"agent.lr": "fast"}, "agent.lr", "valid number"),
         ("cartpole-ppo", {"agent.epochs": 2.5}, "agent.epochs", "valid integer"),
-        ("cartpole-ppo", {"schedule.total_env_steps": 0}, "schedule.total_env_steps", "greater than 0"),
-        ("cartpole-ppo", {"schedule.total_env_steps": -5}, "schedule.total_env_steps", "greater than 0"),
+        ("cartpole-ppo", {"schedule.total_env_steps": 0}, "schedule.total_env_steps", "or 0 with a dataset.id"),
+        ("cartpole-ppo", {"schedule.total_env_steps": -5}, "schedule.total_env_steps", "greater than or equal to 0"),
+        ("cartpole-dqn", {"schedule.rollout_steps_per_env": None}, "schedule.rollout_steps_per_env", "that collects"),
+        ("cartpole-bc", {"dataset": None}, "dataset.id", "bc learns from a dataset alone"),
+        ("cartpole-bc", {"schedule.total_env_steps": 1000}, "schedule.total_env_steps", "allowed: 0"),
+        ("cartpole-bc", {"schedule.total_train_steps": None}, "schedule.total_train_steps", "counts gradient steps"),
+        ("cartpole-bc", {"schedule.heatup_env_steps": 10}, "schedule.heatup_env_steps", "collects nothing"),
+        ("cartpole-ppo", {"dataset.id": "gymflow/cartpole-v0"}, "dataset", "needs an off-policy agent"),
+        ("cartpole-dqn-async", {"dataset.id": "gymflow/cartpole-v0"}, "distribution.mode", "not yet async"),
         ("cartpole-ppo", {"distribution.rollout_workers": 0}, "distribution.rollout_workers", "greater than or equal to 1"),
         ("cartpole-ppo", {"distribution.mode": "turbo"}, "distribution.mode", "'sync' or 'async'"),
         ("cartpole-ppo", {"distribution.mode": "async"}, "distribution.mode", "async needs an off-policy agent"),

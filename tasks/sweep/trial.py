@@ -64,11 +64,11 @@ class TrialJudge:
 
         storage = self.study._storage
         if self.link.reports:
-            self.trial.report(evaluation.mean_return, step=evaluation.env_steps)
+            self.trial.report(evaluation.mean_return, step=evaluation.step)
             if not self.trial.should_prune():
                 return False
-            storage.set_trial_user_attr(self.link.trial_id, PRUNED_AT_ATTR, evaluation.env_steps)
-            self.pruned_at = evaluation.env_steps
+            storage.set_trial_user_attr(self.link.trial_id, PRUNED_AT_ATTR, evaluation.step)
+            self.pruned_at = evaluation.step
             return True
         pruned_at = storage.get_trial_user_attrs(self.link.trial_id).get(PRUNED_AT_ATTR)
         self.pruned_at = pruned_at

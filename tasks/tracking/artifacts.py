@@ -12,21 +12,22 @@ PROGRESS_KEY, EVALUATIONS_KEY = "improve-progress", "improve-evaluations"
 
 
 class ProgressArtifact:
-    """The run's progress artifact: percent of the env-step budget, and the status line as its
-    description; sent to the API at most every `every_s` seconds (each update is a request)."""
+    """The run's progress artifact: percent of the budget (env steps; offline: gradient steps),
+    and the status line as its description; sent to the API at most every `every_s` seconds (each
+    update is a request)."""
 
     def __init__(self, run_id: str, every_s: float = 2.0):
         self.run_id, self.every_s = run_id, every_s
         self.artifact_id = create_progress_artifact(0.0, key=PROGRESS_KEY, description=f"gymflow run {run_id}")
         self._sent = 0.0
 
-    def update(self, env_steps: int, total: int, status: str) -> None:
+    def update(self, done: int, total: int, unit: str, status: str) -> None:
         now = time.monotonic()
-        if now - self._sent < self.every_s and env_steps < total:
+        if now - self._sent < self.every_s and done < total:
             return
         self._sent = now
-        update_progress_artifact(self.artifact_id, 100.0 * min(env_steps / total, 1.0),
-                                 description=f"gymflow run {self.run_id}: {env_steps:,}/{total:,} env steps, {status}")
+        update_progress_artifact(self.artifact_id, 100.0 * min(done / total, 1.0),
+                                 description=f"gymflow run {self.run_id}: {done:,}/{total:,} {unit}, {status}")
 
 
 def publish_evaluations(run_id: str, rows: Sequence[tuple[int, float, float, float, int | None]]) -> None:

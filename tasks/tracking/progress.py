@@ -10,7 +10,7 @@ from typing import Protocol
 
 
 class ProgressView(Protocol):
-    def update(self, env_steps: int, total: int, status: str) -> None: ...
+    def update(self, done: int, total: int, unit: str, status: str) -> None: ...
 
 
 _views: list[ProgressView] = []
@@ -30,18 +30,20 @@ class ProgressLog:
     """Reports progress to the process's views, the run's own `views` (its Prefect progress
     artifact), and to a logger at most every `every_s` seconds."""
 
-    def __init__(self, logger, total: int, every_s: float = 10.0, views: Sequence[ProgressView] = ()):
+    def __init__(self, logger, total: int, every_s: float = 10.0, views: Sequence[ProgressView] = (),
+                 unit: str = "env steps"):
         self.logger = logger
-        self.total = total
+        self.total, self.unit = total, unit
         self.every_s = every_s
         self.views = tuple(views)
         self._last_log = 0.0
 
-    def update(self, env_steps: int, status: str, force: bool = False) -> None:
+    def update(self, done: int, status: str, force: bool = False) -> None:
+        """`done` of the run's budget (in `unit`) spent."""
         for view in (*_views, *self.views):
-            view.update(env_steps, self.total, status)
+            view.update(done, self.total, self.unit, status)
         now = time.monotonic()
         if force or now - self._last_log >= self.every_s:
             self._last_log = now
-            share = 100.0 * min(env_steps / self.total, 1.0)
-            self.logger.info("%s/%s env steps (%.0f%%) %s", f"{env_steps:,}", f"{self.total:,}", share, status)
+            share = 100.0 * min(done / self.total, 1.0)
+            self.logger.info("%s/%s %s (%.0f%%) %s", f"{done:,}", f"{self.total:,}", self.unit, share, status)

@@ -1,5 +1,6 @@
 """Where the learner's experience comes from: the one interface the improve loop collects
-through, and its SYNC implementation (the ASYNC one is tasks/training/stream.py).
+through, its SYNC implementation (the ASYNC one is tasks/training/stream.py), and an offline
+run's, which collects nothing.
 
 SYNC: round v collects with policy version v on every rollout worker (one shard each) and the
 learner learns from exactly those shards; nothing runs between rounds.
@@ -95,3 +96,27 @@ class SyncRounds:
         rounds = max(math.ceil(self.replay_window / per_round), 1)
         heatup = state.version == 0 or state.version * per_round < self.replay_window
         return ShardFloor(self.plan.workers, heatup, round=max(state.version - rounds, 0))
+
+
+class OfflineSteps:
+    """An offline run's: nothing is collected; each step is `train_steps` gradient steps on the
+    memory the dataset filled."""
+
+    def __init__(self, workers: int, train_steps: int):
+        self.workers, self.train_steps = workers, train_steps
+
+    def collect(self, state: LoopState) -> Experience:
+        return Experience((), state, train_steps=self.train_steps)
+
+    def drained(self) -> bool:
+        return True
+
+    def finish(self, state: LoopState) -> LoopState:
+        return state
+
+    def cancel(self) -> None:
+        pass
+
+    def checkpointed(self, state: LoopState) -> ShardFloor:
+        return ShardFloor(self.workers, heatup=False, round=state.version)  # no shard: a resume reads the dataset
+

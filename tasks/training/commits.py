@@ -41,7 +41,7 @@ from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.storage.retention import ShardFloor, delete_below
 from gymflow.tasks.training.ledger import discard_segments_after
-from gymflow.tasks.training.state import STATE_BLOB, LoopState
+from gymflow.tasks.training.state import STATE_BLOB, Budget, LoopState
 
 
 @dataclass(frozen=True)
@@ -69,10 +69,12 @@ class Cadence:
 
     every_env_steps: int | None
     every_seconds: float | None
+    budget: Budget | None = None  # the run's clock, which evaluations are due by (None: env steps)
 
     def due(self, state: LoopState, last_env_steps: int, last_time: float) -> bool:
         if self.every_env_steps is None and self.every_seconds is None:
-            return state.env_steps >= state.next_evaluation  # the version will be evaluated
+            clock = self.budget.spent(state) if self.budget else state.env_steps
+            return clock >= state.next_evaluation  # the version will be evaluated
         by_steps = self.every_env_steps is not None and state.env_steps - last_env_steps >= self.every_env_steps
         by_time = self.every_seconds is not None and time.monotonic() - last_time >= self.every_seconds
         return by_steps or by_time
@@ -111,10 +113,11 @@ class Commits:
     """Publishes every committed version's policy and writes full checkpoints on the cadence,
     retiring what nothing can ask for any more; see the module's docstring. Close it at the end."""
 
-    def __init__(self, storage: Storage, run_id: str, config: StorageConfig, policy_window: int):
+    def __init__(self, storage: Storage, run_id: str, config: StorageConfig, policy_window: int,
+                 budget: Budget | None = None):
         self.storage, self.layout, self.config = storage, RunLayout(run_id), config
         self.policy_window = policy_window  # versions behind the newest a rollout may still act with
-        self.cadence = Cadence(config.checkpoint_every_env_steps, config.checkpoint_every_seconds)
+        self.cadence = Cadence(config.checkpoint_every_env_steps, config.checkpoint_every_seconds, budget)
         self.published = deque(versions_on(storage, self.layout.policies))  # a resumed run's, too
         self._last: tuple[int, float] | None = None  # env steps and time of the last checkpoint
         self._deleted_below: ShardFloor | None = None  # the floor the shards were last deleted below

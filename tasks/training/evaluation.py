@@ -1,4 +1,5 @@
-"""When and how the greedy policy is scored: every `evaluate_every_env_steps`, one evaluation at
+"""When and how the greedy policy is scored: every `evaluate_every_env_steps` (offline runs:
+`evaluate_every_train_steps`), one evaluation at
 a time, on the rollout workers beside the learner (a thread of the flow's process waits for it),
 so it does not stall training; and once more at the end. Inside a flow run each evaluation is a
 Prefect task run named by the version it scores (`evaluate-v12`).
@@ -22,14 +23,15 @@ from prefect.states import Cancelled
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.messages import EvaluationResult
 from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, evaluate_version
-from gymflow.tasks.training.state import LoopState
+from gymflow.tasks.training.state import Budget, LoopState
 
 
 @dataclass(frozen=True)
 class Scored:
-    """An evaluation, and the env steps the run had collected when its version was current."""
+    """An evaluation, and the run's clock when its version was current: the env steps it had
+    collected (an offline run: the gradient steps it had taken)."""
 
-    env_steps: int
+    step: int
     result: EvaluationResult
 
     @property
@@ -55,21 +57,20 @@ class Scored:
 class EvaluationSchedule:
     """Evaluations during training; see the module's docstring. Close it when training ends."""
 
-    def __init__(self, hosts: Hosts, plan: RoundPlan, blocking: bool, logger: AnyLogger):
-        self.hosts, self.plan, self.blocking, self.logger = hosts, plan, blocking, logger
-        self.every = plan.preset.schedule.evaluate_every_env_steps
+    def __init__(self, hosts: Hosts, plan: RoundPlan, budget: Budget, blocking: bool, logger: AnyLogger):
+        self.hosts, self.plan, self.budget, self.blocking, self.logger = hosts, plan, budget, blocking, logger
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="evaluation")
-        self._running: tuple[Future[EvaluationResult], int, int] | None = None  # with env steps and version
+        self._running: tuple[Future[EvaluationResult], int, int] | None = None  # with its clock and version
 
     def start_if_due(self, state: LoopState) -> int:
         """Start scoring `state.version` if an evaluation is due and none is running; returns
-        the env steps at which the next one is due."""
-        if self._running is not None or state.env_steps < state.next_evaluation:
+        the clock at which the next one is due."""
+        if self._running is not None or self.budget.spent(state) < state.next_evaluation:
             return state.next_evaluation
         in_flow_run = contextvars.copy_context()  # the evaluation's task run belongs to this flow run
         future = self._thread.submit(in_flow_run.run, evaluate, self.hosts, self.plan, state.version)
-        self._running = (future, state.env_steps, state.version)
-        return state.next_evaluation + self.every
+        self._running = (future, self.budget.spent(state), state.version)
+        return state.next_evaluation + self.budget.evaluate_every
 
     def scoring(self) -> frozenset[int]:
         """The version an evaluation is scoring, until its result has been taken."""
@@ -85,13 +86,13 @@ class EvaluationSchedule:
         """The evaluation still running, once it has finished; None if none runs."""
         if self._running is None:
             return None
-        future, env_steps, _ = self._running
+        future, step, _ = self._running
         self._running = None
-        return Scored(env_steps, future.result())
+        return Scored(step, future.result())
 
     def score_now(self, state: LoopState) -> Scored:
         """An evaluation of `state.version`, run now on the caller's thread."""
-        return Scored(state.env_steps, evaluate(self.hosts, self.plan, state.version))
+        return Scored(self.budget.spent(state), evaluate(self.hosts, self.plan, state.version))
 
     @property
     def films_final(self) -> bool:

@@ -76,12 +76,13 @@ def warm_start_misfit(expected: dict[str, torch.Tensor], given: dict[str, torch.
 def learn(learner: Learner, storage: Storage, experience: Experience, progress: float) -> Learned:
     """Learn from one collection step's shards (sha256 checked as they are read): a SYNC
     iteration through the learner's own `learn`; ASYNC shards inserted into replay, then the
-    gradient steps the ratio allows. `progress` in [0, 1] drives the learner's schedules."""
+    gradient steps the ratio allows; offline, no shards and the step's gradient steps.
+    `progress` in [0, 1] drives the learner's schedules."""
     rollouts = [read_shard(storage, shard) for shard in experience.shards]
     started = time.perf_counter()
     if experience.train_steps is None:
         metrics = learner.learn(rollouts, progress)
-    elif isinstance(learner, ReplayLearner):  # ASYNC: the ratio of samples to inserts chose the steps
+    elif isinstance(learner, ReplayLearner):  # ASYNC: the ratio of samples to inserts chose the steps; offline
         learner.insert(rollouts)
         metrics = learner.train(experience.train_steps, progress) if experience.train_steps else {}
     else:

@@ -24,13 +24,15 @@ from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.messages import EvaluationResult
 from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, collect_round
+from gymflow.tasks.lake.source import ExperienceDataset
 from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.storage.shards import ShardRef, read_shard
+from gymflow.tasks.tracking.plots import GRADIENT_STEPS
 from gymflow.tasks.training.collection import Collection, Experience
 from gymflow.tasks.training.commits import Commits, InUse
 from gymflow.tasks.training.evaluation import EvaluationSchedule, Scored
 from gymflow.tasks.training.learning import Learned, learn
-from gymflow.tasks.training.state import LoopState
+from gymflow.tasks.training.state import Budget, LoopState
 
 TASK_SECONDS = 2.0  # the training one `train` task run carries
 
@@ -43,15 +45,16 @@ class EarlyStop(Protocol):
 
 @dataclass(frozen=True)
 class StopRule:
-    """Training stops once the env-step budget is collected and learned from, once an
-    evaluation reaches the target return, or once the early-stop judge says so."""
+    """Training stops once the budget is spent (env steps collected and learned from; an offline
+    run's gradient steps), once an evaluation reaches the target return, or once the early-stop
+    judge says so."""
 
-    total_env_steps: int
+    budget: Budget
     target_return: float | None
     early_stop: EarlyStop | None = None
 
     def reached(self, state: LoopState, drained: bool, latest: Scored | None) -> bool:
-        budget_spent = state.env_steps >= self.total_env_steps and drained
+        budget_spent = self.budget.spent(state) >= self.budget.total and drained
         return budget_spent or self.target_reached(latest) or self.stopped_early(latest)
 
     def stopped_early(self, evaluation: Scored | None) -> bool:
@@ -107,7 +110,7 @@ class ImproveLoop:
         self.learner, self.collection, self.evaluations = learner, collection, evaluations
         self.commits, self.stop, self.observer = commits, stop, observer
         self.latest: Scored | None = None  # the newest evaluation that finished
-        self._film: tuple[Future[EvaluationResult], int] | None = None  # the deciding version's, with its env steps
+        self._film: tuple[Future[EvaluationResult], int] | None = None  # the deciding version's, with its clock
 
     def step(self, state: LoopState) -> LoopState:
         """collect -> learn -> commit -> maybe evaluate; returns the state after the commit."""
@@ -120,7 +123,10 @@ class ImproveLoop:
         self.latest = evaluation or self.latest
         commit = self.commit(committed)
         waited = evaluation.result.seconds if evaluation is not None and self.evaluations.blocking else 0.0
-        self.observer.stepped(_report(experience, learned, committed, waited, commit, time.perf_counter() - started))
+        report = _report(experience, learned, committed, waited, commit, time.perf_counter() - started)
+        if self.stop.budget.offline:  # the learning curve's axis
+            report.metrics[GRADIENT_STEPS] = float(self.stop.budget.spent(committed))
+        self.observer.stepped(report)
         if evaluation is not None:
             self.observer.evaluated(evaluation)
         return committed
@@ -148,7 +154,7 @@ class ImproveLoop:
             self.observer.evaluated(late)
         deciding = self._deciding(state, late)
         if deciding.result.film is None and self.evaluations.films_final:
-            self._film = (self.evaluations.film(deciding.version), deciding.env_steps)
+            self._film = (self.evaluations.film(deciding.version), deciding.step)
         return Finished(state, deciding)
 
     def _deciding(self, state: LoopState, late: Scored | None) -> Scored:
@@ -163,12 +169,12 @@ class ImproveLoop:
     def film_landed(self) -> None:
         """Wait for the film `finish` started, and hand it to the observer."""
         if self._film is not None:
-            future, env_steps = self._film
+            future, step = self._film
             self._film = None
-            self.observer.filmed(Scored(env_steps, future.result()))
+            self.observer.filmed(Scored(step, future.result()))
 
     def _progress(self, state: LoopState) -> float:
-        return min(state.env_steps / self.stop.total_env_steps, 1.0)
+        return min(self.stop.budget.spent(state) / self.stop.budget.total, 1.0)
 
 
 @task(name="train", task_run_name="train-from-v{state.version}", cache_policy=NO_CACHE)
@@ -179,6 +185,16 @@ def train(loop: ImproveLoop, state: LoopState, seconds: float = TASK_SECONDS) ->
         state = loop.step(state)
         if loop.stopped(state) or time.perf_counter() - started >= seconds:
             return state
+
+
+@task(name="read-dataset", task_run_name="read-dataset", cache_policy=NO_CACHE)
+def read_dataset(dataset: ExperienceDataset, learner: ReplayLearner, logger: AnyLogger) -> None:
+    """Put the dataset's transitions in the replay memory, in its order, before anything is
+    collected (an offline run's whole experience)."""
+    for rollout in dataset.rollouts():
+        learner.insert([rollout])
+    logger.info("dataset %s: %s episodes, %s transitions in replay (%s)", dataset.dataset_id,
+                f"{dataset.episodes:,}", f"{len(learner.replay):,}", dataset.url)
 
 
 @task(name="heatup", task_run_name="heatup", cache_policy=NO_CACHE)

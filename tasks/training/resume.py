@@ -4,9 +4,9 @@ The learner's state and the loop's state come from the newest checkpoint that ve
 replay memory of an off-policy agent comes from the same checkpoint where it was stored
 (storage.checkpoint_replay), else it is rebuilt from the newest shards it had inserted — read
 newest first until they cover its capacity (SYNC rounds by version, then heatup's; ASYNC from the
-ledger's segments), then inserted oldest first from the slot the first of them had taken. That
-gives the same memory the learner had, slot for slot; prioritized replay restarts its
-priorities at the largest one.
+ledger's segments; then the preset's dataset, read again), then inserted oldest first from the
+slot the first of them had taken. That gives the same memory the learner had, slot for slot;
+prioritized replay restarts its priorities at the largest one.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.presets.load import validate_preset_data
 from gymflow.presets.model import Preset
 from gymflow.presets.validate import Experiment, experiment_from
+from gymflow.tasks.lake.source import ExperienceDataset
 from gymflow.tasks.storage.checkpoints import (
     LEARNER_TENSORS,
     LEARNER_TREE,
@@ -51,8 +52,10 @@ def stored_experiment(storage: Storage, run_id: str, caller: Experiment) -> Expe
     return experiment_from(validate_preset_data(data))
 
 
-def restore(storage: Storage, run_id: str, learner: Learner, preset: Preset) -> Restored:
-    """Load the newest valid checkpoint of `run_id` into `learner`; returns the loop's state."""
+def restore(storage: Storage, run_id: str, learner: Learner, preset: Preset,
+            dataset: ExperienceDataset | None = None) -> Restored:
+    """Load the newest valid checkpoint of `run_id` into `learner`; returns the loop's state.
+    `dataset`: the preset's, which went into the replay memory before anything collected."""
     layout = RunLayout(run_id)
     loaded = read_newest_valid_checkpoint(storage, layout)
     learner.load_state_dict(decode_state(loaded.blobs[LEARNER_TENSORS], loaded.blobs[LEARNER_TREE]))
@@ -60,28 +63,40 @@ def restore(storage: Storage, run_id: str, learner: Learner, preset: Preset) -> 
     if isinstance(learner, ReplayLearner) and REPLAY_BLOB in loaded.blobs:
         learner.replay.load_state_dict(decode_arrays(loaded.blobs[REPLAY_BLOB]))
     elif isinstance(learner, ReplayLearner):
-        rebuild_replay(learner, storage, layout, state, preset, json.loads(loaded.blobs[REPLAY_POSITION]))
+        position = json.loads(loaded.blobs[REPLAY_POSITION])
+        try:
+            rebuild_replay(learner, _newest_first(storage, layout, state, preset, dataset), position)
+        except CheckpointError as error:
+            raise CheckpointError(f"{error}: v{state.version}, shards {storage.url(layout.shards)}") from None
     return Restored(state, loaded.refused)
 
 
-def rebuild_replay(learner: ReplayLearner, storage: Storage, layout: RunLayout, state: LoopState, preset: Preset,
-                   position: dict[str, int]) -> None:
-    """Insert again the newest shards that cover the memory's capacity, from the slot the first
-    of them had, so the memory ends where the checkpoint says it stood."""
+def rebuild_replay(learner: ReplayLearner, newest_first: Iterator[list[Rollout]], position: dict[str, int]) -> None:
+    """Insert again the newest groups of rollouts that cover the memory's capacity, from the slot
+    the first of them had, so the memory ends where the checkpoint says it stood (`position`)."""
     tail: list[list[Rollout]] = []
     steps = 0
-    for keys in inserted_newest_first(storage, layout, state, preset):
+    for rollouts in newest_first:
         if steps >= learner.replay.capacity:
             break
-        rollouts = [read_shard_at(storage, key) for key in keys]
         tail.append(rollouts)
         steps += sum(rollout.env_steps for rollout in rollouts)
     learner.replay.start_before(position, [rollout for rollouts in tail for rollout in rollouts])
     for rollout in (rollout for rollouts in reversed(tail) for rollout in rollouts):
         learner.replay.add(rollout)
     if learner.replay.position() != position:
-        raise CheckpointError(f"rebuilding the replay memory from {storage.url(layout.shards)} ended at "
-                              f"{learner.replay.position()}, not where checkpoint v{state.version} stood ({position})")
+        raise CheckpointError(f"rebuilding the replay memory ended at {learner.replay.position()}, not where the "
+                              f"checkpoint stood ({position})")
+
+
+def _newest_first(storage: Storage, layout: RunLayout, state: LoopState, preset: Preset,
+                  dataset: ExperienceDataset | None) -> Iterator[list[Rollout]]:
+    """What went into the memory, newest first, each group read when it is reached: the shards,
+    then the dataset."""
+    for keys in inserted_newest_first(storage, layout, state, preset):
+        yield [read_shard_at(storage, key) for key in keys]
+    if dataset is not None:
+        yield list(dataset.rollouts())
 
 
 def inserted_newest_first(storage: Storage, layout: RunLayout, state: LoopState, preset: Preset

@@ -21,6 +21,7 @@ from gymflow.presets.model import Preset
 from gymflow.presets.validate import Experiment
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan
+from gymflow.tasks.lake.source import ExperienceDataset, open_dataset
 from gymflow.tasks.storage.checkpoints import committed_versions
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, ready_storage, storage_location
@@ -34,13 +35,13 @@ from gymflow.tasks.storage.records import (
 from gymflow.tasks.tracking.artifacts import ProgressArtifact
 from gymflow.tasks.tracking.progress import ProgressLog
 from gymflow.tasks.tracking.tracker import Tracker, s3_artifact_environment, source_tags
-from gymflow.tasks.training.collection import Collection, SyncRounds
+from gymflow.tasks.training.collection import Collection, OfflineSteps, SyncRounds
 from gymflow.tasks.training.commits import Commits
 from gymflow.tasks.training.evaluation import EvaluationSchedule
 from gymflow.tasks.training.learning import create_learner
-from gymflow.tasks.training.loop import EarlyStop, ImproveLoop, Observer, StopRule, heatup
+from gymflow.tasks.training.loop import EarlyStop, ImproveLoop, Observer, StopRule, heatup, read_dataset
 from gymflow.tasks.training.resume import Restored, restore, stored_experiment
-from gymflow.tasks.training.state import LoopState
+from gymflow.tasks.training.state import Budget, LoopState
 from gymflow.tasks.training.stream import AsyncStream, Ratio
 from gymflow.tasks.training.summary import RunRecorder
 
@@ -55,6 +56,7 @@ class PreparedRun:
     learner: Learner
     restored: Restored | None = None  # where a resumed run stands
     record: RunRecord | None = None  # a resumed run's record: the MLflow run it continues
+    dataset: ExperienceDataset | None = None  # the preset's dataset, found and checked
 
     @property
     def preset(self) -> Preset:
@@ -73,7 +75,8 @@ def prepare_run(experiment: Experiment, warm_start: str | None, resume: str | No
     """Check the storage (a missing bucket or refused credentials stop here), then make the
     learner: from scratch, from a warm-start policy, or restored from `resume`'s checkpoints
     (with that run's own preset). A resumed run that died before its first checkpoint starts
-    over, in its own MLflow run. `run_id` names a new run (default: preset name and time)."""
+    over, in its own MLflow run. `run_id` names a new run (default: preset name and time). The
+    preset's dataset is found and checked here too."""
     from gymflow.tasks.tracking.models import read_warm_start  # MLflow's model code, here only
 
     storage = ready_storage(storage_location(experiment.preset.storage))
@@ -83,14 +86,28 @@ def prepare_run(experiment: Experiment, warm_start: str | None, resume: str | No
             raise InvalidPreset("run_id", f"a run {run_id!r} is already under {storage.url('runs')}; "
                                 f"continue it with resume={run_id!r}")
         run_id = run_id or f"{experiment.preset.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        return PreparedRun(experiment, run_id, storage, create_learner(experiment, weights))
+        dataset = find_dataset(experiment)
+        return PreparedRun(experiment, run_id, storage, create_learner(experiment, weights), dataset=dataset)
     record = read_run_record(storage, resume)
     experiment = stored_experiment(storage, resume, experiment)
-    learner = create_learner(experiment)
+    dataset, learner = find_dataset(experiment), create_learner(experiment)
     if not committed_versions(storage, RunLayout(resume)):
-        return PreparedRun(experiment, resume, storage, learner, record=record)
-    return PreparedRun(experiment, resume, storage, learner, restore(storage, resume, learner, experiment.preset),
-                       record)
+        return PreparedRun(experiment, resume, storage, learner, record=record, dataset=dataset)
+    restored = restore(storage, resume, learner, experiment.preset, dataset)
+    return PreparedRun(experiment, resume, storage, learner, restored, record, dataset)
+
+
+def find_dataset(experiment: Experiment) -> ExperienceDataset | None:
+    """The preset's dataset, checked against the env and the learner's memory (None: it has none)."""
+    preset = experiment.preset
+    if preset.dataset is None:
+        return None
+    dataset = open_dataset(preset.dataset, experiment.observation_space, experiment.action_space)
+    capacity = preset.agent.replay_capacity
+    if dataset.steps > capacity:
+        raise InvalidPreset("agent.replay_capacity", f"{capacity:,} transitions cannot hold dataset "
+                            f"{dataset.dataset_id!r}'s {dataset.steps:,}; allowed: >= {dataset.steps:,}")
+    return dataset
 
 
 @contextmanager
@@ -135,9 +152,10 @@ def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str]) 
 
 
 def run_recorder(run: PreparedRun, tracker: Tracker, logger: AnyLogger) -> RunRecorder:
-    progress = ProgressLog(logger, run.preset.schedule.total_env_steps, views=[ProgressArtifact(run.run_id)])
+    budget = Budget.of(run.preset)
+    progress = ProgressLog(logger, budget.total, views=[ProgressArtifact(run.run_id)], unit=budget.unit)
     recorder = RunRecorder.resumed if run.restored else RunRecorder
-    return recorder(tracker, progress, run.storage)
+    return recorder(tracker, progress, budget, run.storage)
 
 
 @contextmanager
@@ -146,13 +164,14 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
     """The run's loop: SYNC rounds or the ASYNC stream, evaluations beside the learner, commits,
     the stop rule (with an outside judge that may end it early, a sweep's pruner). On the way out
     the evaluation thread ends; on an error, what is in flight is given up."""
-    preset, plan = run.preset, RoundPlan(run.preset, run.run_id)
-    evaluations = EvaluationSchedule(hosts.for_evaluations(), plan, blocking=preset.distribution.mode != "async",
-                                     logger=logger)
+    preset, plan, budget = run.preset, RoundPlan(run.preset, run.run_id), Budget.of(run.preset)
+    evaluations = EvaluationSchedule(hosts.for_evaluations(), plan, budget,
+                                     blocking=preset.distribution.mode != "async", logger=logger)
     loop = ImproveLoop(
         run.learner, _collection(run, hosts, plan, logger), evaluations,
-        Commits(run.storage, run.run_id, preset.storage, policy_window=preset.distribution.max_policy_lag + 1),
-        StopRule(preset.schedule.total_env_steps, preset.schedule.target_return, early_stop), observer,
+        Commits(run.storage, run.run_id, preset.storage, policy_window=preset.distribution.max_policy_lag + 1,
+                budget=budget),
+        StopRule(budget, preset.schedule.target_return, early_stop), observer,
     )
     try:
         yield loop
@@ -165,15 +184,19 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
 
 
 def first_state(run: PreparedRun, hosts: Hosts, loop: ImproveLoop, logger: AnyLogger) -> LoopState:
-    """Where training starts: a resumed run's state, or heatup (off-policy agents) and version 0."""
+    """Where training starts: a resumed run's state, or the dataset and heatup in the replay
+    memory (off-policy agents) and version 0."""
     if run.restored is not None:
         loop.commits.resumed(run.learner, run.restored.state)
         return run.restored.state
     plan, learner = RoundPlan(run.preset, run.run_id), run.learner
+    if run.dataset is not None:
+        assert isinstance(learner, ReplayLearner)  # presets/validate.py refuses a dataset for on-policy agents
+        read_dataset(run.dataset, learner, logger)
     if isinstance(learner, ReplayLearner) and run.preset.schedule.heatup_env_steps:
         state = heatup(hosts, plan, learner, run.storage, logger)
     else:
-        state = LoopState.start(plan.workers, run.preset.schedule.evaluate_every_env_steps)
+        state = LoopState.start(plan.workers, Budget.of(run.preset).evaluate_every)
     loop.commit(state)
     return state
 
@@ -187,6 +210,8 @@ def _collection(run: PreparedRun, hosts: Hosts, plan: RoundPlan, logger: AnyLogg
     exploration = partial(run.experiment.algorithm.exploration, preset.agent)
     rebuilt_from_shards = isinstance(learner, ReplayLearner) and not preset.storage.checkpoint_replay
     replay_window = learner.replay.capacity if rebuilt_from_shards else 0
+    if preset.offline:
+        return OfflineSteps(plan.workers, preset.agent.train_steps_per_iteration)
     if preset.distribution.mode != "async":  # single runs sync's rounds in this process
         return SyncRounds(hosts, plan, exploration, logger, replay_window)
     assert isinstance(learner, ReplayLearner)  # presets/validate.py refuses async for on-policy agents

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from gymflow.tasks.training.ledger import Ledger
+
+if TYPE_CHECKING:
+    from gymflow.presets.model import Preset
 
 STATE_BLOB = "loop_state.json"  # in every checkpoint
 
@@ -60,4 +64,34 @@ class LoopState:
             env_cursors=tuple(fields["env_cursors"]),
             stream=None if stream is None else StreamPosition(tuple(stream["next_chunk"]), Ledger(**stream["ledger"])),
         )
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The run's clock and what it may spend: env steps collected, or for an offline run (which
+    collects nothing) gradient steps. An offline run's every version is the same number of
+    gradient steps, so its clock is told by the version alone."""
+
+    total: int
+    evaluate_every: int
+    train_steps_per_version: int = 0  # offline only
+
+    @classmethod
+    def of(cls, preset: Preset) -> Budget:
+        schedule = preset.schedule
+        if preset.offline:  # presets/validate.py has made sure both are set
+            return cls(schedule.total_train_steps, schedule.evaluate_every_train_steps,
+                       preset.agent.train_steps_per_iteration)
+        return cls(schedule.total_env_steps, schedule.evaluate_every_env_steps)
+
+    @property
+    def offline(self) -> bool:
+        return self.train_steps_per_version > 0
+
+    @property
+    def unit(self) -> str:
+        return "gradient steps" if self.offline else "env steps"
+
+    def spent(self, state: LoopState) -> int:
+        return state.version * self.train_steps_per_version if self.offline else state.env_steps
 

@@ -14,11 +14,11 @@ from gymflow.tasks.tracking.tracker import Tracker
 from gymflow.tasks.training.evaluation import Scored
 from gymflow.tasks.training.ledger import Ledger
 from gymflow.tasks.training.loop import StepReport
-from gymflow.tasks.training.state import LoopState
+from gymflow.tasks.training.state import Budget, LoopState
 
 
 class EvaluationRow(NamedTuple):
-    env_steps: int
+    env_steps: int  # the run's clock: env steps collected (an offline run's: gradient steps)
     mean: float
     low: float
     high: float
@@ -67,6 +67,7 @@ class RunRecorder:
 
     tracker: Tracker
     progress: ProgressLog
+    budget: Budget  # the run's clock: the step its metrics are logged at
     storage: Storage | None = None  # where the rollout workers put evaluation films
     history: list[dict[str, float]] = field(default_factory=list)
     evaluations: list[EvaluationRow] = field(default_factory=list)
@@ -76,27 +77,28 @@ class RunRecorder:
     _episode_return: float = float("nan")
 
     @classmethod
-    def resumed(cls, tracker: Tracker, progress: ProgressLog, storage: Storage | None = None) -> RunRecorder:
-        recorder = cls(tracker, progress, storage,
+    def resumed(cls, tracker: Tracker, progress: ProgressLog, budget: Budget, storage: Storage | None = None
+                ) -> RunRecorder:
+        recorder = cls(tracker, progress, budget, storage,
                        evaluations=[EvaluationRow(*row) for row in tracker.evaluation_rows()])
         for row in tracker.metric_rows(PLOTTED_METRICS):
             recorder._keep_for_curve(row)
         return recorder
 
     def stepped(self, report: StepReport) -> None:
-        self.tracker.log_metrics(report.metrics, step=report.state.env_steps)
+        self.tracker.log_metrics(report.metrics, step=self.budget.spent(report.state))
         if report.checkpointed:  # what a resume from this version will not log again goes to MLflow now
             self.tracker.send()
         self._keep_for_curve(report.metrics)
         self.work_seconds += report.work_seconds
         self.processes |= report.collected_by
         self._episode_return = report.metrics.get("rollout/episode_return_mean", self._episode_return)
-        self.progress.update(report.state.env_steps, self._status(report.state))
+        self.progress.update(self.budget.spent(report.state), self._status(report.state))
 
     def evaluated(self, scored: Scored, waited: bool = False) -> None:
-        self.tracker.log_metrics(scored.metrics(), step=scored.env_steps)
+        self.tracker.log_metrics(scored.metrics(), step=scored.step)
         returns = scored.result.returns
-        self.evaluations.append(EvaluationRow(scored.env_steps, scored.mean_return, min(returns), max(returns),
+        self.evaluations.append(EvaluationRow(scored.step, scored.mean_return, min(returns), max(returns),
                                               scored.version))
         self.work_seconds += scored.result.seconds if waited else 0.0
         self._log_film(scored)

@@ -1,0 +1,92 @@
+"""Offline runs: a preset learns from a Minari dataset (here a run's own experience, exported)
+without collecting; the budget is gradient steps and the rollout workers only evaluate. A dataset
+that is missing, damaged or of another env is refused before any work, in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from gymflow.flows.cli import main
+from gymflow.flows.improve import improve
+from tests.conftest import local_overrides, written_files
+
+pytestmark = pytest.mark.e2e
+minari = pytest.importorskip("minari")
+
+PPO_ON_THE_CORRIDOR = {"schedule.total_env_steps": 5120, "storage.keep_shards": "all"}
+DATASET_ID = "gymflow/corridor-v0"
+
+
+@pytest.fixture(scope="module")
+def corridor_dataset(tmp_path_factory, prefect_api) -> tuple[Path, float]:
+    """A PPO run's experience on the corridor (its stochastic policy as it learned), exported;
+    with the mean return of its episodes: the behaviour policy's."""
+    workspace = tmp_path_factory.mktemp("behaviour")
+    tiny = {"env.id": "gymflow.testing.envs:Corridor", "distribution.rollout_workers": 2,
+            "distribution.envs_per_worker": 4, "schedule.rollout_steps_per_env": 16,
+            "schedule.evaluate_every_env_steps": 1280, "schedule.evaluation_episodes": 4,
+            "schedule.target_return": None}
+    behaviour = improve("cartpole-ppo", {**tiny, **PPO_ON_THE_CORRIDOR, **local_overrides(workspace)})
+    datasets = workspace / "datasets"
+    assert main(["export", behaviour.run_id, "--root", str(workspace / "data"), "--to", str(datasets),
+                 "--id", DATASET_ID]) == 0
+    episodes = minari.MinariDataset(datasets / DATASET_ID / "data")
+    return datasets, float(np.mean([sum(episode.rewards) for episode in episodes]))
+
+
+def offline(datasets: Path, workspace: Path, **changes) -> dict:
+    return {"env.id": "gymflow.testing.envs:Corridor", "dataset.root": str(datasets), "dataset.id": DATASET_ID,
+            "agent.hidden_sizes": [16], "agent.batch_size": 64, "agent.train_steps_per_iteration": 100,
+            "schedule.total_train_steps": 600, "schedule.evaluate_every_train_steps": 200,
+            "schedule.evaluation_episodes": 4, **local_overrides(workspace), **changes}
+
+
+def test_behaviour_cloning_reaches_the_return_of_the_policy_that_collected_the_data(corridor_dataset, workspace):
+    datasets, behaviour_return = corridor_dataset
+    cloned = improve("cartpole-bc", offline(datasets, workspace))
+    assert cloned.env_steps == 0 and cloned.versions_committed == 7  # v0, then one a 100 gradient steps
+    assert cloned.final_return >= max(behaviour_return, 0.9), behaviour_return  # the walk to the end (< 1)
+    client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
+    losses = client.get_metric_history(cloned.mlflow_run_id, "train/cloning_loss")
+    assert [m.step for m in losses] == [100, 200, 300, 400, 500, 600]  # logged against gradient steps
+    assert losses[-1].value < losses[0].value
+    assert [row.env_steps for row in cloned.evaluations] == [200, 400, 600]  # the clock: gradient steps
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"env.id": "CartPole-v1"}, "dataset.id: 'gymflow/corridor-v0' has observations Box(2,), the env's are Box(4,)"),
+    ({"dataset.id": "gymflow/elsewhere-v0"}, "dataset.id: no Minari dataset 'gymflow/elsewhere-v0' under"),
+    ({"agent.replay_capacity": 100}, "agent.replay_capacity: 100 transitions cannot hold dataset"),
+], ids=["other-env", "missing", "too-big"])
+def test_an_unusable_dataset_is_refused_in_one_line_before_any_work(corridor_dataset, workspace, capsys, change, says):
+    datasets, _ = corridor_dataset
+    overrides = offline(datasets, workspace, **change)
+    code = main(["run", "cartpole-bc", "--quiet", *(f"--set={key}={value}" for key, value in _as_text(overrides))])
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and error.startswith(f"gymflow: error: {says}") and "\n" not in error, error
+    assert not (workspace / "data").exists() or written_files(workspace / "data") == []
+
+
+def test_a_damaged_dataset_is_refused_in_one_line(corridor_dataset, workspace, tmp_path, capsys):
+    datasets, _ = corridor_dataset
+    damaged = tmp_path / "damaged"
+    for path in (datasets / DATASET_ID).rglob("*"):
+        if path.is_file():
+            target = damaged / DATASET_ID / path.relative_to(datasets / DATASET_ID)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            data = path.read_bytes()
+            target.write_bytes(data if path.name == "metadata.json" else data[: len(data) // 3])
+    overrides = offline(damaged, workspace)
+    code = main(["run", "cartpole-bc", "--quiet", *(f"--set={key}={value}" for key, value in _as_text(overrides))])
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and "dataset.id: the dataset at" in error and "cannot be read" in error and "\n" not in error
+
+
+def _as_text(overrides: dict) -> list[tuple[str, str]]:
+    import json
+
+    return [(key, value if isinstance(value, str) else json.dumps(value)) for key, value in overrides.items()]
