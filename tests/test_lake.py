@@ -17,7 +17,7 @@ from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from gymflow.tasks.storage.records import read_stored_preset
 from tests.conftest import local_overrides, written_files
-from tests.stored import newest_published
+from tests.killing import kill_flow_midway
 
 pytestmark = pytest.mark.e2e
 minari = pytest.importorskip("minari")
@@ -141,31 +141,10 @@ def test_an_async_run_killed_and_resumed_exports_whole_consistent_streams(prefec
                                                                           monkeypatch):
     """The chunks a killed ASYNC run wrote after its last checkpoint are collected again by the
     resumed run: each worker's stream still continues shard to shard (the stitcher checks it)."""
-    import json
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from prefect.settings import PREFECT_API_URL
-
     root = workspace / "data"
     run = {**tiny_budget, **OFF_POLICY, **ASYNC, "schedule.total_env_steps": 2560, "storage.keep_shards": "all",
            **local_overrides(workspace)}
-    flow = subprocess.Popen(
-        [sys.executable, "-c", ("import json, sys\nfrom gymflow.flows.improve import improve\n"
-                                "if __name__ == '__main__':\n    improve(sys.argv[1], json.loads(sys.argv[2]))"),
-         "cartpole-dqn", json.dumps(run)],
-        env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
-        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 180
-    while newest_published(root) < 1:  # ASYNC may commit few versions
-        assert flow.poll() is None and time.monotonic() < deadline, "the flow ended before it could be killed"
-        time.sleep(0.05)
-    os.killpg(flow.pid, signal.SIGKILL)
-    flow.wait()
+    kill_flow_midway("cartpole-dqn", run, root, workspace / "killed-flow.log", kill_at=1)  # ASYNC may commit few
     (run_dir,) = (root / "runs").iterdir()
     assert main(["resume", run_dir.name, "--root", str(root), "--quiet"]) == 0
     datasets = workspace / "datasets"

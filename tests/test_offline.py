@@ -12,7 +12,11 @@ from mlflow.tracking import MlflowClient
 
 from gymflow.flows.cli import main
 from gymflow.flows.improve import improve
+from gymflow.tasks.storage.checkpoints import latest_version, read_checkpoint
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage, StorageLocation
 from tests.conftest import local_overrides, written_files
+from tests.killing import kill_flow_midway
 
 pytestmark = pytest.mark.e2e
 minari = pytest.importorskip("minari")
@@ -90,3 +94,24 @@ def _as_text(overrides: dict) -> list[tuple[str, str]]:
     import json
 
     return [(key, value if isinstance(value, str) else json.dumps(value)) for key, value in overrides.items()]
+
+
+def test_a_killed_offline_run_resumes_to_the_same_weights(corridor_dataset, workspace):
+    """The memory a resume rebuilds is the dataset read again, slot for slot: the resumed run
+    takes the same samples and ends with the uninterrupted run's weights."""
+    datasets, _ = corridor_dataset
+    run = offline(datasets, workspace, **{"agent.normalize_observations": True, "schedule.total_train_steps": 2400})
+    clean = improve("cartpole-bc", {**run, "storage.root": str(workspace / "clean")})
+    killed_root = workspace / "killed"
+    kill_flow_midway("cartpole-bc", {**run, "storage.root": str(killed_root)}, killed_root,
+                     workspace / "killed-flow.log", kill_at=5)
+    (run_dir,) = (killed_root / "runs").iterdir()
+    assert not (run_dir / "checkpoints" / f"v{clean.versions_committed - 1:06d}").exists()
+    assert main(["resume", run_dir.name, "--root", str(killed_root), "--quiet"]) == 0
+    assert final_policy(killed_root, run_dir.name) == final_policy(workspace / "clean", clean.run_id)
+
+
+def final_policy(root: Path, run_id: str) -> bytes:
+    storage = Storage(StorageLocation(str(root)))
+    version = latest_version(storage, RunLayout(run_id))
+    return read_checkpoint(storage, RunLayout(run_id), version, ["learner.safetensors"])["learner.safetensors"]

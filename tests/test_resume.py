@@ -4,11 +4,6 @@ exactly where an uninterrupted run of the same preset and seed ends."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from dataclasses import replace
 
 import pytest
@@ -20,7 +15,8 @@ from gymflow.tasks.storage.checkpoints import read_checkpoint
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from tests.conftest import local_overrides
-from tests.stored import newest_published, read_ledger
+from tests.killing import kill_flow_midway
+from tests.stored import read_ledger
 
 pytestmark = pytest.mark.e2e
 
@@ -53,33 +49,16 @@ NORMALIZED = {"agent.normalize_observations": True}  # the statistics resume wit
 def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, extra, prefect_api, workspace, tiny_budget):
     """SYNC (with normalisation): the same weights and statistics as the uninterrupted run. ASYNC (which version a chunk acts with
     depends on timing): the same env steps, every chunk landed once."""
-    from prefect.settings import PREFECT_API_URL
 
     run = {**tiny_budget, "schedule.total_env_steps": 2560, **extra, **local_overrides(workspace)}  # 20 rounds
     clean = improve(preset, {**run, "storage.root": str(workspace / "clean")})
 
     killed_root = workspace / "killed"
-    output = (workspace / "killed-flow.log").open("wb")
-    flow = subprocess.Popen(
-        [sys.executable, "-c", ("import json, sys\nfrom gymflow.flows.improve import improve\n"
-                                "if __name__ == '__main__':\n    improve(sys.argv[1], json.loads(sys.argv[2]))"),
-         preset, json.dumps({**run, "storage.root": str(killed_root)})],
-        env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
-        start_new_session=True, stdout=output, stderr=subprocess.STDOUT,
-    )
     # ASYNC commits as many versions as its learner keeps up with: kill halfway through the clean run's, at most at v4
     kill_at = min(4, clean.versions_committed // 2)
     assert kill_at >= 2, f"the clean run committed {clean.versions_committed} versions: too few to be killed midway"
-    deadline = time.monotonic() + 180
-    while newest_published(killed_root) < kill_at:  # a fast run retires v{kill_at} before a poll may see it
-        assert flow.poll() is None and time.monotonic() < deadline, (
-            f"the flow ended before it could be killed (exit {flow.poll()}):\n"
-            f"{(workspace / 'killed-flow.log').read_text()[-3000:]}")
-        time.sleep(0.05)
-    os.killpg(flow.pid, signal.SIGKILL)  # the flow's process, its Dask scheduler and workers (single: its helper
-    # has a session of its own, and ends when its input does)
-    flow.wait()
-    output.close()
+    kill_flow_midway(preset, {**run, "storage.root": str(killed_root)}, killed_root, workspace / "killed-flow.log",
+                     kill_at)
     (run_dir,) = (killed_root / "runs").iterdir()
     assert not (killed_root / "runs" / run_dir.name / "checkpoints" / f"v{clean.versions_committed - 1:06d}").exists()
 

@@ -102,7 +102,9 @@ def _newest_first(storage: Storage, layout: RunLayout, state: LoopState, preset:
 def inserted_newest_first(storage: Storage, layout: RunLayout, state: LoopState, preset: Preset
                           ) -> Iterator[list[str]]:
     """The shards a replay learner had inserted by `state`, newest first, as the groups it
-    inserted together: each SYNC round, each ASYNC chunk, then heatup's."""
+    inserted together: each SYNC round, each ASYNC chunk, then heatup's (an offline run: none)."""
+    if preset.offline:
+        return
     workers = preset.distribution.rollout_workers
     if preset.distribution.mode == "async":
         yield from ([record.key] for record, _ in records_newest_first(storage, layout, state.version)
