@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from gymnasium import spaces
 
-from gymflow.agents.configs import BCConfig, DQNConfig, PPOConfig, SACConfig, TD3Config, epsilon_at
+from gymflow.agents.configs import BCConfig, DQNConfig, IQLConfig, PPOConfig, SACConfig, TD3Config, epsilon_at
 
 if TYPE_CHECKING:
     from torch import nn
@@ -64,6 +64,8 @@ ALGORITHMS: dict[str, Algorithm] = {
                      module="gymflow.agents.td3"),
     "bc": Algorithm("bc", BCConfig, on_policy=False, action_spaces=(spaces.Discrete, spaces.Box), reads_images=False,
                     module="gymflow.agents.bc", offline_only=True),
+    "iql": Algorithm("iql", IQLConfig, on_policy=False, action_spaces=(spaces.Box,), reads_images=False,
+                     module="gymflow.agents.iql"),
 }
 
 

@@ -1,7 +1,7 @@
 """What each algorithm's settings are: pydantic models and nothing heavier, so that presets,
 the command line and the flows can read and check them without importing torch.
 
-The networks, losses and learners that use them live in agents/ppo.py, dqn.py, sac.py, td3.py and bc.py.
+The networks, losses and learners that use them live in agents/ppo.py, dqn.py, sac.py, td3.py, bc.py and iql.py.
 """
 
 from __future__ import annotations
@@ -161,3 +161,31 @@ class BCConfig(ObservationNormalization):
         default=500, ge=1, description="Gradient steps between two committed versions (TrainingSteps)."
     )
     hidden_sizes: LayerWidths = Field(default=[256, 256], min_length=1, description="MLP widths.")
+
+
+class IQLConfig(ObservationNormalization):
+    """Implicit Q-learning (Kostrikov et al. 2021): offline from a dataset, and on from there online."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    algo: Literal["iql"] = "iql"
+    lr: float = Field(default=3e-4, gt=0, le=1, description="Adam learning rate of actor, critics and value.")
+    gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
+    tau: float = Field(default=0.005, gt=0, le=1, description="Polyak step of the target critics at each update.")
+    batch_size: int = Field(default=256, ge=1, description="Transitions per gradient step.")
+    replay_capacity: int = Field(default=2_000_000, ge=1, description="Replay memory size: the dataset must fit.")
+    train_steps_per_iteration: int = Field(
+        default=1000, ge=1, description="Gradient steps per iteration: between two committed versions offline "
+        "(TrainingSteps)."
+    )
+    expectile: float = Field(
+        default=0.7, gt=0, lt=1, description="The value's expectile of Q over the dataset's actions (0.5: the mean; "
+        "towards 1: the best action the data shows)."
+    )
+    temperature: float = Field(
+        default=3.0, ge=0, le=1000, description="Inverse temperature of advantage-weighted policy extraction "
+        "(0: behaviour cloning)."
+    )
+    max_weight: float = Field(default=100.0, gt=0, description="Advantage weights exp(temperature x A) are clipped "
+                              "to this.")
+    hidden_sizes: LayerWidths = Field(default=[256, 256], min_length=1, description="MLP widths of every network.")

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gymflow.agents.configs import BCConfig, DQNConfig, PPOConfig, SACConfig, TD3Config
+from gymflow.agents.configs import BCConfig, DQNConfig, IQLConfig, PPOConfig, SACConfig, TD3Config
 from gymflow.envs.make import Preprocessing
 
 STORAGE_SCHEMES = ("file", "s3", "s3a")
@@ -23,7 +23,8 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-AgentConfig = Annotated[PPOConfig | DQNConfig | SACConfig | TD3Config | BCConfig, Field(discriminator="algo")]
+AgentConfig = Annotated[PPOConfig | DQNConfig | SACConfig | TD3Config | BCConfig | IQLConfig,
+                        Field(discriminator="algo")]
 
 
 class EnvConfig(_Strict):

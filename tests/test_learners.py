@@ -12,10 +12,10 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from gymflow.agents import dqn, ppo, sac, td3
+from gymflow.agents import bc, dqn, iql, ppo, sac, td3
 from gymflow.agents.algorithms import ALGORITHMS
 from gymflow.agents.batches import Rollout
-from gymflow.agents.configs import DQNConfig, PPOConfig, SACConfig, TD3Config
+from gymflow.agents.configs import BCConfig, DQNConfig, IQLConfig, PPOConfig, SACConfig, TD3Config
 from gymflow.agents.core import ReplayLearner
 from gymflow.agents.networks import TransitionBatch, TwinCritic
 from gymflow.tasks.storage.codec import decode_state, encode_state
@@ -153,7 +153,7 @@ def test_sac_acts_with_the_log_probability_of_the_action_it_returns():
 def _trained(make, steps: int = 2):
     learner = make()
     rng = np.random.default_rng(0)
-    continuous = isinstance(learner, sac.SACLearner | td3.TD3Learner | ppo.PPOLearner) and not getattr(
+    continuous = isinstance(learner, sac.SACLearner | td3.TD3Learner | ppo.PPOLearner | iql.IQLLearner) and not getattr(
         getattr(learner, "network", None), "discrete", False)
     actions = rng.uniform(-1, 1, (16, 2, 1)).astype(np.float32) if continuous else rng.integers(0, 2, (16, 2))
     rollout = Rollout(rng.uniform(-1, 1, (16, 2, 2)).astype(np.float32), actions,
@@ -203,7 +203,11 @@ def _fingerprint(value, seen: list | None = None):
                                      normalize_observations=True), OBS, ONE_DIMENSION, 1),
     lambda: td3.TD3Learner(TD3Config(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
                                      normalize_observations=True), OBS, ONE_DIMENSION, 1),
-], ids=["ppo", "ppo-normalising", "dqn", "sac", "td3"])
+    lambda: bc.BCLearner(BCConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
+                                  normalize_observations=True), OBS, TWO_ACTIONS, 1),
+    lambda: iql.IQLLearner(IQLConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
+                                     normalize_observations=True), OBS, ONE_DIMENSION, 1),
+], ids=["ppo", "ppo-normalising", "dqn", "sac", "td3", "bc", "iql"])
 def test_a_learners_saved_state_holds_everything_training_changes(make):
     trained, fresh = _trained(make), make()
     assert _fingerprint(trained) != _fingerprint(fresh)
@@ -220,3 +224,41 @@ def test_the_table_says_on_policy_exactly_where_the_learner_keeps_no_replay_memo
     # presets check `on_policy` without torch; the loop asks the learner for its role: the two must agree
     assert algorithm.on_policy == (not issubclass(algorithm.parts().learner, ReplayLearner))
     assert algorithm.config().algo == algorithm.name
+
+
+def test_behaviour_cloning_is_cross_entropy_on_discrete_actions_and_squared_error_on_continuous_ones():
+    discrete = bc.make_network(BCConfig(hidden_sizes=[4]), OBS, TWO_ACTIONS)
+    _constant(discrete.net, [0.0, math.log(3.0)])  # pi = [0.25, 0.75]
+    loss = bc.cloning_loss(discrete, torch.zeros(2, 2), torch.tensor([0, 1]))
+    assert loss.item() == pytest.approx(-(math.log(0.25) + math.log(0.75)) / 2)
+    continuous = bc.make_network(BCConfig(hidden_sizes=[4]), OBS, ONE_DIMENSION)
+    _constant(continuous.net, [math.atanh(0.5)])  # the actor says 0.5 in [-1, 1], 1.0 in the env's [-2, 2]
+    loss = bc.cloning_loss(continuous, torch.zeros(2, 2), torch.tensor([[2.0], [-6.0]]))  # 1.0 and -1 (clipped)
+    assert loss.item() == pytest.approx(((0.5 - 1.0) ** 2 + (0.5 + 1.0) ** 2) / 2)
+
+
+def test_iql_fits_an_upper_expectile_of_q_and_its_critics_to_the_value_of_the_next_state():
+    assert iql.expectile_loss(torch.tensor([2.0, -2.0]), 0.7).item() == pytest.approx((0.7 * 4 + 0.3 * 4) / 2)
+    config = IQLConfig(hidden_sizes=[4], expectile=0.9)
+    critic = TwinCritic(2, 1, [4], torch.nn.Identity())
+    _constant(critic.q1, [3.0])
+    _constant(critic.q2, [1.0])  # min(Q1, Q2) = 1
+    value = iql.ValueNetwork(2, [4], torch.nn.Identity())
+    _constant(value.net, [2.0])
+    batch = _batch([1.0, 0.5], [0.5, 0.0], [[0.1], [0.2]])
+    loss, advantages = iql.value_loss(value, critic, batch, config.expectile)
+    assert advantages.tolist() == [-1.0, -1.0] and loss.item() == pytest.approx(0.1 * 1.0)
+    # targets r + gamma^n V(s'): 1 + 0.5 * 2 = 2 and 0.5 (terminal); Q1 = 3, Q2 = 1
+    expected = ((3 - 2) ** 2 + (1 - 2) ** 2 + (3 - 0.5) ** 2 + (1 - 0.5) ** 2) / 2
+    assert iql.critic_loss(critic, value, batch).item() == pytest.approx(expected)
+
+
+def test_iql_extracts_its_policy_by_advantage_weighted_regression_with_clipped_weights():
+    config = IQLConfig(hidden_sizes=[4], temperature=2.0, max_weight=5.0)
+    actor = iql.make_actor(config, OBS, ONE_DIMENSION)
+    _constant(actor.net, [0.0])  # mean 0, std exp(0) = 1
+    batch = _batch([0.0, 0.0], [0.0, 0.0], [[0.5], [-1.0]])
+    loss = iql.actor_loss(actor, batch, torch.tensor([0.1, 3.0]), config)  # weights e^0.2 and e^6 clipped to 5
+    log_probs = [-LOG_SQRT_2PI - 0.5 * 0.25, -LOG_SQRT_2PI - 0.5 * 1.0]
+    assert loss.item() == pytest.approx(-(math.exp(0.2) * log_probs[0] + 5.0 * log_probs[1]) / 2)
+

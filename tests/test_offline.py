@@ -21,20 +21,22 @@ from tests.killing import kill_flow_midway
 pytestmark = pytest.mark.e2e
 minari = pytest.importorskip("minari")
 
-PPO_ON_THE_CORRIDOR = {"schedule.total_env_steps": 5120, "storage.keep_shards": "all"}
 DATASET_ID = "gymflow/corridor-v0"
 
 
-@pytest.fixture(scope="module")
-def corridor_dataset(tmp_path_factory, prefect_api) -> tuple[Path, float]:
-    """A PPO run's experience on the corridor (its stochastic policy as it learned), exported;
-    with the mean return of its episodes: the behaviour policy's."""
-    workspace = tmp_path_factory.mktemp("behaviour")
-    tiny = {"env.id": "gymflow.testing.envs:Corridor", "distribution.rollout_workers": 2,
-            "distribution.envs_per_worker": 4, "schedule.rollout_steps_per_env": 16,
-            "schedule.evaluate_every_env_steps": 1280, "schedule.evaluation_episodes": 4,
-            "schedule.target_return": None}
-    behaviour = improve("cartpole-ppo", {**tiny, **PPO_ON_THE_CORRIDOR, **local_overrides(workspace)})
+TINY = {"distribution.rollout_workers": 2, "distribution.envs_per_worker": 4, "schedule.rollout_steps_per_env": 16,
+        "schedule.evaluate_every_env_steps": 1280, "schedule.evaluation_episodes": 4, "schedule.target_return": None,
+        "schedule.total_env_steps": 5120, "storage.keep_shards": "all"}
+SAC_ON_THE_CORRIDOR = {"env.id": "gymflow.testing.envs:ContinuousCorridor", "agent.hidden_sizes": [16],
+                       "agent.batch_size": 16, "agent.train_steps_per_iteration": 8, "schedule.heatup_env_steps": 128,
+                       "distribution.mode": "sync"}
+
+
+def _exported(tmp_path_factory, preset: str, overrides: dict) -> tuple[Path, float]:
+    """A run's experience, exported as DATASET_ID; with the mean return of its episodes: the
+    behaviour policy's."""
+    workspace = tmp_path_factory.mktemp(preset)
+    behaviour = improve(preset, {**TINY, **overrides, **local_overrides(workspace)})
     datasets = workspace / "datasets"
     assert main(["export", behaviour.run_id, "--root", str(workspace / "data"), "--to", str(datasets),
                  "--id", DATASET_ID]) == 0
@@ -42,11 +44,24 @@ def corridor_dataset(tmp_path_factory, prefect_api) -> tuple[Path, float]:
     return datasets, float(np.mean([sum(episode.rewards) for episode in episodes]))
 
 
+@pytest.fixture(scope="module")
+def corridor_dataset(tmp_path_factory, prefect_api) -> tuple[Path, float]:
+    """A PPO run's experience on the corridor: its stochastic policy as it learned."""
+    return _exported(tmp_path_factory, "cartpole-ppo", {"env.id": "gymflow.testing.envs:Corridor"})
+
+
+@pytest.fixture(scope="module")
+def continuous_dataset(tmp_path_factory, prefect_api) -> tuple[Path, float]:
+    """A SAC run's experience on the continuous corridor: random heatup, then its sampled actions."""
+    return _exported(tmp_path_factory, "pendulum-sac", SAC_ON_THE_CORRIDOR)
+
+
 def offline(datasets: Path, workspace: Path, **changes) -> dict:
     return {"env.id": "gymflow.testing.envs:Corridor", "dataset.root": str(datasets), "dataset.id": DATASET_ID,
             "agent.hidden_sizes": [16], "agent.batch_size": 64, "agent.train_steps_per_iteration": 100,
             "schedule.total_train_steps": 600, "schedule.evaluate_every_train_steps": 200,
-            "schedule.evaluation_episodes": 4, **local_overrides(workspace), **changes}
+            "schedule.evaluation_episodes": 4, "distribution.learner_threads": 1, **local_overrides(workspace),
+            **changes}
 
 
 def test_behaviour_cloning_reaches_the_return_of_the_policy_that_collected_the_data(corridor_dataset, workspace):
@@ -96,22 +111,33 @@ def _as_text(overrides: dict) -> list[tuple[str, str]]:
     return [(key, value if isinstance(value, str) else json.dumps(value)) for key, value in overrides.items()]
 
 
-def test_a_killed_offline_run_resumes_to_the_same_weights(corridor_dataset, workspace):
+@pytest.mark.parametrize(("preset", "data"), [("cartpole-bc", "corridor_dataset"), ("hopper-iql", "continuous_dataset")])
+def test_a_killed_offline_run_resumes_to_the_same_weights(preset, data, request, workspace):
     """The memory a resume rebuilds is the dataset read again, slot for slot: the resumed run
-    takes the same samples and ends with the uninterrupted run's weights."""
-    datasets, _ = corridor_dataset
-    run = offline(datasets, workspace, **{"agent.normalize_observations": True, "schedule.total_train_steps": 2400})
-    clean = improve("cartpole-bc", {**run, "storage.root": str(workspace / "clean")})
+    takes the same samples and ends with the uninterrupted run's learner state, byte for byte."""
+    datasets, _ = request.getfixturevalue(data)
+    env = "gymflow.testing.envs:Corridor" if preset == "cartpole-bc" else "gymflow.testing.envs:ContinuousCorridor"
+    run = offline(datasets, workspace, **{"env.id": env, "agent.normalize_observations": True,
+                                         "schedule.total_train_steps": 2400})
+    clean = improve(preset, {**run, "storage.root": str(workspace / "clean")})
     killed_root = workspace / "killed"
-    kill_flow_midway("cartpole-bc", {**run, "storage.root": str(killed_root)}, killed_root,
+    kill_flow_midway(preset, {**run, "storage.root": str(killed_root)}, killed_root,
                      workspace / "killed-flow.log", kill_at=5)
     (run_dir,) = (killed_root / "runs").iterdir()
     assert not (run_dir / "checkpoints" / f"v{clean.versions_committed - 1:06d}").exists()
     assert main(["resume", run_dir.name, "--root", str(killed_root), "--quiet"]) == 0
-    assert final_policy(killed_root, run_dir.name) == final_policy(workspace / "clean", clean.run_id)
+    assert final_learner(killed_root, run_dir.name) == final_learner(workspace / "clean", clean.run_id)
 
 
-def final_policy(root: Path, run_id: str) -> bytes:
+def test_iql_learns_the_continuous_corridor_from_a_sac_run_s_experience(continuous_dataset, workspace):
+    datasets, behaviour_return = continuous_dataset
+    learned = improve("hopper-iql", offline(datasets, workspace, **{"env.id": "gymflow.testing.envs:ContinuousCorridor",
+                                                                     "schedule.total_train_steps": 2000,
+                                                                     "schedule.evaluate_every_train_steps": 500}))
+    assert learned.env_steps == 0 and learned.final_return >= max(behaviour_return, 0.9), behaviour_return
+
+
+def final_learner(root: Path, run_id: str) -> bytes:
     storage = Storage(StorageLocation(str(root)))
     version = latest_version(storage, RunLayout(run_id))
     return read_checkpoint(storage, RunLayout(run_id), version, ["learner.safetensors"])["learner.safetensors"]
