@@ -161,9 +161,11 @@ def _run(preset: str, overrides: dict, quiet: bool, api_ready: Callable[[], None
     if isinstance(summary, int):
         return summary
     verdict = "reached its target" if summary.solved else "did not reach its target"
+    spent = (f"{summary.env_steps:,} env steps" if summary.gradient_steps is None
+             else f"{summary.gradient_steps:,} gradient steps offline")
     print(
         f"run {summary.run_id} {verdict}: evaluation return {summary.final_return:.1f} "
-        f"(best {summary.best_return:.1f}) after {summary.env_steps:,} env steps in "
+        f"(best {summary.best_return:.1f}) after {spent} in "
         f"{summary.wall_seconds:.1f} s of training; orchestration {100 * summary.orchestration_share:.1f}% "
         f"of it\n  checkpoints and shards: {summary.storage_url}\n  MLflow run: {summary.mlflow_run_id}"
     )

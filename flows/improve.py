@@ -87,7 +87,7 @@ def improve(
             loop.film_landed()
             summary, report = delivered.summary, report_run(run, tracker, delivered, recorder)
     logger.info("run %s done: %s", run.run_id, describe(summary))
-    publish_evaluations(run.run_id, summary.evaluations)
+    publish_evaluations(run.run_id, summary.evaluations, recorder.budget.unit)
     create_markdown_artifact(key="improve-summary", markdown=report, description=f"gymflow run {run.run_id}")
     if summary.stopped_early:  # the Prefect UI shows the run as Pruned
         return Completed(name="Pruned", message=f"pruned by the sweep after {judge.pruned_at:,} env steps",

@@ -67,7 +67,7 @@ def offline(datasets: Path, workspace: Path, **changes) -> dict:
 def test_behaviour_cloning_reaches_the_return_of_the_policy_that_collected_the_data(corridor_dataset, workspace):
     datasets, behaviour_return = corridor_dataset
     cloned = improve("cartpole-bc", offline(datasets, workspace))
-    assert cloned.env_steps == 0 and cloned.versions_committed == 7  # v0, then one a 100 gradient steps
+    assert (cloned.env_steps, cloned.gradient_steps, cloned.versions_committed) == (0, 600, 7)  # v0, one a 100 steps
     assert cloned.final_return >= max(behaviour_return, 0.9), behaviour_return  # the walk to the end (< 1)
     client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
     losses = client.get_metric_history(cloned.mlflow_run_id, "train/cloning_loss")

@@ -30,8 +30,9 @@ class ProgressArtifact:
                                  description=f"gymflow run {self.run_id}: {done:,}/{total:,} {unit}, {status}")
 
 
-def publish_evaluations(run_id: str, rows: Sequence[tuple[int, float, float, float, int | None]]) -> None:
-    """The run's evaluations as a table: (env steps, mean, min, max, version) each."""
-    table = [{"env steps": steps, "version": "" if version is None else f"v{version}", "mean return": round(mean, 3),
+def publish_evaluations(run_id: str, rows: Sequence[tuple[int, float, float, float, int | None]],
+                        unit: str = "env steps") -> None:
+    """The run's evaluations as a table: (the run's clock in `unit`, mean, min, max, version) each."""
+    table = [{unit: steps, "version": "" if version is None else f"v{version}", "mean return": round(mean, 3),
               "min": round(low, 3), "max": round(high, 3)} for steps, mean, low, high, version in rows]
     create_table_artifact(table, key=EVALUATIONS_KEY, description=f"gymflow run {run_id}: greedy evaluations")

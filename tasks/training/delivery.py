@@ -53,12 +53,12 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
         "summary/orchestration_share": summary.orchestration_share,
         "summary/final_return": summary.final_return or 0.0,
         "summary/best_return": summary.best_return or 0.0,
-    }, step=summary.env_steps)
+    }, step=summary.clock)
     tracker.flush()  # the metrics are linked to the model as it is logged
     policy = read_policy(run.storage, layout, delivered, [POLICY_BLOB])[POLICY_BLOB]
     model = PolicyModel(policy, run.preset_yaml(), run.experiment.observation_space, run.experiment.action_space,
                         run.params())
-    return Delivered(replace(summary, model_uri=log_policy_model(tracker, model, step=summary.env_steps)), curve_png)
+    return Delivered(replace(summary, model_uri=log_policy_model(tracker, model, step=summary.clock)), curve_png)
 
 
 def report_run(run: PreparedRun, tracker: Tracker, delivered: Delivered, recorder: RunRecorder) -> str:
@@ -89,7 +89,8 @@ def summary_table(run: PreparedRun, summary: RunSummary, tracker: Tracker, films
         ("final evaluation return", f"{summary.final_return:.2f}"),
         ("best evaluation return", f"{summary.best_return:.2f}"),
         ("target reached", "yes" if summary.solved else "no"),
-        ("environment steps", f"{summary.env_steps:,}"),
+        ("environment steps", f"{summary.env_steps:,}") if summary.gradient_steps is None
+        else ("gradient steps (offline)", f"{summary.gradient_steps:,} on `{config.dataset.id}`"),
         ("training wall-clock",
          f"{summary.wall_seconds:.1f} s ({100 * summary.orchestration_share:.0f}% orchestration)"),
         ("versions committed", f"{summary.versions_committed} (delivered v{summary.delivered_version})"),

@@ -47,6 +47,12 @@ class RunSummary:
     shards_unused: int = 0  # async: shards that landed after the stop
     policy_lag_mean: float = 0.0  # async: learner version minus the shard's, over every landed shard
     policy_lag_max: int = 0
+    gradient_steps: int | None = None  # an offline run's budget spent (it collects no env steps)
+
+    @property
+    def clock(self) -> int:
+        """Where the run's clock stopped: env steps, or an offline run's gradient steps."""
+        return self.env_steps if self.gradient_steps is None else self.gradient_steps
 
     @property
     def orchestration_share(self) -> float:
@@ -153,4 +159,5 @@ def summarize(identity: RunIdentity, state: LoopState, recorder: RunRecorder, de
         rollout_processes=frozenset(recorder.processes), shards_inserted=ledger.shards_inserted,
         shards_dropped=ledger.shards_dropped, shards_unused=ledger.shards_unused,
         policy_lag_mean=ledger.lag_mean, policy_lag_max=ledger.lag_max,
+        gradient_steps=recorder.budget.spent(state) if recorder.budget.offline else None,
     )
