@@ -94,6 +94,11 @@ class DQNConfig(ReplayOptions, ObservationNormalization):
     )
     dueling: bool = Field(default=False, description="Dueling heads: Q = V + A - mean(A).")
     n_step: int = Field(default=1, ge=1, le=100, description="Bootstrap after this many rewards (n-step returns).")
+    cql_alpha: float = Field(
+        default=0.0, ge=0, le=1000, description="Conservative Q-learning (Kumar et al. 2020), for learning from a "
+        "dataset: adds cql_alpha x (logsumexp over actions of Q(s, .) - Q(s, a)) to the loss, pushing down the "
+        "values of actions the data does not take. 0: off."
+    )
 
 
 def epsilon_at(config: DQNConfig, env_steps: int) -> float:

@@ -1,7 +1,8 @@
 """Deep Q-Networks: a target network, an epsilon-greedy schedule, a replay memory.
 
 Mnih et al. 2015, with the usual options: double Q-learning (van Hasselt et al. 2016), dueling
-heads (Wang et al. 2016), n-step returns and prioritized replay (Schaul et al. 2016). SYNC: each
+heads (Wang et al. 2016), n-step returns, prioritized replay (Schaul et al. 2016), and for
+learning from a dataset the conservative penalty of CQL (Kumar et al. 2020). SYNC: each
 iteration inserts the new transitions, then takes `train_steps_per_iteration` gradient steps.
 ASYNC: the caller inserts (`insert`) and trains (`train`) at its own ratio.
 """
@@ -75,12 +76,14 @@ class DQNLossTerms:
     loss: torch.Tensor  # what is minimised
     td_errors: torch.Tensor  # [B] y - Q(s, a), detached: the new priorities
     q_taken: torch.Tensor  # [B] Q(s, a), detached
+    conservative_penalty: torch.Tensor | None = None  # CQL's, detached, where it is on
 
 
-def dqn_loss(q_network: nn.Module, target_network: nn.Module, batch: TransitionBatch, double_q: bool) -> DQNLossTerms:
+def dqn_loss(q_network: nn.Module, target_network: nn.Module, batch: TransitionBatch, double_q: bool,
+             cql_alpha: float = 0.0) -> DQNLossTerms:
     """The importance-weighted Huber loss of Q(s, a) against y = r + gamma^n max_a' Q'(s', a') (Mnih
-    et al. 2015); with double Q-learning the online network picks a' and the target values it.
-    Pure: nothing is stepped."""
+    et al. 2015); with double Q-learning the online network picks a' and the target values it;
+    with `cql_alpha` > 0, plus CQL's conservative penalty. Pure: nothing is stepped."""
     with torch.no_grad():
         next_target_q = target_network(batch.next_obs)
         if double_q:
@@ -89,9 +92,19 @@ def dqn_loss(q_network: nn.Module, target_network: nn.Module, batch: TransitionB
         else:
             next_q = next_target_q.max(dim=1).values
         targets = batch.rewards + batch.discounts * next_q
-    q_taken = q_network(batch.obs).gather(1, batch.actions[:, None]).squeeze(1)
+    q_values = q_network(batch.obs)
+    q_taken = q_values.gather(1, batch.actions[:, None]).squeeze(1)
     loss = (batch.weights * F.smooth_l1_loss(q_taken, targets, reduction="none")).mean()
-    return DQNLossTerms(loss, (targets - q_taken).detach(), q_taken.detach())
+    if cql_alpha == 0:
+        return DQNLossTerms(loss, (targets - q_taken).detach(), q_taken.detach())
+    penalty = conservative_penalty(q_values, q_taken)
+    return DQNLossTerms(loss + cql_alpha * penalty, (targets - q_taken).detach(), q_taken.detach(), penalty.detach())
+
+
+def conservative_penalty(q_values: torch.Tensor, q_taken: torch.Tensor) -> torch.Tensor:
+    """CQL(H): E[logsumexp_a Q(s, a) - Q(s, a_data)], a soft maximum over actions pushed down and the
+    dataset's action pushed up. Pure."""
+    return (torch.logsumexp(q_values, dim=1) - q_taken).mean()
 
 
 class DQNLearner(SavedWhole, ReplayLearner):
@@ -121,7 +134,7 @@ class DQNLearner(SavedWhole, ReplayLearner):
         """One gradient step; the target network copies the online one every
         `target_update_every_train_steps` of them."""
         terms = dqn_loss(self.q_network, self.target_network, TransitionBatch.on(sample, self.device),
-                         self.config.double_q)
+                         self.config.double_q, self.config.cql_alpha)
         self.optimizer.zero_grad()
         terms.loss.backward()
         nn.utils.clip_grad_norm_(self.q_network.parameters(), self.config.max_grad_norm)
@@ -130,7 +143,10 @@ class DQNLearner(SavedWhole, ReplayLearner):
         self.train_steps += 1
         if self.train_steps % self.config.target_update_every_train_steps == 0:
             self.target_network.load_state_dict(self.q_network.state_dict())
-        return {"td_loss": terms.loss.item(), "q_mean": terms.q_taken.mean().item()}
+        metrics = {"td_loss": terms.loss.item(), "q_mean": terms.q_taken.mean().item()}
+        if terms.conservative_penalty is not None:
+            metrics["cql_penalty"] = terms.conservative_penalty.item()
+        return metrics
 
 PARTS = AlgorithmParts(
     learner=DQNLearner,

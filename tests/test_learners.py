@@ -262,3 +262,18 @@ def test_iql_extracts_its_policy_by_advantage_weighted_regression_with_clipped_w
     log_probs = [-LOG_SQRT_2PI - 0.5 * 0.25, -LOG_SQRT_2PI - 0.5 * 1.0]
     assert loss.item() == pytest.approx(-(math.exp(0.2) * log_probs[0] + 5.0 * log_probs[1]) / 2)
 
+
+
+def test_cql_adds_the_soft_maximum_of_q_minus_the_dataset_action_s_q():
+    q_network = dqn.make_network(DQNConfig(hidden_sizes=[4]), OBS, TWO_ACTIONS)
+    _constant(q_network, [1.0, 3.0])
+    target = dqn.make_network(DQNConfig(hidden_sizes=[4]), OBS, TWO_ACTIONS)
+    _constant(target, [0.0, 0.0])
+    batch = _batch([0.0, 0.0], [0.0, 0.0], [0, 1])
+    plain = dqn.dqn_loss(q_network, target, batch, double_q=False)
+    conservative = dqn.dqn_loss(q_network, target, batch, double_q=False, cql_alpha=0.5)
+    soft_max = math.log(math.exp(1.0) + math.exp(3.0))
+    penalty = ((soft_max - 1.0) + (soft_max - 3.0)) / 2
+    assert plain.conservative_penalty is None
+    assert conservative.conservative_penalty.item() == pytest.approx(penalty)
+    assert conservative.loss.item() == pytest.approx(plain.loss.item() + 0.5 * penalty)

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
+from safetensors.torch import load
 
 from gymflow.flows.cli import main
 from gymflow.flows.improve import improve
-from gymflow.tasks.storage.checkpoints import latest_version, read_checkpoint
+from gymflow.tasks.storage.checkpoints import latest_version, read_checkpoint, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from tests.conftest import local_overrides, written_files
@@ -141,3 +143,40 @@ def final_learner(root: Path, run_id: str) -> bytes:
     storage = Storage(StorageLocation(str(root)))
     version = latest_version(storage, RunLayout(run_id))
     return read_checkpoint(storage, RunLayout(run_id), version, ["learner.safetensors"])["learner.safetensors"]
+
+
+def test_dqn_learns_offline_with_cql_s_conservative_penalty(corridor_dataset, workspace):
+    datasets, behaviour_return = corridor_dataset
+    learned = improve("cartpole-dqn", offline(datasets, workspace, **{
+        "agent.cql_alpha": 1.0, "agent.target_update_every_train_steps": 100, "schedule.total_env_steps": 0,
+        "schedule.heatup_env_steps": 0, "schedule.total_train_steps": 1000, "schedule.evaluate_every_train_steps": 500,
+        "schedule.target_return": None}))
+    assert learned.env_steps == 0 and learned.final_return >= max(behaviour_return, 0.9), behaviour_return
+    client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
+    assert client.get_metric_history(learned.mlflow_run_id, "train/cql_penalty")[-1].value > 0
+
+
+def test_an_online_run_continues_an_offline_one_from_its_policy_with_the_dataset_in_memory(continuous_dataset,
+                                                                                            workspace):
+    datasets, _ = continuous_dataset
+    corridor = {"env.id": "gymflow.testing.envs:ContinuousCorridor"}
+    offline_run = improve("hopper-iql", offline(datasets, workspace, **corridor, **{
+        "schedule.total_train_steps": 1000, "schedule.evaluate_every_train_steps": 500}))
+    online = offline(datasets, workspace, **corridor, **{
+        "schedule.total_env_steps": 640, "schedule.rollout_steps_per_env": 16, "schedule.evaluate_every_env_steps": 256,
+        "agent.train_steps_per_iteration": 16, "distribution.envs_per_worker": 4})
+    continued = improve("hopper-iql", online, warm_start=offline_run.model_uri)
+    assert continued.env_steps == 640 and continued.gradient_steps is None
+    storage = Storage(StorageLocation(str(workspace / "data")))
+    started_from, offline_final = (
+        load(read_policy(storage, RunLayout(run.run_id), version, ["policy.safetensors"])["policy.safetensors"])
+        for run, version in ((continued, 0), (offline_run, offline_run.delivered_version)))
+    for name, tensor in offline_final.items():  # v0, which collected first, is the offline run's delivered policy:
+        if name.startswith("obs_norm."):  # its statistics have seen the dataset once more (their count doubles)
+            assert name.endswith("count") or torch.allclose(started_from[name], tensor, rtol=1e-4), name
+        else:
+            assert torch.equal(started_from[name], tensor), name
+    client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
+    sizes = [m.value for m in client.get_metric_history(continued.mlflow_run_id, "train/replay_size")]
+    steps = minari.MinariDataset(datasets / DATASET_ID / "data").total_steps
+    assert sizes[0] == steps + 128 and sizes[-1] == steps + 640  # the dataset first, then what it collected

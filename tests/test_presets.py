@@ -87,7 +87,7 @@ def test_a_bad_base_is_one_line_naming_it(tmp_path, text, says):
     [
         ("nope", {}, "preset", "allowed: breakout-dqn, breakout-ppo, cartpole-bc, cartpole-dqn, cartpole-dqn-async, "
                                "cartpole-ppo, "
-                               "catch-dqn, catch-ppo, halfcheetah-ppo, halfcheetah-sac, hopper-ppo, hopper-td3, "
+                               "catch-dqn, catch-ppo, halfcheetah-ppo, halfcheetah-sac, hopper-iql, hopper-ppo, hopper-td3, "
                                "lunarlander-ppo, mujoco-ppo, pendulum-sac"),
         ("cartpole-ppo", {"env.id": "NoSuchEnv-v0"}, "env.id", "not a registered Gymnasium id"),
         ("cartpole-ppo", {"env.id": "gymflow.testing.envs:NoSuchClass"}, "env.id", "not a gymnasium.Env subclass"),

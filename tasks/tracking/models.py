@@ -145,11 +145,12 @@ def read_warm_start(source: str, tracking_uri: str) -> dict:
     from safetensors.torch import load_file  # torch: not for a flow that only reads the registry
 
     try:
-        if source.startswith(("models:/", "runs:/")):
-            with tempfile.TemporaryDirectory() as folder:
-                local = mlflow.artifacts.download_artifacts(artifact_uri=f"{source}/artifacts/policy.safetensors",
-                                                            dst_path=folder, tracking_uri=tracking_uri)
-                return load_file(local)
+        if source.startswith(("models:/", "runs:/")):  # the whole model: a path inside a models:/<model id>
+            with tempfile.TemporaryDirectory() as folder, _global_tracking_uri(tracking_uri):  # URI reads as a
+                # registered model's name and stage; a logged model is looked up through the global tracking URI
+                local = mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=folder,
+                                                            tracking_uri=tracking_uri)
+                return load_file(Path(local, "artifacts", "policy.safetensors"))
         return load_file(source)
     except (OSError, MlflowException) as error:
         raise UnusableWarmStart("warm_start", f"cannot read a gymflow policy from {source!r}: {error}") from None

@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 _LOSSES = ("train/policy_loss", "train/value_loss", "train/entropy", "train/td_loss", "train/q_mean",
-           "train/critic_loss", "train/actor_loss", "train/cloning_loss", "train/advantage_mean")
+           "train/critic_loss", "train/actor_loss", "train/cloning_loss", "train/advantage_mean",
+           "train/cql_penalty")
 _LAG = "async/policy_lag_mean"
 GRADIENT_STEPS = "time/gradient_steps"  # an offline run's clock (it collects no env steps)
 PLOTTED_METRICS = ("rollout/episode_return_mean", "time/env_steps_per_second", _LAG, *_LOSSES, GRADIENT_STEPS)

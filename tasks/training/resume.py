@@ -12,8 +12,9 @@ prioritized replay restarts its priorities at the largest one.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 from gymflow.agents.batches import Rollout
 from gymflow.agents.core import Learner, ReplayLearner
@@ -71,14 +72,17 @@ def restore(storage: Storage, run_id: str, learner: Learner, preset: Preset,
     return Restored(state, loaded.refused)
 
 
-def rebuild_replay(learner: ReplayLearner, newest_first: Iterator[list[Rollout]], position: dict[str, int]) -> None:
+def rebuild_replay(learner: ReplayLearner, newest_first: Iterator[Callable[[], list[Rollout]]],
+                   position: dict[str, int]) -> None:
     """Insert again the newest groups of rollouts that cover the memory's capacity, from the slot
-    the first of them had, so the memory ends where the checkpoint says it stood (`position`)."""
+    the first of them had, so the memory ends where the checkpoint says it stood (`position`).
+    A group is read only if it is needed (older shards may be retired)."""
     tail: list[list[Rollout]] = []
     steps = 0
-    for rollouts in newest_first:
+    for read_group in newest_first:
         if steps >= learner.replay.capacity:
             break
+        rollouts = read_group()
         tail.append(rollouts)
         steps += sum(rollout.env_steps for rollout in rollouts)
     learner.replay.start_before(position, [rollout for rollouts in tail for rollout in rollouts])
@@ -90,13 +94,17 @@ def rebuild_replay(learner: ReplayLearner, newest_first: Iterator[list[Rollout]]
 
 
 def _newest_first(storage: Storage, layout: RunLayout, state: LoopState, preset: Preset,
-                  dataset: ExperienceDataset | None) -> Iterator[list[Rollout]]:
-    """What went into the memory, newest first, each group read when it is reached: the shards,
-    then the dataset."""
+                  dataset: ExperienceDataset | None) -> Iterator[Callable[[], list[Rollout]]]:
+    """What went into the memory, newest first, as readers of each group: the shards, then the
+    dataset."""
     for keys in inserted_newest_first(storage, layout, state, preset):
-        yield [read_shard_at(storage, key) for key in keys]
+        yield partial(_read_shards, storage, keys)
     if dataset is not None:
-        yield list(dataset.rollouts())
+        yield lambda: list(dataset.rollouts())
+
+
+def _read_shards(storage: Storage, keys: list[str]) -> list[Rollout]:
+    return [read_shard_at(storage, key) for key in keys]
 
 
 def inserted_newest_first(storage: Storage, layout: RunLayout, state: LoopState, preset: Preset
