@@ -17,9 +17,10 @@ from torch.nn import functional as F
 from gymflow.agents.batches import Sample
 from gymflow.agents.configs import BCConfig
 from gymflow.agents.core import AlgorithmParts, ReplayLearner
-from gymflow.agents.networks import BoundedActions, cpu_weights, mlp, on_device, seeded_init, step_optimizer
+from gymflow.agents.networks import cpu_weights, mlp, on_device, seeded_init, step_optimizer
 from gymflow.agents.normalization import observation_normalizer, share_normalizer
 from gymflow.agents.replay import MemorySpec, ReplayMemory
+from gymflow.agents.td3 import DeterministicActor
 from gymflow.agents.training_state import SavedWhole
 from gymflow.envs.vector import observation_dtype
 
@@ -36,25 +37,12 @@ class LogitsPolicyNetwork(nn.Module):
         return self.net(self.obs_norm(obs))
 
 
-class TanhActor(BoundedActions, nn.Module):
-    """obs -> an action in [-1, 1] (tanh), which `to_env` scales to the env's bounds."""
-
-    def __init__(self, inputs: int, hidden: list[int], action_space: spaces.Box, obs_norm: nn.Module):
-        super().__init__()
-        self.obs_norm = obs_norm
-        self.net = mlp(inputs, hidden, int(np.prod(action_space.shape)), nn.ReLU)
-        self.register_bounds(action_space)
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.net(self.obs_norm(obs)))
-
-
 def make_network(config: BCConfig, observation_space: spaces.Box, action_space: spaces.Space) -> nn.Module:
     obs_norm = observation_normalizer(config, observation_space.shape)
     inputs = int(np.prod(observation_space.shape))
     if isinstance(action_space, spaces.Discrete):
         return LogitsPolicyNetwork(inputs, config.hidden_sizes, int(action_space.n), obs_norm)
-    return TanhActor(inputs, config.hidden_sizes, action_space, obs_norm)
+    return DeterministicActor(inputs, config.hidden_sizes, action_space, obs_norm)
 
 
 class ClonedPolicy:
@@ -68,7 +56,7 @@ class ClonedPolicy:
     @torch.inference_mode()
     def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
         output = self.network(torch.from_numpy(obs))
-        if isinstance(self.network, TanhActor):
+        if isinstance(self.network, DeterministicActor):
             return self.network.to_env(output).numpy().astype(np.float32), np.zeros(len(obs), np.float32)
         probabilities = torch.softmax(output, dim=1).numpy().astype(np.float64)
         if explore:
@@ -83,7 +71,7 @@ class ClonedPolicy:
 def cloning_loss(network: nn.Module, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
     """Cross-entropy against discrete actions; squared error against continuous ones, in the
     actor's [-1, 1] units (actions outside the env's bounds clipped to them). Pure."""
-    if isinstance(network, TanhActor):
+    if isinstance(network, DeterministicActor):
         return F.mse_loss(network(obs), network.from_env(actions).clamp(-1.0, 1.0))
     return F.cross_entropy(network(obs), actions.long())
 

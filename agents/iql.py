@@ -30,6 +30,7 @@ from gymflow.agents.networks import (
     mlp,
     seeded_init,
     step_optimizer,
+    twin_critic,
 )
 from gymflow.agents.normalization import observation_normalizer, share_normalizer
 from gymflow.agents.replay import ReplayMemory, memory_spec
@@ -129,13 +130,11 @@ class IQLLearner(SavedWhole, ReplayLearner):
                  device: str = "cpu"):
         self.config = config
         self.device = torch.device(device)
-        obs_size, action_size = int(np.prod(observation_space.shape)), int(np.prod(action_space.shape))
         with seeded_init(seed):
             self.actor = make_actor(config, observation_space, action_space)
-            norm = observation_normalizer(config, observation_space.shape)
-            self.critic = TwinCritic(obs_size, action_size, config.hidden_sizes, norm)
-            self.value = ValueNetwork(obs_size, config.hidden_sizes, observation_normalizer(config,
-                                                                                            observation_space.shape))
+            self.critic = twin_critic(config, config.hidden_sizes, observation_space, action_space)
+            self.value = ValueNetwork(int(np.prod(observation_space.shape)), config.hidden_sizes,
+                                      observation_normalizer(config, observation_space.shape))
         for network in (self.actor, self.critic, self.value):
             network.to(self.device)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)

@@ -12,6 +12,8 @@ from gymnasium import spaces
 from torch import nn
 
 from gymflow.agents.batches import Sample
+from gymflow.agents.configs import ObservationNormalization
+from gymflow.agents.normalization import observation_normalizer
 from gymflow.envs.make import is_image
 
 
@@ -68,6 +70,14 @@ class TwinCritic(nn.Module):
     def first(self, obs: torch.Tensor, squashed_actions: torch.Tensor) -> torch.Tensor:
         """Q1 alone (TD3's actor follows it)."""
         return self.q1(torch.cat([self.obs_norm(obs), squashed_actions], dim=1)).squeeze(1)
+
+
+def twin_critic(config: ObservationNormalization, hidden: list[int], observation_space: spaces.Box,
+                action_space: spaces.Box) -> TwinCritic:
+    """Twin critics over a Box's observations and actions, with a normaliser of their own where
+    the options ask for one (the learner then shares one set of statistics: `share_normalizer`)."""
+    obs_size, action_size = int(np.prod(observation_space.shape)), int(np.prod(action_space.shape))
+    return TwinCritic(obs_size, action_size, hidden, observation_normalizer(config, observation_space.shape))
 
 
 class PixelEncoder(nn.Module):

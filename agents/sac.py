@@ -26,6 +26,7 @@ from gymflow.agents.networks import (
     mlp,
     seeded_init,
     step_optimizer,
+    twin_critic,
 )
 from gymflow.agents.normalization import observation_normalizer, share_normalizer
 from gymflow.agents.replay import make_replay, memory_spec
@@ -125,11 +126,9 @@ class SACLearner(SavedWhole, ReplayLearner):
                  device: str = "cpu"):
         self.config = config
         self.device = torch.device(device)
-        obs_size, action_size = int(np.prod(observation_space.shape)), int(np.prod(action_space.shape))
         with seeded_init(seed):
             self.actor = make_actor(config, observation_space, action_space)
-            critic_norm = observation_normalizer(config, observation_space.shape)
-            self.critic = TwinCritic(obs_size, action_size, config.hidden_sizes, critic_norm)
+            self.critic = twin_critic(config, config.hidden_sizes, observation_space, action_space)
         self.actor.to(self.device)
         self.critic.to(self.device)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
@@ -137,7 +136,8 @@ class SACLearner(SavedWhole, ReplayLearner):
         self.log_entropy_coef = torch.zeros(1, device=self.device, requires_grad=config.entropy_coef is None)
         if config.entropy_coef is not None:
             self.log_entropy_coef.data.fill_(float(np.log(config.entropy_coef)))
-        self.target_entropy = config.target_entropy if config.target_entropy is not None else -float(action_size)
+        default_target = -float(np.prod(action_space.shape))  # -(number of action dimensions)
+        self.target_entropy = config.target_entropy if config.target_entropy is not None else default_target
         self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=config.lr, fused=True)
         self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=config.lr, fused=True)
         self.entropy_optimizer = torch.optim.Adam([self.log_entropy_coef], lr=config.lr)

@@ -29,6 +29,7 @@ from gymflow.agents.networks import (
     mlp,
     seeded_init,
     step_optimizer,
+    twin_critic,
 )
 from gymflow.agents.normalization import observation_normalizer, share_normalizer
 from gymflow.agents.replay import make_replay, memory_spec
@@ -106,11 +107,9 @@ class TD3Learner(SavedWhole, ReplayLearner):
                  device: str = "cpu"):
         self.config = config
         self.device = torch.device(device)
-        obs_size, action_size = int(np.prod(observation_space.shape)), int(np.prod(action_space.shape))
         with seeded_init(seed):
             self.actor = make_actor(config, observation_space, action_space)
-            critic_norm = observation_normalizer(config, observation_space.shape)
-            self.critic = TwinCritic(obs_size, action_size, config.hidden_sizes, critic_norm)
+            self.critic = twin_critic(config, config.hidden_sizes, observation_space, action_space)
         self.actor.to(self.device)
         self.critic.to(self.device)
         self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
