@@ -1,0 +1,143 @@
+"""Offline RL on Hopper-v5 from experience gymflow makes itself: IQL against behaviour cloning and
+against the dataset's own mean episode return, seed by seed, with D4RL's published figures for the
+same kind of dataset beside them as context.
+
+    .venv/bin/pip install -e ".[bench,mujoco,lake]"
+    .venv/bin/python benchmarks/offline_hopper.py --source-steps 100000 --train-steps 200000 --seeds 0 1 2 \
+        --folder /tmp/offline-hopper --record benchmarks/records/offline-hopper.jsonl
+
+The dataset: every transition of a SAC run (the halfcheetah-sac preset's rl-zoo settings on
+Hopper-v5) of `--source-steps` env steps, kept whole (`storage.keep_shards: all`) and exported
+with `gymflow export`: random heatup, then a policy that improves from nothing to where the run
+stopped. That is D4RL's "medium-replay" kind (the replay buffer of a policy trained to a medium
+level). It is made once in `--folder` and reused. Then, for each seed, `hopper-iql` (the IQL
+paper's locomotion settings) and BC (the same networks, `agent.algo: bc`) each train
+`--train-steps` gradient steps on it, offline, the two alternating which goes first (the VM
+drifts); their final greedy evaluation (10 episodes) is the figure.
+
+Scores are also given D4RL-normalised: 100 x (return - random) / (expert - random), with D4RL's
+Hopper references (random -20.27, expert 3234.3). Context, not a target (other data, other
+budgets: 1M gradient steps, Hopper-v2): the IQL paper's Table 1 on hopper-medium-replay-v2, BC
+18.1 and IQL 94.7; on hopper-medium-v2, BC 52.9 and IQL 66.3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+EVALUATION_EPISODES = 10
+HOPPER_RANDOM, HOPPER_EXPERT = -20.272305, 3234.3  # D4RL's reference scores for Hopper
+D4RL_CONTEXT = {"hopper-medium-replay-v2": {"bc": 18.1, "iql": 94.7}, "hopper-medium-v2": {"bc": 52.9, "iql": 66.3}}
+LEARNERS = {  # preset and the fields that make it BC or IQL on Hopper with the same networks
+    "iql": ("hopper-iql", {}),
+    "bc": ("hopper-iql", {"agent": {"algo": "bc", "lr": 3e-4, "batch_size": 256, "replay_capacity": 2_000_000,
+                                    "train_steps_per_iteration": 1000, "hidden_sizes": [256, 256],
+                                    "normalize_observations": True}}),
+}
+
+
+def normalised(score: float) -> float:
+    return 100.0 * (score - HOPPER_RANDOM) / (HOPPER_EXPERT - HOPPER_RANDOM)
+
+
+def tracking(folder: str) -> dict:
+    return {"tracking.tracking_uri": f"sqlite:///{folder}/mlflow.db", "tracking.artifact_location": f"{folder}/mlart"}
+
+
+def make_dataset(folder: str, source_steps: int) -> tuple[str, str, float]:
+    """(datasets root, dataset id, the dataset's mean episode return): made once per budget."""
+    import minari
+    import numpy as np
+
+    from gymflow.flows.improve import improve
+    from gymflow.tasks.lake.export import export_run
+    from gymflow.tasks.storage.objects import Storage, StorageLocation
+
+    root, dataset_id = os.path.join(folder, "datasets"), f"gymflow/hopper-sac-{source_steps}-v0"
+    data = os.path.join(root, dataset_id, "data")
+    if not os.path.exists(os.path.join(data, "metadata.json")):
+        source = os.path.join(folder, "source")
+        run = improve("halfcheetah-sac", {"env.id": "Hopper-v5", "schedule.total_env_steps": source_steps,
+                                          "storage.keep_shards": "all", "storage.root": source, **tracking(folder)})
+        print(f"source run {run.run_id}: final greedy return {run.final_return:.1f}", flush=True)
+        export_run(Storage(StorageLocation(source)), run.run_id, Storage(StorageLocation(root)), dataset_id)
+    episodes = minari.MinariDataset(data)
+    return root, dataset_id, float(np.mean([float(np.sum(episode.rewards)) for episode in episodes]))
+
+
+def train_offline(learner: str, seed: int, train_steps: int, root: str, dataset_id: str, folder: str
+                  ) -> tuple[float, float]:
+    """(final greedy return, seconds) of one offline run."""
+    from gymflow.flows.improve import improve
+
+    preset, fields = LEARNERS[learner]
+    started = time.perf_counter()
+    summary = improve(preset, {
+        **fields, "seed": seed, "dataset.root": root, "dataset.id": dataset_id,
+        "schedule.total_train_steps": train_steps, "schedule.evaluate_every_train_steps": max(train_steps // 10, 1),
+        "schedule.evaluation_episodes": EVALUATION_EPISODES,
+        "storage.root": os.path.join(folder, f"{learner}-{seed}"), **tracking(folder),
+    })
+    return summary.final_return, time.perf_counter() - started
+
+
+def recorded(record: str | None, key: dict) -> list[dict]:
+    if record is None or not os.path.exists(record):
+        return []
+    with open(record) as lines:
+        entries = [json.loads(line) for line in lines if line.strip()]
+    return [entry for entry in entries if all(entry[k] == v for k, v in key.items())]
+
+
+def run_seed(seed: int, args: argparse.Namespace, root: str, dataset_id: str) -> dict:
+    order = ["iql", "bc"] if seed % 2 == 0 else ["bc", "iql"]
+    results = {learner: train_offline(learner, seed, args.train_steps, root, dataset_id, args.folder)
+               for learner in order}
+    print(f"seed {seed}: " + ", ".join(f"{k} {v[0]:.1f} ({normalised(v[0]):.1f}) in {v[1]:.0f} s"
+                                       for k, v in sorted(results.items())), flush=True)
+    return {learner: list(result) for learner, result in results.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source-steps", type=int, default=100_000, help="env steps of the SAC run that makes the data")
+    parser.add_argument("--train-steps", type=int, default=200_000, help="gradient steps of every offline run")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--folder", required=True, help="where the dataset, runs and MLflow store go (reused)")
+    parser.add_argument("--record", help="a JSON-lines file: finished seeds are kept there and not run again")
+    args = parser.parse_args()
+    os.makedirs(args.folder, exist_ok=True)
+    root, dataset_id, data_mean = make_dataset(args.folder, args.source_steps)
+    key = {"source_steps": args.source_steps, "train_steps": args.train_steps}
+    rows = recorded(args.record, key)
+    for seed in [s for s in args.seeds if s not in {row["seed"] for row in rows}]:
+        rows.append({**key, "seed": seed, **run_seed(seed, args, root, dataset_id), "dataset_mean": data_mean,
+                     "date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count()})
+        if args.record:
+            with open(args.record, "a") as lines:
+                lines.write(json.dumps(rows[-1]) + "\n")
+    report(sorted(rows, key=lambda row: row["seed"]), data_mean, args)
+
+
+def report(rows: list[dict], data_mean: float, args: argparse.Namespace) -> None:
+    print(f"\nmachine: {os.cpu_count()} cores; Hopper-v5, a SAC run's {args.source_steps:,} env steps as the dataset "
+          f"(mean episode return {data_mean:.1f}, normalised {normalised(data_mean):.1f}); "
+          f"{args.train_steps:,} gradient steps; final greedy return over {EVALUATION_EPISODES} episodes")
+    print(f"{'seed':>4} {'IQL':>9} {'norm':>6} {'s':>6}   {'BC':>9} {'norm':>6} {'s':>6}")
+    for row in rows:
+        (i_return, i_s), (b_return, b_s) = row["iql"], row["bc"]
+        print(f"{row['seed']:>4} {i_return:>9.1f} {normalised(i_return):>6.1f} {i_s:>6.0f}   "
+              f"{b_return:>9.1f} {normalised(b_return):>6.1f} {b_s:>6.0f}")
+    iql, bc = (statistics.median(row[k][0] for row in rows) for k in ("iql", "bc"))
+    print(f"median: IQL {iql:.1f} ({normalised(iql):.1f}), BC {bc:.1f} ({normalised(bc):.1f}), dataset mean "
+          f"{data_mean:.1f} ({normalised(data_mean):.1f}); IQL > BC: {iql > bc}, IQL > dataset: {iql > data_mean}")
+    for name, scores in D4RL_CONTEXT.items():
+        print(f"context, IQL paper Table 1, {name} (normalised): BC {scores['bc']}, IQL {scores['iql']}")
+
+
+if __name__ == "__main__":
+    main()
