@@ -30,8 +30,8 @@ def _partial(name: str, *models: type[BaseModel]) -> type[BaseModel]:
     for model in models:
         for field_name, info in model.model_fields.items():
             annotation = info.annotation
-            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-                annotation = _partial(f"{annotation.__name__}Overrides", annotation)
+            if (section := _section(annotation)) is not None:  # a section, or an optional one (dataset)
+                annotation = _partial(f"{section.__name__}Overrides", section)
             elif field_name == "agent":
                 annotation = _partial("AgentOverrides", *get_args(annotation))
             infos.setdefault(field_name, info)
@@ -42,6 +42,15 @@ def _partial(name: str, *models: type[BaseModel]) -> type[BaseModel]:
         for field_name, types in annotations.items()
     }
     return create_model(name, __base__=_Overrides, **fields)
+
+
+def _section(annotation: Any) -> type[BaseModel] | None:
+    """The model of a section field (`env: EnvConfig`, `dataset: DatasetConfig | None`), else None."""
+    candidates = [annotation] if isinstance(annotation, type) else [arg for arg in get_args(annotation)
+                                                                  if arg is not type(None)]
+    if len(candidates) == 1 and isinstance(candidates[0], type) and issubclass(candidates[0], BaseModel):
+        return candidates[0]
+    return None
 
 
 _PresetFields: type[BaseModel] = _partial("_PresetFields", Preset)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -26,6 +28,17 @@ def test_overrides_reach_nested_fields_with_types():
     assert preset.distribution.rollout_workers == 3
     assert preset.agent.hidden_sizes == [32, 32]
     assert preset.env_steps_per_iteration == 3 * 8 * 128
+
+
+def test_a_flow_parameter_may_change_one_field_of_an_optional_section():
+    from gymflow.flows.improve import improve
+    from gymflow.presets.overrides import PresetOverrides
+
+    overrides = PresetOverrides.model_validate({"dataset.root": "datasets"})  # the dataset's id stays the preset's
+    assert overrides.dotted() == {"dataset.root": "datasets"}
+    assert load_preset("cartpole-bc", overrides.dotted()).dataset.id == "gymflow/cartpole-v0"
+    assert PresetOverrides.model_validate({"dataset": None}).dotted() == {"dataset": None}
+    assert "DatasetConfigOverrides" in json.dumps(improve.parameters.model_dump())  # a section of the form
 
 
 def test_on_and_off_on_the_command_line_are_words_that_boolean_fields_read_too():
