@@ -180,3 +180,18 @@ def test_an_online_run_continues_an_offline_one_from_its_policy_with_the_dataset
     sizes = [m.value for m in client.get_metric_history(continued.mlflow_run_id, "train/replay_size")]
     steps = minari.MinariDataset(datasets / DATASET_ID / "data").total_steps
     assert sizes[0] == steps + 128 and sizes[-1] == steps + 640  # the dataset first, then what it collected
+
+
+def test_the_retraining_flow_trains_its_challenger_offline_and_scores_it_against_the_champion(corridor_dataset,
+                                                                                               workspace):
+    from gymflow.flows.retrain import retrain
+
+    datasets, _ = corridor_dataset
+    untrained = offline(datasets, workspace, **{"schedule.total_train_steps": 100,
+                                                "schedule.evaluate_every_train_steps": 100})
+    first = retrain("cartpole-bc", untrained, model_name="cloned", evaluation_episodes=8)
+    assert first.outcome == "first champion registered"
+    second = retrain("cartpole-bc", offline(datasets, workspace), model_name="cloned", evaluation_episodes=8)
+    assert second.champion == first.challenger  # warm-started from it, trained on the dataset, scored beside it
+    assert second.promoted == (second.challenger_return > second.champion_return)
+    assert second.challenger_return >= 0.9
