@@ -12,6 +12,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load
 
+from gymflow.errors import UnusableWarmStart
 from gymflow.flows.cli import main
 from gymflow.flows.improve import improve
 from gymflow.tasks.storage.checkpoints import latest_version, read_checkpoint, read_policy
@@ -161,7 +162,7 @@ def test_an_online_run_continues_an_offline_one_from_its_policy_with_the_dataset
     datasets, _ = continuous_dataset
     corridor = {"env.id": "gymflow.testing.envs:ContinuousCorridor"}
     offline_run = improve("hopper-iql", offline(datasets, workspace, **corridor, **{
-        "schedule.total_train_steps": 1000, "schedule.evaluate_every_train_steps": 500}))
+        "schedule.total_train_steps": 2000, "schedule.evaluate_every_train_steps": 500}))
     online = offline(datasets, workspace, **corridor, **{
         "schedule.total_env_steps": 640, "schedule.rollout_steps_per_env": 16, "schedule.evaluate_every_env_steps": 256,
         "agent.train_steps_per_iteration": 16, "distribution.envs_per_worker": 4})
@@ -180,6 +181,22 @@ def test_an_online_run_continues_an_offline_one_from_its_policy_with_the_dataset
     sizes = [m.value for m in client.get_metric_history(continued.mlflow_run_id, "train/replay_size")]
     steps = minari.MinariDataset(datasets / DATASET_ID / "data").total_steps
     assert sizes[0] == steps + 128 and sizes[-1] == steps + 640  # the dataset first, then what it collected
+
+
+def test_an_online_run_continues_an_offline_run_s_whole_learner(continuous_dataset, workspace):
+    """`learner:RUN_ID` carries the critics and value with the policy: the online run's first updates
+    improve on the offline policy instead of following fresh critics away from it."""
+    datasets, _ = continuous_dataset
+    corridor = {"env.id": "gymflow.testing.envs:ContinuousCorridor"}
+    offline_run = improve("hopper-iql", offline(datasets, workspace, **corridor, **{
+        "schedule.total_train_steps": 2000, "schedule.evaluate_every_train_steps": 500}))
+    online = offline(datasets, workspace, **corridor, **{
+        "schedule.total_env_steps": 640, "schedule.rollout_steps_per_env": 16, "schedule.evaluate_every_env_steps": 128,
+        "agent.train_steps_per_iteration": 16, "distribution.envs_per_worker": 4})
+    continued = improve("hopper-iql", online, warm_start=f"learner:{offline_run.run_id}")
+    assert offline_run.final_return >= 0.9 and min(row.mean for row in continued.evaluations) >= 0.9
+    with pytest.raises(UnusableWarmStart, match="learner holds"):
+        improve("cartpole-bc", offline(datasets, workspace, **corridor), warm_start=f"learner:{offline_run.run_id}")
 
 
 def test_the_retraining_flow_trains_its_challenger_offline_and_scores_it_against_the_champion(corridor_dataset,

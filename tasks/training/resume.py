@@ -18,6 +18,7 @@ from functools import partial
 
 from gymflow.agents.batches import Rollout
 from gymflow.agents.core import Learner, ReplayLearner
+from gymflow.errors import UnusableWarmStart
 from gymflow.presets.load import validate_preset_data
 from gymflow.presets.model import Preset
 from gymflow.presets.validate import Experiment, experiment_from
@@ -122,3 +123,30 @@ def inserted_newest_first(storage: Storage, layout: RunLayout, state: LoopState,
     heatup = [layout.shard(None, w) for w in range(workers) if storage.exists(layout.shard(None, w))]
     if heatup:
         yield heatup
+
+
+LEARNER_WARM_START = "learner:"  # warm_start="learner:RUN_ID": a run's whole learner, from this storage
+_FRESH = ("rng", "generator", "train_steps")  # what a warm-started learner keeps of its own
+
+
+def warm_start_learner(learner: Learner, storage: Storage, run_id: str) -> None:
+    """Start `learner` from run `run_id`'s newest valid checkpoint in `storage`: its networks,
+    target networks, optimisers and observation statistics (an offline run's critics with its
+    policy); its RNGs and counters stay the new run's. Raises UnusableWarmStart where there is no
+    such checkpoint or the learners differ."""
+    try:
+        loaded = read_newest_valid_checkpoint(storage, RunLayout(run_id), [LEARNER_TENSORS, LEARNER_TREE])
+        state = decode_state(loaded.blobs[LEARNER_TENSORS], loaded.blobs[LEARNER_TREE])
+    except CheckpointError as error:
+        raise UnusableWarmStart("warm_start", f"no learner of run {run_id!r} to start from: {error}") from None
+    own = learner.state_dict()
+    if set(state) != set(own):
+        raise UnusableWarmStart("warm_start", f"run {run_id!r}'s learner holds {sorted(state)}, this preset's "
+                                              f"{sorted(own)}: allowed: a run of the same agent")
+    try:
+        learner.load_state_dict({name: own[name] if name in _FRESH else value for name, value in state.items()})
+    except (RuntimeError, ValueError, KeyError) as error:
+        first_line = str(error).strip().splitlines()[0]
+        raise UnusableWarmStart("warm_start", f"run {run_id!r}'s learner does not fit this preset's "
+                                              f"(agent.hidden_sizes?): {first_line}") from None
+

@@ -40,7 +40,13 @@ from gymflow.tasks.training.commits import Commits
 from gymflow.tasks.training.evaluation import EvaluationSchedule
 from gymflow.tasks.training.learning import create_learner
 from gymflow.tasks.training.loop import EarlyStop, ImproveLoop, Observer, StopRule, heatup, read_dataset
-from gymflow.tasks.training.resume import Restored, restore, stored_experiment
+from gymflow.tasks.training.resume import (
+    LEARNER_WARM_START,
+    Restored,
+    restore,
+    stored_experiment,
+    warm_start_learner,
+)
 from gymflow.tasks.training.state import Budget, LoopState
 from gymflow.tasks.training.stream import AsyncStream, Ratio
 from gymflow.tasks.training.summary import RunRecorder
@@ -77,17 +83,14 @@ def prepare_run(experiment: Experiment, warm_start: str | None, resume: str | No
     (with that run's own preset). A resumed run that died before its first checkpoint starts
     over, in its own MLflow run. `run_id` names a new run (default: preset name and time). The
     preset's dataset is found and checked here too."""
-    from gymflow.tasks.tracking.models import read_warm_start  # MLflow's model code, here only
-
     storage = ready_storage(storage_location(experiment.preset.storage))
     if resume is None:
-        weights = read_warm_start(warm_start, experiment.preset.tracking.tracking_uri) if warm_start else None
         if run_id is not None and has_run_record(storage, run_id):
             raise InvalidPreset("run_id", f"a run {run_id!r} is already under {storage.url('runs')}; "
                                 f"continue it with resume={run_id!r}")
         run_id = run_id or f"{experiment.preset.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         dataset = find_dataset(experiment)
-        return PreparedRun(experiment, run_id, storage, create_learner(experiment, weights), dataset=dataset)
+        return PreparedRun(experiment, run_id, storage, warm_started(experiment, storage, warm_start), dataset=dataset)
     record = read_run_record(storage, resume)
     experiment = stored_experiment(storage, resume, experiment)
     dataset, learner = find_dataset(experiment), create_learner(experiment)
@@ -95,6 +98,19 @@ def prepare_run(experiment: Experiment, warm_start: str | None, resume: str | No
         return PreparedRun(experiment, resume, storage, learner, record=record, dataset=dataset)
     restored = restore(storage, resume, learner, experiment.preset, dataset)
     return PreparedRun(experiment, resume, storage, learner, restored, record, dataset)
+
+
+def warm_started(experiment: Experiment, storage: Storage, warm_start: str | None) -> Learner:
+    """A new run's learner: fresh, from a policy (an MLflow model URI or a policy.safetensors
+    path), or a whole learner of a run in the same storage (`learner:RUN_ID`)."""
+    from gymflow.tasks.tracking.models import read_warm_start  # MLflow's model code, here only
+
+    if warm_start and warm_start.startswith(LEARNER_WARM_START):
+        learner = create_learner(experiment)
+        warm_start_learner(learner, storage, warm_start.removeprefix(LEARNER_WARM_START))
+        return learner
+    weights = read_warm_start(warm_start, experiment.preset.tracking.tracking_uri) if warm_start else None
+    return create_learner(experiment, weights)
 
 
 def find_dataset(experiment: Experiment) -> ExperienceDataset | None:
