@@ -1,20 +1,23 @@
-"""Champion/challenger retraining: warm-start from the champion, train, score both on the same
-evaluation episodes, promote the challenger only if it wins by a margin."""
+"""Champion/challenger retraining: warm-start from the champion, train (collecting, or offline on
+the experience logged since the champion was made), score both on the same evaluation episodes,
+promote the challenger only if it wins by a margin."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 from mlflow.tracking import MlflowClient
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from gymflow.envs.seeding import derive_seed
 from gymflow.flows.improve import improve
+from gymflow.presets.model import Preset
 from gymflow.presets.overrides import PresetOverrides, as_dotted
 from gymflow.presets.validate import resolve_experiment
+from gymflow.tasks.tracking.logged import find_logged_experience
 from gymflow.tasks.tracking.models import (
     ModelRef,
     find_champion,
@@ -44,6 +47,20 @@ class RetrainDecision:
         return "challenger promoted" if self.promoted else "champion kept"
 
 
+class ChallengerTraining(BaseModel):
+    """How the challenger is trained."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    warm_start: bool = Field(default=True, description="Start the challenger from the champion's policy.")
+    experience: Literal["collect", "logged"] = Field(
+        default="collect",
+        description="collect: the challenger collects its own experience. logged: it learns offline (an off-policy "
+        "agent, schedule.total_train_steps) from the shards of the runs of the preset's env in its storage that "
+        "were made since the champion was registered.",
+    )
+
+
 @flow(name="retrain", log_prints=True)
 def retrain(
     preset: str = "cartpole-ppo",
@@ -51,7 +68,7 @@ def retrain(
     model_name: str | None = None,
     margin: Annotated[float, Field(ge=0)] = 0.0,
     evaluation_episodes: Annotated[int, Field(ge=1, le=1000)] = 20,
-    warm_start: bool = True,
+    challenger: ChallengerTraining | None = None,
 ) -> RetrainDecision:
     """Train a challenger and promote it to champion in the MLflow model registry only if it
     beats the current champion on the same evaluation episodes.
@@ -63,32 +80,36 @@ def retrain(
         model_name: The MLflow registered model; empty means gymflow-<preset name>.
         margin: Promote only if the challenger's mean return beats the champion's by more than this.
         evaluation_episodes: Episodes each policy is scored on, with the same seeds for both.
-        warm_start: Start the challenger from the champion's policy.
+        challenger: How the challenger is trained: from the champion's policy or from scratch, on
+            experience it collects or on the experience logged since the champion was made.
     """
-    experiment = resolve_experiment(preset, as_dotted(overrides))  # bad input stops here
-    config = experiment.preset
+    training = challenger or ChallengerTraining()
+    changes = as_dotted(overrides)
+    config = resolve_experiment(preset, changes).preset  # bad input stops here
     tracking_uri = config.tracking.tracking_uri
     name = model_name or f"gymflow-{config.name}"
     logger = get_run_logger()
 
     champion = find_champion(tracking_uri, name)
     logger.info("champion: %s", champion.uri if champion else "none yet")
-    summary = improve(preset, overrides, warm_start=champion.uri if champion and warm_start else None)
-    challenger = register_challenger(tracking_uri, name, summary.mlflow_run_id, summary.model_uri)
+    if training.experience == "logged":
+        changes = _offline_on_logged_runs(preset, config, changes, champion)
+    summary = improve(preset, changes, warm_start=champion.uri if champion and training.warm_start else None)
+    registered = register_challenger(tracking_uri, name, summary.mlflow_run_id, summary.model_uri)
 
     seed = derive_seed(config.seed, "retrain-evaluation")
-    score = {"model": challenger, "env": config.env, "episodes": evaluation_episodes, "seed": seed}
+    score = {"model": registered, "env": config.env, "episodes": evaluation_episodes, "seed": seed}
     challenger_returns = score_policy(tracking_uri, **score)
     champion_returns = score_policy(tracking_uri, **{**score, "model": champion}) if champion else None
     challenger_return = mean_return(challenger_returns)
     champion_return = mean_return(champion_returns) if champion_returns else None
     promoted = champion_return is None or challenger_return > champion_return + margin
     if promoted:
-        promote(tracking_uri, challenger)
+        promote(tracking_uri, registered)
 
     decision = RetrainDecision(
         model_name=name,
-        challenger=challenger,
+        challenger=registered,
         champion=champion,
         challenger_return=challenger_return,
         champion_return=champion_return,
@@ -101,6 +122,21 @@ def retrain(
     logger.info("%s: challenger %.2f vs champion %s", decision.outcome, challenger_return,
                 "-" if champion_return is None else f"{champion_return:.2f}")
     return decision
+
+
+def _offline_on_logged_runs(preset: str, config: Preset, changes: dict[str, Any], champion: ModelRef | None
+                            ) -> dict[str, Any]:
+    """`changes` with the runs logged since the champion as the dataset, and nothing collected;
+    checked before any training."""
+    logger = get_run_logger()
+    logged = find_logged_experience(config, champion)
+    for run_id, why in logged.passed_over.items():
+        logger.warning("not learning from run %s: %s", run_id, why)
+    logger.info("learning offline from %d run(s): %s", len(logged.run_ids), ", ".join(logged.run_ids))
+    changes = {**changes, "dataset.id": None, "dataset.runs": logged.run_ids, "dataset.root": None,
+               "dataset.options": {}, "schedule.total_env_steps": 0, "schedule.heatup_env_steps": 0}
+    resolve_experiment(preset, changes)  # an agent that cannot learn offline stops here, in one line
+    return changes
 
 
 def _record(decision: RetrainDecision, tracking_uri: str, run_id: str) -> None:

@@ -94,6 +94,7 @@ def load_preset(name_or_path: str, overrides: Mapping[str, Any] | None = None) -
     overrides = dict(overrides or {})
     if "agent.algo" in overrides:
         _switch_algorithm(data, overrides["agent.algo"])
+    _switch_dataset_source(data, overrides)
     for key, value in overrides.items():
         _assign(data, key, value)
     return validate_preset_data(data)
@@ -169,6 +170,19 @@ def _switch_algorithm(data: dict[str, Any], algo: Any) -> None:
         except ValidationError as error:
             kept.pop(str(error.errors()[0]["loc"][0]))
     data["agent"] = kept
+
+
+def _switch_dataset_source(data: dict[str, Any], overrides: Mapping[str, Any]) -> None:
+    """dataset.id (a Minari dataset) and dataset.runs (gymflow runs) are two kinds of source:
+    naming one drops the preset's other, with the root and options that went with it."""
+    dataset = data.get("dataset")
+    if not isinstance(dataset, dict):
+        return
+    for named, other in (("id", "runs"), ("runs", "id")):
+        if f"dataset.{named}" in overrides and f"dataset.{other}" not in overrides and dataset.get(other):
+            for key in (other, "root", "options"):
+                if f"dataset.{key}" not in overrides:
+                    dataset.pop(key, None)
 
 
 def _assign(data: dict[str, Any], dotted_key: str, value: Any) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gymflow.agents.configs import BCConfig, DQNConfig, IQLConfig, PPOConfig, SACConfig, TD3Config
 from gymflow.envs.make import Preprocessing
@@ -265,17 +265,36 @@ class TrackingConfig(_Strict):
 
 class DatasetConfig(_Strict):
     """Experience to learn from that no rollout of this run collected: a Minari dataset (`gymflow
-    export` writes one from a run)."""
+    export` writes one from a run), or gymflow runs' own stored experience."""
 
-    id: str = Field(min_length=1, description="The Minari dataset id, [namespace/]name-vN (gymflow/cartpole-v0).")
+    id: str | None = Field(
+        default=None, min_length=1, description="The Minari dataset id, [namespace/]name-vN (gymflow/cartpole-v0)."
+    )
+    runs: list[str] = Field(
+        default_factory=list,
+        description="Instead of a Minari dataset: gymflow run ids whose stored experience (their shards' whole "
+        "episodes, as `gymflow export` reads them) to learn from, in this order.",
+    )
     root: str | None = Field(
         default=None,
-        description="The Minari datasets root it is under: a local folder, file:// or s3:// URL. None: Minari's "
-        "own (MINARI_DATASETS_PATH, else ~/.minari/datasets).",
+        description="Where the dataset is: for `id`, the Minari datasets root (a local folder, file:// or s3:// "
+        "URL; None: Minari's own, MINARI_DATASETS_PATH else ~/.minari/datasets); for `runs`, the gymflow storage "
+        "root they are under (None: this preset's storage).",
     )
     options: dict[str, Any] = Field(
         default_factory=dict, description="fsspec/s3fs options for an s3:// root, e.g. {'endpoint_url': ...}."
     )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetConfig:
+        if (self.id is None) == (not self.runs):
+            raise ValueError("name a Minari dataset (id) or gymflow runs (runs), one of the two")
+        return self
+
+    @property
+    def name(self) -> str:
+        """What a person reads: the dataset id, or the runs."""
+        return self.id or f"runs {', '.join(self.runs)}"
 
 
 class Preset(_Strict):

@@ -212,3 +212,80 @@ def test_the_retraining_flow_trains_its_challenger_offline_and_scores_it_against
     assert second.champion == first.challenger  # warm-started from it, trained on the dataset, scored beside it
     assert second.promoted == (second.challenger_return > second.champion_return)
     assert second.challenger_return >= 0.9
+
+
+def _behaviour_run(datasets: Path) -> tuple[Path, str]:
+    """The storage root and the id of the run a dataset fixture exported."""
+    root = datasets.parent / "data"
+    (run_dir,) = (root / "runs").iterdir()
+    return root, run_dir.name
+
+
+def _from_runs(overrides: dict, *run_ids: str, root: Path | None = None) -> dict:
+    """`overrides` learning from runs' shards instead of the exported dataset."""
+    kept = {key: value for key, value in overrides.items() if not key.startswith("dataset.")}
+    return {**kept, "dataset.runs": list(run_ids), **({"dataset.root": str(root)} if root else {})}
+
+
+def test_a_run_s_own_shards_are_the_experience_its_export_holds(corridor_dataset):
+    from gymflow.envs.make import make_env
+    from gymflow.presets.model import DatasetConfig, StorageConfig
+    from gymflow.tasks.lake.source import open_dataset
+
+    datasets, _ = corridor_dataset
+    root, run_id = _behaviour_run(datasets)
+    env = make_env("gymflow.testing.envs:Corridor")
+    spaces = (env.observation_space, env.action_space)
+    from_shards = open_dataset(DatasetConfig(runs=[run_id]), StorageConfig(root=str(root)), *spaces)
+    exported = open_dataset(DatasetConfig(id=DATASET_ID, root=str(datasets)), StorageConfig(), *spaces)
+    assert (from_shards.episodes, from_shards.steps) == (exported.episodes, exported.steps)
+    assert exported.steps > 1000
+    for ours, theirs in zip(from_shards.rollouts(), exported.rollouts(), strict=True):
+        for name, array in ours._asdict().items():
+            np.testing.assert_array_equal(array, getattr(theirs, name), err_msg=name)
+
+
+def test_behaviour_cloning_learns_from_a_run_s_shards_named_on_the_command_line(corridor_dataset, workspace):
+    datasets, behaviour_return = corridor_dataset
+    root, run_id = _behaviour_run(datasets)
+    overrides = _from_runs(offline(datasets, workspace), run_id, root=root)  # the preset's dataset id goes
+    assert main(["run", "cartpole-bc", "--quiet", *(f"--set={key}={value}" for key, value in _as_text(overrides))]) == 0
+    client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
+    (run,) = client.search_runs([client.get_experiment_by_name("gymflow").experiment_id])
+    assert run.data.params["dataset.runs"] == str([run_id]) and run.data.params["dataset.id"] == "None"
+    assert run.data.metrics["eval/return_mean"] >= max(behaviour_return, 0.9)
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"dataset.runs": ["nowhere"]}, "dataset.runs: no run 'nowhere' under"),
+    ({"env.id": "CartPole-v1"}, "dataset.runs: run 'RUN' has observations Box(2,), the env's are Box(4,)"),
+    ({"dataset.id": "gymflow/corridor-v0"}, "dataset: name a Minari dataset (id) or gymflow runs (runs), one of"),
+], ids=["missing", "other-env", "both"])
+def test_unusable_runs_are_refused_in_one_line_before_any_work(corridor_dataset, workspace, capsys, change, says):
+    datasets, _ = corridor_dataset
+    root, run_id = _behaviour_run(datasets)
+    overrides = {**_from_runs(offline(datasets, workspace), run_id, root=root), **change}
+    code = main(["run", "cartpole-bc", "--quiet", *(f"--set={key}={value}" for key, value in _as_text(overrides))])
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and error.startswith(f"gymflow: error: {says.replace('RUN', run_id)}") and "\n" not in error
+    assert not (workspace / "data").exists() or written_files(workspace / "data") == []
+
+
+def test_the_retraining_flow_learns_offline_from_the_runs_logged_since_the_champion(workspace):
+    from gymflow.errors import InvalidPreset
+    from gymflow.flows.retrain import retrain
+
+    online = {**TINY, "env.id": "gymflow.testing.envs:Corridor", "distribution.learner_threads": 1,
+              **local_overrides(workspace)}
+    offline_dqn = {**online, "agent.cql_alpha": 1.0, "agent.target_update_every_train_steps": 100,
+                   "schedule.total_train_steps": 1000, "schedule.evaluate_every_train_steps": 500}
+    first = retrain("cartpole-dqn", online, model_name="logged", evaluation_episodes=8)
+    with pytest.raises(InvalidPreset, match="experience: no run of gymflow.testing.envs:Corridor has stored"):
+        retrain("cartpole-dqn", offline_dqn, model_name="logged", evaluation_episodes=8, challenger={"experience": "logged"})
+    since = improve("cartpole-dqn", online)  # experience collected after the champion was registered
+    second = retrain("cartpole-dqn", offline_dqn, model_name="logged", evaluation_episodes=8, challenger={"experience": "logged"})
+    assert second.champion == first.challenger
+    client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
+    params = client.get_run(second.challenger.run_id).data.params
+    assert params["dataset.runs"] == str([since.run_id]) and params["schedule.total_env_steps"] == "0"
+    assert second.challenger_return >= 0.9 and second.promoted == (second.challenger_return > second.champion_return)

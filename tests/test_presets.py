@@ -108,7 +108,7 @@ def test_a_bad_base_is_one_line_naming_it(tmp_path, text, says):
         ("cartpole-ppo", {"nonsense": 1}, "nonsense", "allowed here: agent, dataset, distribution, env"),
         ("cartpole-ppo", {"agent.lr": "fast"}, "agent.lr", "valid number"),
         ("cartpole-ppo", {"agent.epochs": 2.5}, "agent.epochs", "valid integer"),
-        ("cartpole-ppo", {"schedule.total_env_steps": 0}, "schedule.total_env_steps", "or 0 with a dataset.id"),
+        ("cartpole-ppo", {"schedule.total_env_steps": 0}, "schedule.total_env_steps", "or 0 with a dataset"),
         ("cartpole-ppo", {"schedule.total_env_steps": -5}, "schedule.total_env_steps", "greater than or equal to 0"),
         ("cartpole-dqn", {"schedule.rollout_steps_per_env": None}, "schedule.rollout_steps_per_env", "that collects"),
         ("cartpole-bc", {"dataset": None}, "dataset.id", "bc learns from a dataset alone"),

@@ -45,7 +45,7 @@ def test_a_worse_challenger_is_not_promoted(prefect_api, workspace):
     first = retrain("cartpole-ppo", {**on_cartpole, "schedule.total_env_steps": 8192}, model_name="keep", evaluation_episodes=8)
     # a challenger from scratch on one tiny round: far from balancing the pole
     untrained = {**on_cartpole, "schedule.total_env_steps": 128, "schedule.rollout_steps_per_env": 8}
-    second = retrain("cartpole-ppo", untrained, model_name="keep", evaluation_episodes=8, warm_start=False)
+    second = retrain("cartpole-ppo", untrained, model_name="keep", evaluation_episodes=8, challenger={"warm_start": False})
     assert second.challenger_return < second.champion_return
     assert not second.promoted and second.outcome == "champion kept"
     assert MlflowClient(local_overrides(workspace)["tracking.tracking_uri"]).get_model_version_by_alias(

@@ -1,47 +1,60 @@
 """Experience a run did not collect: a Minari dataset (`gymflow export` writes one from a run),
-read as rollouts that go into a replay learner's memory the way collected ones do.
+or gymflow runs' own shards, read as rollouts that go into a replay learner's memory the way
+collected ones do.
 
-`open_dataset` checks the dataset before any work: that it is there and readable, and that its
+`open_dataset` checks the source before any work: that it is there and readable, and that its
 spaces are the env's. A dataset under an s3:// root is copied to a local folder first (Minari
-reads local files); HDF5 and Arrow are read by Minari's own readers, nothing is unpickled.
+reads local files); HDF5 and Arrow are read by Minari's own readers, shards by gymflow's own,
+nothing is unpickled. Runs are read as `gymflow export` reads them: whole episodes, stitched
+across shards by each env's cursor.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from gymnasium import spaces
 
 from gymflow.agents.batches import Rollout
-from gymflow.errors import InvalidPreset
-from gymflow.presets.model import DatasetConfig
-from gymflow.tasks.storage.objects import StorageLocation, open_storage
+from gymflow.errors import GymflowError, InvalidPreset
+from gymflow.presets.model import DatasetConfig, StorageConfig
+from gymflow.tasks.storage.objects import Storage, StorageLocation, open_storage, storage_location
+from gymflow.tasks.storage.shards import ShardError
 
 STEPS_PER_ROLLOUT = 50_000  # episodes are handed to the memory in rollouts of about this many steps
 
 
+class EpisodeArrays(NamedTuple):
+    """One whole episode, whatever kept it."""
+
+    observations: np.ndarray  # [T + 1, *obs]
+    actions: np.ndarray  # [T, *action]
+    rewards: np.ndarray  # [T]
+    terminated: bool  # its last step ended it (else it was cut: truncated)
+
+
 @dataclass
 class ExperienceDataset:
-    """A dataset found and checked: where it is, what it holds, and its episodes as rollouts."""
+    """A source found and checked: what it is, where, what it holds, and its episodes as rollouts."""
 
-    dataset_id: str
+    name: str  # the dataset id, or the runs
     url: str
     episodes: int
     steps: int
-    minari_dataset: Any
+    read_episodes: Callable[[], Iterable[EpisodeArrays]] = field(repr=False)  # every episode, in order
     observation_dtype: Any  # what the env's observations are kept as (float32 vectors)
     _local_copy: tempfile.TemporaryDirectory | None = field(default=None, repr=False)  # an s3:// root's
 
     def rollouts(self) -> Iterator[Rollout]:
-        """Every episode in the dataset's order, batched into rollouts of one env (N = 1)."""
-        batch: list[Any] = []
-        for episode in self.minari_dataset.iterate_episodes():
+        """Every episode in the source's order, batched into rollouts of one env (N = 1)."""
+        batch: list[EpisodeArrays] = []
+        for episode in self.read_episodes():
             batch.append(episode)
             if sum(len(e.rewards) for e in batch) >= STEPS_PER_ROLLOUT:
                 yield episodes_rollout(batch, self.observation_dtype)
@@ -50,13 +63,13 @@ class ExperienceDataset:
             yield episodes_rollout(batch, self.observation_dtype)
 
 
-def episodes_rollout(episodes: list[Any], observation_dtype: Any) -> Rollout:
+def episodes_rollout(episodes: list[EpisodeArrays], observation_dtype: Any) -> Rollout:
     """Whole episodes one after another as a rollout of one env: each ends where it terminated
-    or was truncated (an episode that says neither counts as truncated: it is bootstrapped from)."""
+    or was truncated."""
     obs = np.concatenate([np.asarray(e.observations[:-1], observation_dtype) for e in episodes])
     ends = np.cumsum([len(e.rewards) for e in episodes]) - 1
     terminated = np.zeros(len(obs), bool)
-    terminated[ends] = [bool(e.terminations[-1]) for e in episodes]
+    terminated[ends] = [e.terminated for e in episodes]
     truncated = np.zeros(len(obs), bool)
     truncated[ends] = ~terminated[ends]
     final = np.stack([np.asarray(e.observations[-1], observation_dtype) for e in episodes])
@@ -67,15 +80,25 @@ def episodes_rollout(episodes: list[Any], observation_dtype: Any) -> Rollout:
         log_probs=np.zeros((len(obs), 1), np.float32))
 
 
+def open_dataset(config: DatasetConfig, storage: StorageConfig, observation_space: spaces.Space,
+                 action_space: spaces.Space) -> ExperienceDataset:
+    """The source `config` names (its runs under `storage` unless it names a root), checked
+    against the env's spaces; raises InvalidPreset (one line, naming the field) where it is
+    missing, unreadable or of other spaces."""
+    dtype = np.uint8 if observation_space.dtype == np.uint8 else np.float32
+    if config.runs:
+        location = StorageLocation(config.root, config.options) if config.root else storage_location(storage)
+        return open_runs(config.runs, open_storage(location), observation_space, action_space, dtype)
+    return open_minari_dataset(config, observation_space, action_space, dtype)
+
+
 def default_datasets_root() -> str:
     """Minari's own root: MINARI_DATASETS_PATH, else ~/.minari/datasets."""
     return os.environ.get("MINARI_DATASETS_PATH") or str(Path.home() / ".minari" / "datasets")
 
 
-def open_dataset(config: DatasetConfig, observation_space: spaces.Space, action_space: spaces.Space
-                 ) -> ExperienceDataset:
-    """The dataset `config` names, checked against the env's spaces; raises InvalidPreset (one
-    line, naming the field) where it is missing, unreadable or of other spaces."""
+def open_minari_dataset(config: DatasetConfig, observation_space: spaces.Space, action_space: spaces.Space,
+                        dtype: Any) -> ExperienceDataset:
     minari = _minari()
     storage = open_storage(StorageLocation(config.root or default_datasets_root(), config.options))
     folder = f"{config.id}/data"
@@ -95,17 +118,56 @@ def open_dataset(config: DatasetConfig, observation_space: spaces.Space, action_
     except Exception as error:  # h5py's, pyarrow's or Minari's own: the dataset is damaged
         raise InvalidPreset("dataset.id", f"the dataset at {storage.url(folder)} cannot be read: "
                                           f"{type(error).__name__}: {error}".splitlines()[0]) from None
-    _check_spaces(config.id, dataset, observation_space, action_space)
-    dtype = np.uint8 if observation_space.dtype == np.uint8 else np.float32
-    return ExperienceDataset(config.id, storage.url(config.id), episodes, steps, dataset, dtype, local_copy)
+    _check_spaces("dataset.id", repr(config.id), (dataset.observation_space, dataset.action_space),
+                  (observation_space, action_space))
+    return ExperienceDataset(config.id, storage.url(config.id), episodes, steps,
+                             lambda: (_minari_episode(e) for e in dataset.iterate_episodes()), dtype, local_copy)
 
 
-def _check_spaces(dataset_id: str, dataset: Any, observation_space: spaces.Space, action_space: spaces.Space) -> None:
-    for what, theirs, ours in (("observation", dataset.observation_space, observation_space),
-                               ("action", dataset.action_space, action_space)):
-        if not same_shape(theirs, ours):
-            raise InvalidPreset("dataset.id", f"{dataset_id!r} has {what}s {_described(theirs)}, the env's are "
-                                              f"{_described(ours)}: allowed: a dataset of this env")
+def _minari_episode(episode: Any) -> EpisodeArrays:
+    """An episode that says neither terminated nor truncated counts as truncated: it is bootstrapped from."""
+    return EpisodeArrays(episode.observations, episode.actions, episode.rewards, bool(episode.terminations[-1]))
+
+
+def open_runs(run_ids: list[str], storage: Storage, observation_space: spaces.Space, action_space: spaces.Space,
+              dtype: Any) -> ExperienceDataset:
+    """Runs' stored experience as one source: each run's episodes, the runs in the order given.
+    Every shard is read once here, so a damaged one stops the run before any work."""
+    from gymflow.tasks.lake.export import find_run_experience  # the stitching `gymflow export` does
+
+    experiences = []
+    for run_id in run_ids:
+        try:
+            experience = find_run_experience(storage, run_id)
+        except GymflowError as error:
+            raise InvalidPreset("dataset.runs", error.problem) from None
+        _check_spaces("dataset.runs", f"run {run_id!r}", (experience.observation_space, experience.action_space),
+                      (observation_space, action_space))
+        experiences.append(experience)
+
+    def read_episodes() -> Iterator[EpisodeArrays]:
+        for experience in experiences:
+            for stitcher in experience.stitchers():
+                for episode in stitcher.read(storage):
+                    yield EpisodeArrays(episode.observations, episode.actions, episode.rewards, episode.terminated)
+
+    episodes = steps = 0
+    try:
+        for episode in read_episodes():
+            episodes, steps = episodes + 1, steps + len(episode.actions)
+    except ShardError as error:
+        raise InvalidPreset("dataset.runs", f"the runs' experience cannot be read: {error}") from None
+    if not episodes:
+        raise InvalidPreset("dataset.runs", f"runs {', '.join(run_ids)} hold no whole episode yet")
+    return ExperienceDataset(f"runs {', '.join(run_ids)}", storage.url("runs"), episodes, steps, read_episodes, dtype)
+
+
+def _check_spaces(field_name: str, what_it_is: str, theirs: tuple[spaces.Space, spaces.Space],
+                  ours: tuple[spaces.Space, spaces.Space]) -> None:
+    for what, their_space, our_space in zip(("observation", "action"), theirs, ours, strict=True):
+        if not same_shape(their_space, our_space):
+            raise InvalidPreset(field_name, f"{what_it_is} has {what}s {_described(their_space)}, the env's are "
+                                            f"{_described(our_space)}: allowed: experience of this env")
 
 
 def same_shape(theirs: spaces.Space, ours: spaces.Space) -> bool:

@@ -185,7 +185,9 @@ def score_policy(tracking_uri: str, model: ModelRef, env: EnvConfig, episodes: i
     """Greedy returns of a registered policy, loaded through MLflow, one episode per env; the same
     (env_id, episodes, seed) give the same episodes to every policy scored."""
     with tempfile.TemporaryDirectory() as folder:
-        local = mlflow.artifacts.download_artifacts(artifact_uri=model.uri, dst_path=folder, tracking_uri=tracking_uri)
+        with _global_tracking_uri(tracking_uri):  # a models:/ URI is resolved through the process-global registry
+            local = mlflow.artifacts.download_artifacts(artifact_uri=model.uri, dst_path=folder,
+                                                        tracking_uri=tracking_uri)
         loaded = mlflow.pyfunc.load_model(local)
         envs = SeededVectorEnv(env.id, dict(env.kwargs), episodes, seed, env.preprocessing().evaluation())
         envs.reset()

@@ -90,7 +90,7 @@ def summary_table(run: PreparedRun, summary: RunSummary, tracker: Tracker, films
         ("best evaluation return", f"{summary.best_return:.2f}"),
         ("target reached", "yes" if summary.solved else "no"),
         ("environment steps", f"{summary.env_steps:,}") if summary.gradient_steps is None
-        else ("gradient steps (offline)", f"{summary.gradient_steps:,} on `{config.dataset.id}`"),
+        else ("gradient steps (offline)", f"{summary.gradient_steps:,} on `{config.dataset.name}`"),
         ("training wall-clock",
          f"{summary.wall_seconds:.1f} s ({100 * summary.orchestration_share:.0f}% orchestration)"),
         ("versions committed", f"{summary.versions_committed} (delivered v{summary.delivered_version})"),

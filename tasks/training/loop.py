@@ -193,7 +193,7 @@ def read_dataset(dataset: ExperienceDataset, learner: ReplayLearner, logger: Any
     collected (an offline run's whole experience)."""
     for rollout in dataset.rollouts():
         learner.insert([rollout])
-    logger.info("dataset %s: %s episodes, %s transitions in replay (%s)", dataset.dataset_id,
+    logger.info("dataset %s: %s episodes, %s transitions in replay (%s)", dataset.name,
                 f"{dataset.episodes:,}", f"{len(learner.replay):,}", dataset.url)
 
 

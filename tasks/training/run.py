@@ -118,11 +118,11 @@ def find_dataset(experiment: Experiment) -> ExperienceDataset | None:
     preset = experiment.preset
     if preset.dataset is None:
         return None
-    dataset = open_dataset(preset.dataset, experiment.observation_space, experiment.action_space)
+    dataset = open_dataset(preset.dataset, preset.storage, experiment.observation_space, experiment.action_space)
     capacity = preset.agent.replay_capacity
     if dataset.steps > capacity:
         raise InvalidPreset("agent.replay_capacity", f"{capacity:,} transitions cannot hold dataset "
-                            f"{dataset.dataset_id!r}'s {dataset.steps:,}; allowed: >= {dataset.steps:,}")
+                            f"{dataset.name}'s {dataset.steps:,}; allowed: >= {dataset.steps:,}")
     return dataset
 
 
