@@ -4,7 +4,7 @@ same kind of dataset beside them as context.
 
     .venv/bin/pip install -e ".[bench,mujoco,lake]"
     .venv/bin/python benchmarks/offline_hopper.py --source-steps 100000 --train-steps 200000 --seeds 0 1 2 \
-        --folder /tmp/offline-hopper --record benchmarks/records/offline-hopper.jsonl
+        --online-steps 50000 --folder /tmp/offline-hopper --record benchmarks/records/offline-hopper.jsonl
 
 The dataset: every transition of a SAC run (the halfcheetah-sac preset's rl-zoo settings on
 Hopper-v5) of `--source-steps` env steps, kept whole (`storage.keep_shards: all`) and exported
@@ -14,6 +14,12 @@ level). It is made once in `--folder` and reused. Then, for each seed, `hopper-i
 paper's locomotion settings) and BC (the same networks, `agent.algo: bc`) each train
 `--train-steps` gradient steps on it, offline, the two alternating which goes first (the VM
 drifts); their final greedy evaluation (10 episodes) is the figure.
+
+Offline to online (`--online-steps N`): each seed's IQL run goes on collecting for N env steps,
+its whole learner carried over (`warm_start=learner:RUN_ID`) and the dataset in its memory, at
+the source run's collection settings (2 workers x 1 env x 32 steps, 64 gradient steps a round);
+the figure is the first evaluation at which it reaches the SAC source run's final return, against
+the env steps that source run, learning from scratch, took to reach it.
 
 Scores are also given D4RL-normalised: 100 x (return - random) / (expert - random), with D4RL's
 Hopper references (random -20.27, expert 3234.3). Context, not a target (other data, other
@@ -48,8 +54,17 @@ def tracking(folder: str) -> dict:
     return {"tracking.tracking_uri": f"sqlite:///{folder}/mlflow.db", "tracking.artifact_location": f"{folder}/mlart"}
 
 
-def make_dataset(folder: str, source_steps: int) -> tuple[str, str, float]:
-    """(datasets root, dataset id, the dataset's mean episode return): made once per budget."""
+ONLINE = {"schedule.rollout_steps_per_env": 32, "agent.train_steps_per_iteration": 64}  # the source run's collection
+
+
+def first_reaching(evaluations: list[list[float]], level: float) -> int | None:
+    """The env steps of the first evaluation (step, mean) at `level` or above; None: never."""
+    return next((int(step) for step, mean in evaluations if mean >= level), None)
+
+
+def make_dataset(folder: str, source_steps: int) -> tuple[str, str, float, dict]:
+    """(datasets root, dataset id, the dataset's mean episode return, the source run's final return
+    and evaluations): made once per budget."""
     import minari
     import numpy as np
 
@@ -59,19 +74,25 @@ def make_dataset(folder: str, source_steps: int) -> tuple[str, str, float]:
 
     root, dataset_id = os.path.join(folder, "datasets"), f"gymflow/hopper-sac-{source_steps}-v0"
     data = os.path.join(root, dataset_id, "data")
+    source_record = os.path.join(folder, f"source-{source_steps}.json")
     if not os.path.exists(os.path.join(data, "metadata.json")):
         source = os.path.join(folder, "source")
         run = improve("halfcheetah-sac", {"env.id": "Hopper-v5", "schedule.total_env_steps": source_steps,
                                           "storage.keep_shards": "all", "storage.root": source, **tracking(folder)})
         print(f"source run {run.run_id}: final greedy return {run.final_return:.1f}", flush=True)
         export_run(Storage(StorageLocation(source)), run.run_id, Storage(StorageLocation(root)), dataset_id)
+        with open(source_record, "w") as out:
+            json.dump({"final_return": run.final_return,
+                       "evaluations": [[row.env_steps, row.mean] for row in run.evaluations]}, out)
     episodes = minari.MinariDataset(data)
-    return root, dataset_id, float(np.mean([float(np.sum(episode.rewards)) for episode in episodes]))
+    with open(source_record) as saved:
+        source_run = json.load(saved)
+    return root, dataset_id, float(np.mean([float(np.sum(episode.rewards)) for episode in episodes])), source_run
 
 
 def train_offline(learner: str, seed: int, train_steps: int, root: str, dataset_id: str, folder: str
-                  ) -> tuple[float, float]:
-    """(final greedy return, seconds) of one offline run."""
+                  ) -> tuple[float, float, str]:
+    """(final greedy return, seconds, run id) of one offline run."""
     from gymflow.flows.improve import improve
 
     preset, fields = LEARNERS[learner]
@@ -82,7 +103,24 @@ def train_offline(learner: str, seed: int, train_steps: int, root: str, dataset_
         "schedule.evaluation_episodes": EVALUATION_EPISODES,
         "storage.root": os.path.join(folder, f"{learner}-{seed}"), **tracking(folder),
     })
-    return summary.final_return, time.perf_counter() - started
+    return summary.final_return, time.perf_counter() - started, summary.run_id
+
+
+def continue_online(seed: int, offline_run: str, online_steps: int, root: str, dataset_id: str, folder: str,
+                    level: float) -> list:
+    """[env steps to reach `level` (None: not within the budget), final greedy return, seconds] of
+    the IQL run `offline_run` continued online, its whole learner and its dataset carried over."""
+    from gymflow.flows.improve import improve
+
+    started = time.perf_counter()
+    summary = improve("hopper-iql", {
+        **ONLINE, "seed": seed, "dataset.root": root, "dataset.id": dataset_id,
+        "schedule.total_env_steps": online_steps, "schedule.evaluate_every_env_steps": max(online_steps // 10, 64),
+        "schedule.evaluation_episodes": EVALUATION_EPISODES,
+        "storage.root": os.path.join(folder, f"iql-{seed}"), **tracking(folder),
+    }, warm_start=f"learner:{offline_run}")
+    reached = first_reaching([[row.env_steps, row.mean] for row in summary.evaluations], level)
+    return [reached, summary.final_return, time.perf_counter() - started]
 
 
 def recorded(record: str | None, key: dict) -> list[dict]:
@@ -93,13 +131,19 @@ def recorded(record: str | None, key: dict) -> list[dict]:
     return [entry for entry in entries if all(entry[k] == v for k, v in key.items())]
 
 
-def run_seed(seed: int, args: argparse.Namespace, root: str, dataset_id: str) -> dict:
+def run_seed(seed: int, args: argparse.Namespace, root: str, dataset_id: str, source_final: float) -> dict:
     order = ["iql", "bc"] if seed % 2 == 0 else ["bc", "iql"]
     results = {learner: train_offline(learner, seed, args.train_steps, root, dataset_id, args.folder)
                for learner in order}
     print(f"seed {seed}: " + ", ".join(f"{k} {v[0]:.1f} ({normalised(v[0]):.1f}) in {v[1]:.0f} s"
                                        for k, v in sorted(results.items())), flush=True)
-    return {learner: list(result) for learner, result in results.items()}
+    row = {learner: list(result[:2]) for learner, result in results.items()}
+    if args.online_steps:
+        row["online"] = continue_online(seed, results["iql"][2], args.online_steps, root, dataset_id, args.folder,
+                                        source_final)
+        print(f"seed {seed}: IQL online from its offline learner: reached {source_final:.1f} at "
+              f"{row['online'][0]} env steps, final {row['online'][1]:.1f}", flush=True)
+    return row
 
 
 def main() -> None:
@@ -107,20 +151,24 @@ def main() -> None:
     parser.add_argument("--source-steps", type=int, default=100_000, help="env steps of the SAC run that makes the data")
     parser.add_argument("--train-steps", type=int, default=200_000, help="gradient steps of every offline run")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--online-steps", type=int, default=0, help="env steps of each IQL run continued online "
+                                                                      "(0: none)")
     parser.add_argument("--folder", required=True, help="where the dataset, runs and MLflow store go (reused)")
     parser.add_argument("--record", help="a JSON-lines file: finished seeds are kept there and not run again")
     args = parser.parse_args()
     os.makedirs(args.folder, exist_ok=True)
-    root, dataset_id, data_mean = make_dataset(args.folder, args.source_steps)
-    key = {"source_steps": args.source_steps, "train_steps": args.train_steps}
+    root, dataset_id, data_mean, source = make_dataset(args.folder, args.source_steps)
+    key = {"source_steps": args.source_steps, "train_steps": args.train_steps, "online_steps": args.online_steps}
     rows = recorded(args.record, key)
     for seed in [s for s in args.seeds if s not in {row["seed"] for row in rows}]:
-        rows.append({**key, "seed": seed, **run_seed(seed, args, root, dataset_id), "dataset_mean": data_mean,
-                     "date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count()})
+        rows.append({**key, "seed": seed, **run_seed(seed, args, root, dataset_id, source["final_return"]),
+                     "dataset_mean": data_mean, "date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count()})
         if args.record:
             with open(args.record, "a") as lines:
                 lines.write(json.dumps(rows[-1]) + "\n")
     report(sorted(rows, key=lambda row: row["seed"]), data_mean, args)
+    if args.online_steps:
+        report_online(rows, source)
 
 
 def report(rows: list[dict], data_mean: float, args: argparse.Namespace) -> None:
@@ -137,6 +185,17 @@ def report(rows: list[dict], data_mean: float, args: argparse.Namespace) -> None
           f"{data_mean:.1f} ({normalised(data_mean):.1f}); IQL > BC: {iql > bc}, IQL > dataset: {iql > data_mean}")
     for name, scores in D4RL_CONTEXT.items():
         print(f"context, IQL paper Table 1, {name} (normalised): BC {scores['bc']}, IQL {scores['iql']}")
+
+
+def report_online(rows: list[dict], source: dict) -> None:
+    level = source["final_return"]
+    from_scratch = first_reaching(source["evaluations"], level)
+    print(f"\noffline to online: env steps to reach the SAC source run's final return {level:.1f} "
+          f"(from scratch, the source run itself: {from_scratch:,})")
+    for row in sorted(rows, key=lambda row: row["seed"]):
+        reached, final, seconds = row["online"]
+        print(f"{row['seed']:>4} IQL continued: {'not reached' if reached is None else f'{reached:,}'} "
+              f"(final {final:.1f}, {seconds:.0f} s)")
 
 
 if __name__ == "__main__":
