@@ -10,7 +10,9 @@ The dataset: every transition of a SAC run (the halfcheetah-sac preset's rl-zoo 
 Hopper-v5) of `--source-steps` env steps, kept whole (`storage.keep_shards: all`) and exported
 with `gymflow export`: random heatup, then a policy that improves from nothing to where the run
 stopped. That is D4RL's "medium-replay" kind (the replay buffer of a policy trained to a medium
-level). It is made once in `--folder` and reused. Then, for each seed, `hopper-iql` (the IQL
+level). `--kind medium` is D4RL's other kind: as many env steps of that run's final policy, fixed,
+sampling its actions (a collect-only run: schedule.total_train_steps 0, warm-started from it).
+Each is made once in `--folder` and reused. Then, for each seed, `hopper-iql` (the IQL
 paper's locomotion settings) and BC (the same networks, `agent.algo: bc`) each train
 `--train-steps` gradient steps on it, offline, the two alternating which goes first (the VM
 drifts); their final greedy evaluation (10 episodes) is the figure.
@@ -62,32 +64,62 @@ def first_reaching(evaluations: list[list[float]], level: float) -> int | None:
     return next((int(step) for step, mean in evaluations if mean >= level), None)
 
 
-def make_dataset(folder: str, source_steps: int) -> tuple[str, str, float, dict]:
-    """(datasets root, dataset id, the dataset's mean episode return, the source run's final return
-    and evaluations): made once per budget."""
-    import minari
-    import numpy as np
+def source_run(folder: str, source_steps: int) -> dict:
+    """The SAC run the datasets come from (made once per budget, every shard kept): its run id,
+    storage root, delivered version, final return and evaluations."""
+    record = os.path.join(folder, f"source-{source_steps}.json")
+    if not os.path.exists(record):
+        from gymflow.flows.improve import improve
 
-    from gymflow.flows.improve import improve
-    from gymflow.tasks.lake.export import export_run
-    from gymflow.tasks.storage.objects import Storage, StorageLocation
-
-    root, dataset_id = os.path.join(folder, "datasets"), f"gymflow/hopper-sac-{source_steps}-v0"
-    data = os.path.join(root, dataset_id, "data")
-    source_record = os.path.join(folder, f"source-{source_steps}.json")
-    if not os.path.exists(os.path.join(data, "metadata.json")):
-        source = os.path.join(folder, "source")
+        source = os.path.join(folder, f"source-{source_steps}")
         run = improve("halfcheetah-sac", {"env.id": "Hopper-v5", "schedule.total_env_steps": source_steps,
                                           "storage.keep_shards": "all", "storage.root": source, **tracking(folder)})
         print(f"source run {run.run_id}: final greedy return {run.final_return:.1f}", flush=True)
-        export_run(Storage(StorageLocation(source)), run.run_id, Storage(StorageLocation(root)), dataset_id)
-        with open(source_record, "w") as out:
-            json.dump({"final_return": run.final_return,
+        with open(record, "w") as out:
+            json.dump({"run_id": run.run_id, "root": source, "version": run.delivered_version,
+                       "final_return": run.final_return,
                        "evaluations": [[row.env_steps, row.mean] for row in run.evaluations]}, out)
+    with open(record) as saved:
+        return json.load(saved)
+
+
+def collected_by_the_final_policy(folder: str, source: dict, steps: int) -> tuple[str, str]:
+    """(storage root, run id) of a collect-only run (schedule.total_train_steps 0) acting with the
+    source run's delivered policy, sampling its actions, for `steps` env steps."""
+    from gymflow.flows.improve import improve
+    from gymflow.tasks.storage.checkpoints import read_policy
+    from gymflow.tasks.storage.layout import RunLayout
+    from gymflow.tasks.storage.objects import Storage, StorageLocation
+
+    policy = os.path.join(folder, f"medium-policy-{steps}.safetensors")
+    blobs = read_policy(Storage(StorageLocation(source["root"])), RunLayout(source["run_id"]), source["version"])
+    with open(policy, "wb") as out:
+        out.write(blobs["policy.safetensors"])
+    root = os.path.join(folder, f"medium-{steps}")
+    run = improve("halfcheetah-sac", {"env.id": "Hopper-v5", "schedule.total_env_steps": steps,
+                                      "schedule.total_train_steps": 0, "schedule.heatup_env_steps": 0,
+                                      "storage.root": root, **tracking(folder)}, warm_start=policy)
+    return root, run.run_id
+
+
+def make_dataset(folder: str, source_steps: int, kind: str) -> tuple[str, str, float, dict]:
+    """(datasets root, dataset id, the dataset's mean episode return, the source run): made once
+    per budget and kind."""
+    import minari
+    import numpy as np
+
+    from gymflow.tasks.lake.export import export_run
+    from gymflow.tasks.storage.objects import Storage, StorageLocation
+
+    source = source_run(folder, source_steps)
+    root, dataset_id = os.path.join(folder, "datasets"), f"gymflow/hopper-sac-{kind}-{source_steps}-v0"
+    data = os.path.join(root, dataset_id, "data")
+    if not os.path.exists(os.path.join(data, "metadata.json")):
+        run_root, run_id = (source["root"], source["run_id"]) if kind == "medium-replay" \
+            else collected_by_the_final_policy(folder, source, source_steps)
+        export_run(Storage(StorageLocation(run_root)), run_id, Storage(StorageLocation(root)), dataset_id)
     episodes = minari.MinariDataset(data)
-    with open(source_record) as saved:
-        source_run = json.load(saved)
-    return root, dataset_id, float(np.mean([float(np.sum(episode.rewards)) for episode in episodes])), source_run
+    return root, dataset_id, float(np.mean([float(np.sum(episode.rewards)) for episode in episodes])), source
 
 
 def train_offline(learner: str, seed: int, train_steps: int, root: str, dataset_id: str, folder: str
@@ -151,14 +183,17 @@ def main() -> None:
     parser.add_argument("--source-steps", type=int, default=100_000, help="env steps of the SAC run that makes the data")
     parser.add_argument("--train-steps", type=int, default=200_000, help="gradient steps of every offline run")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--kind", choices=["medium-replay", "medium"], default="medium-replay",
+                        help="the SAC run's own experience, or as many env steps of its final policy's (collect only)")
     parser.add_argument("--online-steps", type=int, default=0, help="env steps of each IQL run continued online "
                                                                       "(0: none)")
     parser.add_argument("--folder", required=True, help="where the dataset, runs and MLflow store go (reused)")
     parser.add_argument("--record", help="a JSON-lines file: finished seeds are kept there and not run again")
     args = parser.parse_args()
     os.makedirs(args.folder, exist_ok=True)
-    root, dataset_id, data_mean, source = make_dataset(args.folder, args.source_steps)
-    key = {"source_steps": args.source_steps, "train_steps": args.train_steps, "online_steps": args.online_steps}
+    root, dataset_id, data_mean, source = make_dataset(args.folder, args.source_steps, args.kind)
+    key = {"source_steps": args.source_steps, "train_steps": args.train_steps, "online_steps": args.online_steps,
+           "kind": args.kind}
     rows = recorded(args.record, key)
     for seed in [s for s in args.seeds if s not in {row["seed"] for row in rows}]:
         rows.append({**key, "seed": seed, **run_seed(seed, args, root, dataset_id, source["final_return"]),
@@ -172,7 +207,8 @@ def main() -> None:
 
 
 def report(rows: list[dict], data_mean: float, args: argparse.Namespace) -> None:
-    print(f"\nmachine: {os.cpu_count()} cores; Hopper-v5, a SAC run's {args.source_steps:,} env steps as the dataset "
+    print(f"\nmachine: {os.cpu_count()} cores; Hopper-v5, {args.kind}: a SAC run's {args.source_steps:,} env steps "
+          "(medium: its final policy's) as the dataset "
           f"(mean episode return {data_mean:.1f}, normalised {normalised(data_mean):.1f}); "
           f"{args.train_steps:,} gradient steps; final greedy return over {EVALUATION_EPISODES} episodes")
     print(f"{'seed':>4} {'IQL':>9} {'norm':>6} {'s':>6}   {'BC':>9} {'norm':>6} {'s':>6}")

@@ -8,7 +8,7 @@ import argparse
 import gc
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, TypeVar
 
@@ -76,7 +76,7 @@ def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
             print(f"gymflow: error: {error}", file=sys.stderr)
             return 2
         return _run("cartpole-ppo", {"storage.root": args.root, "storage.options": options}, args.quiet, api_ready,
-                    args.run_id)
+                    start={"resume": args.run_id})
     try:
         overrides = parse_assignments(args.set)
         from gymflow.presets.validate import resolve_experiment
@@ -87,7 +87,8 @@ def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
     except GymflowError as error:
         print(f"gymflow: error: {error}", file=sys.stderr)
         return 2
-    return _run(args.preset, overrides, args.quiet, api_ready, distribution=experiment.preset.distribution)
+    return _run(args.preset, overrides, args.quiet, api_ready, experiment.preset.distribution,
+                {"warm_start": args.warm_start})
 
 
 def _show(preset: str, assignments: list[str]) -> int:
@@ -144,9 +145,9 @@ def _cluster_beside(distribution: DistributionConfig | None) -> AbstractContextM
     return local_cluster_started_beside(distribution)
 
 
-def _run(preset: str, overrides: dict, quiet: bool, api_ready: Callable[[], None], resume: str | None = None,
-         distribution: DistributionConfig | None = None) -> int:
-    """Train, with a progress bar."""
+def _run(preset: str, overrides: dict, quiet: bool, api_ready: Callable[[], None],
+         distribution: DistributionConfig | None = None, start: Mapping[str, str | None] | None = None) -> int:
+    """Train, with a progress bar; `start` is improve's warm_start or resume."""
 
     def load() -> Callable[[], RunSummary]:
         from gymflow.flows.improve import improve
@@ -154,7 +155,7 @@ def _run(preset: str, overrides: dict, quiet: bool, api_ready: Callable[[], None
 
         import_run_machinery()
 
-        return lambda: _with_progress_bar(lambda: improve(preset, overrides, resume=resume), quiet)
+        return lambda: _with_progress_bar(lambda: improve(preset, overrides, **(start or {})), quiet)
 
     summary = _under_prefect(load, "What was committed stays: `gymflow resume RUN_ID --root ROOT` continues the "
                                    "run (its id is in the log above)", api_ready, distribution)
@@ -308,6 +309,9 @@ def _parser() -> argparse.ArgumentParser:
         )
         if name == "run":
             command.add_argument("--quiet", action="store_true", help="no progress bar")
+            command.add_argument("--warm-start", metavar="POLICY", help=(
+                "start from this policy: an MLflow model URI (models:/NAME@champion), the path of a policy's "
+                "safetensors file, or learner:RUN_ID (a run's whole learner, in the same storage)"))
     command = commands.add_parser("sweep", help="search preset fields over configurations x seeds, and rank them")
     command.add_argument("spec", help="a sweep spec YAML (docs/usage.md, Sweeps)")
     command.add_argument("--id", help="the sweep's id: continue that sweep where it stopped, or start it with this id")

@@ -58,7 +58,9 @@ class ScheduleConfig(_Strict):
         "dataset: an offline run, which collects nothing and stops after total_train_steps."
     )
     total_train_steps: int | None = Field(
-        default=None, gt=0, description="Offline runs: stop after this many gradient steps (TrainingSteps)."
+        default=None, ge=0, description="Offline runs: stop after this many gradient steps (TrainingSteps). 0 in a "
+        "run that collects: collect only, learning nothing (the starting policy, a warm start's, acts throughout: "
+        "experience for a dataset)."
     )
     evaluate_every_train_steps: int | None = Field(
         default=None, gt=0, description="Offline runs: evaluate the greedy policy every this many gradient steps."
@@ -318,6 +320,11 @@ class Preset(_Strict):
     def offline(self) -> bool:
         """Learns from its dataset alone: nothing is collected, and the budget is gradient steps."""
         return self.dataset is not None and self.schedule.total_env_steps == 0
+
+    @property
+    def collect_only(self) -> bool:
+        """Collects with its starting policy and learns nothing (schedule.total_train_steps 0)."""
+        return self.schedule.total_train_steps == 0 and self.schedule.total_env_steps > 0
 
     @property
     def remote_cluster(self) -> bool:

@@ -111,6 +111,8 @@ def _check_dataset(config: Preset, algorithm: Algorithm) -> None:
     if config.offline:
         _check_offline_schedule(config)
         return
+    if config.collect_only:
+        _check_collect_only(config)
     for name in ("rollout_steps_per_env", "evaluate_every_env_steps"):
         if getattr(schedule, name) is None:
             raise InvalidPreset(f"schedule.{name}", "a run that collects needs it: allowed: an integer > 0")
@@ -119,7 +121,7 @@ def _check_dataset(config: Preset, algorithm: Algorithm) -> None:
 def _check_offline_schedule(config: Preset) -> None:
     schedule = config.schedule
     for name in ("total_train_steps", "evaluate_every_train_steps"):
-        if getattr(schedule, name) is None:
+        if not getattr(schedule, name):
             raise InvalidPreset(f"schedule.{name}", "an offline run (total_env_steps 0) counts gradient steps: "
                                                     "allowed: an integer > 0")
     if schedule.heatup_env_steps:
@@ -127,6 +129,14 @@ def _check_offline_schedule(config: Preset) -> None:
     if config.storage.checkpoint_every_env_steps is not None:
         raise InvalidPreset("storage.checkpoint_every_env_steps", "an offline run collects no env steps: use "
                             "checkpoint_every_seconds, or neither (a checkpoint at each evaluation)")
+
+
+def _check_collect_only(config: Preset) -> None:
+    if config.dataset is not None:
+        raise InvalidPreset("dataset", "a collect-only run (schedule.total_train_steps 0) learns nothing from a "
+                                       "dataset: allowed: none")
+    if config.distribution.mode == "async":
+        raise InvalidPreset("distribution.mode", "a collect-only run (schedule.total_train_steps 0) is sync or single")
 
 
 def _check_cuda(device: str) -> None:

@@ -15,7 +15,7 @@ from safetensors.torch import load
 from gymflow.errors import UnusableWarmStart
 from gymflow.flows.cli import main
 from gymflow.flows.improve import improve
-from gymflow.tasks.storage.checkpoints import latest_version, read_checkpoint, read_policy
+from gymflow.tasks.storage.checkpoints import latest_version, read_checkpoint, read_policy, versions_on
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from tests.conftest import local_overrides, written_files
@@ -289,3 +289,44 @@ def test_the_retraining_flow_learns_offline_from_the_runs_logged_since_the_champ
     params = client.get_run(second.challenger.run_id).data.params
     assert params["dataset.runs"] == str([since.run_id]) and params["schedule.total_env_steps"] == "0"
     assert second.challenger_return >= 0.9 and second.promoted == (second.challenger_return > second.champion_return)
+
+
+def test_a_collect_only_run_acts_with_its_starting_policy_throughout_and_keeps_every_shard(corridor_dataset,
+                                                                                            workspace):
+    """schedule.total_train_steps 0: a fixed policy's experience (D4RL's "medium" kind when the
+    policy is half-trained), every shard kept though keep_shards says needed; BC learns from it."""
+    datasets, _ = corridor_dataset
+    root, behaviour = _behaviour_run(datasets)
+    source = Storage(StorageLocation(str(root)))
+    start = read_policy(source, RunLayout(behaviour), latest_version(source, RunLayout(behaviour)))
+    (workspace / "start").mkdir()
+    (workspace / "start" / "policy.safetensors").write_bytes(start["policy.safetensors"])
+    collect = {**TINY, "env.id": "gymflow.testing.envs:Corridor", "schedule.total_train_steps": 0,
+               "storage.keep_shards": "needed", **local_overrides(workspace)}
+    assert main(["run", "cartpole-ppo", "--quiet", "--warm-start", str(workspace / "start" / "policy.safetensors"),
+                 *(f"--set={key}={value}" for key, value in _as_text(collect))]) == 0
+    storage = Storage(StorageLocation(str(workspace / "data")))
+    (run_id,) = {key.split("/")[1] for key in storage.list("runs")}
+    layout = RunLayout(run_id)
+    published = versions_on(storage, layout.policies)
+    last = read_policy(storage, layout, published[-1], ["policy.safetensors"])["policy.safetensors"]
+    assert published[-1] == 5120 // (2 * 4 * 16) and load(last).keys() == load(start["policy.safetensors"]).keys()
+    assert all(torch.equal(tensor, load(start["policy.safetensors"])[name]) for name, tensor in load(last).items())
+    assert len(storage.list(layout.shards)) == 2 * 5120 // (2 * 4 * 16)  # every round's shard of both workers
+    client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
+    (run,) = client.search_runs([client.get_experiment_by_name("gymflow").experiment_id])
+    assert run.data.metrics["eval/return_mean"] >= 0.9 and not [key for key in run.data.metrics if "train/" in key]
+    cloned = improve("cartpole-bc", _from_runs(offline(datasets, workspace), run_id))
+    assert cloned.final_return >= 0.9
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"distribution.mode": "async"}, "distribution.mode: a collect-only run"),
+    ({"dataset.id": DATASET_ID}, "dataset: a collect-only run (schedule.total_train_steps 0) learns nothing"),
+], ids=["async", "dataset"])
+def test_a_collect_only_run_is_refused_where_it_cannot_be(workspace, capsys, change, says):
+    overrides = {**TINY, "env.id": "gymflow.testing.envs:Corridor", "schedule.total_train_steps": 0,
+                 **local_overrides(workspace), **change}
+    code = main(["run", "cartpole-dqn", "--quiet", *(f"--set={key}={value}" for key, value in _as_text(overrides))])
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and error.startswith(f"gymflow: error: {says}") and "\n" not in error, error

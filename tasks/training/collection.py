@@ -32,6 +32,7 @@ class Experience:
     train_steps: int | None = None  # ASYNC: gradient steps the ratio allows; None: the learner's own iteration
     collect_seconds: float = 0.0  # collection on the critical path: the slowest rollout, or waiting for shards
     metrics: dict[str, float] = field(default_factory=dict)  # the collection's own, namespaced
+    learn: bool = True  # False: a collect-only run's, stored and not learned from
 
 
 class Collection(Protocol):
@@ -66,6 +67,7 @@ class SyncRounds:
                  replay_window: int = 0):
         self.hosts, self.plan, self.exploration, self.logger = hosts, plan, exploration, logger
         self.replay_window = replay_window  # transitions of past rounds a resume reads back into replay
+        self.learning = not plan.preset.collect_only  # a collect-only run's rounds go to storage alone
 
     def collect(self, state: LoopState) -> Experience:
         exploration = self.exploration(state.env_steps)
@@ -77,7 +79,7 @@ class SyncRounds:
         one_after_another = self.hosts.distinct_slots(len(shards)) == 1  # single mode: one process steps them all
         return Experience(shards, after, landed=shards,
                           collect_seconds=sum(seconds) if one_after_another else max(seconds),
-                          metrics={"rollout/exploration": exploration} if exploration else {})
+                          metrics={"rollout/exploration": exploration} if exploration else {}, learn=self.learning)
 
     def drained(self) -> bool:
         return True  # a round is over when `collect` returns

@@ -77,7 +77,9 @@ def learn(learner: Learner, storage: Storage, experience: Experience, progress: 
     """Learn from one collection step's shards (sha256 checked as they are read): a SYNC
     iteration through the learner's own `learn`; ASYNC shards inserted into replay, then the
     gradient steps the ratio allows; offline, no shards and the step's gradient steps.
-    `progress` in [0, 1] drives the learner's schedules."""
+    `progress` in [0, 1] drives the learner's schedules. A collect-only run's shards stay in storage."""
+    if not experience.learn:
+        return Learned({}, 0.0)
     rollouts = [read_shard(storage, shard) for shard in experience.shards]
     started = time.perf_counter()
     if experience.train_steps is None:

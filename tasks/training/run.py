@@ -181,12 +181,13 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
     the stop rule (with an outside judge that may end it early, a sweep's pruner). On the way out
     the evaluation thread ends; on an error, what is in flight is given up."""
     preset, plan, budget = run.preset, RoundPlan(run.preset, run.run_id), Budget.of(run.preset)
+    keeping = preset.storage.model_copy(update={"keep_shards": "all"}) if preset.collect_only else preset.storage
     evaluations = EvaluationSchedule(hosts.for_evaluations(), plan, budget,
                                      blocking=preset.distribution.mode != "async", logger=logger)
     loop = ImproveLoop(
         run.learner, _collection(run, hosts, plan, logger), evaluations,
-        Commits(run.storage, run.run_id, preset.storage, policy_window=preset.distribution.max_policy_lag + 1,
-                budget=budget),
+        Commits(run.storage, run.run_id, keeping, policy_window=preset.distribution.max_policy_lag + 1,
+                budget=budget),  # a collect-only run's shards are what it makes: all kept
         StopRule(budget, preset.schedule.target_return, early_stop), observer,
     )
     try:
@@ -224,7 +225,8 @@ def storage_url(run: PreparedRun) -> str:
 def _collection(run: PreparedRun, hosts: Hosts, plan: RoundPlan, logger: AnyLogger) -> Collection:
     preset, learner = run.preset, run.learner
     exploration = partial(run.experiment.algorithm.exploration, preset.agent)
-    rebuilt_from_shards = isinstance(learner, ReplayLearner) and not preset.storage.checkpoint_replay
+    rebuilt_from_shards = isinstance(learner, ReplayLearner) and not preset.storage.checkpoint_replay \
+        and not preset.collect_only
     replay_window = learner.replay.capacity if rebuilt_from_shards else 0
     if preset.offline:
         return OfflineSteps(plan.workers, preset.agent.train_steps_per_iteration)
