@@ -28,14 +28,17 @@ class Preprocessing:
       games for their unclipped score.
     - `frame_stack`: the last k frames as one observation [k, height, width]; a grey image env
       (2-D observations) is always stacked, k = 1 giving [1, height, width].
+    - `hide`: entries of a vector observation left out (a partially observed env: CartPole
+      without its velocities observes [x, theta]).
     """
 
     frame_stack: int = 1
     atari: bool = False
     training: bool = True
+    hide: tuple[int, ...] = ()
 
     def evaluation(self) -> Preprocessing:
-        return Preprocessing(self.frame_stack, self.atari, training=False)
+        return Preprocessing(self.frame_stack, self.atari, training=False, hide=self.hide)
 
 
 LIFE_LOST = "gymflow.life_lost"  # an info key: this step lost a life, and the game goes on
@@ -184,7 +187,28 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, render_mode: str
     shape = env.observation_space.shape or ()
     if len(shape) == 2 or (preprocessing.frame_stack > 1 and is_image(env.observation_space)):
         env = FrameStackObservation(env, preprocessing.frame_stack)
+    if preprocessing.hide:
+        env = HiddenEntries(env, preprocessing.hide)
     return env
+
+
+class HiddenEntries(gym.ObservationWrapper):
+    """A vector observation without some of its entries: what a partially observed env shows."""
+
+    def __init__(self, env: gym.Env, hide: tuple[int, ...]):
+        super().__init__(env)
+        space = env.observation_space
+        if not (isinstance(space, spaces.Box) and len(space.shape) == 1):
+            raise EnvSpecError("env.hide", f"hides entries of a vector observation; the env observes {space}")
+        size = space.shape[0]
+        if max(hide) >= size or len(set(hide)) >= size:
+            raise EnvSpecError("env.hide", f"{list(hide)} for an observation of {size} entries; allowed: distinct "
+                                           f"indices 0..{size - 1}, leaving at least one")
+        self.shown = np.array([i for i in range(size) if i not in set(hide)])
+        self.observation_space = spaces.Box(space.low[self.shown], space.high[self.shown], dtype=space.dtype)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return observation[self.shown]
 
 
 def render_modes(env_id: str) -> tuple[str, ...]:

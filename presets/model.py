@@ -44,10 +44,15 @@ class EnvConfig(_Strict):
         "grey, FIRE at each game's start and lost life; for training only, a lost life is terminal for learning "
         "and rewards are clipped to their sign).",
     )
+    hide: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list,
+        description="Entries of a vector observation to leave out, by index: a partially observed env (CartPole "
+        "without its velocities: [1, 3]; Pendulum without its angular velocity: [2]).",
+    )
 
     def preprocessing(self) -> Preprocessing:
         """How training envs are wrapped (`.evaluation()`: evaluation's)."""
-        return Preprocessing(self.frame_stack, self.atari)
+        return Preprocessing(self.frame_stack, self.atari, hide=tuple(sorted(set(self.hide))))
 
 
 class ScheduleConfig(_Strict):

@@ -114,3 +114,34 @@ def test_without_an_off_screen_library_a_mujoco_film_names_the_debian_package(mo
     assert headless.offscreen_backend() is None
     with pytest.raises(CannotFilm, match=r"Hopper-v5 cannot render here: .*install Debian's libegl1 or libosmesa6"):
         film_episode(lambda obs: obs[:3], "Hopper-v5", {}, seed=0)
+
+
+def test_hidden_entries_leave_the_rest_of_each_observation_as_the_env_made_it():
+    from gymflow.envs.make import Preprocessing
+
+    full = SeededVectorEnv("CartPole-v1", {}, num_envs=2, seed=3)
+    partial = SeededVectorEnv("CartPole-v1", {}, num_envs=2, seed=3, preprocessing=Preprocessing(hide=(1, 3)))
+    full.reset()
+    partial.reset()
+    assert partial.observation_space.shape == (2,)
+    np.testing.assert_array_equal(partial.observation_space.high, full.observation_space.high[[0, 2]])
+    full_rollout, _ = _advance(full, 80, seed=4)  # episodes end and reset in it
+    partial_rollout, _ = _advance(partial, 80, seed=4)
+    np.testing.assert_array_equal(partial_rollout.obs, full_rollout.obs[:, :, [0, 2]])
+    np.testing.assert_array_equal(partial_rollout.done_obs, full_rollout.done_obs[:, [0, 2]])
+    np.testing.assert_array_equal(partial_rollout.rewards, full_rollout.rewards)
+
+
+@pytest.mark.parametrize(("env_id", "hide", "says"), [
+    ("CartPole-v1", [4], "env.hide: [4] for an observation of 4 entries; allowed: distinct indices 0..3"),
+    ("CartPole-v1", [0, 1, 2, 3], "leaving at least one"),
+    ("gymflow.envs.catch:Catch", [0], "env.hide: hides entries of a vector observation; the env observes Box"),
+])
+def test_hiding_what_an_env_does_not_have_is_refused_in_one_line(env_id, hide, says):
+    from gymflow.errors import InvalidPreset
+    from gymflow.presets.validate import resolve_experiment
+
+    with pytest.raises(InvalidPreset) as refused:
+        resolve_experiment("cartpole-ppo" if env_id == "CartPole-v1" else "catch-ppo", {"env.id": env_id,
+                                                                                         "env.hide": hide})
+    assert says in str(refused.value) and "\n" not in str(refused.value)
