@@ -124,9 +124,9 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready:
     with stopping_cleanly(), _cluster_beside(distribution) as cluster_ready:
         call = load()
         gymflow_errors_in_one_line_on_the_console()
-        api_ready()
-        cluster_ready()
         try:
+            api_ready()
+            cluster_ready()
             return call()
         except GymflowError as error:
             print(f"gymflow: error: {error}", file=sys.stderr)

@@ -31,12 +31,15 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 from uuid import UUID
+
+from gymflow.errors import PrefectUnavailable
 
 STOP_GRACE_S = 8.0
 API_START_TIMEOUT_S = 60.0
@@ -52,6 +55,7 @@ class TemporaryApi:
         self.socket = socket.socket()
         self.socket.bind(("127.0.0.1", port))
         self.port = self.socket.getsockname()[1]
+        self.errors = tempfile.TemporaryFile()  # the server's stderr: why it would not start, if it does not
         self.process = self._start()
         atexit.register(self.stop)  # registered before Prefect's drains, so it runs after them
 
@@ -66,7 +70,7 @@ class TemporaryApi:
              "uvicorn", "--app-dir", os.path.dirname(prefect.__path__[0]), "--factory",
              "prefect.server.api.server:create_app", "--fd", str(self.socket.fileno()),
              "--log-level", "critical", "--lifespan", "on"],
-            env=environment, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=environment, start_new_session=True, stdout=subprocess.DEVNULL, stderr=self.errors,
             pass_fds=(self.socket.fileno(),),
         )
 
@@ -83,10 +87,11 @@ class TemporaryApi:
             if self.process.poll() is not None:
                 # Two runs started at once share Prefect's database; its migrations at start-up can meet
                 # SQLite's lock, and the server exits (status 3). Start it again, a moment apart.
-                if attempts == API_START_ATTEMPTS:
-                    raise RuntimeError(f"the temporary Prefect API exited with {self.process.returncode} "
-                                       f"{attempts} times (port {self.port})")
+                if attempts == API_START_ATTEMPTS or "database is locked" not in self._output():
+                    raise self._refusal()
                 attempts += 1
+                self.errors.seek(0)
+                self.errors.truncate()
                 time.sleep(random.uniform(0.5, 2.0))
                 self.process = self._start()
                 continue
@@ -96,7 +101,26 @@ class TemporaryApi:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError(f"the temporary Prefect API did not answer within {API_START_TIMEOUT_S:.0f} s")
+        raise PrefectUnavailable("Prefect API", f"the temporary Prefect API did not answer within "
+                                                f"{API_START_TIMEOUT_S:.0f} s; {_instead}")
+
+    def _output(self) -> str:
+        self.errors.seek(0)
+        return self.errors.read().decode(errors="replace")
+
+    def _refusal(self) -> PrefectUnavailable:
+        """Why the server exited, in one line: the last error its output names, and its database."""
+        import prefect
+        from prefect.settings import get_current_settings
+
+        lines = self._output().splitlines()
+        errors = [line for line in lines if line[:1].isalpha() and "Error" in line.partition(":")[0]]
+        cause = errors[-1] if errors else f"it exited with {self.process.returncode}"
+        url = get_current_settings().server.database.connection_url
+        url = url.get_secret_value() if url else ""
+        where = url if url.startswith("sqlite") else "the one PREFECT_API_DATABASE_CONNECTION_URL names"
+        return PrefectUnavailable("Prefect API", f"the temporary Prefect API would not start: {cause} (database: "
+                                                 f"{where}; Prefect {prefect.__version__}); {_instead}")
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -107,6 +131,11 @@ class TemporaryApi:
                 self.process.kill()
                 self.process.wait()
         self.socket.close()
+        self.errors.close()
+
+
+_instead = ("allowed: a PREFECT_HOME whose database this Prefect can use (a database a newer Prefect migrated "
+            "cannot be), or PREFECT_API_URL of a running Prefect server")
 
 
 @contextmanager

@@ -27,6 +27,10 @@ class ClusterUnavailable(GymflowError):
     """No Dask scheduler answered, or no worker offers what rollouts ask for."""
 
 
+class PrefectUnavailable(GymflowError):
+    """No Prefect API to run under: the temporary one this process starts would not start."""
+
+
 class StorageRefused(GymflowError):
     """The storage root cannot be used: a missing bucket, refused credentials, an unreachable
     endpoint, a local path that is a file or not writable."""

@@ -125,3 +125,25 @@ def _flow_run_state(flow_run_id: str) -> str:
 
     with get_client(sync_client=True) as client:
         return client.read_flow_run(flow_run_id).state.type.value
+
+
+def test_a_prefect_database_this_prefect_cannot_use_is_said_in_one_line(tmp_path):
+    """A PREFECT_HOME whose database a newer Prefect migrated: the temporary API cannot start; the
+    command says why and where, once (no retries of a cause that will not pass), exit 2."""
+    import sqlite3
+
+    home = tmp_path / "prefect-home"
+    home.mkdir()
+    with sqlite3.connect(home / "prefect.db") as database:
+        database.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL PRIMARY KEY)")
+        database.execute("INSERT INTO alembic_version VALUES ('0123456789ab')")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
+    started = time.monotonic()
+    done = subprocess.run([GYMFLOW, "run", "cartpole-ppo", "--quiet", f"--set=storage.root={tmp_path / 'data'}"],
+                          env={**env, "PREFECT_HOME": str(home)}, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    error = done.stderr.strip()
+    assert done.returncode == 2 and "\n" not in error, error
+    assert error.startswith("gymflow: error: Prefect API: the temporary Prefect API would not start: ")
+    assert "Can't locate revision identified by '0123456789ab'" in error and str(home / "prefect.db") in error
+    assert time.monotonic() - started < 60 and not (tmp_path / "data").exists()
