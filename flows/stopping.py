@@ -86,8 +86,9 @@ class TemporaryApi:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 # Two runs started at once share Prefect's database; its migrations at start-up can meet
-                # SQLite's lock, and the server exits (status 3). Start it again, a moment apart.
-                if attempts == API_START_ATTEMPTS or "database is locked" not in self._output():
+                # SQLite's lock (an OperationalError), and the server exits (status 3). Start it again, a
+                # moment apart. Any other cause (a database a newer Prefect migrated) will not pass.
+                if attempts == API_START_ATTEMPTS or "OperationalError" not in self._output():  # not SQLite's lock
                     raise self._refusal()
                 attempts += 1
                 self.errors.seek(0)
