@@ -146,6 +146,18 @@ def final_learner(root: Path, run_id: str) -> bytes:
     return read_checkpoint(storage, RunLayout(run_id), version, ["learner.safetensors"])["learner.safetensors"]
 
 
+def _observations_counted(root: Path, run_id: str) -> float:
+    """The observation statistics' count in a run's final learner."""
+    from gymflow.tasks.storage.checkpoints import LEARNER_TENSORS, LEARNER_TREE
+    from gymflow.tasks.storage.codec import decode_state
+
+    storage = Storage(StorageLocation(str(root)))
+    version = latest_version(storage, RunLayout(run_id))
+    blobs = read_checkpoint(storage, RunLayout(run_id), version, [LEARNER_TENSORS, LEARNER_TREE])
+    state = decode_state(blobs[LEARNER_TENSORS], blobs[LEARNER_TREE])
+    return round(float(state["actor"]["obs_norm.count"]))
+
+
 def test_dqn_learns_offline_with_cql_s_conservative_penalty(corridor_dataset, workspace):
     datasets, behaviour_return = corridor_dataset
     learned = improve("cartpole-dqn", offline(datasets, workspace, **{
@@ -195,6 +207,8 @@ def test_an_online_run_continues_an_offline_run_s_whole_learner(continuous_datas
         "agent.train_steps_per_iteration": 16, "distribution.envs_per_worker": 4})
     continued = improve("hopper-iql", online, warm_start=f"learner:{offline_run.run_id}")
     assert offline_run.final_return >= 0.9 and min(row.mean for row in continued.evaluations) >= 0.9
+    counted = {run.run_id: _observations_counted(workspace / "data", run.run_id) for run in (offline_run, continued)}
+    assert counted[continued.run_id] == counted[offline_run.run_id] + continued.env_steps  # the dataset counted once
     with pytest.raises(UnusableWarmStart, match="learner holds"):
         improve("cartpole-bc", offline(datasets, workspace, **corridor), warm_start=f"learner:{offline_run.run_id}")
 

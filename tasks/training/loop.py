@@ -188,11 +188,16 @@ def train(loop: ImproveLoop, state: LoopState, seconds: float = TASK_SECONDS) ->
 
 
 @task(name="read-dataset", task_run_name="read-dataset", cache_policy=NO_CACHE)
-def read_dataset(dataset: ExperienceDataset, learner: ReplayLearner, logger: AnyLogger) -> None:
+def read_dataset(dataset: ExperienceDataset, learner: ReplayLearner, logger: AnyLogger, observed: bool = False
+                 ) -> None:
     """Put the dataset's transitions in the replay memory, in its order, before anything is
-    collected (an offline run's whole experience)."""
+    collected (an offline run's whole experience); `observed`: the memory alone, the learner's
+    observation statistics having seen them."""
     for rollout in dataset.rollouts():
-        learner.insert([rollout])
+        if observed:
+            learner.replay.add(rollout)
+        else:
+            learner.insert([rollout])
     logger.info("dataset %s: %s episodes, %s transitions in replay (%s)", dataset.name,
                 f"{dataset.episodes:,}", f"{len(learner.replay):,}", dataset.url)
 

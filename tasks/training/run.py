@@ -17,7 +17,7 @@ import yaml
 from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.errors import InvalidPreset
 from gymflow.presets.load import flatten, is_secret, redacted
-from gymflow.presets.model import Preset
+from gymflow.presets.model import DatasetConfig, Preset
 from gymflow.presets.validate import Experiment
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan
@@ -29,6 +29,7 @@ from gymflow.tasks.storage.records import (
     RunRecord,
     has_run_record,
     read_run_record,
+    read_stored_preset,
     write_run_record,
     write_stored_preset,
 )
@@ -63,6 +64,7 @@ class PreparedRun:
     restored: Restored | None = None  # where a resumed run stands
     record: RunRecord | None = None  # a resumed run's record: the MLflow run it continues
     dataset: ExperienceDataset | None = None  # the preset's dataset, found and checked
+    dataset_observed: bool = False  # the learner's observation statistics have seen it (a warm start's run read it)
 
     @property
     def preset(self) -> Preset:
@@ -90,7 +92,8 @@ def prepare_run(experiment: Experiment, warm_start: str | None, resume: str | No
                                 f"continue it with resume={run_id!r}")
         run_id = run_id or f"{experiment.preset.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         dataset = find_dataset(experiment)
-        return PreparedRun(experiment, run_id, storage, warm_started(experiment, storage, warm_start), dataset=dataset)
+        return PreparedRun(experiment, run_id, storage, warm_started(experiment, storage, warm_start), dataset=dataset,
+                           dataset_observed=dataset_seen_by_warm_start(storage, warm_start, experiment.preset))
     record = read_run_record(storage, resume)
     experiment = stored_experiment(storage, resume, experiment)
     dataset, learner = find_dataset(experiment), create_learner(experiment)
@@ -111,6 +114,15 @@ def warm_started(experiment: Experiment, storage: Storage, warm_start: str | Non
         return learner
     weights = read_warm_start(warm_start, experiment.preset.tracking.tracking_uri) if warm_start else None
     return create_learner(experiment, weights)
+
+
+def dataset_seen_by_warm_start(storage: Storage, warm_start: str | None, preset: Preset) -> bool:
+    """A learner warm-started from a run that read this same dataset: its observation statistics
+    have seen it already (reading it again would count it twice)."""
+    if preset.dataset is None or not (warm_start or "").startswith(LEARNER_WARM_START):
+        return False
+    stored = read_stored_preset(storage, warm_start.removeprefix(LEARNER_WARM_START)).get("dataset")
+    return stored is not None and DatasetConfig.model_validate(stored) == preset.dataset
 
 
 def find_dataset(experiment: Experiment) -> ExperienceDataset | None:
@@ -209,7 +221,7 @@ def first_state(run: PreparedRun, hosts: Hosts, loop: ImproveLoop, logger: AnyLo
     plan, learner = RoundPlan(run.preset, run.run_id), run.learner
     if run.dataset is not None:
         assert isinstance(learner, ReplayLearner)  # presets/validate.py refuses a dataset for on-policy agents
-        read_dataset(run.dataset, learner, logger)
+        read_dataset(run.dataset, learner, logger, observed=run.dataset_observed)
     if isinstance(learner, ReplayLearner) and run.preset.schedule.heatup_env_steps:
         state = heatup(hosts, plan, learner, run.storage, logger)
     else:
