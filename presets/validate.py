@@ -104,8 +104,8 @@ def _check_dataset(config: Preset, algorithm: Algorithm) -> None:
     if config.dataset is not None and algorithm.on_policy:
         raise InvalidPreset("dataset", f"{algorithm.name} learns only from its current policy's rollouts; a dataset "
                                        f"needs an off-policy agent ({_off_policy()})")
-    if config.dataset is not None and config.distribution.mode == "async":
-        raise InvalidPreset("distribution.mode", "a run with a dataset is sync or single (not yet async)")
+    if config.offline and config.distribution.mode == "async":
+        raise InvalidPreset("distribution.mode", "an offline run collects nothing to stream: allowed: sync or single")
     if algorithm.offline_only and not config.offline:
         raise InvalidPreset("schedule.total_env_steps", f"{algorithm.name} learns from its dataset alone: allowed: 0")
     if config.offline:

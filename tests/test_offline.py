@@ -20,6 +20,7 @@ from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from tests.conftest import local_overrides, written_files
 from tests.killing import kill_flow_midway
+from tests.stored import read_ledger
 
 pytestmark = pytest.mark.e2e
 minari = pytest.importorskip("minari")
@@ -344,3 +345,29 @@ def test_a_collect_only_run_is_refused_where_it_cannot_be(workspace, capsys, cha
     code = main(["run", "cartpole-dqn", "--quiet", *(f"--set={key}={value}" for key, value in _as_text(overrides))])
     error = capsys.readouterr().err.strip()
     assert code == 2 and error.startswith(f"gymflow: error: {says}") and "\n" not in error, error
+
+
+def test_an_async_run_starts_from_a_dataset_and_resumes_with_it_after_a_kill(corridor_dataset, workspace):
+    """ASYNC after a dataset: the memory holds the dataset, then the streamed chunks; killed
+    midway, the resumed run rebuilds that memory (dataset included, slot for slot: its position
+    is checked) and accounts for every chunk once."""
+    datasets, _ = corridor_dataset
+    run = {**offline(datasets, workspace), "schedule.total_env_steps": 2560, "schedule.rollout_steps_per_env": 16,
+           "schedule.evaluate_every_env_steps": 640, "distribution.mode": "async", "distribution.samples_per_insert": 2,
+           "distribution.commit_every_train_steps": 4, "agent.batch_size": 16, "schedule.heatup_env_steps": 0,
+           "agent.train_steps_per_iteration": 8, "schedule.target_return": None}
+    run.pop("schedule.total_train_steps")
+    run.pop("schedule.evaluate_every_train_steps")
+    killed_root = workspace / "killed"
+    kill_flow_midway("cartpole-dqn", {**run, "storage.root": str(killed_root)}, killed_root,
+                     workspace / "killed-flow.log", kill_at=3)
+    (run_dir,) = (killed_root / "runs").iterdir()
+    assert main(["resume", run_dir.name, "--root", str(killed_root), "--quiet"]) == 0
+    storage = Storage(StorageLocation(str(killed_root)))
+    ledger = read_ledger(storage, run_dir.name)
+    accounted = ledger.inserted + ledger.dropped + ledger.unused
+    assert sorted(accounted) == storage.list(f"runs/{run_dir.name}/shards/async") and len(set(accounted)) == len(accounted)
+    client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
+    (mlflow_run,) = client.search_runs([client.get_experiment_by_name("gymflow").experiment_id])
+    assert mlflow_run.info.status == "FINISHED"
+    assert f"dataset {DATASET_ID}: " in (workspace / "killed-flow.log").read_text()  # read before the stream began

@@ -116,7 +116,7 @@ def test_a_bad_base_is_one_line_naming_it(tmp_path, text, says):
         ("cartpole-bc", {"schedule.total_train_steps": None}, "schedule.total_train_steps", "counts gradient steps"),
         ("cartpole-bc", {"schedule.heatup_env_steps": 10}, "schedule.heatup_env_steps", "collects nothing"),
         ("cartpole-ppo", {"dataset.id": "gymflow/cartpole-v0"}, "dataset", "needs an off-policy agent"),
-        ("cartpole-dqn-async", {"dataset.id": "gymflow/cartpole-v0"}, "distribution.mode", "not yet async"),
+        ("cartpole-bc", {"distribution.mode": "async"}, "distribution.mode", "an offline run collects nothing to stream"),
         ("cartpole-ppo", {"distribution.rollout_workers": 0}, "distribution.rollout_workers", "greater than or equal to 1"),
         ("cartpole-ppo", {"distribution.mode": "turbo"}, "distribution.mode", "'sync' or 'async'"),
         ("cartpole-ppo", {"distribution.mode": "async"}, "distribution.mode", "async needs an off-policy agent"),
