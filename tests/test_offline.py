@@ -286,7 +286,7 @@ def test_unusable_runs_are_refused_in_one_line_before_any_work(corridor_dataset,
     assert not (workspace / "data").exists() or written_files(workspace / "data") == []
 
 
-def test_the_retraining_flow_learns_offline_from_the_runs_logged_since_the_champion(workspace):
+def test_the_retraining_flow_learns_offline_from_the_runs_logged_since_the_champion(prefect_api, workspace):
     from gymflow.errors import InvalidPreset
     from gymflow.flows.retrain import retrain
 
@@ -298,6 +298,7 @@ def test_the_retraining_flow_learns_offline_from_the_runs_logged_since_the_champ
     with pytest.raises(InvalidPreset, match="experience: no run of gymflow.testing.envs:Corridor has stored"):
         retrain("cartpole-dqn", offline_dqn, model_name="logged", evaluation_episodes=8, challenger={"experience": "logged"})
     since = improve("cartpole-dqn", online)  # experience collected after the champion was registered
+    improve("cartpole-dqn", {**online, "env.hide": [1]})  # of another observation: passed over
     second = retrain("cartpole-dqn", offline_dqn, model_name="logged", evaluation_episodes=8, challenger={"experience": "logged"})
     assert second.champion == first.challenger
     client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])

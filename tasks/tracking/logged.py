@@ -11,6 +11,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from gymflow.errors import InvalidPreset
+from gymflow.presets.load import flatten
 from gymflow.presets.model import Preset
 from gymflow.tasks.lake.episodes import worker_streams
 from gymflow.tasks.storage.layout import RunLayout
@@ -45,6 +46,8 @@ def find_logged_experience(preset: Preset, champion: ModelRef | None) -> LoggedE
             passed_over[run_id] = "still running"
         elif params.get("storage.root") != preset.storage.root:
             passed_over[run_id] = f"its experience is under {params.get('storage.root')!r}"
+        elif differing := _env_settings_differing(params, preset):
+            passed_over[run_id] = f"its env differs: {', '.join(differing)}"
         elif not worker_streams(storage, RunLayout(run_id)):
             passed_over[run_id] = "no shards left (storage.keep_shards: all keeps them)"
         else:
@@ -54,6 +57,13 @@ def find_logged_experience(preset: Preset, champion: ModelRef | None) -> LoggedE
         raise InvalidPreset("experience", f"no run of {preset.env.id} has stored experience under "
                             f"{storage.url()} since {after}{_reasons(passed_over)}; allowed: 'collect'")
     return LoggedExperience(run_ids, passed_over)
+
+
+def _env_settings_differing(params: dict[str, str], preset: Preset) -> list[str]:
+    """The env settings (env.kwargs, env.hide, ...) a run's MLflow parameters give otherwise than
+    `preset` (a setting the run did not log, from before it existed, counts as the same)."""
+    ours = {key: str(value) for key, value in flatten({"env": preset.env.model_dump(mode="json")}).items()}
+    return [f"{key}={params[key]}" for key, value in ours.items() if key in params and params[key] != value]
 
 
 def _runs_started_after(client: MlflowClient, since_ms: int, env_id: str) -> list[Run]:
