@@ -5,11 +5,17 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+# The tests' own Prefect home, before Prefect reads its settings: a test (or a command it starts)
+# that makes its own temporary API never touches the developer's ~/.prefect database, which
+# another Prefect version may have migrated beyond this one.
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="gymflow-tests-prefect-"))
 
 
 @pytest.fixture(scope="session")
