@@ -35,6 +35,7 @@ class Rollout(NamedTuple):
     done_obs: np.ndarray  # [K, *obs_shape] the final observation of each of those episodes
     last_obs: np.ndarray  # [N, *obs_shape] the observation after the last step
     log_probs: np.ndarray  # [T, N] behaviour log-probabilities (zeros for value-based policies)
+    memory: np.ndarray | None = None  # [2, N, H] a recurrent policy's memory (LSTM h, c) where it began
 
     @property
     def env_steps(self) -> int:

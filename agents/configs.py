@@ -66,6 +66,11 @@ class PPOConfig(ObservationNormalization):
     reward_clip: float = Field(
         default=10.0, gt=0, description="Clip normalised rewards to +-this (with normalize_rewards)."
     )
+    recurrent: int | None = Field(
+        default=None, ge=1, le=4096,
+        description="A memory: an LSTM of this many units between the MLP encoder and the heads, carried along "
+        "each env's episode (partially observed envs; vector observations). None: feed-forward.",
+    )
 
 
 class DQNConfig(ReplayOptions, ObservationNormalization):

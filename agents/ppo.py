@@ -7,8 +7,9 @@ critic, then a few epochs of minibatch updates of the clipped objective.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,19 +80,26 @@ class PPOPolicy:
     @torch.inference_mode()
     def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
         out = self.network.action_output(torch.from_numpy(obs)).numpy().astype(np.float64)
-        if self.network.discrete:
-            log_p = out - out.max(axis=1, keepdims=True)
-            log_p -= np.log(np.exp(log_p).sum(axis=1, keepdims=True))
-            if explore:  # Gumbel-max: a categorical sample without torch's per-call overhead
-                actions = np.argmax(log_p - np.log(-np.log(self.rng.random(log_p.shape))), axis=1)
-            else:
-                actions = np.argmax(log_p, axis=1)
-            return actions, log_p[np.arange(len(obs)), actions].astype(np.float32)
-        std = np.exp(self.network.log_std.detach().numpy().astype(np.float64))
-        noise = self.rng.standard_normal(out.shape) if explore else np.zeros_like(out)
-        actions = out + std * noise
-        log_prob = -0.5 * (noise**2).sum(1) - np.log(std).sum() - 0.5 * out.shape[1] * math.log(2 * math.pi)
-        return actions.astype(np.float32), log_prob.astype(np.float32)
+        return sample_actions(out, self.network.log_std.detach().numpy(), self.network.discrete, self.rng, explore)
+
+
+def sample_actions(out: np.ndarray, log_std: np.ndarray, discrete: bool, rng: np.random.Generator, explore: bool
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Actions and their log-probabilities from the actor's output (float64 logits, or the
+    Gaussian's mean with `log_std`): sampled when exploring, else the most likely."""
+    if discrete:
+        log_p = out - out.max(axis=1, keepdims=True)
+        log_p -= np.log(np.exp(log_p).sum(axis=1, keepdims=True))
+        if explore:  # Gumbel-max: a categorical sample without torch's per-call overhead
+            actions = np.argmax(log_p - np.log(-np.log(rng.random(log_p.shape))), axis=1)
+        else:
+            actions = np.argmax(log_p, axis=1)
+        return actions, log_p[np.arange(len(out)), actions].astype(np.float32)
+    std = np.exp(log_std.astype(np.float64))
+    noise = rng.standard_normal(out.shape) if explore else np.zeros_like(out)
+    actions = out + std * noise
+    log_prob = -0.5 * (noise**2).sum(1) - np.log(std).sum() - 0.5 * out.shape[1] * math.log(2 * math.pi)
+    return actions.astype(np.float32), log_prob.astype(np.float32)
 
 
 def make_network(config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space) -> ActorCritic:
@@ -138,6 +146,12 @@ def ppo_loss(network: ActorCritic, minibatch: dict[str, torch.Tensor], config: P
     """Schulman et al. 2017, eq. 7 and 9: -min(r A, clip(r, 1-eps, 1+eps) A) + c1 (V - R)^2 - c2 H,
     with advantages normalised per minibatch. Pure: nothing is stepped."""
     dist, value = network.distribution_and_value(minibatch["obs"])
+    return clipped_objective(dist, value, minibatch, config)
+
+
+def clipped_objective(dist: torch.distributions.Distribution, value: torch.Tensor, minibatch: dict[str, torch.Tensor],
+                      config: PPOConfig) -> PPOLossTerms:
+    """PPO's loss for a minibatch whose policy distribution and values the network has given."""
     log_ratio = dist.log_prob(minibatch["actions"]) - minibatch["log_probs"]
     ratio = log_ratio.exp()
     advantages = minibatch["advantages"]
@@ -152,19 +166,32 @@ def ppo_loss(network: ActorCritic, minibatch: dict[str, torch.Tensor], config: P
 
 
 class PPOLearner(SavedWhole, Learner):
+    """PPO's learner; with agent.recurrent, the recurrent one (agents/recurrent.py) is made instead."""
+
     TRAINING_STATE = ("network", "optimizer", "generator", "train_steps", "reward_scaler")
+
+    def __new__(cls, config: PPOConfig, *args: Any, **kwargs: Any) -> PPOLearner:
+        if cls is PPOLearner and config.recurrent is not None:
+            from gymflow.agents.recurrent import RecurrentPPOLearner
+
+            return super().__new__(RecurrentPPOLearner)
+        return super().__new__(cls)
 
     def __init__(self, config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space, seed: int,
                  device: str = "cpu"):
         self.config = config
         self.device = torch.device(device)
         with seeded_init(seed):
-            self.network = make_network(config, observation_space, action_space).to(self.device)
+            self.network = self._make_network(config, observation_space, action_space).to(self.device)
         self.optimizer = torch.optim.Adam(self.network.parameters(), lr=config.lr, eps=1e-5, fused=True)
         self.generator = torch.Generator().manual_seed(seed)
         self.train_steps = 0
         self.normalizer = share_normalizer(self.network)
         self.reward_scaler = RewardScaler(config.gamma, config.reward_clip) if config.normalize_rewards else None
+
+    def _make_network(self, config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space
+                      ) -> nn.Module:
+        return make_network(config, observation_space, action_space)
 
     def policy_weights(self) -> dict[str, torch.Tensor]:
         return cpu_weights(self.network)
@@ -175,18 +202,15 @@ class PPOLearner(SavedWhole, Learner):
     def learn(self, rollouts: Sequence[Rollout], progress: float) -> dict[str, float]:
         if self.reward_scaler is not None:  # rollout i continues the envs of the last iteration's rollout i
             self.reward_scaler.update([r.rewards for r in rollouts], [r.terminated | r.truncated for r in rollouts])
-        batch = self._flatten(rollouts)
+        batch, flat = self._minibatches(rollouts)
         lr = self.config.lr * (1.0 - progress) if self.config.anneal_lr else self.config.lr
         for group in self.optimizer.param_groups:
             group["lr"] = max(lr, 1e-8)
-        size = len(batch["obs"])
         sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
         updates = 0
         for _ in range(self.config.epochs):
-            order = torch.randperm(size, generator=self.generator).to(self.device)
-            for start in range(0, size, self.config.minibatch_size):
-                index = order[start : start + self.config.minibatch_size]
-                for key, value in self._update({k: v[index] for k, v in batch.items()}).items():
+            for minibatch in self._passes(batch):
+                for key, value in self._update(minibatch).items():
                     sums[key] += value
                 updates += 1
         self.train_steps += updates
@@ -195,13 +219,29 @@ class PPOLearner(SavedWhole, Learner):
         if self.normalizer is not None:
             self.normalizer.observe(rollout.obs for rollout in rollouts)
         metrics = {key: value / updates for key, value in sums.items()}
-        metrics["explained_variance"] = _explained_variance(batch["values"], batch["returns"])
+        metrics["explained_variance"] = _explained_variance(flat["values"], flat["returns"])
         metrics["lr"] = lr
         metrics["train_steps"] = float(self.train_steps)
         return metrics
 
+    def _minibatches(self, rollouts: Sequence[Rollout]) -> tuple[Any, dict[str, torch.Tensor]]:
+        """What the epochs draw minibatches from, and the iteration's values and returns, flat."""
+        batch = self._flatten(rollouts)
+        return batch, batch
+
+    def _passes(self, batch: dict[str, torch.Tensor]) -> Iterator[dict[str, torch.Tensor]]:
+        """One epoch's minibatches: the samples shuffled, minibatch_size at a time."""
+        size = len(batch["obs"])
+        order = torch.randperm(size, generator=self.generator).to(self.device)
+        for start in range(0, size, self.config.minibatch_size):
+            index = order[start : start + self.config.minibatch_size]
+            yield {key: value[index] for key, value in batch.items()}
+
+    def _loss(self, minibatch: dict[str, torch.Tensor]) -> PPOLossTerms:
+        return ppo_loss(self.network, minibatch, self.config)
+
     def _update(self, minibatch: dict[str, torch.Tensor]) -> dict[str, float]:
-        terms = ppo_loss(self.network, minibatch, self.config)
+        terms = self._loss(minibatch)
         self.optimizer.zero_grad()
         terms.loss.backward()
         nn.utils.clip_grad_norm_(self.network.parameters(), self.config.max_grad_norm)
@@ -255,11 +295,23 @@ def generalized_advantages(rewards: torch.Tensor, values: torch.Tensor, next_val
     return advantages
 
 
-PARTS = AlgorithmParts(
-    learner=PPOLearner,
-    network=make_network,
-    policy=lambda network, config, exploration, seed: PPOPolicy(network, seed),
-)
+def _network(config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space) -> nn.Module:
+    if config.recurrent is None:
+        return make_network(config, observation_space, action_space)
+    from gymflow.agents.recurrent import make_recurrent_network
+
+    return make_recurrent_network(config, observation_space, action_space)
+
+
+def _policy(network: nn.Module, config: PPOConfig, exploration: float, seed: int) -> Any:
+    if config.recurrent is None:
+        return PPOPolicy(network, seed)
+    from gymflow.agents.recurrent import RecurrentPolicy
+
+    return RecurrentPolicy(network, seed)
+
+
+PARTS = AlgorithmParts(learner=PPOLearner, network=_network, policy=_policy)
 
 
 def _explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:

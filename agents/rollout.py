@@ -30,11 +30,17 @@ def collect(policy: Policy, env: VectorEnv, steps: int, explore: bool = True) ->
     returns: list[float] = []
     lengths: list[int] = []
     low, high = _action_bounds(env.action_space)
+    recurrent = hasattr(policy, "episodes_ended")  # a policy with a memory of each env's episode
+    memory = policy.memory.copy() if recurrent and policy.memory is not None else None
     for t in range(steps):
         obs[t] = env.obs
         actions[t], log_probs[t] = policy.act(obs[t], explore)
+        if recurrent and memory is None:
+            memory = np.zeros_like(policy.memory)  # it began with nothing remembered
         env_actions = actions[t] if low is None else np.clip(actions[t], low, high)
         step = env.step(env_actions)
+        if recurrent:
+            policy.episodes_ended(step.done_envs)
         rewards[t], terminated[t], truncated[t] = step.rewards, step.terminated, step.truncated
         done_index += [t * n + i for i in step.done_envs]
         done_obs += step.done_obs
@@ -50,6 +56,7 @@ def collect(policy: Policy, env: VectorEnv, steps: int, explore: bool = True) ->
         done_obs=np.asarray(done_obs, dtype=env.obs.dtype).reshape(-1, *obs_shape),
         last_obs=env.obs.copy(),
         log_probs=log_probs,
+        memory=memory,
     )
     return rollout, Episodes(np.asarray(returns, np.float64), np.asarray(lengths, np.int64))
 
@@ -63,6 +70,8 @@ def evaluate(policy: Policy, env: VectorEnv) -> Episodes:
     while np.isnan(returns).any():
         actions, _ = policy.act(env.obs, explore=False)
         step = env.step(actions if low is None else np.clip(actions, low, high))
+        if hasattr(policy, "episodes_ended"):
+            policy.episodes_ended(step.done_envs)
         for i, episode_return, length in zip(step.done_envs, step.episode_returns, step.episode_lengths):
             if np.isnan(returns[i]):
                 returns[i], lengths[i] = episode_return, length

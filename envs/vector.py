@@ -35,6 +35,7 @@ class EnvCursor:
     episode_index: np.ndarray  # [N] int64
     action_counts: np.ndarray  # [N] int64
     actions: np.ndarray  # [sum(action_counts), *action_shape]
+    memory: np.ndarray | None = None  # [2, N, H] a recurrent policy's memory of the envs (None: none kept)
 
     def actions_of(self, env_index: int) -> np.ndarray:
         start = int(self.action_counts[:env_index].sum())
@@ -65,12 +66,14 @@ class SeededVectorEnv:
         self.episode_return = np.zeros(num_envs, dtype=np.float64)
         self.episode_length = np.zeros(num_envs, dtype=np.int64)
         self._actions: list[list[Any]] = [[] for _ in range(num_envs)]
+        self.memory: np.ndarray | None = None  # a recurrent policy's memory of these envs, carried between rounds
         self.obs = np.zeros((num_envs, *self.observation_space.shape), dtype=observation_dtype(self.observation_space))
 
     def reset(self, cursor: EnvCursor | None = None) -> np.ndarray:
         """Start every env at episode 0, or where `cursor` says it stands."""
         if cursor is not None and len(cursor.episode_index) != self.num_envs:
             raise ValueError(f"cursor holds {len(cursor.episode_index)} envs, not {self.num_envs}")
+        self.memory = None if cursor is None else cursor.memory
         for i in range(self.num_envs):
             self.episode_index[i] = 0 if cursor is None else cursor.episode_index[i]
             self._begin_episode(i)
@@ -111,7 +114,7 @@ class SeededVectorEnv:
         dtype = np.int64 if self._discrete else np.float32
         flat = [a for env_actions in self._actions for a in env_actions]
         actions = np.asarray(flat, dtype=dtype).reshape(-1, *action_shape)
-        return EnvCursor(self.episode_index.copy(), counts, actions)
+        return EnvCursor(self.episode_index.copy(), counts, actions, self.memory)
 
     def close(self) -> None:
         for env in self.envs:

@@ -41,6 +41,9 @@ def _check_images(config: Preset, observation_space: spaces.Box) -> None:
     if is_image(observation_space) and getattr(config.agent, "replay", "uniform") != "uniform":
         raise InvalidPreset("agent.replay", "image observations are replayed from a memory of frames, sampled "
                                             "uniformly (not yet prioritized); allowed: uniform")
+    if is_image(observation_space) and getattr(config.agent, "recurrent", None) is not None:
+        raise InvalidPreset("agent.recurrent", f"reads vector observations (not yet images); {env.id!r} observes "
+                                               f"images {observation_space.shape}: allowed: null")
 
 
 def resolve_experiment(preset: str, overrides: Mapping[str, Any] | None = None) -> Experiment:

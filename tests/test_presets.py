@@ -99,7 +99,7 @@ def test_a_bad_base_is_one_line_naming_it(tmp_path, text, says):
     ("preset", "overrides", "field", "says"),
     [
         ("nope", {}, "preset", "allowed: breakout-dqn, breakout-ppo, cartpole-bc, cartpole-dqn, cartpole-dqn-async, "
-                               "cartpole-ppo, "
+                               "cartpole-po-ppo, cartpole-ppo, "
                                "catch-dqn, catch-ppo, halfcheetah-ppo, halfcheetah-sac, hopper-iql, hopper-ppo, hopper-td3, "
                                "lunarlander-ppo, mujoco-ppo, pendulum-sac"),
         ("cartpole-ppo", {"env.id": "NoSuchEnv-v0"}, "env.id", "not a registered Gymnasium id"),
@@ -116,6 +116,7 @@ def test_a_bad_base_is_one_line_naming_it(tmp_path, text, says):
         ("cartpole-bc", {"schedule.total_train_steps": None}, "schedule.total_train_steps", "counts gradient steps"),
         ("cartpole-bc", {"schedule.heatup_env_steps": 10}, "schedule.heatup_env_steps", "collects nothing"),
         ("cartpole-ppo", {"dataset.id": "gymflow/cartpole-v0"}, "dataset", "needs an off-policy agent"),
+        ("catch-ppo", {"agent.recurrent": 16}, "agent.recurrent", "reads vector observations (not yet images)"),
         ("cartpole-bc", {"distribution.mode": "async"}, "distribution.mode", "an offline run collects nothing to stream"),
         ("cartpole-ppo", {"distribution.rollout_workers": 0}, "distribution.rollout_workers", "greater than or equal to 1"),
         ("cartpole-ppo", {"distribution.mode": "turbo"}, "distribution.mode", "'sync' or 'async'"),

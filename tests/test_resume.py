@@ -41,6 +41,7 @@ NORMALIZED = {"agent.normalize_observations": True}  # the statistics resume wit
 @pytest.mark.parametrize(("preset", "extra"), [
     ("cartpole-ppo", {**NORMALIZED, "agent.normalize_rewards": True}),
     ("cartpole-ppo", {**NORMALIZED, "distribution.mode": "single"}),
+    ("cartpole-ppo", {**NORMALIZED, "agent.recurrent": 8, "agent.hidden_sizes": [16]}),  # memories in the shards
     ("cartpole-dqn", {"agent.train_steps_per_iteration": 8, "agent.hidden_sizes": [16], "schedule.heatup_env_steps": 128,
                       **NORMALIZED}),
     ("cartpole-dqn", {**ASYNC, **NORMALIZED}),

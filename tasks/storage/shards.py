@@ -84,13 +84,14 @@ class Collected:
 def write_shard(storage: Storage, key: str, version: int | None, worker: int, collected: Collected,
                 chunk: int | None = None) -> ShardRef:
     rollout, episodes, cursor = collected.rollout, collected.episodes, collected.cursor
-    arrays = {name: np.asarray(value) for name, value in rollout._asdict().items()}
+    arrays = {name: np.asarray(value) for name, value in rollout._asdict().items() if value is not None}
     arrays |= {
         "episode_returns": episodes.returns,
         "episode_lengths": episodes.lengths,
         "cursor_episode_index": cursor.episode_index,
         "cursor_action_counts": cursor.action_counts,
         "cursor_actions": cursor.actions,
+        **({"cursor_memory": cursor.memory} if cursor.memory is not None else {}),
         "policy_version": np.int64(NO_POLICY if version is None else version),  # for exports: chunk keys lack it
     }
     pixels = is_frame_stacks(rollout.obs)
@@ -137,7 +138,7 @@ def read_shard_at(storage: Storage, key: str) -> Rollout:
 def _rollout(arrays: dict[str, np.ndarray]) -> Rollout:
     if FRAMES in arrays:
         arrays = frames_to_stacks(arrays)
-    return Rollout(**{name: arrays[name] for name in Rollout._fields})
+    return Rollout(**{name: arrays[name] for name in Rollout._fields if name in arrays})  # memory: recurrent only
 
 
 def read_cursor(storage: Storage, key: str) -> EnvCursor:
@@ -168,7 +169,8 @@ def read_stored_shard(storage: Storage, key: str) -> StoredShard:
 
 
 def _cursor(arrays: dict[str, np.ndarray]) -> EnvCursor:
-    return EnvCursor(arrays["cursor_episode_index"], arrays["cursor_action_counts"], arrays["cursor_actions"])
+    return EnvCursor(arrays["cursor_episode_index"], arrays["cursor_action_counts"], arrays["cursor_actions"],
+                     arrays.get("cursor_memory"))
 
 
 def _read_verified(storage: Storage, ref: ShardRef) -> dict[str, np.ndarray]:

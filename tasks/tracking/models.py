@@ -61,6 +61,16 @@ class PolicyModel:
     observation_space: spaces.Space
     action_space: spaces.Space
     params: Mapping[str, str]  # the run's preset, flattened
+    memory_size: int | None = None  # a recurrent policy's: its memory [2, N, memory_size] goes in and out
+
+    def input_example(self) -> np.ndarray | dict[str, np.ndarray]:
+        observations = np.zeros((1, *self.observation_space.shape), dtype=observation_dtype(self.observation_space))
+        if self.memory_size is None:
+            return observations
+        return {OBSERVATIONS: observations, MEMORY: np.zeros((2, 1, self.memory_size), np.float32)}
+
+
+OBSERVATIONS, ACTIONS, MEMORY = "observations", "actions", "memory"  # a recurrent policy model's named tensors
 
 
 def log_policy_model(tracker: Tracker, model: PolicyModel, step: int) -> str:
@@ -86,9 +96,8 @@ def log_policy_model(tracker: Tracker, model: PolicyModel, step: int) -> str:
                        "preset": os.path.join(folder, "preset.yaml")},
             code_paths=[_model_code(folder)],
             pip_requirements=_REQUIREMENTS,
-            signature=policy_signature(model.observation_space, model.action_space),
-            input_example=np.zeros((1, *model.observation_space.shape),
-                                   dtype=observation_dtype(model.observation_space)),
+            signature=policy_signature(model.observation_space, model.action_space, model.memory_size),
+            input_example=model.input_example(),
         )
     return f"models:/{logged.model_id}"
 
@@ -115,14 +124,21 @@ def _no_progress_bars() -> Iterator[None]:
             os.environ[MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.name] = previous
 
 
-def policy_signature(observation_space: spaces.Space, action_space: spaces.Space) -> ModelSignature:
-    """A batch of observations in, a batch of greedy actions out."""
-    observations = TensorSpec(np.dtype(observation_dtype(observation_space)), (-1, *observation_space.shape))
+def policy_signature(observation_space: spaces.Space, action_space: spaces.Space, memory_size: int | None = None
+                     ) -> ModelSignature:
+    """A batch of observations in, a batch of greedy actions out; for a recurrent policy, named
+    tensors, its memory going in beside the observations and out beside the actions."""
+    recurrent = memory_size is not None
+    observations = TensorSpec(np.dtype(observation_dtype(observation_space)), (-1, *observation_space.shape),
+                              OBSERVATIONS if recurrent else None)
     if isinstance(action_space, spaces.Discrete):
-        actions = TensorSpec(np.dtype(np.int64), (-1,))
+        actions = TensorSpec(np.dtype(np.int64), (-1,), ACTIONS if recurrent else None)
     else:
-        actions = TensorSpec(np.dtype(np.float32), (-1, *action_space.shape))
-    return ModelSignature(inputs=Schema([observations]), outputs=Schema([actions]))
+        actions = TensorSpec(np.dtype(np.float32), (-1, *action_space.shape), ACTIONS if recurrent else None)
+    if memory_size is None:
+        return ModelSignature(inputs=Schema([observations]), outputs=Schema([actions]))
+    memory = TensorSpec(np.dtype(np.float32), (2, -1, memory_size), name=MEMORY)
+    return ModelSignature(inputs=Schema([observations, memory]), outputs=Schema([actions, memory]))
 
 
 def _model_code(folder: str) -> str:
@@ -206,8 +222,24 @@ def promote(tracking_uri: str, model: ModelRef) -> None:
 
 
 class _PredictingPolicy:
+    """A logged policy model acting in a vector env; a recurrent one's memory carried from step to
+    step through its input and output, and emptied where an episode ends."""
+
     def __init__(self, model):
         self.model = model
+        inputs = model.metadata.get_input_schema()
+        self.recurrent = inputs is not None and MEMORY in (inputs.input_names() or [])
+        self.memory: np.ndarray | None = None
 
     def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
-        return np.asarray(self.model.predict(obs)), np.zeros(len(obs), dtype=np.float32)
+        if not self.recurrent:
+            return np.asarray(self.model.predict(obs)), np.zeros(len(obs), dtype=np.float32)
+        size = self.model.metadata.get_input_schema().inputs[1].shape[-1]
+        memory = self.memory if self.memory is not None else np.zeros((2, len(obs), size), np.float32)
+        out = self.model.predict({OBSERVATIONS: obs, MEMORY: memory})
+        self.memory = np.array(out[MEMORY], dtype=np.float32)
+        return np.asarray(out[ACTIONS]), np.zeros(len(obs), dtype=np.float32)
+
+    def episodes_ended(self, envs) -> None:
+        if self.memory is not None and len(envs):
+            self.memory[:, list(envs)] = 0.0

@@ -4,6 +4,13 @@ and reads safetensors and YAML; nothing is unpickled).
     import mlflow
     policy = mlflow.pyfunc.load_model("models:/gymflow-cartpole-ppo@champion")  # or models:/<model id>
     actions = policy.predict(observations)      # [N, obs_dim] float32 -> [N] greedy actions
+
+A recurrent policy (agent.recurrent) keeps no state between calls: its memory goes in and comes
+out, named, and the caller carries it, zeroing an env's rows where its episode ends:
+
+    memory = np.zeros((2, N, policy.metadata.get_input_schema().inputs[1].shape[-1]), np.float32)
+    out = policy.predict({"observations": observations, "memory": memory})
+    actions, memory = out["actions"], out["memory"]
 """
 
 from __future__ import annotations
@@ -36,10 +43,18 @@ class GymflowPolicy(PythonModel):
         network.eval()
         self.policy = algorithm.policy(network, preset.agent, 0.0, 0)
 
-    def predict(self, context, model_input: np.ndarray, params=None) -> np.ndarray:
+    def predict(self, context, model_input, params=None):
+        if isinstance(model_input, dict):  # a recurrent policy's observations and memory
+            return self._predict_with_memory(model_input)
         obs = np.asarray(model_input, dtype=self.observation_dtype)
         actions, _ = self.policy.act(obs if obs.ndim == len(self.observation_shape) + 1 else obs[None], explore=False)
         return actions
+
+    def _predict_with_memory(self, model_input: dict) -> dict:
+        obs = np.asarray(model_input["observations"], dtype=self.observation_dtype)
+        self.policy.memory = np.array(model_input["memory"], dtype=np.float32)  # this call's, not the last one's
+        actions, _ = self.policy.act(obs, explore=False)
+        return {"actions": actions, "memory": self.policy.memory}
 
 
 mlflow.models.set_model(GymflowPolicy())

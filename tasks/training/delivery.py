@@ -57,7 +57,7 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
     tracker.flush()  # the metrics are linked to the model as it is logged
     policy = read_policy(run.storage, layout, delivered, [POLICY_BLOB])[POLICY_BLOB]
     model = PolicyModel(policy, run.preset_yaml(), run.experiment.observation_space, run.experiment.action_space,
-                        run.params())
+                        run.params(), memory_size=getattr(run.preset.agent, "recurrent", None))
     return Delivered(replace(summary, model_uri=log_policy_model(tracker, model, step=summary.clock)), curve_png)
 
 
