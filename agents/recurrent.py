@@ -42,7 +42,7 @@ class RecurrentActorCritic(nn.Module):
         self.obs_norm = observation_normalizer(config, observation_space.shape)
         self.encoder, width = hidden_layers(int(observation_space.shape[0]), config.hidden_sizes,
                                             ACTIVATIONS[config.activation])
-        self.lstm = nn.LSTM(width, config.recurrent)
+        self.lstm = nn.LSTMCell(width, config.recurrent)
         self.discrete = isinstance(action_space, spaces.Discrete)
         action_dim = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
         self.actor = nn.Linear(config.recurrent, action_dim)
@@ -64,14 +64,19 @@ class RecurrentActorCritic(nn.Module):
         [T, 2, N, H]."""
         steps, envs = obs.shape[:2]
         encoded = self.encoder(self.obs_norm(obs.flatten(0, 1))).view(steps, envs, -1)
-        h, c = memory[0:1], memory[1:2]
+        h, c = memory[0], memory[1]
+        keep = (~starts).to(h.dtype)[..., None]
+        any_start = starts.any(dim=1).tolist()
         features, memories = [], []
         for t in range(steps):
-            keep = (~starts[t]).to(h.dtype)[None, :, None]
-            out, (h, c) = self.lstm(encoded[t][None], (h * keep, c * keep))
-            features.append(out[0])
-            memories.append(torch.cat([h, c]))
-        return torch.stack(features), torch.stack(memories)
+            if any_start[t]:
+                h, c = h * keep[t], c * keep[t]
+            h, c = self.lstm(encoded[t], (h, c))
+            features.append(h)
+            memories.append(c)
+        cells = torch.stack(memories)
+        features = torch.stack(features)
+        return features, torch.stack([features, cells], dim=1)
 
     def distribution(self, features: torch.Tensor) -> torch.distributions.Distribution:
         out = self.actor(features)
