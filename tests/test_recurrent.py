@@ -19,6 +19,7 @@ PARTIAL = {"env.hide": [1, 3], "agent.recurrent": 8, "agent.hidden_sizes": [16]}
 
 
 def _learner_and_policy(overrides: dict):
+    torch.set_num_threads(1)  # as a run's learner and workers are
     experiment = resolve_experiment("cartpole-ppo", {**PARTIAL, **overrides})
     learner = experiment.algorithm.learner(experiment.preset.agent, experiment.observation_space,
                                            experiment.action_space, 0)
