@@ -299,7 +299,7 @@ class Broken(Corridor):
 
 def test_a_job_raising_an_exception_pickle_cannot_rebuild_fails_the_run_in_one_line_within_30_s(tmp_path):
     (tmp_path / "broken_env.py").write_text(BROKEN_ENV)
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_") or key == "PREFECT_HOME"}
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "gymflow.flows.cli", "run", "cartpole-ppo", "--quiet",
                            "--set", "env.id=broken_env:Broken", "--set", "distribution.rollout_workers=1"],

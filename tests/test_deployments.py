@@ -111,7 +111,7 @@ def test_deploy_and_run_a_preset_through_a_process_worker(deployed, worker, tmp_
     for name in ("improve/cartpole-ppo", "improve/cartpole-dqn", "improve/cartpole-dqn-async", "improve/pendulum-sac",
                  "improve/lunarlander-ppo", "improve/hopper-ppo", "improve/halfcheetah-ppo", "improve/hopper-td3",
                  "improve/halfcheetah-sac",
-                 "retrain/cartpole-ppo-nightly", "retrain/cartpole-dqn-weekly-from-logged", "sweep/cartpole-ppo-sweep"):
+                 "retrain/cartpole-ppo-nightly", "retrain/cartpole-dqn-weekly", "sweep/cartpole-ppo-sweep"):
         assert name.split("/")[1] in listed, listed
 
     overrides = _corridor_overrides(tmp_path, total_env_steps=512, evaluate_every_env_steps=256)
@@ -133,7 +133,7 @@ def test_deploy_and_run_a_preset_through_a_process_worker(deployed, worker, tmp_
 def test_the_retraining_schedules_are_deployed_paused(deployed):
     inspected = _prefect(deployed, "deployment", "inspect", "retrain/cartpole-ppo-nightly").stdout
     assert "0 3 * * *" in inspected and "'active': False" in inspected, inspected
-    inspected = _prefect(deployed, "deployment", "inspect", "retrain/cartpole-dqn-weekly-from-logged").stdout
+    inspected = _prefect(deployed, "deployment", "inspect", "retrain/cartpole-dqn-weekly").stdout
     assert "0 4 * * 0" in inspected and "'active': False" in inspected and "'experience': 'logged'" in inspected
 
 
@@ -146,7 +146,7 @@ def test_the_weekly_retraining_learns_offline_from_the_runs_logged_through_the_w
                     "--watch", timeout=400).returncode == 0
     offline = {key: value for key, value in logged.items() if not key.startswith("schedule.")}
     offline.update({"agent.cql_alpha": 1.0, "schedule.total_train_steps": 256, "schedule.evaluate_every_train_steps": 128})
-    run = _prefect(deployed, "deployment", "run", "retrain/cartpole-dqn-weekly-from-logged",
+    run = _prefect(deployed, "deployment", "run", "retrain/cartpole-dqn-weekly",
                    "-p", f"overrides={json.dumps(offline)}", "--watch", timeout=400)
     assert run.returncode == 0 and "Completed" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -70,6 +70,9 @@ def test_a_pixel_shard_stores_each_frame_once_and_reads_back_byte_identical_stac
     ref = write_shard(storage, "shard.npz", 0, 0, Collected(rollout, episodes, env.cursor(), 0.0))
     back = read_shard(storage, ref)
     for name, value in rollout._asdict().items():
+        if value is None:  # a recurrent policy's memory: none here
+            assert getattr(back, name) is None, name
+            continue
         assert getattr(back, name).dtype == value.dtype, name
         assert getattr(back, name).tobytes() == value.tobytes(), name
     if env_id == CATCH:

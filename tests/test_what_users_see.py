@@ -236,7 +236,7 @@ def test_the_command_line_trains_an_env_from_the_working_folder_with_no_warnings
     settings = {**{key: value for key, value in OVERRIDES.items() if not key.startswith(("agent.", "schedule.heatup"))},
                 "env.id": "my_corridor:MyCorridor", "tracking.video": "final"}
     args = [arg for key, value in settings.items() for arg in ("--set", f"{key}={_yaml(value)}")]
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_") or key == "PREFECT_HOME"}
     done = subprocess.run([sys.executable, "-m", "gymflow.flows.cli", "run", "cartpole-ppo", "--quiet", *args],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -43,7 +43,9 @@ class GymflowPolicy(PythonModel):
         network.eval()
         self.policy = algorithm.policy(network, preset.agent, 0.0, 0)
 
-    def predict(self, context, model_input, params=None):
+    # model_input: a recurrent policy's is a dict of arrays; np.ndarray is the hint MLflow infers no
+    # schema from (the logged signature describes the input)
+    def predict(self, context, model_input: np.ndarray, params=None) -> np.ndarray:
         if isinstance(model_input, dict):  # a recurrent policy's observations and memory
             return self._predict_with_memory(model_input)
         obs = np.asarray(model_input, dtype=self.observation_dtype)
