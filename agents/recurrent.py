@@ -146,20 +146,16 @@ def critic_values(network: RecurrentActorCritic, rollout: Rollout, device: torch
     step that ended it), 0 after a terminal step."""
     steps, envs = rollout.rewards.shape
     starts = on_device(episode_starts(rollout), device)
-    memory = on_device(rollout.memory, device)
-    features, memories = network.sequence(on_device(rollout.obs, device), starts, memory)
+    features, memories = network.sequence(on_device(rollout.obs, device), starts, on_device(rollout.memory, device))
     values = network.value(features)
-    last_starts = torch.zeros(1, envs, dtype=torch.bool, device=device)
-    if len(rollout.done_index):
-        last_starts[0, on_device(rollout.done_index[rollout.done_index >= (steps - 1) * envs] - (steps - 1) * envs,
-                                 device)] = True
-    last, _ = network.sequence(on_device(rollout.last_obs, device)[None], last_starts, memories[-1])
-    next_values = torch.cat([values[1:], network.value(last)]).flatten()
-    for k, flat in enumerate(rollout.done_index):
-        t, i = divmod(int(flat), envs)
-        final, _ = network.sequence(on_device(rollout.done_obs[k : k + 1], device)[None],
-                                    torch.zeros(1, 1, dtype=torch.bool, device=device), memories[t][:, i : i + 1])
-        next_values[flat] = network.value(final)[0, 0]
+    one_step = torch.zeros(1, envs, dtype=torch.bool, device=device)
+    last, _ = network.sequence(on_device(rollout.last_obs, device)[None], one_step, memories[-1])
+    next_values = torch.cat([values[1:], network.value(last)]).flatten()  # an env whose episode ended at the last
+    if len(rollout.done_index):  # step is overwritten here
+        t, i = (on_device(index, device) for index in np.divmod(rollout.done_index, envs))
+        ended_memory = memories[t, :, i].transpose(0, 1)  # [2, K, H]: each ended episode's memory after its step
+        final, _ = network.sequence(on_device(rollout.done_obs, device)[None], one_step[:, : len(t)], ended_memory)
+        next_values[on_device(rollout.done_index, device)] = network.value(final)[0]
     return values, torch.where(on_device(rollout.terminated, device), 0.0, next_values.view(steps, envs))
 
 
@@ -183,7 +179,7 @@ class RecurrentPPOLearner(PPOLearner):
         minibatch_size steps, the groups in a shuffled order."""
         groups = []
         for index, sequence in enumerate(sequences):
-            steps, envs = sequence["rewards"].shape
+            steps, envs = sequence["log_probs"].shape
             per_group = max(1, self.config.minibatch_size // steps)
             order = torch.randperm(envs, generator=self.generator)
             groups += [(index, order[start : start + per_group]) for start in range(0, envs, per_group)]
@@ -208,5 +204,5 @@ class RecurrentPPOLearner(PPOLearner):
                                             self.config.gamma, self.config.gae_lambda)
         return {"obs": on_device(rollout.obs, device), "actions": on_device(rollout.actions, device),
                 "log_probs": on_device(rollout.log_probs, device), "advantages": advantages,
-                "returns": advantages + values, "values": values, "rewards": on_device(rollout.rewards, device),
+                "returns": advantages + values, "values": values,
                 "starts": on_device(episode_starts(rollout), device), "memory": on_device(rollout.memory, device)}

@@ -30,7 +30,9 @@ def collect(policy: Policy, env: VectorEnv, steps: int, explore: bool = True) ->
     returns: list[float] = []
     lengths: list[int] = []
     low, high = _action_bounds(env.action_space)
-    recurrent = hasattr(policy, "episodes_ended")  # a policy with a memory of each env's episode
+    recurrent = hasattr(policy, "episodes_ended")  # a policy with a memory of each env's episode: the envs keep
+    if recurrent:  # it between rollouts, as they keep their cursor
+        policy.memory = env.memory
     memory = policy.memory.copy() if recurrent and policy.memory is not None else None
     for t in range(steps):
         obs[t] = env.obs
@@ -58,6 +60,8 @@ def collect(policy: Policy, env: VectorEnv, steps: int, explore: bool = True) ->
         log_probs=log_probs,
         memory=memory,
     )
+    if recurrent:
+        env.memory = policy.memory
     return rollout, Episodes(np.asarray(returns, np.float64), np.asarray(lengths, np.int64))
 
 

@@ -170,15 +170,25 @@ def test_dqn_learns_offline_with_cql_s_conservative_penalty(corridor_dataset, wo
     assert client.get_metric_history(learned.mlflow_run_id, "train/cql_penalty")[-1].value > 0
 
 
+CONTINUOUS_CORRIDOR = {"env.id": "gymflow.testing.envs:ContinuousCorridor"}
+
+
+def _iql_offline_then_online(datasets: Path, workspace: Path, evaluate_every_env_steps: int):
+    """An IQL run offline on the continuous corridor (2,000 gradient steps), and the overrides that
+    continue it online for 640 env steps with the dataset in memory."""
+    offline_run = improve("hopper-iql", offline(datasets, workspace, **CONTINUOUS_CORRIDOR, **{
+        "schedule.total_train_steps": 2000, "schedule.evaluate_every_train_steps": 500}))
+    online = offline(datasets, workspace, **CONTINUOUS_CORRIDOR, **{
+        "schedule.total_env_steps": 640, "schedule.rollout_steps_per_env": 16,
+        "schedule.evaluate_every_env_steps": evaluate_every_env_steps, "agent.train_steps_per_iteration": 16,
+        "distribution.envs_per_worker": 4})
+    return offline_run, online
+
+
 def test_an_online_run_continues_an_offline_one_from_its_policy_with_the_dataset_in_memory(continuous_dataset,
                                                                                             workspace):
     datasets, _ = continuous_dataset
-    corridor = {"env.id": "gymflow.testing.envs:ContinuousCorridor"}
-    offline_run = improve("hopper-iql", offline(datasets, workspace, **corridor, **{
-        "schedule.total_train_steps": 2000, "schedule.evaluate_every_train_steps": 500}))
-    online = offline(datasets, workspace, **corridor, **{
-        "schedule.total_env_steps": 640, "schedule.rollout_steps_per_env": 16, "schedule.evaluate_every_env_steps": 256,
-        "agent.train_steps_per_iteration": 16, "distribution.envs_per_worker": 4})
+    offline_run, online = _iql_offline_then_online(datasets, workspace, evaluate_every_env_steps=256)
     continued = improve("hopper-iql", online, warm_start=offline_run.model_uri)
     assert continued.env_steps == 640 and continued.gradient_steps is None
     storage = Storage(StorageLocation(str(workspace / "data")))
@@ -200,18 +210,14 @@ def test_an_online_run_continues_an_offline_run_s_whole_learner(continuous_datas
     """`learner:RUN_ID` carries the critics and value with the policy: the online run's first updates
     improve on the offline policy instead of following fresh critics away from it."""
     datasets, _ = continuous_dataset
-    corridor = {"env.id": "gymflow.testing.envs:ContinuousCorridor"}
-    offline_run = improve("hopper-iql", offline(datasets, workspace, **corridor, **{
-        "schedule.total_train_steps": 2000, "schedule.evaluate_every_train_steps": 500}))
-    online = offline(datasets, workspace, **corridor, **{
-        "schedule.total_env_steps": 640, "schedule.rollout_steps_per_env": 16, "schedule.evaluate_every_env_steps": 128,
-        "agent.train_steps_per_iteration": 16, "distribution.envs_per_worker": 4})
+    offline_run, online = _iql_offline_then_online(datasets, workspace, evaluate_every_env_steps=128)
     continued = improve("hopper-iql", online, warm_start=f"learner:{offline_run.run_id}")
     assert offline_run.final_return >= 0.9 and min(row.mean for row in continued.evaluations) >= 0.9
     counted = {run.run_id: _observations_counted(workspace / "data", run.run_id) for run in (offline_run, continued)}
     assert counted[continued.run_id] == counted[offline_run.run_id] + continued.env_steps  # the dataset counted once
     with pytest.raises(UnusableWarmStart, match="learner holds"):
-        improve("cartpole-bc", offline(datasets, workspace, **corridor), warm_start=f"learner:{offline_run.run_id}")
+        improve("cartpole-bc", offline(datasets, workspace, **CONTINUOUS_CORRIDOR),
+                warm_start=f"learner:{offline_run.run_id}")
 
 
 def test_the_retraining_flow_trains_its_challenger_offline_and_scores_it_against_the_champion(corridor_dataset,
@@ -372,3 +378,28 @@ def test_an_async_run_starts_from_a_dataset_and_resumes_with_it_after_a_kill(cor
     (mlflow_run,) = client.search_runs([client.get_experiment_by_name("gymflow").experiment_id])
     assert mlflow_run.info.status == "FINISHED"
     assert f"dataset {DATASET_ID}: " in (workspace / "killed-flow.log").read_text()  # read before the stream began
+
+
+def test_a_killed_collect_only_run_resumes_to_its_end_with_nothing_in_replay_but_heatup(prefect_api, workspace):
+    """A collect-only DQN run learned from none of its rounds: a resume rebuilds its memory from
+    heatup's shards alone (not from every round, which it never inserted), where the checkpoint
+    says it stood."""
+    from gymflow.presets import load_preset
+    from gymflow.tasks.training.resume import inserted_newest_first
+    from gymflow.tasks.training.state import STATE_BLOB, LoopState
+
+    run = {**TINY, "env.id": "gymflow.testing.envs:Corridor", "schedule.total_train_steps": 0,
+           "schedule.heatup_env_steps": 128, **local_overrides(workspace)}
+    killed_root = workspace / "data"
+    kill_flow_midway("cartpole-dqn", run, killed_root, workspace / "killed-flow.log", kill_at=5)
+    (run_dir,) = (killed_root / "runs").iterdir()
+    storage, layout = Storage(StorageLocation(str(killed_root))), RunLayout(run_dir.name)
+    state = LoopState.from_json(read_checkpoint(storage, layout, latest_version(storage, layout), [STATE_BLOB])[STATE_BLOB])
+    preset = load_preset("cartpole-dqn", run)
+    assert state.version >= 5 and list(inserted_newest_first(storage, layout, state, preset)) == [
+        [layout.shard(None, worker) for worker in range(2)]]
+    assert main(["resume", run_dir.name, "--root", str(killed_root), "--quiet"]) == 0
+    client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
+    (mlflow_run,) = client.search_runs([client.get_experiment_by_name("gymflow").experiment_id])
+    assert mlflow_run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(mlflow_run.info.run_id, "time/policy_version")][-1] == 5120

@@ -94,13 +94,9 @@ def run_rollout(spec: RolloutSpec) -> ShardRef:
     storage = open_storage(spec.storage)
     env = _take_live_envs(spec)
     version, policy = _acting_policy(spec, env)
-    if hasattr(policy, "memory"):  # a recurrent policy goes on from where the envs' episodes stand
-        policy.memory = env.memory
     started = time.perf_counter()
     rollout, episodes = collect(policy, env, spec.steps_per_env)
     seconds = time.perf_counter() - started
-    if hasattr(policy, "memory"):
-        env.memory = policy.memory
     collected = Collected(rollout, episodes, env.cursor(), seconds)
     ref = write_shard(storage, spec.shard_key, version, spec.worker, collected, spec.chunk)
     _keep(_LIVE_ENVS, (spec.storage.root, spec.run_id, spec.worker), (spec.shard_key, env))

@@ -228,14 +228,14 @@ class _PredictingPolicy:
     def __init__(self, model):
         self.model = model
         inputs = model.metadata.get_input_schema()
-        self.recurrent = inputs is not None and MEMORY in (inputs.input_names() or [])
+        recurrent = inputs is not None and MEMORY in (inputs.input_names() or [])
+        self.memory_size = inputs.inputs[1].shape[-1] if recurrent else None
         self.memory: np.ndarray | None = None
 
     def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
-        if not self.recurrent:
+        if self.memory_size is None:
             return np.asarray(self.model.predict(obs)), np.zeros(len(obs), dtype=np.float32)
-        size = self.model.metadata.get_input_schema().inputs[1].shape[-1]
-        memory = self.memory if self.memory is not None else np.zeros((2, len(obs), size), np.float32)
+        memory = self.memory if self.memory is not None else np.zeros((2, len(obs), self.memory_size), np.float32)
         out = self.model.predict({OBSERVATIONS: obs, MEMORY: memory})
         self.memory = np.array(out[MEMORY], dtype=np.float32)
         return np.asarray(out[ACTIONS]), np.zeros(len(obs), dtype=np.float32)

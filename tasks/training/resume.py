@@ -111,14 +111,15 @@ def _read_shards(storage: Storage, keys: list[str]) -> list[Rollout]:
 def inserted_newest_first(storage: Storage, layout: RunLayout, state: LoopState, preset: Preset
                           ) -> Iterator[list[str]]:
     """The shards a replay learner had inserted by `state`, newest first, as the groups it
-    inserted together: each SYNC round, each ASYNC chunk, then heatup's (an offline run: none)."""
+    inserted together: each SYNC round, each ASYNC chunk, then heatup's (an offline run: none; a
+    collect-only run: heatup's alone)."""
     if preset.offline:
         return
     workers = preset.distribution.rollout_workers
     if preset.distribution.mode == "async":
         yield from ([record.key] for record, _ in records_newest_first(storage, layout, state.version)
                     if record.admitted)
-    else:
+    elif not preset.collect_only:  # a collect-only run's rounds went to storage alone
         yield from ([layout.shard(version, w) for w in range(workers)] for version in range(state.version - 1, -1, -1))
     heatup = [layout.shard(None, w) for w in range(workers) if storage.exists(layout.shard(None, w))]
     if heatup:
