@@ -389,14 +389,14 @@ def test_a_killed_collect_only_run_resumes_to_its_end_with_nothing_in_replay_but
     from gymflow.tasks.training.state import STATE_BLOB, LoopState
 
     run = {**TINY, "env.id": "gymflow.testing.envs:Corridor", "schedule.total_train_steps": 0,
-           "schedule.heatup_env_steps": 128, **local_overrides(workspace)}
+           "schedule.heatup_env_steps": 128, "storage.checkpoint_every_env_steps": 128, **local_overrides(workspace)}
     killed_root = workspace / "data"
     kill_flow_midway("cartpole-dqn", run, killed_root, workspace / "killed-flow.log", kill_at=5)
     (run_dir,) = (killed_root / "runs").iterdir()
     storage, layout = Storage(StorageLocation(str(killed_root))), RunLayout(run_dir.name)
     state = LoopState.from_json(read_checkpoint(storage, layout, latest_version(storage, layout), [STATE_BLOB])[STATE_BLOB])
     preset = load_preset("cartpole-dqn", run)
-    assert state.version >= 5 and list(inserted_newest_first(storage, layout, state, preset)) == [
+    assert state.version >= 4 and list(inserted_newest_first(storage, layout, state, preset)) == [
         [layout.shard(None, worker) for worker in range(2)]]
     assert main(["resume", run_dir.name, "--root", str(killed_root), "--quiet"]) == 0
     client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
