@@ -7,9 +7,11 @@ hyper-parameters (the preset's), same env-step budget, the two sides alternating
     .venv/bin/python benchmarks/mujoco_vs_sb3.py hopper-td3 --steps 300000 --seeds 0 1 2 \
         --record benchmarks/records/hopper-td3-300000.jsonl
 
-With `--record FILE`, each finished seed's two runs are appended to FILE as one JSON line, seeds
-already there are not run again, and the table covers every seed in it: a long comparison can be
-run a seed at a time (or continue after a kill) and still be reported as one.
+With `--record FILE`, each finished run is appended to FILE as one JSON line (a side of a seed),
+runs already there are not run again, and the table covers every seed with both sides in it: a
+long comparison can be run a seed at a time (or continue after a kill) and still be reported as
+one. `--only sb3` (or `gymflow`) runs one side alone; its figures are then not alternated with the
+other side's and its times say less.
 
 For each seed and side: the final greedy evaluation return (10 episodes; gymflow's own final
 evaluation, SB3's `evaluate_policy` with the training run's observation statistics) and the
@@ -124,44 +126,49 @@ def run_gymflow(preset: str, seed: int, steps: int, folder: str) -> tuple[float,
 
 
 Row = tuple[int, tuple[float, float], tuple[float, float]]  # seed, gymflow's (return, s), SB3's (return, s)
+SIDES = ("gymflow", "sb3")
+Results = dict[int, dict[str, tuple[float, float]]]  # seed -> side -> (return, seconds)
 
 
-def recorded_rows(record: str | None, workload: str, steps: int) -> list[Row]:
-    """The seeds `record` holds for this workload and budget."""
+def recorded_results(record: str | None, workload: str, steps: int) -> Results:
+    """The runs `record` holds for this workload and budget, side by side: one line a side (older
+    files: one line a seed with both)."""
+    results: Results = {}
     if record is None or not os.path.exists(record):
-        return []
+        return results
     with open(record) as lines:
         entries = [json.loads(line) for line in lines if line.strip()]
-    return [(e["seed"], tuple(e["gymflow"]), tuple(e["sb3"])) for e in entries
-            if e["workload"] == workload and e["steps"] == steps]
+    for entry in entries:
+        if entry["workload"] == workload and entry["steps"] == steps:
+            sides = {entry["side"]: entry["result"]} if "side" in entry else {side: entry[side] for side in SIDES}
+            results.setdefault(entry["seed"], {}).update({side: tuple(result) for side, result in sides.items()})
+    return results
 
 
-def record_row(record: str, workload: str, steps: int, row: Row) -> None:
+def record_side(record: str, workload: str, steps: int, seed: int, side: str, result: tuple[float, float]) -> None:
     os.makedirs(os.path.dirname(record) or ".", exist_ok=True)
-    seed, ours, theirs = row
-    entry = {"workload": workload, "steps": steps, "seed": seed, "gymflow": list(ours), "sb3": list(theirs),
+    entry = {"workload": workload, "steps": steps, "seed": seed, "side": side, "result": list(result),
              "date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count()}
     with open(record, "a") as lines:
         lines.write(json.dumps(entry) + "\n")
 
 
-def run_seeds(workload: Workload, seeds: list[int], steps: int, record: str | None) -> list[Row]:
-    rows = []
+def run_seeds(workload: Workload, seeds: list[int], steps: int, record: str | None, results: Results,
+              sides: tuple[str, ...] = SIDES) -> None:
+    """Run each seed's `sides` that `results` lacks, adding them to it (and to `record` as each ends)."""
     with tempfile.TemporaryDirectory() as folder:
-        run_gymflow(workload.preset, 99, 2048 if "ppo" in workload.preset else 10_240, folder)  # Prefect API up
+        run = {"gymflow": lambda seed: run_gymflow(workload.preset, seed, steps, folder),
+               "sb3": lambda seed: workload.sb3(seed, steps)}
+        if "gymflow" in sides and any("gymflow" not in results.get(seed, {}) for seed in seeds):
+            run_gymflow(workload.preset, 99, 2048 if "ppo" in workload.preset else 10_240, folder)  # Prefect API up
         for seed in seeds:  # alternate which side goes first (by the seed's parity): the VM drifts
-            if seed % 2 == 0:
-                ours = run_gymflow(workload.preset, seed, steps, folder)
-                theirs = workload.sb3(seed, steps)
-            else:
-                theirs = workload.sb3(seed, steps)
-                ours = run_gymflow(workload.preset, seed, steps, folder)
-            rows.append((seed, ours, theirs))
-            if record is not None:
-                record_row(record, workload.preset, steps, rows[-1])
-            print(f"seed {seed}: gymflow {ours[0]:.1f} in {ours[1]:.0f} s, SB3 {theirs[0]:.1f} in {theirs[1]:.0f} s",
-                  flush=True)
-    return rows
+            for side in SIDES if seed % 2 == 0 else SIDES[::-1]:
+                if side not in sides or side in results.get(seed, {}):
+                    continue
+                results.setdefault(seed, {})[side] = run[side](seed)
+                if record is not None:
+                    record_side(record, workload.preset, steps, seed, side, results[seed][side])
+                print(f"seed {seed}: {side} {results[seed][side][0]:.1f} in {results[seed][side][1]:.0f} s", flush=True)
 
 
 def main() -> None:
@@ -169,14 +176,13 @@ def main() -> None:
     parser.add_argument("workload", choices=sorted(WORKLOADS))
     parser.add_argument("--steps", type=int, required=True, help="env-step budget of every run")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--record", help="a JSON-lines file: finished seeds are kept there and not run again")
+    parser.add_argument("--record", help="a JSON-lines file: each finished run is kept there and not run again")
+    parser.add_argument("--only", choices=SIDES, help="run this side alone (its seeds' other side recorded, or later)")
     args = parser.parse_args()
     workload = WORKLOADS[args.workload]
-    rows = recorded_rows(args.record, args.workload, args.steps)
-    to_run = [seed for seed in args.seeds if seed not in {row[0] for row in rows}]
-    if to_run:
-        rows += run_seeds(workload, to_run, args.steps, args.record)
-    rows.sort()
+    results = recorded_results(args.record, args.workload, args.steps)
+    run_seeds(workload, args.seeds, args.steps, args.record, results, SIDES if args.only is None else (args.only,))
+    rows = sorted((seed, sides["gymflow"], sides["sb3"]) for seed, sides in results.items() if len(sides) == 2)
     report(workload, args.workload, args.steps, rows)
 
 
