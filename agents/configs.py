@@ -49,6 +49,9 @@ class PPOConfig(ObservationNormalization):
     gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
     gae_lambda: float = Field(default=0.95, ge=0, le=1, description="GAE lambda.")
     clip_range: float = Field(default=0.2, gt=0, le=1, description="Surrogate clipping epsilon.")
+    anneal_clip_range: bool = Field(
+        default=False, description="Decay the clipping epsilon linearly to 0 over the run, as the learning rate."
+    )
     epochs: int = Field(default=10, ge=1, le=1000, description="Passes over each iteration's batch.")
     minibatch_size: int = Field(default=256, ge=1, description="Samples per gradient step.")
     value_coef: float = Field(default=0.5, ge=0, description="Weight of the value loss.")

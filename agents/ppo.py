@@ -142,22 +142,25 @@ class PPOLossTerms:
         }
 
 
-def ppo_loss(network: ActorCritic, minibatch: dict[str, torch.Tensor], config: PPOConfig) -> PPOLossTerms:
+def ppo_loss(network: ActorCritic, minibatch: dict[str, torch.Tensor], config: PPOConfig,
+             clip_range: float | None = None) -> PPOLossTerms:
     """Schulman et al. 2017, eq. 7 and 9: -min(r A, clip(r, 1-eps, 1+eps) A) + c1 (V - R)^2 - c2 H,
-    with advantages normalised per minibatch. Pure: nothing is stepped."""
+    with advantages normalised per minibatch; eps is `clip_range` (None: the config's). Pure:
+    nothing is stepped."""
     dist, value = network.distribution_and_value(minibatch["obs"])
-    return clipped_objective(dist, value, minibatch, config)
+    return clipped_objective(dist, value, minibatch, config, clip_range)
 
 
 def clipped_objective(dist: torch.distributions.Distribution, value: torch.Tensor, minibatch: dict[str, torch.Tensor],
-                      config: PPOConfig) -> PPOLossTerms:
+                      config: PPOConfig, clip_range: float | None = None) -> PPOLossTerms:
     """PPO's loss for a minibatch whose policy distribution and values the network has given."""
+    epsilon = config.clip_range if clip_range is None else clip_range
     log_ratio = dist.log_prob(minibatch["actions"]) - minibatch["log_probs"]
     ratio = log_ratio.exp()
     advantages = minibatch["advantages"]
     if config.normalize_advantages and len(advantages) > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    clipped = ratio.clamp(1 - config.clip_range, 1 + config.clip_range)
+    clipped = ratio.clamp(1 - epsilon, 1 + epsilon)
     policy_loss = -torch.min(advantages * ratio, advantages * clipped).mean()
     value_loss = (value - minibatch["returns"]).pow(2).mean()
     entropy = dist.entropy().mean()
@@ -188,6 +191,7 @@ class PPOLearner(SavedWhole, Learner):
         self.train_steps = 0
         self.normalizer = share_normalizer(self.network)
         self.reward_scaler = RewardScaler(config.gamma, config.reward_clip) if config.normalize_rewards else None
+        self.clip_range = config.clip_range  # this iteration's (agent.anneal_clip_range)
 
     def _make_network(self, config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space
                       ) -> nn.Module:
@@ -206,6 +210,8 @@ class PPOLearner(SavedWhole, Learner):
         lr = self.config.lr * (1.0 - progress) if self.config.anneal_lr else self.config.lr
         for group in self.optimizer.param_groups:
             group["lr"] = max(lr, 1e-8)
+        if self.config.anneal_clip_range:
+            self.clip_range = max(self.config.clip_range * (1.0 - progress), 1e-8)
         sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
         updates = 0
         for _ in range(self.config.epochs):
@@ -238,7 +244,7 @@ class PPOLearner(SavedWhole, Learner):
             yield {key: value[index] for key, value in batch.items()}
 
     def _loss(self, minibatch: dict[str, torch.Tensor]) -> PPOLossTerms:
-        return ppo_loss(self.network, minibatch, self.config)
+        return ppo_loss(self.network, minibatch, self.config, self.clip_range)
 
     def _update(self, minibatch: dict[str, torch.Tensor]) -> dict[str, float]:
         terms = self._loss(minibatch)
@@ -246,7 +252,7 @@ class PPOLearner(SavedWhole, Learner):
         terms.loss.backward()
         nn.utils.clip_grad_norm_(self.network.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
-        return terms.metrics(self.config.clip_range)
+        return terms.metrics(self.clip_range)
 
     @torch.no_grad()
     def _flatten(self, rollouts: Sequence[Rollout]) -> dict[str, torch.Tensor]:

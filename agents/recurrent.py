@@ -192,7 +192,7 @@ class RecurrentPPOLearner(PPOLearner):
         flat = {key: value.flatten(0, 1) for key, value in minibatch.items() if key not in ("memory", "starts", "obs")}
         actions = flat["actions"] if self.network.discrete else flat["actions"].float()
         dist, value = self.network.distribution(features.flatten(0, 1)), self.network.value(features).flatten()
-        return clipped_objective(dist, value, {**flat, "actions": actions}, self.config)
+        return clipped_objective(dist, value, {**flat, "actions": actions}, self.config, self.clip_range)
 
     @torch.no_grad()
     def _sequences(self, rollout: Rollout) -> Batch:

@@ -7,11 +7,11 @@ CartPoleNoVel-v1), the same env-step budget, the two sides alternating seed by s
 
 The env: CartPole-v1 with the cart's velocity and the pole's angular velocity left out (gymflow's
 `env.hide: [1, 3]`; the same wrapper here for sb3-contrib, as rl-zoo's CartPoleNoVel-v1). Both
-sides: 8 envs x 32 steps a round, 20 epochs of minibatches of 256, lr 1e-3 annealed to 0, gamma
-0.98, lambda 0.8, no entropy bonus, ReLU, an LSTM of 64 units, observations and rewards
-normalised, one torch thread. What differs is each library's shape: sb3-contrib puts an LSTM of
-its own before each head's [64] layer (`enable_critic_lstm`) and anneals the clip range too;
-gymflow puts one [64] layer before one LSTM shared by both heads, and keeps the clip range at 0.2.
+sides: 8 envs x 32 steps a round, 20 epochs of minibatches of 256, lr 1e-3 and clip range 0.2
+annealed to 0, gamma 0.98, lambda 0.8, no entropy bonus, ReLU, an LSTM of 64 units, observations
+and rewards normalised, one torch thread. What differs is each library's shape: sb3-contrib puts
+an LSTM of its own before each head's [64] layer (`enable_critic_lstm`); gymflow puts one [64]
+layer before one LSTM shared by both heads.
 gymflow runs the preset as a user would (`improve`, a SYNC run: its Dask worker, storage, MLflow),
 its early stop at the target return turned off so that both use the whole budget.
 

@@ -69,6 +69,21 @@ def test_the_ppo_loss_is_the_clipped_surrogate_plus_value_error_minus_entropy():
     np.testing.assert_allclose(terms.log_ratio.detach().numpy(), np.log([0.5, 1.5]), rtol=1e-6)
 
 
+def test_an_annealed_clip_range_shrinks_with_the_run_s_progress_and_is_the_one_the_loss_clips_at():
+    config = PPOConfig(clip_range=0.2, normalize_advantages=False)
+    network = ppo.make_network(config, OBS, TWO_ACTIONS)
+    _constant(network.actor, [0.0, 0.0])  # pi = [0.5, 0.5]: ratio 0.5 against a recorded probability of 1
+    minibatch = {"obs": torch.zeros(1, 2), "actions": torch.tensor([0]), "log_probs": torch.tensor([0.0]),
+                 "advantages": torch.tensor([-1.0]), "returns": torch.tensor([0.0])}
+    # min(0.5 * -1, (1 - eps) * -1): the clipped term decides for a negative advantage
+    assert ppo.ppo_loss(network, minibatch, config).policy_loss.item() == pytest.approx(0.8)
+    assert ppo.ppo_loss(network, minibatch, config, clip_range=0.05).policy_loss.item() == pytest.approx(0.95)
+    annealing = _trained(lambda: ppo.PPOLearner(PPOConfig(minibatch_size=8, anneal_clip_range=True), OBS,
+                                                TWO_ACTIONS, 1), steps=4)  # its last iteration at progress 3/4
+    assert annealing.clip_range == pytest.approx(0.05)
+    assert _trained(lambda: ppo.PPOLearner(PPOConfig(minibatch_size=8), OBS, TWO_ACTIONS, 1)).clip_range == 0.2
+
+
 @pytest.mark.parametrize(("double_q", "expected_targets"), [(False, [1 + 0.5 * 5, 0.0]), (True, [1 + 0.5 * 3, 0.0])])
 def test_the_dqn_loss_is_the_weighted_huber_error_against_the_bootstrapped_target(double_q, expected_targets):
     config = DQNConfig(hidden_sizes=[4])
