@@ -22,7 +22,7 @@ from gymflow.agents.batches import Sample
 from gymflow.agents.configs import DQNConfig
 from gymflow.agents.core import AlgorithmParts, ReplayLearner
 from gymflow.agents.networks import TransitionBatch, cpu_weights, mlp, observation_reader, seeded_init
-from gymflow.agents.normalization import observation_normalizer, share_normalizer
+from gymflow.agents.normalization import share_normalizer
 from gymflow.agents.replay import make_replay, memory_spec
 from gymflow.agents.training_state import SavedWhole
 
@@ -45,7 +45,7 @@ class DuelingQNetwork(nn.Module):
 
 def make_network(config: DQNConfig, observation_space: spaces.Box, action_space: spaces.Discrete) -> nn.Module:
     """An MLP of Q-values over the observations (images: over the CNN's features)."""
-    reader, inputs = observation_reader(observation_normalizer(config, observation_space.shape), observation_space)
+    reader, inputs = observation_reader(config, observation_space)
     actions = int(action_space.n)
     if config.dueling:
         return DuelingQNetwork(inputs, config.hidden_sizes, actions, reader)

@@ -15,6 +15,7 @@ from gymflow.agents.batches import Sample
 from gymflow.agents.configs import ObservationNormalization
 from gymflow.agents.normalization import observation_normalizer
 from gymflow.envs.make import is_image
+from gymflow.envs.parts import Part, image_parts, observation_parts
 
 
 def on_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -102,13 +103,45 @@ class PixelEncoder(nn.Module):
         return self.convolutions(obs.float() / 255.0)
 
 
-def observation_reader(normalizer: nn.Module, observation_space: spaces.Box) -> tuple[nn.Module, int]:
+class PartsEncoder(nn.Module):
+    """A flattened Dict observation (envs/parts.py) -> features: each image part through a CNN of
+    its own, beside the vector parts' entries (normalised where the options ask)."""
+
+    def __init__(self, options: ObservationNormalization, observation_space: spaces.Box):
+        super().__init__()
+        parts = observation_parts(observation_space)
+        self.images = [part for part in parts if part.image]
+        self.pixels = nn.ModuleList(PixelEncoder(part.frames_shape) for part in self.images)
+        entries = np.concatenate([np.arange(p.start, p.stop) for p in parts if not p.image] or [np.zeros(0, int)])
+        self.register_buffer("vector_entries", torch.as_tensor(entries, dtype=torch.long), persistent=False)
+        self.obs_norm = observation_normalizer(options, (len(entries),), entries)
+        self.features = sum(encoder.features for encoder in self.pixels) + len(entries)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        features = [encoder(self._frames(obs, part)) for part, encoder in zip(self.images, self.pixels, strict=True)]
+        if len(self.vector_entries):
+            features.append(self.obs_norm(obs[:, self.vector_entries]))
+        return torch.cat(features, dim=1)
+
+    @staticmethod
+    def _frames(obs: torch.Tensor, part: Part) -> torch.Tensor:
+        frames = obs[:, part.start : part.stop].reshape(len(obs), *part.shape)
+        if part.channels_last:
+            return frames.permute(0, 3, 1, 2)
+        return frames.unsqueeze(1) if len(part.shape) == 2 else frames
+
+
+def observation_reader(options: ObservationNormalization, observation_space: spaces.Box) -> tuple[nn.Module, int]:
     """What turns an observation batch into a network's input, and that input's width: the CNN
-    for images, else `normalizer` (the identity unless normalising)."""
+    for images, an encoder per part for a Dict with image parts, else the observations' normaliser
+    (the identity unless the options ask for one)."""
     if is_image(observation_space):
         encoder = PixelEncoder(observation_space.shape)
         return encoder, encoder.features
-    return normalizer, int(observation_space.shape[0])
+    if image_parts(observation_space):
+        parts = PartsEncoder(options, observation_space)
+        return parts, parts.features
+    return observation_normalizer(options, observation_space.shape), int(observation_space.shape[0])
 
 
 def hidden_layers(inputs: int, hidden: Sequence[int], activation: type[nn.Module]) -> tuple[nn.Sequential, int]:

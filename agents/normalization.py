@@ -52,9 +52,10 @@ class RunningMeanVar(nn.Module):
 class ObservationNormalizer(RunningMeanVar):
     """(obs - mean) / sqrt(var + eps), clipped to +-clip, in the observations' dtype."""
 
-    def __init__(self, shape: tuple[int, ...], clip: float):
+    def __init__(self, shape: tuple[int, ...], clip: float, entries: np.ndarray | None = None):
         super().__init__(shape)
         self.clip = clip
+        self.entries = entries  # the entries of a flat observation it scales (a Dict's vector parts); None: all
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         scaled = (obs.double() - self.mean) / torch.sqrt(self.var + EPSILON)
@@ -64,13 +65,18 @@ class ObservationNormalizer(RunningMeanVar):
         """Update the statistics from batches of observations, [..., *obs_shape] each, in order."""
         shape = tuple(self.mean.shape)
         for batch in observations:
+            if self.entries is not None:
+                batch = np.asarray(batch)
+                batch = batch.reshape(-1, batch.shape[-1])[:, self.entries]
             self.update(np.asarray(batch).reshape(-1, *shape))
 
 
-def observation_normalizer(options: ObservationNormalization, obs_shape: tuple[int, ...]) -> nn.Module:
-    """A network's first step: the normaliser where the options ask for one, else the identity."""
+def observation_normalizer(options: ObservationNormalization, obs_shape: tuple[int, ...],
+                           entries: np.ndarray | None = None) -> nn.Module:
+    """A network's first step: the normaliser where the options ask for one, else the identity.
+    `entries`: the ones of a flat observation it reads (a Dict's vector parts)."""
     if options.normalize_observations:
-        return ObservationNormalizer(tuple(obs_shape), options.observation_clip)
+        return ObservationNormalizer(tuple(obs_shape), options.observation_clip, entries)
     return nn.Identity()
 
 

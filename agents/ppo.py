@@ -28,9 +28,9 @@ from gymflow.agents.networks import (
     orthogonal_init,
     seeded_init,
 )
-from gymflow.agents.normalization import RewardScaler, observation_normalizer, share_normalizer
+from gymflow.agents.normalization import RewardScaler, share_normalizer
 from gymflow.agents.training_state import SavedWhole
-from gymflow.envs.make import is_image
+from gymflow.envs.make import reads_pixels
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -107,8 +107,8 @@ def make_network(config: PPOConfig, observation_space: spaces.Box, action_space:
     layer, then one linear layer per head (SB3's CnnPolicy, CleanRL's ppo_atari). Either way
     orthogonal weights, gain sqrt 2 for hidden layers, 0.01 for the action output (the first
     policy is near uniform, or near a zero mean), 1 for the value (Huang et al. 2022, detail 2)."""
-    reader, width = observation_reader(observation_normalizer(config, observation_space.shape), observation_space)
-    if is_image(observation_space):
+    reader, width = observation_reader(config, observation_space)
+    if reads_pixels(observation_space):
         trunk, width = hidden_layers(width, config.hidden_sizes, ACTIVATIONS[config.activation])
         network = ActorCritic(width, action_space, config, nn.Sequential(reader, trunk), ())
     else:

@@ -14,6 +14,7 @@ from gymnasium import spaces
 from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
 from gymflow.envs.headless import choose_mujoco_backend
+from gymflow.envs.parts import FlatParts, image_parts, part_problem
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,20 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, render_mode: str
         env = FrameStackObservation(env, preprocessing.frame_stack)
     if preprocessing.hide:
         env = HiddenEntries(env, preprocessing.hide)
+    if isinstance(env.observation_space, spaces.Dict):
+        env = _flattened_dict(env, env_id, preprocessing)
     return env
+
+
+def _flattened_dict(env: gym.Env, env_id: str, preprocessing: Preprocessing) -> FlatParts:
+    """A Dict observation as one flat vector (envs/parts.py), once each part is known readable."""
+    for key, part in env.observation_space.spaces.items():
+        if (problem := part_problem(key, part)) is not None:
+            raise EnvSpecError("env.id", f"{env_id!r}: {problem}")
+    if preprocessing.frame_stack > 1:
+        raise EnvSpecError("env.frame_stack", f"{env_id!r} observes a Dict; allowed: 1 (frames of its image parts "
+                                              "are not stacked)")
+    return FlatParts(env)
 
 
 class HiddenEntries(gym.ObservationWrapper):
@@ -302,7 +316,16 @@ def is_image(space: spaces.Space) -> bool:
     return isinstance(space, spaces.Box) and len(space.shape) == 3 and space.dtype == np.uint8
 
 
+def reads_pixels(space: spaces.Space) -> bool:
+    """Observations a CNN reads, whole (images) or in part (a Dict with image parts)."""
+    return is_image(space) or bool(image_parts(space))
+
+
 def _check_observations(env_id: str, space: spaces.Space, algo: str, images: bool) -> None:
+    if image_parts(space) and not images:
+        keys = ", ".join(part.key for part in image_parts(space))
+        raise EnvSpecError("agent.algo", f"{algo} reads vector observations; {env_id!r} observes images among its "
+                                         f"parts ({keys}): use ppo or dqn")
     if isinstance(space, spaces.Box) and len(space.shape) == 1:
         return
     if is_image(space):
@@ -314,8 +337,8 @@ def _check_observations(env_id: str, space: spaces.Space, algo: str, images: boo
                                              f"{space.shape}: use ppo or dqn")
         return
     raise EnvSpecError(
-        "env.id", f"{env_id!r} observes {space}; allowed: a 1-D Box, or uint8 images [height, width] or "
-                  "[channels, height, width]"
+        "env.id", f"{env_id!r} observes {space}; allowed: a 1-D Box, uint8 images [height, width] or "
+                  "[channels, height, width], or a Dict of such parts"
     )
 
 

@@ -10,7 +10,8 @@ from typing import Any
 from gymnasium import spaces
 
 from gymflow.agents.algorithms import ALGORITHMS, Algorithm, algorithm_of
-from gymflow.envs.make import EnvSpecError, check_env, is_image
+from gymflow.envs.make import EnvSpecError, check_env, is_image, reads_pixels
+from gymflow.envs.parts import image_parts
 from gymflow.errors import InvalidPreset
 from gymflow.presets.load import load_preset
 from gymflow.presets.model import Preset
@@ -41,9 +42,11 @@ def _check_images(config: Preset, observation_space: spaces.Box) -> None:
     if is_image(observation_space) and getattr(config.agent, "replay", "uniform") != "uniform":
         raise InvalidPreset("agent.replay", "image observations are replayed from a memory of frames, sampled "
                                             "uniformly (not yet prioritized); allowed: uniform")
-    if is_image(observation_space) and getattr(config.agent, "recurrent", None) is not None:
+    if reads_pixels(observation_space) and getattr(config.agent, "recurrent", None) is not None:
+        shape = observation_space.shape
+        seen = "images among its Dict's parts" if image_parts(observation_space) else f"images {shape}"
         raise InvalidPreset("agent.recurrent", f"reads vector observations (not yet images); {env.id!r} observes "
-                                               f"images {observation_space.shape}: allowed: null")
+                                               f"{seen}: allowed: null")
 
 
 def resolve_experiment(preset: str, overrides: Mapping[str, Any] | None = None) -> Experiment:

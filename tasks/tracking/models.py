@@ -29,6 +29,7 @@ import gymflow.agents
 import gymflow.envs
 import gymflow.presets
 from gymflow.agents.rollout import evaluate
+from gymflow.envs.parts import Part, observation_parts
 from gymflow.envs.vector import SeededVectorEnv, observation_dtype
 from gymflow.errors import UnusableWarmStart
 from gymflow.presets.model import EnvConfig
@@ -64,6 +65,9 @@ class PolicyModel:
     memory_size: int | None = None  # a recurrent policy's: its memory [2, N, memory_size] goes in and out
 
     def input_example(self) -> np.ndarray | dict[str, np.ndarray]:
+        if observation_parts(self.observation_space):  # a Dict observation's parts, by name
+            return {part.key: np.zeros((1, *part.shape), _part_dtype(part))
+                    for part in observation_parts(self.observation_space)}
         observations = np.zeros((1, *self.observation_space.shape), dtype=observation_dtype(self.observation_space))
         if self.memory_size is None:
             return observations
@@ -129,16 +133,28 @@ def policy_signature(observation_space: spaces.Space, action_space: spaces.Space
     """A batch of observations in, a batch of greedy actions out; for a recurrent policy, named
     tensors, its memory going in beside the observations and out beside the actions."""
     recurrent = memory_size is not None
+    if observation_parts(observation_space):  # named tensors, one a Dict observation's part (never recurrent)
+        parts = [TensorSpec(np.dtype(_part_dtype(part)), (-1, *part.shape), part.key)
+                 for part in observation_parts(observation_space)]
+        return ModelSignature(inputs=Schema(parts), outputs=Schema([_actions_spec(action_space, None)]))
     observations = TensorSpec(np.dtype(observation_dtype(observation_space)), (-1, *observation_space.shape),
                               OBSERVATIONS if recurrent else None)
-    if isinstance(action_space, spaces.Discrete):
-        actions = TensorSpec(np.dtype(np.int64), (-1,), ACTIONS if recurrent else None)
-    else:
-        actions = TensorSpec(np.dtype(np.float32), (-1, *action_space.shape), ACTIONS if recurrent else None)
+    actions = _actions_spec(action_space, ACTIONS if recurrent else None)
     if memory_size is None:
         return ModelSignature(inputs=Schema([observations]), outputs=Schema([actions]))
     memory = TensorSpec(np.dtype(np.float32), (2, -1, memory_size), name=MEMORY)
     return ModelSignature(inputs=Schema([observations, memory]), outputs=Schema([actions, memory]))
+
+
+def _actions_spec(action_space: spaces.Space, name: str | None) -> TensorSpec:
+    if isinstance(action_space, spaces.Discrete):
+        return TensorSpec(np.dtype(np.int64), (-1,), name)
+    return TensorSpec(np.dtype(np.float32), (-1, *action_space.shape), name)
+
+
+def _part_dtype(part: Part) -> type:
+    """How a caller passes a Dict observation's part: images as uint8, vectors as float32."""
+    return np.uint8 if part.image else np.float32
 
 
 def _model_code(folder: str) -> str:
@@ -231,8 +247,12 @@ class _PredictingPolicy:
         recurrent = inputs is not None and MEMORY in (inputs.input_names() or [])
         self.memory_size = inputs.inputs[1].shape[-1] if recurrent else None
         self.memory: np.ndarray | None = None
+        named = inputs is not None and inputs.has_input_names() and not recurrent  # a Dict observation's parts
+        self.parts = [(spec.name, tuple(spec.shape[1:]), spec.type) for spec in inputs.inputs] if named else []
 
     def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
+        if self.parts:
+            return np.asarray(self.model.predict(self._by_part(obs))), np.zeros(len(obs), dtype=np.float32)
         if self.memory_size is None:
             return np.asarray(self.model.predict(obs)), np.zeros(len(obs), dtype=np.float32)
         memory = self.memory if self.memory is not None else np.zeros((2, len(obs), self.memory_size), np.float32)
@@ -243,3 +263,12 @@ class _PredictingPolicy:
     def episodes_ended(self, envs) -> None:
         if self.memory is not None and len(envs):
             self.memory[:, list(envs)] = 0.0
+
+    def _by_part(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+        """Flat observations back into the Dict's parts, in the signature's (the flat vector's) order."""
+        parts, start = {}, 0
+        for name, shape, dtype in self.parts:
+            size = int(np.prod(shape))
+            parts[name] = obs[:, start : start + size].reshape(len(obs), *shape).astype(dtype)
+            start += size
+        return parts

@@ -5,6 +5,9 @@ and reads safetensors and YAML; nothing is unpickled).
     policy = mlflow.pyfunc.load_model("models:/gymflow-cartpole-ppo@champion")  # or models:/<model id>
     actions = policy.predict(observations)      # [N, obs_dim] float32 -> [N] greedy actions
 
+A Dict observation's policy takes its parts by name, each a batch: `policy.predict({"view": views,
+"clock": clocks})`.
+
 A recurrent policy (agent.recurrent) keeps no state between calls: its memory goes in and comes
 out, named, and the caller carries it, zeroing an env's rows where its episode ends:
 
@@ -28,6 +31,7 @@ class GymflowPolicy(PythonModel):
     def load_context(self, context) -> None:
         from gymflow.agents.algorithms import algorithm_of
         from gymflow.envs.make import make_env
+        from gymflow.envs.parts import observation_parts
         from gymflow.presets.load import validate_preset_data
 
         with open(context.artifacts["preset"]) as handle:
@@ -36,6 +40,7 @@ class GymflowPolicy(PythonModel):
         env = make_env(preset.env.id, preset.env.kwargs, preprocessing=preset.env.preprocessing().evaluation())
         network = algorithm.network(preset.agent, env.observation_space, env.action_space)
         self.observation_shape = env.observation_space.shape
+        self.parts = observation_parts(env.observation_space)
         # as gymflow keeps them: images as uint8, vectors as float32
         self.observation_dtype = np.uint8 if env.observation_space.dtype == np.uint8 else np.float32
         env.close()
@@ -46,6 +51,11 @@ class GymflowPolicy(PythonModel):
     # model_input: a recurrent policy's is a dict of arrays; np.ndarray is the hint MLflow infers no
     # schema from (the logged signature describes the input)
     def predict(self, context, model_input: np.ndarray, params=None) -> np.ndarray:
+        if isinstance(model_input, dict) and self.parts:  # a Dict observation's parts
+            from gymflow.envs.parts import flatten_parts
+
+            actions, _ = self.policy.act(flatten_parts(self.parts, model_input), explore=False)
+            return actions
         if isinstance(model_input, dict):  # a recurrent policy's observations and memory
             return self._predict_with_memory(model_input)
         obs = np.asarray(model_input, dtype=self.observation_dtype)

@@ -1,0 +1,102 @@
+"""Dict observations: a Gymnasium Dict of an image part and a vector part, flattened at the env's
+boundary with each part's place kept; each part read by its own encoder; PPO and DQN trained on it
+end to end under a real Prefect API and Dask workers; the logged model taking the parts by name."""
+
+from __future__ import annotations
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+
+from gymflow.agents.configs import PPOConfig
+from gymflow.agents.networks import PartsEncoder, PixelEncoder
+from gymflow.agents.rollout import RandomPolicy, evaluate
+from gymflow.envs.make import make_env
+from gymflow.envs.vector import SeededVectorEnv
+from gymflow.errors import InvalidPreset
+from gymflow.flows.improve import improve
+from gymflow.presets.validate import resolve_experiment
+from tests.conftest import local_overrides
+
+PICTURE = "gymflow.testing.envs:PictureCorridor"
+ON_PICTURES = {"env.id": PICTURE, "env.frame_stack": 1, "agent.normalize_observations": True}
+
+
+def test_a_dict_observation_is_one_flat_vector_that_keeps_where_each_part_lies():
+    env = make_env(PICTURE, {})
+    obs, _ = env.reset(seed=3)
+    raw = env.unwrapped._observe()
+    clock, view = env.observation_space.parts  # in key order
+    assert (clock.key, clock.image, clock.start, clock.stop) == ("clock", False, 0, 1)
+    assert (view.key, view.image, view.channels_last, view.frames_shape) == ("view", True, True, (1, 5, 9))
+    assert obs.dtype == np.float32 and obs.shape == (46,)
+    np.testing.assert_array_equal(obs[view.start : view.stop].reshape(view.shape), raw["view"])
+    assert obs[0] == raw["clock"][0]
+
+
+def test_each_part_is_read_by_its_own_encoder_and_only_the_vector_entries_are_normalised():
+    experiment = resolve_experiment("catch-ppo", ON_PICTURES)
+    encoder = PartsEncoder(PPOConfig(normalize_observations=True), experiment.observation_space)
+    (pixels,) = encoder.pixels
+    assert isinstance(pixels, PixelEncoder) and encoder.features == pixels.features + 1
+    env = SeededVectorEnv(PICTURE, {}, 4, seed=0)
+    env.reset()
+    obs = torch.from_numpy(env.obs)
+    frames = encoder._frames(obs, encoder.images[0])  # channels first, as the CNN reads them
+    views = np.stack([env.envs[i].unwrapped._observe()["view"] for i in range(4)])
+    np.testing.assert_array_equal(frames.numpy(), views.transpose(0, 3, 1, 2))
+    encoder.obs_norm.observe([env.obs, env.obs + 1])
+    assert encoder.obs_norm.mean.shape == (1,) and encoder.obs_norm.mean.item() == pytest.approx(0.5, rel=1e-3)
+    torch.testing.assert_close(encoder(obs)[:, :-1], pixels(frames))  # the picture's features, then the clock
+
+
+@pytest.mark.parametrize(("preset", "overrides", "says"), [
+    ("pendulum-sac", {"env.id": PICTURE}, "agent.algo: sac reads vector observations; 'gymflow.testing.envs:"
+                                          "PictureCorridor' observes images among its parts (view): use ppo or dqn"),
+    ("catch-ppo", {"env.id": PICTURE}, "env.frame_stack: 'gymflow.testing.envs:PictureCorridor' observes a Dict; "
+                                       "allowed: 1"),
+    ("catch-ppo", {**ON_PICTURES, "agent.recurrent": 16}, "agent.recurrent: reads vector observations (not yet "
+                                                          "images); 'gymflow.testing.envs:PictureCorridor' observes "
+                                                          "images among its Dict's parts"),
+    ("catch-ppo", {**ON_PICTURES, "env.kwargs": {"length": 3}}, "env.id: 'gymflow.testing.envs:PictureCorridor': its "
+                                                                "Dict observation's image part 'view' is (5, 3, 1); "
+                                                                "allowed: images of at least 5 x 5 pixels"),
+])
+def test_what_a_dict_observation_cannot_take_is_refused_in_one_line(preset, overrides, says):
+    with pytest.raises(InvalidPreset, match="^" + says.replace("(", r"\(").replace(")", r"\)")) as refused:
+        resolve_experiment(preset, overrides)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_policy_that_does_not_read_the_picture_wins_half_the_time():
+    env = SeededVectorEnv(PICTURE, {}, 50, seed=1)
+    env.reset()
+    returns = evaluate(RandomPolicy(env.action_space, seed=0), env).returns
+    assert returns.mean() < 0.6
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("preset", "mode"), [("catch-ppo", "sync"), ("catch-dqn", "async")])
+def test_ppo_and_dqn_learn_from_a_picture_and_a_clock_and_their_model_takes_the_parts_by_name(
+        preset, mode, prefect_api, workspace):
+    overrides = {**ON_PICTURES, "distribution.mode": mode, **local_overrides(workspace)}
+    summary = improve(preset, overrides)
+    assert summary.solved and summary.final_return >= 0.9, summary
+    assert len(summary.rollout_processes) == 2
+    mlflow.set_tracking_uri(local_overrides(workspace)["tracking.tracking_uri"])
+    model = mlflow.pyfunc.load_model(summary.model_uri)
+    assert model.metadata.get_input_schema().input_names() == ["clock", "view"]
+    env = SeededVectorEnv(PICTURE, {}, 6, seed=7)
+    env.reset()
+    parts = [env.envs[i].unwrapped._observe() for i in range(6)]
+    by_name = {key: np.stack([part[key] for part in parts]) for key in ("view", "clock")}
+    goals_right = by_name["view"][:, 0, -1, 0] == 128  # the goal's column is grey
+    np.testing.assert_array_equal(model.predict(by_name), goals_right.astype(np.int64))  # walk toward it
+    if mode == "sync":  # retraining scores a registered policy on flat observations, split back into the parts
+        from gymflow.presets.model import EnvConfig
+        from gymflow.tasks.tracking.models import register_challenger, score_policy
+
+        tracking_uri = local_overrides(workspace)["tracking.tracking_uri"]
+        registered = register_challenger(tracking_uri, "on-pictures", summary.mlflow_run_id, summary.model_uri)
+        assert min(score_policy(tracking_uri, registered, EnvConfig(id=PICTURE), 8, 0)) > 0.9
