@@ -7,6 +7,7 @@ from __future__ import annotations
 import mlflow
 import numpy as np
 import pytest
+import requests
 import torch
 
 from gymflow.agents.configs import PPOConfig
@@ -18,6 +19,7 @@ from gymflow.errors import InvalidPreset
 from gymflow.flows.improve import improve
 from gymflow.presets.validate import resolve_experiment
 from tests.conftest import local_overrides
+from tests.serving import served
 
 PICTURE = "gymflow.testing.envs:PictureCorridor"
 ON_PICTURES = {"env.id": PICTURE, "env.frame_stack": 1, "agent.normalize_observations": True}
@@ -100,3 +102,8 @@ def test_ppo_and_dqn_learn_from_a_picture_and_a_clock_and_their_model_takes_the_
         tracking_uri = local_overrides(workspace)["tracking.tracking_uri"]
         registered = register_challenger(tracking_uri, "on-pictures", summary.mlflow_run_id, summary.model_uri)
         assert min(score_policy(tracking_uri, registered, EnvConfig(id=PICTURE), 8, 0)) > 0.9
+        with served(registered.uri, tracking_uri, workspace) as invocations:  # `mlflow models serve`, over HTTP
+            answer = requests.post(invocations, json={"inputs": {key: value.tolist() for key, value in by_name.items()}},
+                                   timeout=30)
+        assert answer.ok, answer.text
+        np.testing.assert_array_equal(answer.json()["predictions"], goals_right.astype(np.int64))

@@ -26,7 +26,7 @@ from gymflow.envs.make import make_env
 from gymflow.envs.seeding import derive_seed
 from gymflow.flows.improve import improve
 from gymflow.tasks.training.summary import RunSummary
-from tests.conftest import free_port
+from tests.serving import served
 
 pytestmark = pytest.mark.e2e
 
@@ -200,34 +200,12 @@ def test_a_registered_policy_served_by_mlflow_answers_with_the_flow_s_greedy_act
 
     model = register_challenger.fn(finished_run.tracking_uri, "gymflow-served", finished_run.summary.mlflow_run_id,
                                    finished_run.summary.model_uri)
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "models", "serve", "-m", model.uri, "--env-manager", "local",
-         "-h", "127.0.0.1", "-p", str(port)],
-        env={**os.environ, "MLFLOW_TRACKING_URI": finished_run.tracking_uri,  # it starts `uvicorn` from PATH
-             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}, cwd=finished_run.folder,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/ping", timeout=2).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert server.poll() is None, server.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "mlflow models serve did not answer in 120 s"
-            time.sleep(0.5)
+    with served(model.uri, finished_run.tracking_uri, finished_run.folder) as invocations:
         observations = _observations()
-        answer = requests.post(f"http://127.0.0.1:{port}/invocations", json={"inputs": observations.tolist()},
-                               timeout=30)
+        answer = requests.post(invocations, json={"inputs": observations.tolist()}, timeout=30)
         assert answer.ok, answer.text
         np.testing.assert_array_equal(np.asarray(answer.json()["predictions"]),
                                       _greedy_actions(finished_run, observations))
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def test_the_command_line_trains_an_env_from_the_working_folder_with_no_warnings(tmp_path):

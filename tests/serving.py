@@ -1,0 +1,43 @@
+"""A logged policy served by `mlflow models serve`, as a user serves one: a real HTTP server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import requests
+
+from tests.conftest import free_port
+
+
+@contextmanager
+def served(model_uri: str, tracking_uri: str, folder: Path) -> Iterator[str]:
+    """The model served on a free loopback port until the block ends; yields its /invocations URL."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri, "--env-manager", "local",
+         "-h", "127.0.0.1", "-p", str(port)],
+        env={**os.environ, "MLFLOW_TRACKING_URI": tracking_uri,  # it starts `uvicorn` from PATH
+             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}, cwd=folder,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/ping", timeout=2).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert server.poll() is None, server.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "mlflow models serve did not answer in 120 s"
+            time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}/invocations"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
