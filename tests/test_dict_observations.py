@@ -21,7 +21,7 @@ from gymflow.presets.validate import resolve_experiment
 from tests.conftest import local_overrides
 from tests.serving import served
 
-PICTURE = "gymflow.testing.envs:PictureCorridor"
+PICTURE = "gymflow.envs.picture_corridor:PictureCorridor"
 ON_PICTURES = {"env.id": PICTURE, "env.frame_stack": 1, "agent.normalize_observations": True}
 
 
@@ -54,14 +54,14 @@ def test_each_part_is_read_by_its_own_encoder_and_only_the_vector_entries_are_no
 
 
 @pytest.mark.parametrize(("preset", "overrides", "says"), [
-    ("pendulum-sac", {"env.id": PICTURE}, "agent.algo: sac reads vector observations; 'gymflow.testing.envs:"
-                                          "PictureCorridor' observes images among its parts (view): use ppo or dqn"),
-    ("catch-ppo", {"env.id": PICTURE}, "env.frame_stack: 'gymflow.testing.envs:PictureCorridor' observes a Dict; "
+    ("pendulum-sac", {"env.id": PICTURE}, f"agent.algo: sac reads vector observations; '{PICTURE}' observes images "
+                                          "among its parts (view): use ppo or dqn"),
+    ("catch-ppo", {"env.id": PICTURE}, "env.frame_stack: 'gymflow.envs.picture_corridor:PictureCorridor' observes a Dict; "
                                        "allowed: 1"),
     ("catch-ppo", {**ON_PICTURES, "agent.recurrent": 16}, "agent.recurrent: reads vector observations (not yet "
-                                                          "images); 'gymflow.testing.envs:PictureCorridor' observes "
+                                                          "images); 'gymflow.envs.picture_corridor:PictureCorridor' observes "
                                                           "images among its Dict's parts"),
-    ("catch-ppo", {**ON_PICTURES, "env.kwargs": {"length": 3}}, "env.id: 'gymflow.testing.envs:PictureCorridor': its "
+    ("catch-ppo", {**ON_PICTURES, "env.kwargs": {"length": 3}}, "env.id: 'gymflow.envs.picture_corridor:PictureCorridor': its "
                                                                 "Dict observation's image part 'view' is (5, 3, 1); "
                                                                 "allowed: images of at least 5 x 5 pixels"),
 ])
@@ -79,7 +79,7 @@ def test_a_policy_that_does_not_read_the_picture_wins_half_the_time():
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize(("preset", "mode"), [("catch-ppo", "sync"), ("catch-dqn", "async")])
+@pytest.mark.parametrize(("preset", "mode"), [("picture-corridor-ppo", "sync"), ("catch-dqn", "async")])
 def test_ppo_and_dqn_learn_from_a_picture_and_a_clock_and_their_model_takes_the_parts_by_name(
         preset, mode, prefect_api, workspace):
     overrides = {**ON_PICTURES, "distribution.mode": mode, **local_overrides(workspace)}
