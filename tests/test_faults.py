@@ -67,7 +67,9 @@ def test_an_async_worker_sigkilled_mid_chunk_loses_no_shard_and_counts_none_twic
     from tests.stored import read_ledger
     once = workspace / "killed.once"
     overrides = {**async_budget, **local_overrides(workspace), "env.id": "gymflow.testing.envs:Tripwire",
-                 "env.kwargs": {"at_step": 300, "once_file": str(once), "fault": "kill"}}
+                 "env.kwargs": {"at_step": 300, "once_file": str(once), "fault": "kill"},
+                 "storage.keep_shards": "all"}  # every shard the ledger names stays: a slow machine drops some (policy
+    # lag), and retention may delete a dropped shard under a kept ledger segment (no resume reads it)
     summary = improve("cartpole-dqn", overrides)
     killed_pid = int(once.read_text())  # a worker process took SIGKILL in the middle of a chunk
     assert killed_pid in {int(process.split(":")[1]) for process in summary.rollout_processes}
@@ -89,7 +91,8 @@ def test_an_async_chunk_that_hangs_is_timed_out_and_redone(prefect_api, workspac
     once = workspace / "hung.once"
     overrides = {**async_budget, **local_overrides(workspace), "env.id": "gymflow.testing.envs:Tripwire",
                  "env.kwargs": {"at_step": 300, "once_file": str(once), "fault": "hang"},
-                 "distribution.rollout_timeout_s": 5, "schedule.total_env_steps": 768}
+                 "distribution.rollout_timeout_s": 5, "schedule.total_env_steps": 768,
+                 "storage.keep_shards": "all"}  # every shard the ledger names stays (as above)
     summary = improve("cartpole-dqn", overrides)
     assert once.exists()  # a chunk hung; its worker was restarted and the chunk submitted again
     storage = Storage(StorageLocation(str(workspace / "data")))
