@@ -91,6 +91,7 @@ PUBLISHED: dict[tuple[str, str, int], list[Published]] = {
 # (benchmarks/mujoco_vs_sb3.py; the runs, dates and commands are in docs/benchmarks.md).
 SIDE_BY_SIDE: dict[tuple[str, str, int], str] = {
     ("halfcheetah-sac", "HalfCheetah-v5", 100_000): "5,274 (median of 3; gymflow's median 5,373)",
+    ("hopper-td3", "Hopper-v5", 300_000): "2,655 (median of 3: 3,414, 2,655, 2,643)",
 }
 
 
