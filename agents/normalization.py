@@ -64,11 +64,10 @@ class ObservationNormalizer(RunningMeanVar):
     def observe(self, observations: Iterable[np.ndarray]) -> None:
         """Update the statistics from batches of observations, [..., *obs_shape] each, in order."""
         shape = tuple(self.mean.shape)
-        for batch in observations:
+        for batch in map(np.asarray, observations):
             if self.entries is not None:
-                batch = np.asarray(batch)
                 batch = batch.reshape(-1, batch.shape[-1])[:, self.entries]
-            self.update(np.asarray(batch).reshape(-1, *shape))
+            self.update(batch.reshape(-1, *shape))
 
 
 def observation_normalizer(options: ObservationNormalization, obs_shape: tuple[int, ...],

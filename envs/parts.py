@@ -25,14 +25,24 @@ class Part(NamedTuple):
 
     @property
     def channels_last(self) -> bool:
-        return self.image and len(self.shape) == 3 and self.shape[2] <= 4 < self.shape[0]
+        return self.image and _channels_last(self.shape)
 
     @property
     def frames_shape(self) -> tuple[int, int, int]:
         """An image part's shape as the CNN reads it: [channels, height, width]."""
-        if len(self.shape) == 2:
-            return (1, *self.shape)
-        return (self.shape[2], self.shape[0], self.shape[1]) if self.channels_last else self.shape
+        return _frames_shape(self.shape)
+
+
+def _channels_last(shape: tuple[int, ...]) -> bool:
+    return len(shape) == 3 and shape[2] <= 4 < shape[0]
+
+
+def _frames_shape(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """An image's [height, width], [channels, height, width] or [height, width, channels] as
+    [channels, height, width]."""
+    if len(shape) == 2:
+        return (1, *shape)
+    return (shape[2], shape[0], shape[1]) if _channels_last(shape) else shape
 
 
 class PartsBox(spaces.Box):
@@ -70,8 +80,8 @@ class FlatParts(gym.ObservationWrapper):
         self.parts = tuple(parts)
         self.observation_space = PartsBox(np.concatenate(lows), np.concatenate(highs), self.parts)
 
-    def observation(self, observation: dict) -> np.ndarray:
-        return flatten_parts(self.parts, {key: np.asarray(value)[None] for key, value in observation.items()})[0]
+    def observation(self, observation: dict) -> np.ndarray:  # every env step: no batch, no checks
+        return np.concatenate([np.asarray(observation[part.key], np.float32).ravel() for part in self.parts])
 
 
 def flatten_parts(parts: tuple[Part, ...], batch: dict) -> np.ndarray:
@@ -91,7 +101,7 @@ def part_problem(key: str, part: spaces.Space) -> str | None:
     """Why a Dict's part cannot be read (None: it can)."""
     if not isinstance(part, spaces.Box):
         return f"its Dict observation's part {key!r} is {part}; allowed: Box parts (vectors, or uint8 images)"
-    if _is_image_part(part) and min(Part(key, tuple(part.shape), True, 0, 0).frames_shape[1:]) < 5:
+    if _is_image_part(part) and min(_frames_shape(tuple(part.shape))[1:]) < 5:
         return f"its Dict observation's image part {key!r} is {part.shape}; allowed: images of at least 5 x 5 pixels"
     if not _is_image_part(part) and not np.issubdtype(part.dtype, np.number):
         return f"its Dict observation's part {key!r} has dtype {part.dtype}; allowed: numbers"
