@@ -1,0 +1,134 @@
+"""The learner's own work on the CPU against a CUDA device, preset by preset, the two alternating.
+
+    .venv/bin/python benchmarks/learner_device.py --rounds 3
+    .venv/bin/python benchmarks/learner_device.py --presets hopper-td3 breakout-ppo --cpu-threads 2 16
+
+What a run's learner does between rounds, on random data of each preset's env shapes (no env is
+made, so neither MuJoCo nor the ALE is needed): an off-policy preset's gradient steps (ms a step,
+sampling from a replay memory of 20,000 random transitions: `train`), an on-policy preset's
+whole update on one round of its rollouts (`learn`: rollout_workers x envs_per_worker x
+rollout_steps_per_env steps, its epochs and minibatches). Each side builds its learner with
+`distribution.learner_device` cpu or cuda, as a run would; the CPU side runs with each of
+`--cpu-threads` torch threads (the preset's `learner_threads` by default). Rounds alternate which
+side goes first. Prints each figure, then per preset the medians and the ratio CPU / CUDA (how
+many times faster the device is). Without a CUDA device only the CPU side runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from gymflow.agents.algorithms import algorithm_of
+from gymflow.agents.batches import Rollout
+from gymflow.presets.load import load_preset
+
+# each preset's env's observation and action spaces, written out so that no env need be made
+SPACES: dict[str, tuple[spaces.Space, spaces.Space]] = {
+    "hopper-td3": (spaces.Box(-np.inf, np.inf, (11,), np.float32), spaces.Box(-1, 1, (3,), np.float32)),
+    "halfcheetah-sac": (spaces.Box(-np.inf, np.inf, (17,), np.float32), spaces.Box(-1, 1, (6,), np.float32)),
+    "hopper-ppo": (spaces.Box(-np.inf, np.inf, (11,), np.float32), spaces.Box(-1, 1, (3,), np.float32)),
+    "breakout-ppo": (spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(4)),
+    "breakout-dqn": (spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(4)),
+}
+REPLAY_FILL = 20_000
+
+
+def random_rollout(observation_space: spaces.Space, action_space: spaces.Space, steps: int, envs: int,
+                   rng: np.random.Generator) -> Rollout:
+    """`steps` x `envs` random steps of these spaces, an episode ending every 500 steps."""
+    obs = rng.integers(0, 256, (steps, envs, *observation_space.shape), dtype=np.uint8) \
+        if observation_space.dtype == np.uint8 else rng.standard_normal((steps, envs, *observation_space.shape),
+                                                                        dtype=np.float32)
+    if isinstance(action_space, spaces.Discrete):
+        actions = rng.integers(0, action_space.n, (steps, envs), dtype=np.int64)
+    else:
+        actions = rng.uniform(-1, 1, (steps, envs, *action_space.shape)).astype(np.float32)
+    terminated = np.zeros((steps, envs), bool)
+    terminated[499::500] = True
+    done_index = np.flatnonzero(terminated).astype(np.int64)
+    return Rollout(obs=obs, actions=actions, rewards=rng.standard_normal((steps, envs), dtype=np.float32),
+                   terminated=terminated, truncated=np.zeros((steps, envs), bool), done_index=done_index,
+                   done_obs=obs.reshape(-1, *observation_space.shape)[done_index], last_obs=obs[-1],
+                   log_probs=np.full((steps, envs), -1.0, np.float32))
+
+
+def timed_work(preset: str, device: str, threads: int) -> tuple[str, Callable[[], float]]:
+    """The preset's learner on `device`, ready, and a function that does one measured piece of its
+    work and returns its milliseconds (a gradient step's, or an on-policy update's)."""
+    config = load_preset(preset)
+    observation_space, action_space = SPACES[preset]
+    algorithm = algorithm_of(config.agent)
+    torch.set_num_threads(threads)
+    learner = algorithm.learner(config.agent, observation_space, action_space, 0, device)
+    rng = np.random.default_rng(0)
+    synchronize = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    if algorithm.on_policy:
+        distribution = config.distribution
+        rollout = random_rollout(observation_space, action_space, config.schedule.rollout_steps_per_env,
+                                 distribution.rollout_workers * distribution.envs_per_worker, rng)
+        learner.learn([rollout], 0.0)  # warm-up: allocations, kernels chosen
+
+        def one_update() -> float:
+            started = time.perf_counter()
+            learner.learn([rollout], 0.0)
+            synchronize()
+            return (time.perf_counter() - started) * 1e3
+        return "ms an update", one_update
+    learner.insert([random_rollout(observation_space, action_space, REPLAY_FILL // 4, 4, rng)])
+    learner.train(20, 0.0)
+    steps = 100
+
+    def gradient_steps() -> float:
+        started = time.perf_counter()
+        learner.train(steps, 0.0)
+        synchronize()
+        return (time.perf_counter() - started) * 1e3 / steps
+    return "ms a gradient step", gradient_steps
+
+
+def compare(preset: str, rounds: int, cpu_threads: list[int], with_cuda: bool) -> tuple[str, dict[str, float]]:
+    """What is timed, and the median milliseconds of each side over `rounds` alternating rounds."""
+    sides = {f"cpu x{threads}": timed_work(preset, "cpu", threads) for threads in cpu_threads}
+    if with_cuda:
+        sides["cuda"] = timed_work(preset, "cuda", 1)
+    unit = next(iter(sides.values()))[0]
+    figures: dict[str, list[float]] = {name: [] for name in sides}
+    for round_index in range(rounds):
+        order = list(sides) if round_index % 2 == 0 else list(sides)[::-1]
+        for name in order:
+            torch.set_num_threads(int(name.split("x")[1]) if name.startswith("cpu") else 1)
+            figures[name].append(sides[name][1]())
+        print(f"{preset} round {round_index}: " + ", ".join(f"{n} {figures[n][-1]:.2f}" for n in order)
+              + f" ({unit})", flush=True)
+    return unit, {name: statistics.median(values) for name, values in figures.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", nargs="+", default=list(SPACES), choices=list(SPACES))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cpu-threads", nargs="+", type=int, default=None,
+                        help="torch threads on the CPU side (default: each preset's learner_threads)")
+    args = parser.parse_args()
+    with_cuda = torch.cuda.is_available()
+    device_name = torch.cuda.get_device_name() if with_cuda else "none"
+    print(f"torch {torch.__version__}, CUDA device: {device_name}, {torch.get_num_threads()} CPU threads available")
+    table = []
+    for preset in args.presets:
+        threads = args.cpu_threads or [load_preset(preset).distribution.learner_threads]
+        table.append((preset, *compare(preset, args.rounds, threads, with_cuda)))
+    print(f"\n{'preset':<16} " + "  ".join(f"{name:>10}" for name in table[0][2]) + "  cpu/cuda  unit")
+    for preset, unit, medians in table:
+        ratio = f"{min(v for n, v in medians.items() if n != 'cuda') / medians['cuda']:7.1f}x" if with_cuda else " " * 8
+        print(f"{preset:<16} " + "  ".join(f"{value:>10.2f}" for value in medians.values()) + f"  {ratio}  {unit}")
+
+
+if __name__ == "__main__":
+    main()
