@@ -15,7 +15,7 @@ from gymflow.agents.batches import Sample
 from gymflow.agents.configs import ObservationNormalization
 from gymflow.agents.normalization import observation_normalizer
 from gymflow.envs.make import is_image
-from gymflow.envs.parts import Part, image_parts, observation_parts
+from gymflow.envs.parts import Part, image_parts, observation_parts, vector_bytes
 
 
 def on_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -104,23 +104,25 @@ class PixelEncoder(nn.Module):
 
 
 class PartsEncoder(nn.Module):
-    """A flattened Dict observation (envs/parts.py) -> features: each image part through a CNN of
-    its own, beside the vector parts' entries (normalised where the options ask)."""
+    """A flattened Dict observation with image parts (envs/parts.py: packed bytes) -> features:
+    each image part through a CNN of its own, beside the vector parts' float32 entries (normalised
+    where the options ask)."""
 
     def __init__(self, options: ObservationNormalization, observation_space: spaces.Box):
         super().__init__()
         parts = observation_parts(observation_space)
         self.images = [part for part in parts if part.image]
         self.pixels = nn.ModuleList(PixelEncoder(part.frames_shape) for part in self.images)
-        entries = np.concatenate([np.arange(p.start, p.stop) for p in parts if not p.image] or [np.zeros(0, int)])
-        self.register_buffer("vector_entries", torch.as_tensor(entries, dtype=torch.long), persistent=False)
-        self.obs_norm = observation_normalizer(options, (len(entries),), entries)
-        self.features = sum(encoder.features for encoder in self.pixels) + len(entries)
+        positions = vector_bytes(parts)
+        self.register_buffer("vector_bytes", torch.as_tensor(positions, dtype=torch.long), persistent=False)
+        entries = len(positions) // 4
+        self.obs_norm = observation_normalizer(options, (entries,), positions)
+        self.features = sum(encoder.features for encoder in self.pixels) + entries
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         features = [encoder(self._frames(obs, part)) for part, encoder in zip(self.images, self.pixels, strict=True)]
-        if len(self.vector_entries):
-            features.append(self.obs_norm(obs[:, self.vector_entries]))
+        if len(self.vector_bytes):  # the vector parts' bytes, gathered (contiguous), read as float32
+            features.append(self.obs_norm(obs.index_select(1, self.vector_bytes).view(torch.float32)))
         return torch.cat(features, dim=1)
 
     @staticmethod

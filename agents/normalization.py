@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from gymflow.agents.configs import ObservationNormalization
+from gymflow.envs.parts import vector_values
 
 EPSILON = 1e-8
 
@@ -52,10 +53,12 @@ class RunningMeanVar(nn.Module):
 class ObservationNormalizer(RunningMeanVar):
     """(obs - mean) / sqrt(var + eps), clipped to +-clip, in the observations' dtype."""
 
-    def __init__(self, shape: tuple[int, ...], clip: float, entries: np.ndarray | None = None):
+    def __init__(self, shape: tuple[int, ...], clip: float, vector_bytes: np.ndarray | None = None):
         super().__init__(shape)
         self.clip = clip
-        self.entries = entries  # the entries of a flat observation it scales (a Dict's vector parts); None: all
+        # where it reads its entries in a packed Dict observation (envs/parts.py: its vector parts'
+        # float32 bytes); None: it scales the whole observation
+        self.vector_bytes = vector_bytes
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         scaled = (obs.double() - self.mean) / torch.sqrt(self.var + EPSILON)
@@ -65,17 +68,17 @@ class ObservationNormalizer(RunningMeanVar):
         """Update the statistics from batches of observations, [..., *obs_shape] each, in order."""
         shape = tuple(self.mean.shape)
         for batch in map(np.asarray, observations):
-            if self.entries is not None:
-                batch = batch.reshape(-1, batch.shape[-1])[:, self.entries]
+            if self.vector_bytes is not None:
+                batch = vector_values(batch, self.vector_bytes)
             self.update(batch.reshape(-1, *shape))
 
 
 def observation_normalizer(options: ObservationNormalization, obs_shape: tuple[int, ...],
-                           entries: np.ndarray | None = None) -> nn.Module:
+                           vector_bytes: np.ndarray | None = None) -> nn.Module:
     """A network's first step: the normaliser where the options ask for one, else the identity.
-    `entries`: the ones of a flat observation it reads (a Dict's vector parts)."""
+    `vector_bytes`: where it reads its entries in a packed Dict observation."""
     if options.normalize_observations:
-        return ObservationNormalizer(tuple(obs_shape), options.observation_clip, entries)
+        return ObservationNormalizer(tuple(obs_shape), options.observation_clip, vector_bytes)
     return nn.Identity()
 
 

@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 import requests
 import torch
+from gymnasium import spaces
 
 from gymflow.agents.configs import PPOConfig
 from gymflow.agents.networks import PartsEncoder, PixelEncoder
 from gymflow.agents.rollout import RandomPolicy, evaluate
 from gymflow.envs.make import make_env
+from gymflow.envs.parts import PartsBox, flatten_parts, is_packed, lay_out, unflatten_parts
 from gymflow.envs.vector import SeededVectorEnv
 from gymflow.errors import InvalidPreset
 from gymflow.flows.improve import improve
@@ -25,16 +27,30 @@ PICTURE = "gymflow.envs.picture_corridor:PictureCorridor"
 ON_PICTURES = {"env.id": PICTURE, "env.frame_stack": 1, "agent.normalize_observations": True}
 
 
-def test_a_dict_observation_is_one_flat_vector_that_keeps_where_each_part_lies():
+def test_a_dict_observation_is_one_flat_array_of_bytes_that_keeps_where_each_part_lies():
     env = make_env(PICTURE, {})
     obs, _ = env.reset(seed=3)
     raw = env.unwrapped._observe()
-    clock, view = env.observation_space.parts  # in key order
-    assert (clock.key, clock.image, clock.start, clock.stop) == ("clock", False, 0, 1)
+    clock, view = parts = env.observation_space.parts  # in key order
+    assert (clock.key, clock.image, clock.start, clock.stop) == ("clock", False, 0, 4)  # a float32's four bytes
     assert (view.key, view.image, view.channels_last, view.frames_shape) == ("view", True, True, (1, 5, 9))
-    assert obs.dtype == np.float32 and obs.shape == (46,)
+    assert obs.dtype == np.uint8 and obs.shape == (4 + 45,)  # the picture's pixels kept as uint8
     np.testing.assert_array_equal(obs[view.start : view.stop].reshape(view.shape), raw["view"])
-    assert obs[0] == raw["clock"][0]
+    assert obs[clock.start : clock.stop].view(np.float32)[0] == raw["clock"][0]
+    unflattened = unflatten_parts(parts, obs[None])
+    assert unflattened["view"].dtype == np.uint8 and unflattened["clock"].dtype == np.float32
+    np.testing.assert_array_equal(flatten_parts(parts, unflattened), obs[None])
+
+
+def test_a_dict_of_vectors_alone_stays_a_float32_vector():
+    vectors = lay_out([("a", (2,), False), ("b", (3,), False)])
+    assert [(p.start, p.stop) for p in vectors] == [(0, 2), (2, 5)]
+    kept = spaces.Dict({"a": spaces.Box(-1, 1, (2,), np.float32), "b": spaces.Box(0, 2, (3,), np.float32)})
+    box = PartsBox(vectors, kept)
+    assert box.dtype == np.float32 and list(box.low) == [-1, -1, 0, 0, 0] and list(box.high) == [1, 1, 2, 2, 2]
+    packed = lay_out([("a", (2,), False), ("b", (6, 6), True)])
+    assert [(p.start, p.stop) for p in packed] == [(0, 8), (8, 44)]
+    assert is_packed(packed) and not is_packed(vectors)
 
 
 def test_each_part_is_read_by_its_own_encoder_and_only_the_vector_entries_are_normalised():
@@ -48,7 +64,10 @@ def test_each_part_is_read_by_its_own_encoder_and_only_the_vector_entries_are_no
     frames = encoder._frames(obs, encoder.images[0])  # channels first, as the CNN reads them
     views = np.stack([env.envs[i].unwrapped._observe()["view"] for i in range(4)])
     np.testing.assert_array_equal(frames.numpy(), views.transpose(0, 3, 1, 2))
-    encoder.obs_norm.observe([env.obs, env.obs + 1])
+    parts = experiment.observation_space.parts
+    later = unflatten_parts(parts, env.obs)
+    later["clock"] += 1
+    encoder.obs_norm.observe([env.obs, flatten_parts(parts, later)])  # the clock's entries alone: 0, then 1
     assert encoder.obs_norm.mean.shape == (1,) and encoder.obs_norm.mean.item() == pytest.approx(0.5, rel=1e-3)
     torch.testing.assert_close(encoder(obs)[:, :-1], pixels(frames))  # the picture's features, then the clock
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from mlflow import MlflowClient
 
 from gymflow.envs.make import make_env
+from gymflow.envs.parts import observation_parts, unflatten_parts
 from gymflow.flows.cli import main
 from gymflow.flows.improve import improve
 from gymflow.presets.load import validate_preset_data
@@ -27,13 +29,16 @@ OFF_POLICY = {"agent.train_steps_per_iteration": 8, "agent.hidden_sizes": [16], 
 ASYNC = {"distribution.mode": "async", "distribution.samples_per_insert": 2, "distribution.commit_every_train_steps": 4}
 PIXELS = {"env.id": "gymflow.envs.catch:Catch", "env.frame_stack": 2, "distribution.envs_per_worker": 2,
           "schedule.total_env_steps": 1024}
+PICTURE = "gymflow.envs.picture_corridor:PictureCorridor"
+DICT = {"env.id": PICTURE, "env.frame_stack": 1, "distribution.envs_per_worker": 2}  # a picture and a clock
 
 
 @pytest.mark.parametrize(("preset", "extra"), [
     ("cartpole-dqn", OFF_POLICY),  # heatup's shards, then a round's
     ("cartpole-dqn", {**OFF_POLICY, **ASYNC}),  # each worker's stream of chunks
     ("catch-dqn", {**OFF_POLICY, **PIXELS}),  # frame stacks: the dataset keeps each step's newest frame
-], ids=["sync", "async", "pixels"])
+    ("catch-dqn", {**OFF_POLICY, **DICT}),  # a Dict observation: the dataset keeps its Dict of parts
+], ids=["sync", "async", "pixels", "dict"])
 def test_an_exported_run_replays_episode_by_episode(preset, extra, prefect_api, workspace, tiny_budget, monkeypatch):
     run = improve(preset, {**tiny_budget, **extra, "storage.keep_shards": "all", **local_overrides(workspace)})
     datasets = workspace / "datasets"
@@ -49,11 +54,22 @@ def test_an_exported_run_replays_episode_by_episode(preset, extra, prefect_api, 
     preset_data = validate_preset_data(read_stored_preset(storage, run.run_id))
     seeds = [m["seed"] for m in dataset.storage.get_episode_metadata(range(dataset.total_episodes))]
     for episode, seed in zip(dataset, seeds, strict=True):
-        _replay(episode, seed, preset_data.env, newest_frame=preset == "catch-dqn")
+        _replay(episode, seed, preset_data.env, newest_frame=extra.get("env.frame_stack") == 2)
     metadata = dataset.storage.metadata
     assert metadata["gymflow_run_id"] == run.run_id and metadata["total_steps"] == sum(len(e) for e in dataset)
     versions = np.concatenate([e.infos["policy_version"] for e in dataset])
     assert versions.min() == -1 and versions.max() >= 1  # heatup's random policy, then trained versions
+    if extra is DICT:  # the Dict dataset, read back into an offline run's memory as the env's flat arrays
+        _learn_offline_from(preset, datasets, dataset.total_steps, workspace)
+
+
+def _learn_offline_from(preset: str, datasets, steps: int, workspace) -> None:
+    learned = improve(preset, {**OFF_POLICY, **DICT, "dataset.root": str(datasets), "dataset.id": "gymflow/test-v0",
+                               "schedule.total_env_steps": 0, "schedule.heatup_env_steps": 0, "agent.cql_alpha": 1.0,
+                               "schedule.total_train_steps": 16, **local_overrides(workspace)})
+    client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
+    assert learned.env_steps == 0 and client.get_metric_history(learned.mlflow_run_id, "train/replay_size")[-1].value \
+        == steps
 
 
 def _episode_returns_in_shards(storage: Storage, run_id: str) -> list[float]:
@@ -65,16 +81,22 @@ def _episode_returns_in_shards(storage: Storage, run_id: str) -> list[float]:
 def _replay(episode, seed: int, env_config, newest_frame: bool) -> None:
     """The env, reset with the episode's seed and stepped with its actions, observes what it holds."""
     env = make_env(env_config.id, env_config.kwargs, preprocessing=env_config.preprocessing())
+    parts = observation_parts(env.observation_space)
 
-    def observed(obs) -> np.ndarray:
+    def observed(obs) -> np.ndarray | dict:
         obs = np.asarray(obs)
+        if parts:  # the env's flat array, as the Dict of parts the dataset keeps
+            return {key: value[0] for key, value in unflatten_parts(parts, obs[None]).items()}
         return obs[-1] if newest_frame else obs.astype(np.float32)
 
+    def kept(t: int) -> np.ndarray | dict:
+        return {key: value[t] for key, value in episode.observations.items()} if parts else episode.observations[t]
+
     obs, _ = env.reset(seed=seed)
-    np.testing.assert_array_equal(observed(obs), episode.observations[0])
+    np.testing.assert_equal(observed(obs), kept(0))
     for t, action in enumerate(episode.actions):
         obs, reward, terminated, truncated, _ = env.step(int(action) if np.ndim(action) == 0 else action)
-        np.testing.assert_array_equal(observed(obs), episode.observations[t + 1])
+        np.testing.assert_equal(observed(obs), kept(t + 1))
         assert np.float32(reward) == episode.rewards[t]
         assert (terminated, truncated) == (bool(episode.terminations[t]), bool(episode.truncations[t]))
     assert terminated or truncated

@@ -4,8 +4,9 @@ which `minari.load_dataset` and d3rlpy read), in a local folder or object storag
 Episodes are stitched from the run's shards (tasks/lake/episodes.py). Each keeps the seed its
 env was reset with and, in its infos, the policy version that chose each action; the dataset's
 metadata names the run, its preset and its env wrappers. Observations are written exactly (no
-JPEG), frame stacks as each step's newest frame. The dataset is built in a temporary folder and
-copied to its destination only when whole, its metadata last.
+JPEG), frame stacks as each step's newest frame, a Dict observation as its Dict of parts. The
+dataset is built in a temporary folder and copied to its destination only when whole, its
+metadata last.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 from gymnasium import spaces
 
 from gymflow.envs.make import EnvSpecError, is_image, make_env
+from gymflow.envs.parts import Part, observation_parts, unflatten_parts
 from gymflow.envs.seeding import derive_seed
 from gymflow.errors import GymflowError
 from gymflow.presets.load import validate_preset_data
@@ -60,9 +62,10 @@ class RunExperience:
     run_id: str
     preset: Preset
     streams: list[WorkerStream]
-    observation_space: spaces.Box
+    observation_space: spaces.Space  # as the dataset keeps them: a Box, or a Dict observation's Dict of parts
     action_space: spaces.Space
     newest_frame: bool  # observations are frame stacks: each step keeps its newest frame
+    parts: tuple[Part, ...] = ()  # a Dict observation's: the shards keep it flat (envs/parts.py)
 
     def stitchers(self) -> list[EpisodeStitcher]:
         return [EpisodeStitcher(stream, derive_seed(self.preset.seed, "envs", stream.worker),  # as rounds.py seeds
@@ -84,6 +87,8 @@ def find_run_experience(storage: Storage, run_id: str) -> RunExperience:
     observation_space, action_space = env.observation_space, env.action_space
     env.close()
     newest_frame = is_image(observation_space) and (preset.env.frame_stack > 1 or observation_space.shape[0] == 1)
+    if parts := observation_parts(observation_space):
+        return RunExperience(run_id, preset, streams, observation_space.dict_space, action_space, False, parts)
     if newest_frame:
         observation_space = spaces.Box(0, 255, observation_space.shape[1:], np.uint8)
     elif observation_space.dtype != np.uint8:  # shards keep vectors as float32 (envs/vector.py)
@@ -113,7 +118,7 @@ def export_run(source: Storage, run_id: str, destination: Storage, dataset_id: s
         try:
             dataset, episodes, steps = None, 0, 0
             for batch in _batches(episode for stitcher in stitchers for episode in stitcher.read(source)):
-                buffers = [_episode_buffer(episode) for episode in batch]
+                buffers = [_episode_buffer(episode, experience.parts) for episode in batch]
                 if dataset is None:
                     dataset = _create(minari, dataset_id, buffers, experience, data_format)
                 else:
@@ -157,7 +162,8 @@ def _batches(episodes: Iterable[Episode]) -> Iterator[list[Episode]]:
         yield batch
 
 
-def _episode_buffer(episode: Episode) -> Any:
+def _episode_buffer(episode: Episode, parts: tuple[Part, ...]) -> Any:
+    """The episode as Minari takes it; a Dict observation's flat arrays split back into its parts."""
     from minari.data_collector import EpisodeBuffer
 
     # infos run alongside the observations (T + 1): entry t is about the action taken at observation t;
@@ -170,7 +176,8 @@ def _episode_buffer(episode: Episode) -> Any:
         "life_lost": np.append(False, episode.life_lost),  # entry t + 1: step t lost a life
         "worker": same * episode.worker, "env": same * episode.env, "episode_index": same * episode.index,
     }
-    return EpisodeBuffer(seed=episode.seed, observations=episode.observations, actions=episode.actions,
+    observations = unflatten_parts(parts, episode.observations) if parts else episode.observations
+    return EpisodeBuffer(seed=episode.seed, observations=observations, actions=episode.actions,
                          rewards=episode.rewards.astype(np.float64), terminations=ended & episode.terminated,
                          truncations=ended & (not episode.terminated), infos=infos)
 

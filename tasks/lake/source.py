@@ -22,6 +22,7 @@ import numpy as np
 from gymnasium import spaces
 
 from gymflow.agents.batches import Rollout
+from gymflow.envs.parts import Part, flatten_parts, observation_parts
 from gymflow.errors import GymflowError, InvalidPreset
 from gymflow.presets.model import DatasetConfig, StorageConfig
 from gymflow.tasks.storage.objects import Storage, StorageLocation, open_storage, storage_location
@@ -120,13 +121,16 @@ def open_minari_dataset(config: DatasetConfig, observation_space: spaces.Space, 
                                           f"{type(error).__name__}: {error}".splitlines()[0]) from None
     _check_spaces("dataset.id", repr(config.id), (dataset.observation_space, dataset.action_space),
                   (observation_space, action_space))
+    parts = observation_parts(observation_space)
     return ExperienceDataset(config.id, storage.url(config.id), episodes, steps,
-                             lambda: (_minari_episode(e) for e in dataset.iterate_episodes()), dtype, local_copy)
+                             lambda: (_minari_episode(e, parts) for e in dataset.iterate_episodes()), dtype, local_copy)
 
 
-def _minari_episode(episode: Any) -> EpisodeArrays:
-    """An episode that says neither terminated nor truncated counts as truncated: it is bootstrapped from."""
-    return EpisodeArrays(episode.observations, episode.actions, episode.rewards, bool(episode.terminations[-1]))
+def _minari_episode(episode: Any, parts: tuple[Part, ...]) -> EpisodeArrays:
+    """An episode that says neither terminated nor truncated counts as truncated: it is bootstrapped
+    from. A Dict observation's parts are flattened as the env flattens them."""
+    observations = flatten_parts(parts, episode.observations) if parts else episode.observations
+    return EpisodeArrays(observations, episode.actions, episode.rewards, bool(episode.terminations[-1]))
 
 
 def open_runs(run_ids: list[str], storage: Storage, observation_space: spaces.Space, action_space: spaces.Space,
@@ -172,13 +176,20 @@ def _check_spaces(field_name: str, what_it_is: str, theirs: tuple[spaces.Space, 
 
 def same_shape(theirs: spaces.Space, ours: spaces.Space) -> bool:
     """Spaces whose values can be used as each other's: discrete of the same n, boxes of the same
-    shape (their dtypes and bounds may differ: a dataset may keep float64 observations)."""
+    shape (their dtypes and bounds may differ: a dataset may keep float64 observations), Dicts of
+    the same keys, each of the same shape."""
+    if parts := observation_parts(ours):  # a Dict observation, flattened at the env's boundary
+        return isinstance(theirs, spaces.Dict) and \
+            {key: part.shape for key, part in theirs.spaces.items()} == {part.key: part.shape for part in parts}
     if isinstance(ours, spaces.Discrete):
         return isinstance(theirs, spaces.Discrete) and theirs.n == ours.n
     return isinstance(theirs, spaces.Box) and isinstance(ours, spaces.Box) and theirs.shape == ours.shape
 
 
 def _described(space: spaces.Space) -> str:
+    if isinstance(space, spaces.Dict) or observation_parts(space):
+        parts = space.spaces if isinstance(space, spaces.Dict) else {p.key: p for p in observation_parts(space)}
+        return "Dict(" + ", ".join(f"{key}: {tuple(part.shape)}" for key, part in parts.items()) + ")"
     if isinstance(space, spaces.Box):
         return f"Box{space.shape}"
     return str(space)

@@ -29,7 +29,7 @@ import gymflow.agents
 import gymflow.envs
 import gymflow.presets
 from gymflow.agents.rollout import evaluate
-from gymflow.envs.parts import Part, observation_parts
+from gymflow.envs.parts import Part, lay_out, observation_parts, unflatten_parts
 from gymflow.envs.vector import SeededVectorEnv, observation_dtype
 from gymflow.errors import UnusableWarmStart
 from gymflow.presets.model import EnvConfig
@@ -248,7 +248,8 @@ class _PredictingPolicy:
         self.memory_size = inputs.inputs[1].shape[-1] if recurrent else None
         self.memory: np.ndarray | None = None
         named = inputs is not None and inputs.has_input_names() and not recurrent  # a Dict observation's parts
-        self.parts = [(spec.name, tuple(spec.shape[1:]), spec.type) for spec in inputs.inputs] if named else []
+        self.parts = lay_out([(spec.name, tuple(spec.shape[1:]), spec.type == np.dtype(np.uint8))
+                              for spec in inputs.inputs]) if named else ()
 
     def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
         if self.parts:
@@ -265,10 +266,5 @@ class _PredictingPolicy:
             self.memory[:, list(envs)] = 0.0
 
     def _by_part(self, obs: np.ndarray) -> dict[str, np.ndarray]:
-        """Flat observations back into the Dict's parts, in the signature's (the flat vector's) order."""
-        parts, start = {}, 0
-        for name, shape, dtype in self.parts:
-            size = int(np.prod(shape))
-            parts[name] = obs[:, start : start + size].reshape(len(obs), *shape).astype(dtype)
-            start += size
-        return parts
+        """Flat observations back into the Dict's parts (the signature's order is the flat array's)."""
+        return unflatten_parts(self.parts, obs)
