@@ -108,6 +108,9 @@ def test_ppo_and_dqn_learn_from_a_picture_and_a_clock_and_their_model_takes_the_
     mlflow.set_tracking_uri(local_overrides(workspace)["tracking.tracking_uri"])
     model = mlflow.pyfunc.load_model(summary.model_uri)
     assert model.metadata.get_input_schema().input_names() == ["clock", "view"]
+    if mode == "async":  # the replay memory keeps the picture as its uint8 bytes (float32 would be 2 x 184 bytes)
+        client = mlflow.MlflowClient()
+        assert client.get_metric_history(summary.mlflow_run_id, "train/replay_bytes_per_transition")[-1].value < 2 * 49 + 32
     env = SeededVectorEnv(PICTURE, {}, 6, seed=7)
     env.reset()
     parts = [env.envs[i].unwrapped._observe() for i in range(6)]
