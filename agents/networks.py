@@ -75,10 +75,11 @@ class TwinCritic(nn.Module):
 
 def twin_critic(config: ObservationNormalization, hidden: list[int], observation_space: spaces.Box,
                 action_space: spaces.Box) -> TwinCritic:
-    """Twin critics over a Box's observations and actions, with a normaliser of their own where
-    the options ask for one (the learner then shares one set of statistics: `share_normalizer`)."""
-    obs_size, action_size = int(np.prod(observation_space.shape)), int(np.prod(action_space.shape))
-    return TwinCritic(obs_size, action_size, hidden, observation_normalizer(config, observation_space.shape))
+    """Twin critics over a Box's observations and actions, reading the observations with a reader
+    of their own (`observation_reader`: a CNN of their own for images; where the options ask, a
+    normaliser, whose statistics the learner then shares: `share_normalizer`)."""
+    reader, width = observation_reader(config, observation_space)
+    return TwinCritic(width, int(np.prod(action_space.shape)), hidden, reader)
 
 
 class PixelEncoder(nn.Module):

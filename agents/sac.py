@@ -24,11 +24,12 @@ from gymflow.agents.networks import (
     TwinCritic,
     cpu_weights,
     mlp,
+    observation_reader,
     seeded_init,
     step_optimizer,
     twin_critic,
 )
-from gymflow.agents.normalization import observation_normalizer, share_normalizer
+from gymflow.agents.normalization import share_normalizer
 from gymflow.agents.replay import make_replay, memory_spec
 from gymflow.agents.training_state import SavedWhole
 
@@ -64,8 +65,9 @@ class SquashedGaussianActor(BoundedActions, nn.Module):
 
 
 def make_actor(config: SACConfig, observation_space: spaces.Box, action_space: spaces.Box) -> SquashedGaussianActor:
-    obs_norm = observation_normalizer(config, observation_space.shape)
-    return SquashedGaussianActor(int(np.prod(observation_space.shape)), config.hidden_sizes, action_space, obs_norm)
+    """The actor, with an observation reader of its own (a CNN of its own for images)."""
+    reader, width = observation_reader(config, observation_space)
+    return SquashedGaussianActor(width, config.hidden_sizes, action_space, reader)
 
 
 class SACPolicy:

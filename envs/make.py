@@ -325,7 +325,7 @@ def _check_observations(env_id: str, space: spaces.Space, algo: str, images: boo
     if image_parts(space) and not images:
         keys = ", ".join(part.key for part in image_parts(space))
         raise EnvSpecError("agent.algo", f"{algo} reads vector observations; {env_id!r} observes images among its "
-                                         f"parts ({keys}): use ppo or dqn")
+                                         f"parts ({keys}): use ppo, dqn, sac or td3")
     if isinstance(space, spaces.Box) and len(space.shape) == 1:
         return
     if is_image(space):
@@ -334,7 +334,7 @@ def _check_observations(env_id: str, space: spaces.Space, algo: str, images: boo
                                          "allowed: [channels, height, width] (or grey [height, width])")
         if not images:
             raise EnvSpecError("agent.algo", f"{algo} reads vector observations; {env_id!r} observes images "
-                                             f"{space.shape}: use ppo or dqn")
+                                             f"{space.shape}: use ppo, dqn, sac or td3")
         return
     raise EnvSpecError(
         "env.id", f"{env_id!r} observes {space}; allowed: a 1-D Box, uint8 images [height, width] or "

@@ -18,17 +18,19 @@ class PictureCorridor(gym.Env):
     column white, the goal's grey) and the time gone ("clock", float32 [1]). Which way to walk is
     in the picture alone: a policy that does not read it wins half its episodes.
 
-    Reward 1 at the goal (terminated), -0.01 a step otherwise; truncated after `max_steps`."""
+    Reward 1 at the goal (terminated), -0.01 a step otherwise; truncated after `max_steps`. With
+    `continuous` the action is a Box [-1, 1]: a step right where it is above 0, else left."""
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 8}
 
-    def __init__(self, length: int = 9, max_steps: int = 30, render_mode: str | None = None):
+    def __init__(self, length: int = 9, max_steps: int = 30, continuous: bool = False, render_mode: str | None = None):
         self.length, self.max_steps, self.render_mode = length, max_steps, render_mode
         self.observation_space = spaces.Dict({
             "view": spaces.Box(0, 255, shape=(5, length, 1), dtype=np.uint8),
             "clock": spaces.Box(0.0, 1.0, shape=(1,), dtype=np.float32),
         })
-        self.action_space = spaces.Discrete(2)
+        self.continuous = continuous
+        self.action_space = spaces.Box(-1.0, 1.0, (1,), np.float32) if continuous else spaces.Discrete(2)
         self._position, self._goal, self._steps = 0, 0, 0
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
@@ -38,7 +40,8 @@ class PictureCorridor(gym.Env):
         return self._observe(), {}
 
     def step(self, action):
-        self._position = int(np.clip(self._position + (1 if int(action) == 1 else -1), 0, self.length - 1))
+        right = float(np.asarray(action).reshape(-1)[0]) > 0 if self.continuous else int(action) == 1
+        self._position = int(np.clip(self._position + (1 if right else -1), 0, self.length - 1))
         self._steps += 1
         terminated = self._position == self._goal
         truncated = not terminated and self._steps >= self.max_steps

@@ -13,7 +13,7 @@ from gymnasium import spaces
 
 from gymflow.agents.configs import PPOConfig
 from gymflow.agents.networks import PartsEncoder, PixelEncoder
-from gymflow.agents.rollout import RandomPolicy, evaluate
+from gymflow.agents.rollout import RandomPolicy, collect, evaluate
 from gymflow.envs.make import make_env
 from gymflow.envs.parts import PartsBox, flatten_parts, is_packed, lay_out, unflatten_parts
 from gymflow.envs.vector import SeededVectorEnv
@@ -73,8 +73,8 @@ def test_each_part_is_read_by_its_own_encoder_and_only_the_vector_entries_are_no
 
 
 @pytest.mark.parametrize(("preset", "overrides", "says"), [
-    ("pendulum-sac", {"env.id": PICTURE}, f"agent.algo: sac reads vector observations; '{PICTURE}' observes images "
-                                          "among its parts (view): use ppo or dqn"),
+    ("cartpole-bc", {"env.id": PICTURE}, f"agent.algo: bc reads vector observations; '{PICTURE}' observes images "
+                                         "among its parts (view): use ppo, dqn, sac or td3"),
     ("catch-ppo", {"env.id": PICTURE}, "env.frame_stack: 'gymflow.envs.picture_corridor:PictureCorridor' observes a Dict; "
                                        "allowed: 1"),
     ("catch-ppo", {**ON_PICTURES, "agent.recurrent": 16}, "agent.recurrent: reads vector observations (not yet "
@@ -129,3 +129,43 @@ def test_ppo_and_dqn_learn_from_a_picture_and_a_clock_and_their_model_takes_the_
                                    timeout=30)
         assert answer.ok, answer.text
         np.testing.assert_array_equal(answer.json()["predictions"], goals_right.astype(np.int64))
+
+
+CONTINUOUS = {"env.id": PICTURE, "env.kwargs": {"continuous": True}, "agent.normalize_observations": True,
+              "agent.hidden_sizes": [64, 64], "agent.batch_size": 64, "agent.train_steps_per_iteration": 32,
+              "agent.replay_capacity": 20000, "schedule.heatup_env_steps": 500, "schedule.rollout_steps_per_env": 32,
+              "schedule.evaluate_every_env_steps": 1024, "schedule.evaluation_episodes": 20,
+              "schedule.target_return": 0.9, "distribution.mode": "sync", "distribution.envs_per_worker": 2}
+
+
+@pytest.mark.parametrize("preset", ["pendulum-sac", "hopper-td3"])
+def test_sac_and_td3_read_each_image_part_with_a_cnn_in_their_actor_and_in_each_critic(preset):
+    experiment = resolve_experiment(preset, CONTINUOUS)
+    learner = experiment.algorithm.learner(experiment.preset.agent, experiment.observation_space,
+                                           experiment.action_space, 0)
+    readers = [learner.actor.obs_norm, learner.critic.obs_norm, learner.target_critic.obs_norm]
+    assert all(isinstance(reader, PartsEncoder) and len(reader.pixels) == 1 for reader in readers)
+    assert learner.normalizer is readers[0].obs_norm is readers[1].obs_norm  # one set of the clock's statistics
+    env = SeededVectorEnv(PICTURE, {"continuous": True}, 2, seed=0)
+    env.reset()
+    rollout, _ = collect(RandomPolicy(env.action_space, seed=0), env, 300)
+    metrics = learner.learn([rollout], 0.0)
+    assert np.isfinite(metrics["critic_loss"]) and learner.train_steps == 32
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("preset", "changes"), [
+    ("pendulum-sac", {"agent.entropy_coef": 0.01, "schedule.total_env_steps": 8000}),
+    pytest.param("hopper-td3", {"agent.lr": 3e-4, "schedule.total_env_steps": 16000}, marks=pytest.mark.slow),
+])
+def test_sac_and_td3_learn_to_walk_toward_a_goal_seen_in_a_picture(preset, changes, prefect_api, workspace):
+    summary = improve(preset, {**CONTINUOUS, **changes, **local_overrides(workspace)})
+    assert summary.solved and summary.final_return >= 0.9, summary
+    mlflow.set_tracking_uri(local_overrides(workspace)["tracking.tracking_uri"])
+    model = mlflow.pyfunc.load_model(summary.model_uri)
+    env = SeededVectorEnv(PICTURE, {"continuous": True}, 6, seed=7)
+    env.reset()
+    parts = [env.envs[i].unwrapped._observe() for i in range(6)]
+    by_name = {key: np.stack([part[key] for part in parts]) for key in ("view", "clock")}
+    goals_right = by_name["view"][:, 0, -1, 0] == 128
+    np.testing.assert_array_equal(np.asarray(model.predict(by_name))[:, 0] > 0, goals_right)  # walk toward it
