@@ -163,19 +163,31 @@ def recorded(record: str | None, key: dict) -> list[dict]:
     return [entry for entry in entries if all(entry[k] == v for k, v in key.items())]
 
 
-def run_seed(seed: int, args: argparse.Namespace, root: str, dataset_id: str, source_final: float) -> dict:
-    order = ["iql", "bc"] if seed % 2 == 0 else ["bc", "iql"]
-    results = {learner: train_offline(learner, seed, args.train_steps, root, dataset_id, args.folder)
-               for learner in order}
-    print(f"seed {seed}: " + ", ".join(f"{k} {v[0]:.1f} ({normalised(v[0]):.1f}) in {v[1]:.0f} s"
-                                       for k, v in sorted(results.items())), flush=True)
-    row = {learner: list(result[:2]) for learner, result in results.items()}
+def run_seed(seed: int, args: argparse.Namespace, root: str, dataset_id: str, source_final: float,
+             offline: dict | None) -> dict:
+    """The seed's IQL and BC runs (or, `offline`, their recorded figures), then IQL online."""
+    if offline is None:
+        order = ["iql", "bc"] if seed % 2 == 0 else ["bc", "iql"]
+        results = {learner: train_offline(learner, seed, args.train_steps, root, dataset_id, args.folder)
+                   for learner in order}
+        row = {learner: list(result[:2]) for learner, result in results.items()} | {"iql_run": results["iql"][2]}
+    else:  # recorded by an offline-only invocation of the same budget: continued, not trained again
+        row = {"iql": offline["iql"], "bc": offline["bc"],
+               "iql_run": offline.get("iql_run") or first_run(os.path.join(args.folder, f"iql-{seed}"))}
+    print(f"seed {seed}: " + ", ".join(f"{k} {row[k][0]:.1f} ({normalised(row[k][0]):.1f}) in {row[k][1]:.0f} s"
+                                       for k in ("bc", "iql")), flush=True)
     if args.online_steps:
-        row["online"] = continue_online(seed, results["iql"][2], args.online_steps, root, dataset_id, args.folder,
+        row["online"] = continue_online(seed, row["iql_run"], args.online_steps, root, dataset_id, args.folder,
                                         source_final)
         print(f"seed {seed}: IQL online from its offline learner: reached {source_final:.1f} at "
               f"{row['online'][0]} env steps, final {row['online'][1]:.1f}", flush=True)
     return row
+
+
+def first_run(storage_root: str) -> str:
+    """The first run under a storage root (run ids begin with their start time): a seed's offline
+    IQL run, which its online continuation follows in the same root."""
+    return sorted(os.listdir(os.path.join(storage_root, "runs")))[0]
 
 
 def main() -> None:
@@ -186,7 +198,8 @@ def main() -> None:
     parser.add_argument("--kind", choices=["medium-replay", "medium"], default="medium-replay",
                         help="the SAC run's own experience, or as many env steps of its final policy's (collect only)")
     parser.add_argument("--online-steps", type=int, default=0, help="env steps of each IQL run continued online "
-                                                                      "(0: none)")
+                                                                      "(0: none); a seed whose offline runs are "
+                                                                      "recorded (online 0) continues its IQL run")
     parser.add_argument("--folder", required=True, help="where the dataset, runs and MLflow store go (reused)")
     parser.add_argument("--record", help="a JSON-lines file: finished seeds are kept there and not run again")
     args = parser.parse_args()
@@ -195,9 +208,11 @@ def main() -> None:
     key = {"source_steps": args.source_steps, "train_steps": args.train_steps, "online_steps": args.online_steps,
            "kind": args.kind}
     rows = recorded(args.record, key)
+    offline = {row["seed"]: row for row in recorded(args.record, {**key, "online_steps": 0})}
     for seed in [s for s in args.seeds if s not in {row["seed"] for row in rows}]:
-        rows.append({**key, "seed": seed, **run_seed(seed, args, root, dataset_id, source["final_return"]),
-                     "dataset_mean": data_mean, "date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count()})
+        row = run_seed(seed, args, root, dataset_id, source["final_return"], offline.get(seed))
+        rows.append({**key, "seed": seed, **row, "dataset_mean": data_mean, "date": time.strftime("%Y-%m-%d %H:%M"),
+                     "cores": os.cpu_count()})
         if args.record:
             with open(args.record, "a") as lines:
                 lines.write(json.dumps(rows[-1]) + "\n")
