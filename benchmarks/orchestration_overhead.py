@@ -63,12 +63,13 @@ def plain_loop(preset: str, total_env_steps: int) -> float:
     return time.perf_counter() - started
 
 
-def gymflow_run(preset: str, total_env_steps: int, folder: str, mode: str = "sync"):
+def gymflow_run(preset: str, total_env_steps: int, folder: str, mode: str = "sync", changes: dict | None = None):
     from gymflow.flows.improve import improve
 
     return improve(preset, {
         "schedule.total_env_steps": total_env_steps, "schedule.target_return": None, "distribution.mode": mode,
         "storage.root": os.path.join(folder, "data"), "tracking.tracking_uri": f"sqlite:///{os.path.join(folder, 'mlflow.db')}",
+        **(changes or {}),
     })
 
 
@@ -77,7 +78,12 @@ def main() -> None:
     parser.add_argument("--presets", nargs="+", default=["cartpole-ppo", "cartpole-dqn"])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--mode", default="sync", choices=["single", "sync"], help="gymflow's distribution.mode")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a preset change for gymflow's side (repeatable), e.g. tracking.video=off")
     args = parser.parse_args()
+    from gymflow.presets.load import parse_assignments
+
+    changes = parse_assignments(args.set)
 
     from prefect.testing.utilities import prefect_test_harness
 
@@ -87,7 +93,7 @@ def main() -> None:
             budget = BUDGETS.get(preset, 20_000)
             for _ in range(args.repeats):
                 plain = plain_loop(preset, budget)
-                summary = gymflow_run(preset, budget, folder, args.mode)
+                summary = gymflow_run(preset, budget, folder, args.mode, changes)
                 rows.append((preset, budget, plain, summary))
 
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "

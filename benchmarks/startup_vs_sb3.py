@@ -90,9 +90,12 @@ def timed_process(args: list[str], cwd: str) -> tuple[float, dict[str, float], s
     return wall, seen, output
 
 
-def run_gymflow(seed: int, folder: str) -> tuple[float, dict[str, float], str]:
-    gymflow = os.path.join(os.path.dirname(sys.executable), "gymflow")
-    return timed_process([gymflow, "run", "cartpole-ppo", "--quiet", "--set", f"seed={seed}"], folder)
+def run_gymflow(seed: int, folder: str, changes: tuple[str, ...] = ()) -> tuple[float, dict[str, float], str]:
+    """`gymflow run cartpole-ppo` with this seed and the `--set` changes given."""
+    beside = os.path.join(os.path.dirname(sys.executable), "gymflow")
+    gymflow = beside if os.path.exists(beside) else shutil.which("gymflow") or beside
+    sets = [arg for change in (f"seed={seed}", *changes) for arg in ("--set", change)]
+    return timed_process([gymflow, "run", "cartpole-ppo", "--quiet", *sets], folder)
 
 
 def run_sb3(seed: int, folder: str) -> tuple[float, str]:
@@ -120,6 +123,8 @@ def main() -> None:
                         help="every run in a new empty folder (default: each side keeps one folder, after a warm-up run)")
     parser.add_argument("--prefect-server", action="store_true",
                         help="gymflow uses a Prefect server started before the runs (default: its temporary API)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a preset change for gymflow's side (repeatable), e.g. tracking.video=off")
     args = parser.parse_args()
     if args.prefect_server:
         from gymflow.flows.stopping import TemporaryApi
@@ -129,7 +134,7 @@ def main() -> None:
         PREFECT_API["PREFECT_API_URL"] = server.url
     kept = {side: tempfile.mkdtemp(prefix=f"startup-{side}-") for side in ("gymflow", "sb3")}
     if not args.fresh_folders:  # the warm-up: a project folder that has seen a run, and a warm page cache
-        run_gymflow(100, kept["gymflow"])
+        run_gymflow(100, kept["gymflow"], tuple(args.set))
         run_sb3(100, kept["sb3"])
     gymflow_walls, sb3_walls, stages = [], [], []
     for repeat in range(args.repeats):
@@ -137,7 +142,7 @@ def main() -> None:
         for side in sides:
             if side == "gymflow":
                 with working_folder(args.fresh_folders, kept[side]) as folder:
-                    wall, seen, output = run_gymflow(repeat, folder)
+                    wall, seen, output = run_gymflow(repeat, folder, tuple(args.set))
                 gymflow_walls.append(wall)
                 stages.append(seen)
                 verdict = next((line.strip() for line in output.splitlines() if "its target" in line), "?")

@@ -176,8 +176,9 @@ class DistributionConfig(_Strict):
     learner_device: str = Field(
         default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
         description="Where the learner's networks, optimisers and sampled batches live: auto (cuda where torch "
-        "sees a GPU, else cpu), cpu, cuda or cuda:N. Rollout workers act on the CPU either way; checkpoints and "
-        "the MLflow model are stored as CPU tensors.",
+        "sees a GPU and the networks read images, else cpu: an MLP's update runs no faster on a GPU), cpu, cuda "
+        "or cuda:N. Rollout workers act on the CPU either way; checkpoints and the MLflow model are stored as CPU "
+        "tensors.",
     )
     cluster_start_timeout_s: float = Field(
         default=120.0, gt=0, description="How long to wait for the cluster's first worker, and for one "

@@ -157,13 +157,15 @@ def _check_cuda(device: str) -> None:
                             f"{device} asked for, but this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
-def learner_device(config: Preset) -> str:
-    """The torch device the learner runs on: auto is cuda where torch sees a GPU, else cpu."""
-    import torch
-
+def learner_device(config: Preset, observation_space: spaces.Space) -> str:
+    """The torch device the learner runs on. auto: cuda where torch sees a GPU and the networks read
+    images (a CNN: an update measured 2-10x faster on an H100), else cpu (an MLP's update is bound by
+    launching kernels: MuJoCo PPO's measured 2x slower there; docs/benchmarks.md)."""
     wanted = config.distribution.learner_device
     if wanted == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        import torch
+
+        return "cuda" if reads_pixels(observation_space) and torch.cuda.is_available() else "cpu"
     return wanted
 
 

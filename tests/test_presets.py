@@ -9,7 +9,7 @@ import torch
 
 from gymflow.flows.cli import main
 from gymflow.presets import InvalidPreset, builtin_presets, load_preset, parse_assignments
-from gymflow.presets.validate import resolve_experiment
+from gymflow.presets.validate import learner_device, resolve_experiment
 from tests.conftest import written_files
 
 
@@ -183,3 +183,18 @@ def test_a_run_s_overrides_tag_names_each_changed_field_and_hides_credentials():
     assert tags == {"gymflow.overrides": 'agent.lr=0.001 seed=3 storage.options.endpoint_url="http://x" '
                                          'storage.options.secret=***', "gymflow.sweep.id": "s1"}
     assert run_tags({}) == {"gymflow.overrides": "(none)"}
+
+
+@pytest.mark.parametrize(("preset", "overrides", "with_a_gpu"), [
+    ("breakout-dqn", {}, "cuda"),  # a CNN: the learner's update is several times faster on a GPU
+    ("catch-ppo", {"env.id": "gymflow.envs.picture_corridor:PictureCorridor", "env.frame_stack": 1}, "cuda"),
+    ("hopper-ppo", {}, "cpu"),  # an MLP: bound by launching kernels, slower on a GPU
+    ("cartpole-dqn", {}, "cpu"),
+])
+def test_auto_puts_the_learner_on_a_gpu_only_where_its_networks_read_images(preset, overrides, with_a_gpu,
+                                                                          monkeypatch):
+    experiment = resolve_experiment(preset, overrides)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine, which this one may not be
+    assert learner_device(experiment.preset, experiment.observation_space) == with_a_gpu
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert learner_device(experiment.preset, experiment.observation_space) == "cpu"

@@ -64,7 +64,9 @@ class FinishedRun:
 def finished_run(prefect_api, tmp_path_factory) -> FinishedRun:
     folder = tmp_path_factory.mktemp("run")
     overrides = {**OVERRIDES, "storage.root": str(folder / "data"), "tracking.tracking_uri": f"sqlite:///{folder / 'mlflow.db'}"}
-    state = improve("cartpole-dqn", overrides, return_state=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)  # MLflow's default artifact root (./mlruns) lands there, not where pytest started
+        state = improve("cartpole-dqn", overrides, return_state=True)
     assert state.is_completed(), state.message
     return FinishedRun(folder, state.result(), str(state.state_details.flow_run_id))
 

@@ -48,7 +48,7 @@ def create_learner(experiment: Experiment, warm_start: dict[str, torch.Tensor] |
     config = experiment.preset
     torch.set_num_threads(config.distribution.learner_threads)
     learner = experiment.algorithm.learner(config.agent, experiment.observation_space, experiment.action_space,
-                                           config.seed, learner_device(config))
+                                           config.seed, learner_device(config, experiment.observation_space))
     if warm_start is not None:
         if (misfit := warm_start_misfit(learner.policy_weights(), warm_start)) is not None:
             raise UnusableWarmStart("warm_start", f"the policy does not fit this preset's network: {misfit}")
