@@ -40,9 +40,8 @@ def _exported(tmp_path_factory, preset: str, overrides: dict) -> tuple[Path, flo
     """A run's experience, exported as DATASET_ID; with the mean return of its episodes: the
     behaviour policy's."""
     workspace = tmp_path_factory.mktemp(preset)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(workspace)  # MLflow's default artifact root (./mlruns) lands there, not where pytest started
-        behaviour = improve(preset, {**TINY, **overrides, **local_overrides(workspace)})
+    behaviour = improve(preset, {**TINY, **overrides, **local_overrides(workspace),
+                                 "tracking.artifact_location": str(workspace / "mlruns")})  # not ./mlruns where pytest runs
     datasets = workspace / "datasets"
     assert main(["export", behaviour.run_id, "--root", str(workspace / "data"), "--to", str(datasets),
                  "--id", DATASET_ID]) == 0

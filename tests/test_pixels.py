@@ -85,7 +85,7 @@ def test_image_observations_are_refused_where_they_do_not_fit():
     from gymflow.errors import InvalidPreset
 
     for overrides, says in (
-        ({"agent.algo": "sac"}, "agent.algo: sac reads vector observations"),
+        ({"agent.algo": "bc"}, "agent.algo: bc reads vector observations"),
         ({"agent.normalize_observations": True}, "agent.normalize_observations: images are scaled"),
         ({"env.id": "CartPole-v1"}, "env.frame_stack: stacks image frames"),
         ({"env.atari": True}, "env.atari: is Atari's preprocessing, for ALE/... ids"),

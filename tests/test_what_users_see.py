@@ -63,10 +63,9 @@ class FinishedRun:
 @pytest.fixture(scope="module")
 def finished_run(prefect_api, tmp_path_factory) -> FinishedRun:
     folder = tmp_path_factory.mktemp("run")
-    overrides = {**OVERRIDES, "storage.root": str(folder / "data"), "tracking.tracking_uri": f"sqlite:///{folder / 'mlflow.db'}"}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(folder)  # MLflow's default artifact root (./mlruns) lands there, not where pytest started
-        state = improve("cartpole-dqn", overrides, return_state=True)
+    overrides = {**OVERRIDES, "storage.root": str(folder / "data"), "tracking.tracking_uri": f"sqlite:///{folder / 'mlflow.db'}",
+                 "tracking.artifact_location": str(folder / "mlruns")}  # not MLflow's default, ./mlruns where pytest runs
+    state = improve("cartpole-dqn", overrides, return_state=True)
     assert state.is_completed(), state.message
     return FinishedRun(folder, state.result(), str(state.state_details.flow_run_id))
 
