@@ -187,9 +187,10 @@ def same_shape(theirs: spaces.Space, ours: spaces.Space) -> bool:
 
 
 def _described(space: spaces.Space) -> str:
-    if isinstance(space, spaces.Dict) or observation_parts(space):
-        parts = space.spaces if isinstance(space, spaces.Dict) else {p.key: p for p in observation_parts(space)}
-        return "Dict(" + ", ".join(f"{key}: {tuple(part.shape)}" for key, part in parts.items()) + ")"
+    if observation_parts(space):  # a Dict observation, flattened: described as the Dict it keeps
+        space = space.dict_space
+    if isinstance(space, spaces.Dict):
+        return "Dict(" + ", ".join(f"{key}: {tuple(part.shape)}" for key, part in space.spaces.items()) + ")"
     if isinstance(space, spaces.Box):
         return f"Box{space.shape}"
     return str(space)
