@@ -36,10 +36,14 @@ class Rollout(NamedTuple):
     last_obs: np.ndarray  # [N, *obs_shape] the observation after the last step
     log_probs: np.ndarray  # [T, N] behaviour log-probabilities (zeros for value-based policies)
     memory: np.ndarray | None = None  # [2, N, H] a recurrent policy's memory (LSTM h, c) where it began
+    agents: np.ndarray | None = None  # [N] int64 where each env is one agent of a game (envs/agents.py): its index
+    alive: np.ndarray | None = None  # [T, N] bool with agents: the agent was in its game (left agents' rows idle)
 
     @property
     def env_steps(self) -> int:
-        return int(self.rewards.size)
+        """Steps of the envs; where each agent of a game is a row, the game's joint steps."""
+        games = self.rewards.shape[1] if self.agents is None else int(np.count_nonzero(self.agents == 0))
+        return int(self.rewards.shape[0] * games)
 
     def steps(self) -> Steps:
         """The rollout as consecutive steps, each with the observation it led to."""

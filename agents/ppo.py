@@ -223,7 +223,7 @@ class PPOLearner(SavedWhole, Learner):
         # Only now do the observation statistics move: the rollouts' log-probabilities and values
         # were computed with the statistics that acted, and so are this batch's (the ratio starts at 1)
         if self.normalizer is not None:
-            self.normalizer.observe(rollout.obs for rollout in rollouts)
+            self.normalizer.observe(live_observations(rollout) for rollout in rollouts)
         metrics = {key: value / updates for key, value in sums.items()}
         metrics["explained_variance"] = _explained_variance(flat["values"], flat["returns"])
         metrics["lr"] = lr
@@ -266,13 +266,15 @@ class PPOLearner(SavedWhole, Learner):
             continues = on_device(~(rollout.terminated | rollout.truncated), self.device).float()
             advantages = generalized_advantages(on_device(scaled, self.device), values, next_values, continues,
                                                 self.config.gamma, self.config.gae_lambda)
-            parts["obs"].append(on_device(rollout.obs, self.device).flatten(0, 1))
             actions = on_device(rollout.actions, self.device).flatten(0, 1)
-            parts["actions"].append(actions if self.network.discrete else actions.float())
-            parts["log_probs"].append(on_device(rollout.log_probs, self.device).flatten())
-            parts["advantages"].append(advantages.flatten())
-            parts["returns"].append((advantages + values).flatten())
-            parts["values"].append(values.flatten())
+            samples = {"obs": on_device(rollout.obs, self.device).flatten(0, 1),
+                       "actions": actions if self.network.discrete else actions.float(),
+                       "log_probs": on_device(rollout.log_probs, self.device).flatten(),
+                       "advantages": advantages.flatten(), "returns": (advantages + values).flatten(),
+                       "values": values.flatten()}
+            live = slice(None) if rollout.alive is None else on_device(rollout.alive, self.device).flatten()
+            for key, value in samples.items():  # the steps of agents that had left their game are not samples
+                parts[key].append(value[live])
         return {key: torch.cat(value) for key, value in parts.items()}
 
     def _critic_values(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
@@ -286,6 +288,11 @@ class PPOLearner(SavedWhole, Learner):
         if len(rollout.done_index):
             next_values[on_device(rollout.done_index, device)] = self.network.value(on_device(rollout.done_obs, device))
         return values, torch.where(on_device(rollout.terminated, device), 0.0, next_values.view(steps, n))
+
+def live_observations(rollout: Rollout) -> np.ndarray:
+    """What the rollout's envs observed, but for the rows of agents that had left their game."""
+    return rollout.obs if rollout.alive is None else rollout.obs[rollout.alive]
+
 
 def generalized_advantages(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
                            continues: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:

@@ -25,10 +25,9 @@ def collect(policy: Policy, env: VectorEnv, steps: int, explore: bool = True) ->
     rewards = np.empty((steps, n), dtype=np.float32)
     terminated = np.empty((steps, n), dtype=bool)
     truncated = np.empty((steps, n), dtype=bool)
-    done_index: list[int] = []
-    done_obs: list[np.ndarray] = []
-    returns: list[float] = []
-    lengths: list[int] = []
+    done_index, done_obs, returns, lengths = [], [], [], []  # of the steps that ended an env's episode
+    agents = getattr(env, "agents", None)  # a multi-agent env's rows (envs/agents.py): which were in their game
+    alive = None if agents is None else np.empty((steps, n), dtype=bool)
     low, high = _action_bounds(env.action_space)
     recurrent = hasattr(policy, "episodes_ended")  # a policy with a memory of each env's episode: the envs keep
     if recurrent:  # it between rollouts, as they keep their cursor
@@ -36,6 +35,8 @@ def collect(policy: Policy, env: VectorEnv, steps: int, explore: bool = True) ->
     memory = policy.memory.copy() if recurrent and policy.memory is not None else None
     for t in range(steps):
         obs[t] = env.obs
+        if alive is not None:
+            alive[t] = env.alive
         actions[t], log_probs[t] = policy.act(obs[t], explore)
         if recurrent and memory is None:
             memory = np.zeros_like(policy.memory)  # it began with nothing remembered
@@ -59,6 +60,8 @@ def collect(policy: Policy, env: VectorEnv, steps: int, explore: bool = True) ->
         last_obs=env.obs.copy(),
         log_probs=log_probs,
         memory=memory,
+        agents=None if agents is None else agents.copy(),
+        alive=alive,
     )
     if recurrent:
         env.memory = policy.memory

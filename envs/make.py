@@ -42,6 +42,13 @@ class Preprocessing:
         return Preprocessing(self.frame_stack, self.atari, training=False, hide=self.hide)
 
 
+PETTINGZOO = "pettingzoo:"  # an env id's prefix: a PettingZoo parallel env, whose agents are rows (envs/agents.py)
+
+
+def is_multi_agent(env_id: str) -> bool:
+    return env_id.startswith(PETTINGZOO)
+
+
 LIFE_LOST = "gymflow.life_lost"  # an info key: this step lost a life, and the game goes on
 
 
@@ -278,6 +285,8 @@ def check_env(
 ) -> tuple[spaces.Box, spaces.Space]:
     """Make the env once (wrapped) and check its spaces; returns (observation_space, action_space).
     `images`: whether the agent reads image observations."""
+    if is_multi_agent(env_id):
+        return _check_agents(env_id, kwargs, action_spaces, algo, preprocessing)
     try:
         env = make_env(env_id, kwargs, preprocessing=preprocessing)
     except EnvSpecError:
@@ -309,6 +318,38 @@ def check_env(
     if isinstance(action_space, spaces.Box) and not np.all(np.isfinite(action_space.low)):
         raise EnvSpecError("env.id", f"{env_id!r} has an unbounded Box action space")
     return observation_space, action_space
+
+
+def env_spaces(env_id: str, kwargs: dict[str, Any], preprocessing: Preprocessing | None = None
+               ) -> tuple[spaces.Space, spaces.Space]:
+    """An env's (observation, action) spaces as gymflow's vector envs present them: a PettingZoo
+    env's as its rows (envs/agents.py)."""
+    if is_multi_agent(env_id):
+        from gymflow.envs.agents import agent_table
+
+        table = agent_table(env_id, kwargs)
+        return table.observation_space, table.action_space
+    env = make_env(env_id, kwargs, preprocessing=preprocessing)
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+def _check_agents(env_id: str, kwargs: dict[str, Any], action_spaces: tuple[type[spaces.Space], ...], algo: str,
+                  preprocessing: Preprocessing | None) -> tuple[spaces.Box, spaces.Space]:
+    """A PettingZoo env's spaces as rows (envs/agents.py): made once, its agents able to share a policy."""
+    from gymflow.envs.agents import agent_table
+
+    if preprocessing is not None and preprocessing != Preprocessing(training=preprocessing.training):
+        raise EnvSpecError("env.id", f"{env_id!r} is a PettingZoo env: frame stacks, Atari's preprocessing and hidden "
+                                     "entries are for Gymnasium envs; allowed: none of them")
+    table = agent_table(env_id, kwargs)
+    if not isinstance(table.action_space, action_spaces):
+        allowed = " or ".join(space.__name__ for space in action_spaces)
+        raise EnvSpecError("agent.algo", f"{algo} supports {allowed} action spaces; {env_id!r} acts in "
+                                         f"{table.action_space}")
+    return table.observation_space, table.action_space
 
 
 def is_image(space: spaces.Space) -> bool:

@@ -15,12 +15,15 @@ episode, and the last observation of the finished one is handed back separately.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 import numpy as np
 
-from gymflow.envs.make import LIFE_LOST, Preprocessing, make_env
+from gymflow.envs.make import LIFE_LOST, Preprocessing, is_multi_agent, make_env
 from gymflow.envs.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from gymflow.envs.agents import SeededAgentVectorEnv
 
 
 def observation_dtype(space: Any) -> type:
@@ -53,6 +56,16 @@ class VectorStep(NamedTuple):
     episode_lengths: list[int]
 
 
+def make_vector_env(env_id: str, env_kwargs: dict[str, Any], num_envs: int, seed: int,
+                    preprocessing: Preprocessing | None = None) -> AnyVectorEnv:
+    """`num_envs` envs of an id, seeded; a PettingZoo env's games give a row to each of their agents."""
+    from gymflow.envs.agents import SeededAgentVectorEnv
+
+    if is_multi_agent(env_id):
+        return SeededAgentVectorEnv(env_id, env_kwargs, num_envs, seed)
+    return SeededVectorEnv(env_id, env_kwargs, num_envs, seed, preprocessing)
+
+
 class SeededVectorEnv:
     def __init__(self, env_id: str, env_kwargs: dict[str, Any], num_envs: int, seed: int,
                  preprocessing: Preprocessing | None = None):
@@ -68,6 +81,8 @@ class SeededVectorEnv:
         self._actions: list[list[Any]] = [[] for _ in range(num_envs)]
         self.memory: np.ndarray | None = None  # a recurrent policy's memory of these envs, carried between rounds
         self.obs = np.zeros((num_envs, *self.observation_space.shape), dtype=observation_dtype(self.observation_space))
+        self.agents: np.ndarray | None = None  # one env, one agent (envs/agents.py has envs whose agents are rows)
+        self.alive: np.ndarray | None = None
 
     def reset(self, cursor: EnvCursor | None = None) -> np.ndarray:
         """Start every env at episode 0, or where `cursor` says it stands."""
@@ -142,3 +157,6 @@ class SeededVectorEnv:
             self.episode_return[i] += reward
             self.episode_length[i] += 1
             self.obs[i] = next_obs
+
+
+AnyVectorEnv: TypeAlias = "SeededVectorEnv | SeededAgentVectorEnv"

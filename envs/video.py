@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from gymflow.envs.agents import SeededAgentVectorEnv
 from gymflow.envs.headless import has_display, missing_renderer_hint, offscreen_backend
 from gymflow.envs.make import Preprocessing, is_mujoco, make_env, render_modes
 
@@ -60,6 +61,28 @@ def film_episode(act: Callable[[np.ndarray], np.ndarray], env_id: str, env_kwarg
     finally:
         env.close()
     return Filmed(film.mp4, film.frames, episode_return, length)
+
+
+def film_game(act: Callable[[np.ndarray], np.ndarray], env_id: str, env_kwargs: dict[str, Any], seed: int,
+              max_frames: int = MAX_FRAMES) -> Filmed:
+    """A PettingZoo env's game 0 from `seed` (envs/agents.py), every agent acting through `act`
+    (rows -> actions), on film; its return is the mean of the agents' returns."""
+    try:
+        envs = SeededAgentVectorEnv(env_id, env_kwargs, 1, seed, render_mode="rgb_array")
+        envs.reset()
+        first = envs.games[0].render()
+    except Exception as error:  # no renderer here: the run goes on without a film
+        raise CannotFilm(f"{env_id} cannot render here: {type(error).__name__}: {error}") from None
+    returns: list[float] = []
+    try:
+        with Mp4Encoder(first.shape, int(envs.games[0].metadata.get("render_fps") or 30)) as film:
+            film.add(first)
+            while len(returns) < envs.num_envs and film.frames < max_frames:
+                returns += envs.step(act(envs.obs)).episode_returns
+                film.add(envs.games[0].render())
+    finally:
+        envs.close()
+    return Filmed(film.mp4, film.frames, float(np.mean(returns or [np.nan])), film.frames - 1)
 
 
 class Mp4Encoder:

@@ -10,7 +10,7 @@ from typing import Any
 from gymnasium import spaces
 
 from gymflow.agents.algorithms import ALGORITHMS, Algorithm, algorithm_of
-from gymflow.envs.make import EnvSpecError, check_env, is_image, reads_pixels
+from gymflow.envs.make import EnvSpecError, check_env, is_image, is_multi_agent, reads_pixels
 from gymflow.envs.parts import image_parts
 from gymflow.errors import InvalidPreset
 from gymflow.presets.load import load_preset
@@ -67,6 +67,7 @@ def experiment_from(config: Preset) -> Experiment:
     except EnvSpecError as error:
         raise InvalidPreset(error.field, error.problem) from None
     _check_images(config, observation_space)
+    _check_agents(config, algorithm)
     if config.remote_cluster and _is_local_folder(config.storage.root) and not config.storage.shared:
         raise InvalidPreset(
             "storage.root",
@@ -95,6 +96,17 @@ def experiment_from(config: Preset) -> Experiment:
         raise InvalidPreset("schedule.heatup_env_steps", f"must be 0 for the on-policy {algorithm.name}")
     _check_dataset(config, algorithm)
     return Experiment(config, algorithm, observation_space, action_space)
+
+
+def _check_agents(config: Preset, algorithm: Algorithm) -> None:
+    """What a PettingZoo env's agents, as rows of one shared policy (envs/agents.py), can learn with."""
+    if not is_multi_agent(config.env.id):
+        return
+    if algorithm.name != "ppo" or getattr(config.agent, "recurrent", None) is not None:
+        raise InvalidPreset("agent.algo", f"{config.env.id!r} is a PettingZoo env: its agents learn with ppo (IPPO, "
+                                          "one policy they share), not yet recurrent; allowed: ppo")
+    if config.dataset is not None:
+        raise InvalidPreset("dataset", f"{config.env.id!r} is a PettingZoo env: datasets are of one agent's steps")
 
 
 def _check_dataset(config: Preset, algorithm: Algorithm) -> None:

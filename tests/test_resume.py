@@ -46,6 +46,8 @@ NORMALIZED = {"agent.normalize_observations": True}  # the statistics resume wit
                       **NORMALIZED}),
     ("cartpole-dqn", {**ASYNC, **NORMALIZED}),
     ("hopper-td3", {**TD3_ON_THE_CORRIDOR, **NORMALIZED}),
+    ("spread-ippo", {"env.id": "pettingzoo:gymflow.testing.agents:Exits", "env.kwargs": {},  # agents leaving games
+                     "agent.minibatch_size": 64, "agent.hidden_sizes": [16], **NORMALIZED}),
 ])
 def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, extra, prefect_api, workspace, tiny_budget):
     """SYNC (with normalisation): the same weights and statistics as the uninterrupted run. ASYNC (which version a chunk acts with

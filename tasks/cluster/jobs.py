@@ -21,10 +21,10 @@ import numpy as np
 from gymflow.agents.algorithms import ALGORITHMS, algorithm_of
 from gymflow.agents.core import Policy
 from gymflow.agents.rollout import RandomPolicy, collect, evaluate
-from gymflow.envs.make import EnvSpecError, check_env
+from gymflow.envs.make import EnvSpecError, check_env, is_multi_agent
 from gymflow.envs.seeding import derive_seed
-from gymflow.envs.vector import SeededVectorEnv
-from gymflow.envs.video import CannotFilm, film_episode
+from gymflow.envs.vector import AnyVectorEnv, make_vector_env
+from gymflow.envs.video import CannotFilm, film_episode, film_game
 from gymflow.errors import GymflowError
 from gymflow.tasks.cluster.messages import (
     EvaluationResult,
@@ -44,7 +44,7 @@ from gymflow.tasks.storage.shards import Collected, ShardRef, read_cursor, write
 if TYPE_CHECKING:
     from torch import nn
 
-_LIVE_ENVS: OrderedDict[tuple[str, str, int], tuple[str, SeededVectorEnv]] = OrderedDict()
+_LIVE_ENVS: OrderedDict[tuple[str, str, int], tuple[str, AnyVectorEnv]] = OrderedDict()
 _NETWORKS: OrderedDict[tuple[str, str, int], nn.Module] = OrderedDict()
 _CACHE_SIZE = 32
 _NODE_BLOBS = BlobCache.for_this_machine()  # a policy blob is read from storage once a machine, not once a process
@@ -107,7 +107,7 @@ def run_evaluation(spec: EvaluationSpec) -> EvaluationResult:
     """Run `episodes` greedy episodes of one policy version, one per env. Runs on a Dask worker."""
     _one_thread()
     started = time.perf_counter()
-    env = SeededVectorEnv(spec.env_id, spec.env_kwargs, spec.episodes, spec.seed, spec.preprocessing)
+    env = make_vector_env(spec.env_id, spec.env_kwargs, spec.episodes, spec.seed, spec.preprocessing)
     env.reset()
     policy = _policy(spec, spec.policy_version, env, 0.0, spec.seed)
     episodes = evaluate(policy, env)
@@ -123,14 +123,18 @@ def run_evaluation(spec: EvaluationSpec) -> EvaluationResult:
     )
 
 
-def _film(spec: EvaluationSpec, policy: Policy, env: SeededVectorEnv) -> tuple[Film | None, str]:
+def _film(spec: EvaluationSpec, policy: Policy, env: AnyVectorEnv) -> tuple[Film | None, str]:
     """The first evaluation episode played again, greedily, by a renderable env, as MP4 in storage."""
-    def act(obs: np.ndarray) -> np.ndarray:
-        action = policy.act(np.asarray(obs, dtype=env.obs.dtype)[None], explore=False)[0][0]
-        return action if not env.action_space.shape else np.clip(action, env.action_space.low, env.action_space.high)
+    def act_rows(obs: np.ndarray) -> np.ndarray:
+        actions = policy.act(np.asarray(obs, dtype=env.obs.dtype), explore=False)[0]
+        return actions if not env.action_space.shape else np.clip(actions, env.action_space.low, env.action_space.high)
 
     try:
-        filmed = film_episode(act, spec.env_id, spec.env_kwargs, derive_seed(spec.seed, 0, 0), spec.preprocessing)
+        if is_multi_agent(spec.env_id):  # its game 0, every agent acting
+            filmed = film_game(act_rows, spec.env_id, spec.env_kwargs, spec.seed)
+        else:
+            filmed = film_episode(lambda obs: act_rows(obs[None])[0], spec.env_id, spec.env_kwargs,
+                                  derive_seed(spec.seed, 0, 0), spec.preprocessing)
     except CannotFilm as reason:
         return None, str(reason)
     key = RunLayout(spec.run_id).video(spec.policy_version)
@@ -138,7 +142,7 @@ def _film(spec: EvaluationSpec, policy: Policy, env: SeededVectorEnv) -> tuple[F
     return Film(key, filmed.frames, filmed.episode_return), ""
 
 
-def _acting_policy(spec: RolloutSpec, env: SeededVectorEnv) -> tuple[int | None, Policy]:
+def _acting_policy(spec: RolloutSpec, env: AnyVectorEnv) -> tuple[int | None, Policy]:
     """The spec's policy version and its policy. "newest" is the newest published when the job
     starts; a version retired between reading the pointer and loading it (the learner moved
     more than the lag bound ahead meanwhile) is passed over for the new newest."""
@@ -157,7 +161,7 @@ def _acting_policy(spec: RolloutSpec, env: SeededVectorEnv) -> tuple[int | None,
     return version, _policy(spec, version, env, spec.exploration, spec.policy_seed)
 
 
-def _take_live_envs(spec: RolloutSpec) -> SeededVectorEnv:
+def _take_live_envs(spec: RolloutSpec) -> AnyVectorEnv:
     """The envs as the previous round of this worker left them: live if this process ran that
     round, else rebuilt from the cursor in its shard."""
     cached = _LIVE_ENVS.pop((spec.storage.root, spec.run_id, spec.worker), None)
@@ -165,14 +169,14 @@ def _take_live_envs(spec: RolloutSpec) -> SeededVectorEnv:
         return cached[1]
     if cached is not None:
         cached[1].close()
-    env = SeededVectorEnv(spec.env_id, spec.env_kwargs, spec.num_envs, spec.env_seed, spec.preprocessing)
+    env = make_vector_env(spec.env_id, spec.env_kwargs, spec.num_envs, spec.env_seed, spec.preprocessing)
     cursor = read_cursor(open_storage(spec.storage), spec.resume_from) if spec.resume_from else None
     env.reset(cursor)
     return env
 
 
 def _policy(
-    spec: RolloutSpec | EvaluationSpec, version: int | None, env: SeededVectorEnv, exploration: float, seed: int
+    spec: RolloutSpec | EvaluationSpec, version: int | None, env: AnyVectorEnv, exploration: float, seed: int
 ) -> Policy:
     """The policy of `version` of the spec's run (uniform random for None), its network cached."""
     if version is None:
@@ -204,5 +208,5 @@ def _keep(cache: OrderedDict, key: Any, value: Any) -> None:
     cache.move_to_end(key)
     while len(cache) > _CACHE_SIZE:
         evicted = cache.popitem(last=False)[1]
-        if isinstance(evicted, tuple) and isinstance(evicted[1], SeededVectorEnv):
+        if isinstance(evicted, tuple):  # (shard key, live envs)
             evicted[1].close()

@@ -23,7 +23,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from gymflow.envs.make import EnvSpecError, is_image, make_env
+from gymflow.envs.make import EnvSpecError, is_image, is_multi_agent, make_env
 from gymflow.envs.parts import Part, observation_parts, unflatten_parts
 from gymflow.envs.seeding import derive_seed
 from gymflow.errors import GymflowError
@@ -80,6 +80,9 @@ def find_run_experience(storage: Storage, run_id: str) -> RunExperience:
     streams = worker_streams(storage, layout)
     if not streams:
         raise ExportRefused("run_id", f"run {run_id!r} has no shards left under {storage.url(layout.shards)}")
+    if is_multi_agent(preset.env.id):
+        raise ExportRefused("run_id", f"run {run_id!r} is of a PettingZoo env ({preset.env.id}); a Minari dataset "
+                                      "holds one agent's episodes, so its experience cannot be exported yet")
     try:
         env = make_env(preset.env.id, preset.env.kwargs, preprocessing=preset.env.preprocessing())
     except EnvSpecError as error:

@@ -30,7 +30,7 @@ import gymflow.envs
 import gymflow.presets
 from gymflow.agents.rollout import evaluate
 from gymflow.envs.parts import Part, lay_out, observation_parts, unflatten_parts
-from gymflow.envs.vector import SeededVectorEnv, observation_dtype
+from gymflow.envs.vector import make_vector_env, observation_dtype
 from gymflow.errors import UnusableWarmStart
 from gymflow.presets.model import EnvConfig
 from gymflow.tasks.tracking.tracker import Tracker
@@ -221,7 +221,7 @@ def score_policy(tracking_uri: str, model: ModelRef, env: EnvConfig, episodes: i
             local = mlflow.artifacts.download_artifacts(artifact_uri=model.uri, dst_path=folder,
                                                         tracking_uri=tracking_uri)
         loaded = mlflow.pyfunc.load_model(local)
-        envs = SeededVectorEnv(env.id, dict(env.kwargs), episodes, seed, env.preprocessing().evaluation())
+        envs = make_vector_env(env.id, dict(env.kwargs), episodes, seed, env.preprocessing().evaluation())
         envs.reset()
         returns = evaluate(_PredictingPolicy(loaded), envs).returns
         envs.close()

@@ -30,20 +30,20 @@ class GymflowPolicy(PythonModel):
 
     def load_context(self, context) -> None:
         from gymflow.agents.algorithms import algorithm_of
-        from gymflow.envs.make import make_env
+        from gymflow.envs.make import env_spaces
         from gymflow.envs.parts import observation_parts
         from gymflow.presets.load import validate_preset_data
 
         with open(context.artifacts["preset"]) as handle:
             preset = validate_preset_data(yaml.safe_load(handle))
         algorithm = algorithm_of(preset.agent)
-        env = make_env(preset.env.id, preset.env.kwargs, preprocessing=preset.env.preprocessing().evaluation())
-        network = algorithm.network(preset.agent, env.observation_space, env.action_space)
-        self.observation_shape = env.observation_space.shape
-        self.parts = observation_parts(env.observation_space)
+        observation_space, action_space = env_spaces(preset.env.id, preset.env.kwargs,
+                                                     preset.env.preprocessing().evaluation())
+        network = algorithm.network(preset.agent, observation_space, action_space)
+        self.observation_shape = observation_space.shape
+        self.parts = observation_parts(observation_space)
         # as gymflow keeps them: images as uint8, vectors as float32
-        self.observation_dtype = np.uint8 if env.observation_space.dtype == np.uint8 else np.float32
-        env.close()
+        self.observation_dtype = np.uint8 if observation_space.dtype == np.uint8 else np.float32
         network.load_state_dict(load_file(context.artifacts["policy"]))
         network.eval()
         self.policy = algorithm.policy(network, preset.agent, 0.0, 0)

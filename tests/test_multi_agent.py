@@ -1,0 +1,127 @@
+"""PettingZoo parallel envs: every agent of every game a row of the vector env, one shared policy
+(IPPO), agents that leave mid-episode, and runs under the real Prefect API and Dask workers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gymflow.agents.configs import PPOConfig
+from gymflow.agents.ppo import PPOLearner
+from gymflow.agents.rollout import RandomPolicy, collect
+from gymflow.envs.agents import SeededAgentVectorEnv
+from gymflow.envs.vector import make_vector_env
+from gymflow.flows.improve import improve
+from gymflow.presets import InvalidPreset
+from gymflow.presets.validate import resolve_experiment
+from gymflow.tasks.storage.checkpoints import POLICY_BLOB, read_policy
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage, StorageLocation
+from tests.conftest import local_overrides
+
+EXITS = "pettingzoo:gymflow.testing.agents:Exits"
+SPREAD = "pettingzoo:mpe2.simple_spread_v3"
+
+
+class Right:
+    """Every agent steps right: each walker reaches its exit in a few steps."""
+
+    def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
+        return np.ones(len(obs), dtype=np.int64), np.zeros(len(obs), dtype=np.float32)
+
+
+def test_a_game_of_k_agents_is_k_rows_each_padded_and_told_its_index():
+    env = SeededAgentVectorEnv(EXITS, {"walkers": 2}, num_games=2, seed=3)
+    obs = env.reset()
+    assert env.num_envs == 6 and env.table.groups == ("walker", "walker", "guide")
+    assert env.observation_space.shape == (3 + 3,)  # the longest observation (the guide's 3), then a one-hot of 3
+    np.testing.assert_array_equal(obs[:, 3:], np.tile(np.eye(3, dtype=np.float32), (2, 1)))
+    assert (obs[[0, 1, 3, 4], 2] == 0).all()  # a walker observes 2 entries: the third is padding
+    np.testing.assert_array_equal(env.agents, [0, 1, 2, 0, 1, 2])
+
+
+def test_an_agent_that_leaves_ends_its_row_which_idles_until_its_game_starts_again():
+    env = SeededAgentVectorEnv(EXITS, {"walkers": 2, "length": 6}, num_games=1, seed=3)
+    env.reset()
+    rollout, episodes = collect(Right(), env, 8)
+    walkers_done = [int(np.argmax(rollout.terminated[:, row])) for row in (0, 1)]
+    assert walkers_done[0] != walkers_done[1]  # seeded starts: they arrive at different steps
+    first, last = min(walkers_done), max(walkers_done)
+    early = int(np.argmin(walkers_done))
+    assert rollout.alive[: first + 1, early].all() and not rollout.alive[first + 1 : last + 1, early].any()
+    assert (rollout.rewards[first + 1 : last + 1, early] == 0).all()
+    assert rollout.rewards[first, early] == 1.0
+    # the last walker out ends the game (the guide's episode with it); every row is alive in the next
+    assert rollout.terminated[last, 2] and rollout.alive[last + 1].all()
+    assert sorted(episodes.lengths[:3]) == [first + 1, last + 1, last + 1]  # each agent's episode: its life
+    assert rollout.env_steps == 8  # one game: 8 joint steps (of 3 rows each)
+    next_obs = rollout.next_obs()
+    assert next_obs[first, early, 0] == 1.0  # the leaver's own last observation, at its exit
+
+
+@pytest.mark.parametrize(("env_id", "kwargs"), [(EXITS, {"walkers": 3}), (SPREAD, {"max_cycles": 10})])
+def test_a_cursor_rebuilds_games_exactly_mid_episode_with_agents_gone(env_id, kwargs):
+    env = make_vector_env(env_id, kwargs, 3, seed=11)
+    env.reset()
+    collect(RandomPolicy(env.action_space, 0), env, 13)
+    rebuilt = make_vector_env(env_id, kwargs, 3, seed=11)
+    rebuilt.reset(env.cursor())
+    np.testing.assert_array_equal(rebuilt.obs, env.obs)
+    np.testing.assert_array_equal(rebuilt.alive, env.alive)
+    going_on, _ = collect(RandomPolicy(env.action_space, 5), env, 20)
+    replayed, _ = collect(RandomPolicy(env.action_space, 5), rebuilt, 20)
+    for name, value in going_on._asdict().items():
+        if value is not None:
+            np.testing.assert_array_equal(value, getattr(replayed, name), err_msg=name)
+
+
+def test_ppo_learns_from_live_agents_steps_alone():
+    env = SeededAgentVectorEnv(EXITS, {"walkers": 2}, num_games=2, seed=1)
+    env.reset()
+    rollout, _ = collect(Right(), env, 12)
+    assert not rollout.alive.all()
+    learner = PPOLearner(PPOConfig(hidden_sizes=[8]), env.observation_space, env.action_space, seed=0)
+    batch = learner._flatten([rollout])
+    assert len(batch["obs"]) == int(rollout.alive.sum())
+    live = torch.from_numpy(rollout.obs[rollout.alive])
+    torch.testing.assert_close(batch["obs"], live)
+
+
+def test_agents_that_cannot_share_a_policy_or_an_algorithm_that_cannot_learn_them_are_refused_in_one_line():
+    with pytest.raises(InvalidPreset, match=r"^agent.algo: 'pettingzoo:.*' is a PettingZoo env: its agents learn "
+                                            r"with ppo .*; allowed: ppo$"):
+        resolve_experiment("cartpole-dqn", {"env.id": EXITS})
+    with pytest.raises(InvalidPreset, match=r"^env.id: cannot import 'no_such_module' .*pip install "
+                                            r"'gymflow\[multiagent\]'$"):
+        resolve_experiment("spread-ippo", {"env.id": "pettingzoo:no_such_module"})
+    with pytest.raises(InvalidPreset, match=r"^env.kwargs: .* refused its kwargs"):
+        resolve_experiment("spread-ippo", {"env.kwargs": {"wings": 2}})
+    with pytest.raises(InvalidPreset, match=r"^env.id: .* frame stacks, Atari's preprocessing and hidden entries"):
+        resolve_experiment("spread-ippo", {"env.hide": [0]})
+
+
+def test_agents_of_other_action_spaces_cannot_share_one_policy():
+    with pytest.raises(InvalidPreset, match=r"^env.id: 'pettingzoo:mpe2.simple_world_comm_v3': agent 'adversary_0' "
+                                            r"acts in Discrete\(5\), 'leadadversary_0' in Discrete\(20\); allowed: one"):
+        resolve_experiment("spread-ippo", {"env.id": "pettingzoo:mpe2.simple_world_comm_v3", "env.kwargs": {}})
+
+
+TINY_SPREAD = {"env.kwargs": {"max_cycles": 10}, "agent.minibatch_size": 64, "agent.hidden_sizes": [16]}
+
+
+@pytest.mark.e2e
+def test_a_pettingzoo_env_trains_end_to_end_and_single_ends_as_sync_does(prefect_api, workspace, tiny_budget):
+    run = {**tiny_budget, **local_overrides(workspace), **TINY_SPREAD, "env.id": SPREAD}
+    synced = improve("spread-ippo", {**run, "storage.root": str(workspace / "sync")})
+    assert synced.env_steps == 640 and synced.versions_committed == 6  # joint steps: 2 workers x 4 games x 16 x 5
+    assert np.isfinite(synced.final_return) and len(synced.rollout_processes) == 2  # two Dask workers
+    videos = list((workspace / "sync" / "runs" / synced.run_id / "videos").glob("*.mp4"))
+    assert videos and videos[0].stat().st_size > 1000  # game 0 of the final evaluation, every agent acting
+    single = improve("spread-ippo", {**run, "storage.root": str(workspace / "single"), "distribution.mode": "single"})
+    assert _final_policy(workspace / "single", single) == _final_policy(workspace / "sync", synced)
+
+
+def _final_policy(root, summary) -> bytes:
+    return read_policy(Storage(StorageLocation(str(root))), RunLayout(summary.run_id),
+                       summary.versions_committed - 1, [POLICY_BLOB])[POLICY_BLOB]
