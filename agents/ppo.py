@@ -30,6 +30,7 @@ from gymflow.agents.networks import (
 )
 from gymflow.agents.normalization import RewardScaler, share_normalizer
 from gymflow.agents.training_state import SavedWhole
+from gymflow.envs.agents import actor_entries
 from gymflow.envs.make import reads_pixels
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -42,13 +43,15 @@ class ActorCritic(nn.Module):
     share, each head then one linear layer."""
 
     def __init__(self, obs_dim: int, action_space: spaces.Space, config: PPOConfig, obs_norm: nn.Module,
-                 head_hidden_sizes: Sequence[int]):
+                 head_hidden_sizes: Sequence[int], actor_inputs: int | None = None):
         super().__init__()
         self.obs_norm = obs_norm
         self.discrete = isinstance(action_space, spaces.Discrete)
         action_dim = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
         activation = ACTIVATIONS[config.activation]
-        self.actor = mlp(obs_dim, head_hidden_sizes, action_dim, activation)
+        # a centralised critic (MAPPO) reads the whole row; the actor its first `actor_inputs` entries alone
+        self.actor_inputs = obs_dim if actor_inputs is None else actor_inputs
+        self.actor = mlp(self.actor_inputs, head_hidden_sizes, action_dim, activation)
         self.critic = mlp(obs_dim, head_hidden_sizes, 1, activation)
         self.log_std = nn.Parameter(torch.full((0 if self.discrete else action_dim,), config.log_std_init))
 
@@ -57,12 +60,15 @@ class ActorCritic(nn.Module):
 
     def action_output(self, obs: torch.Tensor) -> torch.Tensor:
         """Logits (Discrete) or the Gaussian's mean (Box)."""
-        return self.actor(self.obs_norm(obs))
+        return self.actor(self._actors_part(self.obs_norm(obs)))
 
     def distribution_and_value(self, obs: torch.Tensor) -> tuple[torch.distributions.Distribution, torch.Tensor]:
         """Both heads over one read of the observations (for images, one pass of the CNN)."""
         features = self.obs_norm(obs)
-        return self._distribution(self.actor(features)), self.critic(features).squeeze(-1)
+        return self._distribution(self.actor(self._actors_part(features))), self.critic(features).squeeze(-1)
+
+    def _actors_part(self, features: torch.Tensor) -> torch.Tensor:
+        return features if self.actor_inputs == features.shape[-1] else features[..., : self.actor_inputs]
 
     def _distribution(self, out: torch.Tensor) -> torch.distributions.Distribution:
         if self.discrete:
@@ -112,7 +118,8 @@ def make_network(config: PPOConfig, observation_space: spaces.Box, action_space:
         trunk, width = hidden_layers(width, config.hidden_sizes, ACTIVATIONS[config.activation])
         network = ActorCritic(width, action_space, config, nn.Sequential(reader, trunk), ())
     else:
-        network = ActorCritic(width, action_space, config, reader, config.hidden_sizes)
+        actor_inputs = actor_entries(observation_space)  # MAPPO: the rows' global state is the critic's alone
+        network = ActorCritic(width, action_space, config, reader, config.hidden_sizes, actor_inputs)
     orthogonal_init(network.obs_norm, math.sqrt(2))
     for head, output_gain in ((network.actor, 0.01), (network.critic, 1.0)):
         orthogonal_init(head[:-1], math.sqrt(2))

@@ -7,7 +7,8 @@ Collection, shards, the learner and evaluation then see N games of K agents as N
 sharing, the agent's index in its observation as a one-hot — and PPO over these rows is IPPO.
 
 Each row observes its agent's observation, padded with zeros to the longest of the agents', then
-the one-hot. An agent that leaves mid-episode (`env.agents` shrinks) ends its row's episode there
+the one-hot; with `env.global_state`, then the game's `state()`, which only PPO's critic reads
+(MAPPO's centralised critic). An agent that leaves mid-episode (`env.agents` shrinks) ends its row's episode there
 (terminated or truncated as the env says); its row is not alive until its game ends and a new one
 starts, and the learner leaves those steps out (`alive`). Every game's episode k starts from
 `reset(seed=derive_seed(seed, n, k))`, and the cursor holds each row's actions since, as the
@@ -55,6 +56,20 @@ def group_of(agent: str) -> str:
     return agent.rpartition("_")[0] or agent
 
 
+class RowsBox(spaces.Box):
+    """A row's Box, whose first `actor_entries` are what its agent observes (and its index): the
+    rest, the game's global state, is for a centralised critic alone."""
+
+    def __init__(self, size: int, actor_entries: int):
+        super().__init__(-np.inf, np.inf, shape=(size,), dtype=np.float32)
+        self.actor_entries = actor_entries
+
+
+def actor_entries(space: spaces.Space) -> int | None:
+    """How many of an observation's entries the actor reads; None: all of them."""
+    return getattr(space, "actor_entries", None)
+
+
 @dataclass(frozen=True)
 class AgentTable:
     """The agents of one game as rows: their names and groups, and the spaces of a row."""
@@ -63,9 +78,10 @@ class AgentTable:
     groups: tuple[str, ...]
     observation_sizes: tuple[int, ...]
     action_space: spaces.Space
+    state_size: int = 0  # the game's global state, carried by every row (0: not carried)
 
     @classmethod
-    def of(cls, env: Any, env_id: str) -> AgentTable:
+    def of(cls, env: Any, env_id: str, global_state: bool = False) -> AgentTable:
         agents = tuple(env.possible_agents)
         sizes = []
         for agent in agents:
@@ -79,27 +95,44 @@ class AgentTable:
             if env.action_space(agent) != action_space:
                 raise EnvSpecError("env.id", f"{env_id!r}: agent {agent!r} acts in {env.action_space(agent)}, "
                                                 f"{agents[0]!r} in {action_space}; allowed: one action space for all")
-        return cls(agents, tuple(group_of(agent) for agent in agents), tuple(sizes), action_space)
+        groups = tuple(group_of(agent) for agent in agents)
+        return cls(agents, groups, tuple(sizes), action_space, _state_size(env, env_id) if global_state else 0)
+
+    @property
+    def actor_entries(self) -> int:
+        return max(self.observation_sizes) + len(self.agents)
 
     @property
     def observation_space(self) -> spaces.Box:
-        """A row: the agent's observation, zero-padded to the longest, then its one-hot index."""
-        size = max(self.observation_sizes) + len(self.agents)
-        return spaces.Box(-np.inf, np.inf, shape=(size,), dtype=np.float32)
+        """A row: the agent's observation, zero-padded to the longest, its one-hot index, then the
+        game's state where carried."""
+        if not self.state_size:
+            return spaces.Box(-np.inf, np.inf, shape=(self.actor_entries,), dtype=np.float32)
+        return RowsBox(self.actor_entries + self.state_size, self.actor_entries)
 
-    def row(self, index: int, observation: np.ndarray | None) -> np.ndarray:
-        """Agent `index`'s row; zeros but for its index where it observes nothing (it has left)."""
+    def row(self, index: int, observation: np.ndarray | None, state: np.ndarray | None = None) -> np.ndarray:
+        """Agent `index`'s row; zeros but for its index (and the state) where it observes nothing (it has left)."""
         row = np.zeros(self.observation_space.shape, dtype=np.float32)
         if observation is not None:
             row[: self.observation_sizes[index]] = observation
         row[max(self.observation_sizes) + index] = 1.0
+        if state is not None:
+            row[self.actor_entries :] = state
         return row
 
 
-def agent_table(env_id: str, kwargs: dict[str, Any]) -> AgentTable:
+def _state_size(env: Any, env_id: str) -> int:
+    space = getattr(env, "state_space", None)
+    if not (isinstance(space, spaces.Box) and len(space.shape) == 1):
+        raise EnvSpecError("env.global_state", f"{env_id!r} has no 1-D Box state_space (its state() is what a "
+                                               f"centralised critic reads); it has {space}: allowed: false")
+    return int(space.shape[0])
+
+
+def agent_table(env_id: str, kwargs: dict[str, Any], global_state: bool = False) -> AgentTable:
     env = make_parallel_env(env_id, kwargs)
     try:
-        return AgentTable.of(env, env_id)
+        return AgentTable.of(env, env_id, global_state)
     finally:
         env.close()
 
@@ -108,9 +141,9 @@ class SeededAgentVectorEnv:
     """`num_games` games of one PettingZoo ParallelEnv as `num_games x K` rows."""
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any], num_games: int, seed: int,
-                 render_mode: str | None = None):
+                 global_state: bool = False, render_mode: str | None = None):
         self.games = [make_parallel_env(env_id, env_kwargs, render_mode) for _ in range(num_games)]
-        self.table = AgentTable.of(self.games[0], env_id)
+        self.table = AgentTable.of(self.games[0], env_id, global_state)
         self.per_game = len(self.table.agents)
         self.num_envs = num_games * self.per_game
         self.seed = seed
@@ -174,12 +207,13 @@ class SeededAgentVectorEnv:
             if self.alive[row]:
                 joint[self.table.agents[k]] = action
         observations, rewards, terminations, truncations, _ = env.step(joint)
+        state = self._state(game)
         for k, row in enumerate(rows):
             agent = self.table.agents[k]
             if not self.alive[row]:
-                ended.obs[row] = self.table.row(k, None)
+                ended.obs[row] = self.table.row(k, None, state)
                 continue
-            ended.obs[row] = self.table.row(k, observations.get(agent))
+            ended.obs[row] = self.table.row(k, observations.get(agent), state)
             ended.rewards[row] = rewards.get(agent, 0.0)
             ended.terminated[row], ended.truncated[row] = terminations.get(agent, False), truncations.get(agent, False)
             self.episode_return[row] += ended.rewards[row]
@@ -199,14 +233,17 @@ class SeededAgentVectorEnv:
     def _begin_episode(self, game: int) -> None:
         rows = self._rows(game)
         observations, _ = self.games[game].reset(seed=derive_seed(self.seed, game, int(self.episode_index[rows.start])))
-        live = set(self.games[game].agents)
+        live, state = set(self.games[game].agents), self._state(game)
         for k, row in enumerate(rows):
             agent = self.table.agents[k]
             self.alive[row] = agent in live
-            self.obs[row] = self.table.row(k, observations.get(agent))
+            self.obs[row] = self.table.row(k, observations.get(agent), state)
             self.episode_return[row] = 0.0
             self.episode_length[row] = 0
             self._actions[row] = []
+
+    def _state(self, game: int) -> np.ndarray | None:
+        return self.games[game].state() if self.table.state_size else None
 
     def _replay(self, game: int, actions: list[np.ndarray]) -> None:
         """The game's steps since its episode began, again; none may end it."""

@@ -31,15 +31,19 @@ class Preprocessing:
       (2-D observations) is always stacked, k = 1 giving [1, height, width].
     - `hide`: entries of a vector observation left out (a partially observed env: CartPole
       without its velocities observes [x, theta]).
+    - `global_state`: a PettingZoo env's rows (envs/agents.py) also carry the game's `state()`,
+      which only a centralised critic reads.
     """
 
     frame_stack: int = 1
     atari: bool = False
     training: bool = True
     hide: tuple[int, ...] = ()
+    global_state: bool = False
 
     def evaluation(self) -> Preprocessing:
-        return Preprocessing(self.frame_stack, self.atari, training=False, hide=self.hide)
+        return Preprocessing(self.frame_stack, self.atari, training=False, hide=self.hide,
+                             global_state=self.global_state)
 
 
 PETTINGZOO = "pettingzoo:"  # an env id's prefix: a PettingZoo parallel env, whose agents are rows (envs/agents.py)
@@ -327,7 +331,7 @@ def env_spaces(env_id: str, kwargs: dict[str, Any], preprocessing: Preprocessing
     if is_multi_agent(env_id):
         from gymflow.envs.agents import agent_table
 
-        table = agent_table(env_id, kwargs)
+        table = agent_table(env_id, kwargs, (preprocessing or Preprocessing()).global_state)
         return table.observation_space, table.action_space
     env = make_env(env_id, kwargs, preprocessing=preprocessing)
     try:
@@ -341,10 +345,11 @@ def _check_agents(env_id: str, kwargs: dict[str, Any], action_spaces: tuple[type
     """A PettingZoo env's spaces as rows (envs/agents.py): made once, its agents able to share a policy."""
     from gymflow.envs.agents import agent_table
 
-    if preprocessing is not None and preprocessing != Preprocessing(training=preprocessing.training):
+    preprocessing = preprocessing or Preprocessing()
+    if preprocessing != Preprocessing(training=preprocessing.training, global_state=preprocessing.global_state):
         raise EnvSpecError("env.id", f"{env_id!r} is a PettingZoo env: frame stacks, Atari's preprocessing and hidden "
                                      "entries are for Gymnasium envs; allowed: none of them")
-    table = agent_table(env_id, kwargs)
+    table = agent_table(env_id, kwargs, preprocessing.global_state)
     if not isinstance(table.action_space, action_spaces):
         allowed = " or ".join(space.__name__ for space in action_spaces)
         raise EnvSpecError("agent.algo", f"{algo} supports {allowed} action spaces; {env_id!r} acts in "

@@ -62,7 +62,7 @@ def make_vector_env(env_id: str, env_kwargs: dict[str, Any], num_envs: int, seed
     from gymflow.envs.agents import SeededAgentVectorEnv
 
     if is_multi_agent(env_id):
-        return SeededAgentVectorEnv(env_id, env_kwargs, num_envs, seed)
+        return SeededAgentVectorEnv(env_id, env_kwargs, num_envs, seed, (preprocessing or Preprocessing()).global_state)
     return SeededVectorEnv(env_id, env_kwargs, num_envs, seed, preprocessing)
 
 

@@ -64,11 +64,12 @@ def film_episode(act: Callable[[np.ndarray], np.ndarray], env_id: str, env_kwarg
 
 
 def film_game(act: Callable[[np.ndarray], np.ndarray], env_id: str, env_kwargs: dict[str, Any], seed: int,
-              max_frames: int = MAX_FRAMES) -> Filmed:
+              preprocessing: Preprocessing | None = None, max_frames: int = MAX_FRAMES) -> Filmed:
     """A PettingZoo env's game 0 from `seed` (envs/agents.py), every agent acting through `act`
     (rows -> actions), on film; its return is the mean of the agents' returns."""
+    global_state = (preprocessing or Preprocessing()).global_state
     try:
-        envs = SeededAgentVectorEnv(env_id, env_kwargs, 1, seed, render_mode="rgb_array")
+        envs = SeededAgentVectorEnv(env_id, env_kwargs, 1, seed, global_state, render_mode="rgb_array")
         envs.reset()
         first = envs.games[0].render()
     except Exception as error:  # no renderer here: the run goes on without a film

@@ -50,9 +50,17 @@ class EnvConfig(_Strict):
         "without its velocities: [1, 3]; Pendulum without its angular velocity: [2]).",
     )
 
+    global_state: bool = Field(
+        default=False,
+        description="PettingZoo envs: each agent's row also carries the game's global state (env.state()), which "
+        "only PPO's critic reads: a centralised critic, MAPPO. False: each agent's critic reads what it observes "
+        "(IPPO).",
+    )
+
     def preprocessing(self) -> Preprocessing:
         """How training envs are wrapped (`.evaluation()`: evaluation's)."""
-        return Preprocessing(self.frame_stack, self.atari, hide=tuple(sorted(set(self.hide))))
+        return Preprocessing(self.frame_stack, self.atari, hide=tuple(sorted(set(self.hide))),
+                             global_state=self.global_state)
 
 
 class ScheduleConfig(_Strict):

@@ -101,6 +101,9 @@ def experiment_from(config: Preset) -> Experiment:
 def _check_agents(config: Preset, algorithm: Algorithm) -> None:
     """What a PettingZoo env's agents, as rows of one shared policy (envs/agents.py), can learn with."""
     if not is_multi_agent(config.env.id):
+        if config.env.global_state:
+            raise InvalidPreset("env.global_state", f"is a PettingZoo env's state for a centralised critic; "
+                                                    f"{config.env.id!r} is a Gymnasium env: allowed: false")
         return
     if algorithm.name != "ppo" or getattr(config.agent, "recurrent", None) is not None:
         raise InvalidPreset("agent.algo", f"{config.env.id!r} is a PettingZoo env: its agents learn with ppo (IPPO, "

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from gymflow.agents.configs import PPOConfig
-from gymflow.agents.ppo import PPOLearner
+from gymflow.agents.ppo import PPOLearner, make_network
 from gymflow.agents.rollout import RandomPolicy, collect
 from gymflow.envs.agents import SeededAgentVectorEnv
+from gymflow.envs.make import Preprocessing
 from gymflow.envs.vector import make_vector_env
 from gymflow.flows.improve import improve
 from gymflow.presets import InvalidPreset
@@ -111,17 +112,39 @@ TINY_SPREAD = {"env.kwargs": {"max_cycles": 10}, "agent.minibatch_size": 64, "ag
 
 
 @pytest.mark.e2e
-def test_a_pettingzoo_env_trains_end_to_end_and_single_ends_as_sync_does(prefect_api, workspace, tiny_budget):
+@pytest.mark.parametrize("preset", ["spread-ippo", "spread-mappo"])
+def test_a_pettingzoo_env_trains_end_to_end_and_single_ends_as_sync_does(prefect_api, workspace, tiny_budget, preset):
     run = {**tiny_budget, **local_overrides(workspace), **TINY_SPREAD, "env.id": SPREAD}
-    synced = improve("spread-ippo", {**run, "storage.root": str(workspace / "sync")})
+    synced = improve(preset, {**run, "storage.root": str(workspace / "sync")})
     assert synced.env_steps == 640 and synced.versions_committed == 6  # joint steps: 2 workers x 4 games x 16 x 5
     assert np.isfinite(synced.final_return) and len(synced.rollout_processes) == 2  # two Dask workers
     videos = list((workspace / "sync" / "runs" / synced.run_id / "videos").glob("*.mp4"))
     assert videos and videos[0].stat().st_size > 1000  # game 0 of the final evaluation, every agent acting
-    single = improve("spread-ippo", {**run, "storage.root": str(workspace / "single"), "distribution.mode": "single"})
+    single = improve(preset, {**run, "storage.root": str(workspace / "single"), "distribution.mode": "single"})
     assert _final_policy(workspace / "single", single) == _final_policy(workspace / "sync", synced)
 
 
 def _final_policy(root, summary) -> bytes:
     return read_policy(Storage(StorageLocation(str(root))), RunLayout(summary.run_id),
                        summary.versions_committed - 1, [POLICY_BLOB])[POLICY_BLOB]
+
+
+def test_mappo_rows_carry_the_game_state_which_the_critic_reads_and_the_actor_does_not():
+    env = make_vector_env(SPREAD, {"max_cycles": 10}, 2, seed=4, preprocessing=Preprocessing(global_state=True))
+    obs = env.reset()
+    actor_part = env.observation_space.actor_entries
+    assert actor_part == 18 + 3 and obs.shape == (6, actor_part + 54)  # mpe2's state: the 3 agents' observations
+    np.testing.assert_array_equal(obs[0, actor_part:], obs[1, actor_part:])  # one game, one state
+    network = make_network(PPOConfig(hidden_sizes=[16]), env.observation_space, env.action_space)
+    other_state = torch.from_numpy(obs.copy())
+    other_state[:, actor_part:] += 1.0
+    with torch.no_grad():
+        torch.testing.assert_close(network.action_output(torch.from_numpy(obs)), network.action_output(other_state))
+        assert not torch.allclose(network.value(torch.from_numpy(obs)), network.value(other_state))
+
+
+def test_a_global_state_is_refused_where_there_is_none_in_one_line():
+    with pytest.raises(InvalidPreset, match=r"^env.global_state: is a PettingZoo env's state .* allowed: false$"):
+        resolve_experiment("cartpole-ppo", {"env.global_state": True})
+    with pytest.raises(InvalidPreset, match=r"^env.global_state: .*Exits' has no 1-D Box state_space .* allowed: false$"):
+        resolve_experiment("spread-mappo", {"env.id": EXITS, "env.kwargs": {}})

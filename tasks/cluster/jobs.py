@@ -131,7 +131,7 @@ def _film(spec: EvaluationSpec, policy: Policy, env: AnyVectorEnv) -> tuple[Film
 
     try:
         if is_multi_agent(spec.env_id):  # its game 0, every agent acting
-            filmed = film_game(act_rows, spec.env_id, spec.env_kwargs, spec.seed)
+            filmed = film_game(act_rows, spec.env_id, spec.env_kwargs, spec.seed, spec.preprocessing)
         else:
             filmed = film_episode(lambda obs: act_rows(obs[None])[0], spec.env_id, spec.env_kwargs,
                                   derive_seed(spec.seed, 0, 0), spec.preprocessing)
