@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from mlflow.tracking import MlflowClient
 
 from gymflow.agents.configs import PPOConfig
 from gymflow.agents.ppo import PPOLearner, make_network
@@ -118,6 +119,8 @@ def test_a_pettingzoo_env_trains_end_to_end_and_single_ends_as_sync_does(prefect
     synced = improve(preset, {**run, "storage.root": str(workspace / "sync")})
     assert synced.env_steps == 640 and synced.versions_committed == 6  # joint steps: 2 workers x 4 games x 16 x 5
     assert np.isfinite(synced.final_return) and len(synced.rollout_processes) == 2  # two Dask workers
+    metrics = MlflowClient(run["tracking.tracking_uri"]).get_run(synced.mlflow_run_id).data.metrics
+    assert metrics["eval/agent/return_mean"] == pytest.approx(metrics["eval/return_mean"])  # one group: 'agent'
     videos = list((workspace / "sync" / "runs" / synced.run_id / "videos").glob("*.mp4"))
     assert videos and videos[0].stat().st_size > 1000  # game 0 of the final evaluation, every agent acting
     single = improve(preset, {**run, "storage.root": str(workspace / "single"), "distribution.mode": "single"})
@@ -148,3 +151,14 @@ def test_a_global_state_is_refused_where_there_is_none_in_one_line():
         resolve_experiment("cartpole-ppo", {"env.global_state": True})
     with pytest.raises(InvalidPreset, match=r"^env.global_state: .*Exits' has no 1-D Box state_space .* allowed: false$"):
         resolve_experiment("spread-mappo", {"env.id": EXITS, "env.kwargs": {}})
+
+
+def test_an_evaluation_scores_each_agent_group_apart():
+    from gymflow.tasks.cluster.messages import EvaluationResult
+    from gymflow.tasks.training.evaluation import Scored
+
+    env = SeededAgentVectorEnv(EXITS, {"walkers": 2}, num_games=2, seed=0)
+    groups = tuple(env.table.groups[agent] for agent in env.agents)
+    result = EvaluationResult(3, (1.0, 0.5, 2.0, 1.5, 1.0, 4.0), (5,) * 6, 0.1, groups=groups)
+    metrics = Scored(100, result).metrics()
+    assert metrics["eval/walker/return_mean"] == pytest.approx(1.0) and metrics["eval/guide/return_mean"] == 3.0

@@ -120,7 +120,15 @@ def run_evaluation(spec: EvaluationSpec) -> EvaluationResult:
         seconds=time.perf_counter() - started,
         film=film,
         no_film=no_film,
+        groups=_row_groups(env),
     )
+
+
+def _row_groups(env: AnyVectorEnv) -> tuple[str, ...]:
+    """The agent group of each env's row: a PettingZoo env's games give one row to each agent."""
+    if env.agents is None:
+        return ()
+    return tuple(env.table.groups[agent] for agent in env.agents)
 
 
 def _film(spec: EvaluationSpec, policy: Policy, env: AnyVectorEnv) -> tuple[Film | None, str]:

@@ -76,10 +76,16 @@ class EvaluationResult:
     seconds: float
     film: Film | None = None
     no_film: str = ""  # why a film that was asked for is missing
+    groups: tuple[str, ...] = ()  # a PettingZoo env's: the agent group of each return (envs/agents.py)
 
     @property
     def mean_return(self) -> float:
         return float(np.mean(self.returns))
+
+    def group_returns(self) -> dict[str, np.ndarray]:
+        """Each agent group's returns; {} where one agent plays each episode."""
+        returns, groups = np.asarray(self.returns), np.asarray(self.groups)
+        return {group: returns[groups == group] for group in dict.fromkeys(self.groups)}
 
 
 @dataclass(frozen=True)

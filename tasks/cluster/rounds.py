@@ -125,6 +125,7 @@ def evaluate_version(hosts: Hosts, specs: Sequence[EvaluationSpec], logger: AnyL
         seconds=max(result.seconds for result in results),
         film=results[0].film,
         no_film=results[0].no_film,
+        groups=tuple(group for result in results for group in result.groups),
     )
 
 

@@ -51,7 +51,8 @@ class Scored:
             "eval/return_max": float(returns.max()),
             "eval/episode_length_mean": float(np.mean(self.result.lengths)),
             "eval/policy_version": float(self.result.version),
-        }
+        } | {f"eval/{group}/return_mean": float(group_returns.mean())
+             for group, group_returns in self.result.group_returns().items()}
 
 
 class EvaluationSchedule:
