@@ -74,6 +74,12 @@ class PPOConfig(ObservationNormalization):
         description="A memory: an LSTM of this many units between the MLP encoder and the heads, carried along "
         "each env's episode (partially observed envs; vector observations). None: feed-forward.",
     )
+    policies: dict[str, str] = Field(
+        default_factory=dict,
+        description="PettingZoo envs: the policy each agent group acts with, by name. Groups given the same name "
+        "share one; a group not named acts with 'shared'. {} (the default): one policy for every agent, told "
+        "each agent's index (parameter sharing); {adversary: adversaries, agent: runners}: two.",
+    )
 
 
 class DQNConfig(ReplayOptions, ObservationNormalization):

@@ -29,6 +29,7 @@ from gymflow.agents.networks import (
     seeded_init,
 )
 from gymflow.agents.normalization import RewardScaler, share_normalizer
+from gymflow.agents.policy_groups import PolicyGroups, policy_names
 from gymflow.agents.training_state import SavedWhole
 from gymflow.envs.agents import actor_entries
 from gymflow.envs.make import reads_pixels
@@ -67,6 +68,10 @@ class ActorCritic(nn.Module):
         features = self.obs_norm(obs)
         return self._distribution(self.actor(self._actors_part(features))), self.critic(features).squeeze(-1)
 
+    def log_std_for(self, obs: torch.Tensor) -> torch.Tensor:
+        """The Gaussian's log standard deviation (Box actions), the same for every observation."""
+        return self.log_std
+
     def _actors_part(self, features: torch.Tensor) -> torch.Tensor:
         return features if self.actor_inputs == features.shape[-1] else features[..., : self.actor_inputs]
 
@@ -85,14 +90,17 @@ class PPOPolicy:
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
-        out = self.network.action_output(torch.from_numpy(obs)).numpy().astype(np.float64)
-        return sample_actions(out, self.network.log_std.detach().numpy(), self.network.discrete, self.rng, explore)
+        batch = torch.from_numpy(obs)
+        out = self.network.action_output(batch).numpy().astype(np.float64)
+        log_std = self.network.log_std_for(batch).detach().numpy()
+        return sample_actions(out, log_std, self.network.discrete, self.rng, explore)
 
 
 def sample_actions(out: np.ndarray, log_std: np.ndarray, discrete: bool, rng: np.random.Generator, explore: bool
                    ) -> tuple[np.ndarray, np.ndarray]:
     """Actions and their log-probabilities from the actor's output (float64 logits, or the
-    Gaussian's mean with `log_std`): sampled when exploring, else the most likely."""
+    Gaussian's mean with `log_std`, [action_dim] or one per row): sampled when exploring, else the
+    most likely."""
     if discrete:
         log_p = out - out.max(axis=1, keepdims=True)
         log_p -= np.log(np.exp(log_p).sum(axis=1, keepdims=True))
@@ -104,11 +112,22 @@ def sample_actions(out: np.ndarray, log_std: np.ndarray, discrete: bool, rng: np
     std = np.exp(log_std.astype(np.float64))
     noise = rng.standard_normal(out.shape) if explore else np.zeros_like(out)
     actions = out + std * noise
-    log_prob = -0.5 * (noise**2).sum(1) - np.log(std).sum() - 0.5 * out.shape[1] * math.log(2 * math.pi)
+    log_prob = -0.5 * (noise**2).sum(1) - np.log(std).sum(-1) - 0.5 * out.shape[1] * math.log(2 * math.pi)
     return actions.astype(np.float32), log_prob.astype(np.float32)
 
 
-def make_network(config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space) -> ActorCritic:
+def make_network(config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space) -> nn.Module:
+    """One ActorCritic, or one per policy where a PettingZoo env's agent groups act with several
+    (agent.policies; agents/policy_groups.py)."""
+    policies = policy_names(getattr(observation_space, "groups", ()), config.policies)
+    if len(set(policies)) < 2:
+        return make_actor_critic(config, observation_space, action_space)
+    names = list(dict.fromkeys(policies))
+    networks = {name: make_actor_critic(config, observation_space, action_space) for name in names}
+    return PolicyGroups(networks, [names.index(name) for name in policies], observation_space.index_at)
+
+
+def make_actor_critic(config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space) -> ActorCritic:
     """Vectors: an actor and a critic MLP. Images: the Nature network shared up to its last hidden
     layer, then one linear layer per head (SB3's CnnPolicy, CleanRL's ppo_atari). Either way
     orthogonal weights, gain sqrt 2 for hidden layers, 0.01 for the action output (the first

@@ -57,17 +57,19 @@ def group_of(agent: str) -> str:
 
 
 class RowsBox(spaces.Box):
-    """A row's Box, whose first `actor_entries` are what its agent observes (and its index): the
-    rest, the game's global state, is for a centralised critic alone."""
+    """A row's Box: what its agent observes, its agent's one-hot index from entry `index_at`
+    (agent k of `groups`, k's group), then, from `actor_entries` on, the game's global state, which
+    a centralised critic alone reads."""
 
-    def __init__(self, size: int, actor_entries: int):
+    def __init__(self, size: int, actor_entries: int, index_at: int, groups: tuple[str, ...]):
         super().__init__(-np.inf, np.inf, shape=(size,), dtype=np.float32)
-        self.actor_entries = actor_entries
+        self.actor_entries, self.index_at, self.groups = actor_entries, index_at, groups
 
 
 def actor_entries(space: spaces.Space) -> int | None:
     """How many of an observation's entries the actor reads; None: all of them."""
-    return getattr(space, "actor_entries", None)
+    entries = getattr(space, "actor_entries", None)
+    return None if entries == space.shape[-1] else entries
 
 
 @dataclass(frozen=True)
@@ -103,12 +105,11 @@ class AgentTable:
         return max(self.observation_sizes) + len(self.agents)
 
     @property
-    def observation_space(self) -> spaces.Box:
+    def observation_space(self) -> RowsBox:
         """A row: the agent's observation, zero-padded to the longest, its one-hot index, then the
         game's state where carried."""
-        if not self.state_size:
-            return spaces.Box(-np.inf, np.inf, shape=(self.actor_entries,), dtype=np.float32)
-        return RowsBox(self.actor_entries + self.state_size, self.actor_entries)
+        return RowsBox(self.actor_entries + self.state_size, self.actor_entries, max(self.observation_sizes),
+                       self.groups)
 
     def row(self, index: int, observation: np.ndarray | None, state: np.ndarray | None = None) -> np.ndarray:
         """Agent `index`'s row; zeros but for its index (and the state) where it observes nothing (it has left)."""

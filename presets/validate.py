@@ -67,7 +67,7 @@ def experiment_from(config: Preset) -> Experiment:
     except EnvSpecError as error:
         raise InvalidPreset(error.field, error.problem) from None
     _check_images(config, observation_space)
-    _check_agents(config, algorithm)
+    _check_agents(config, algorithm, observation_space)
     if config.remote_cluster and _is_local_folder(config.storage.root) and not config.storage.shared:
         raise InvalidPreset(
             "storage.root",
@@ -98,13 +98,21 @@ def experiment_from(config: Preset) -> Experiment:
     return Experiment(config, algorithm, observation_space, action_space)
 
 
-def _check_agents(config: Preset, algorithm: Algorithm) -> None:
-    """What a PettingZoo env's agents, as rows of one shared policy (envs/agents.py), can learn with."""
-    if not is_multi_agent(config.env.id):
-        if config.env.global_state:
+def _check_agents(config: Preset, algorithm: Algorithm, observation_space: spaces.Box) -> None:
+    """What a PettingZoo env's agents, as rows of the vector env (envs/agents.py), can learn with."""
+    env, policies = config.env, getattr(config.agent, "policies", {})
+    if not is_multi_agent(env.id):
+        if env.global_state:
             raise InvalidPreset("env.global_state", f"is a PettingZoo env's state for a centralised critic; "
-                                                    f"{config.env.id!r} is a Gymnasium env: allowed: false")
+                                                    f"{env.id!r} is a Gymnasium env: allowed: false")
+        if policies:
+            raise InvalidPreset("agent.policies", f"maps a PettingZoo env's agent groups to policies; {env.id!r} is "
+                                                  "a Gymnasium env: allowed: {}")
         return
+    groups = dict.fromkeys(observation_space.groups)
+    if unknown := [group for group in policies if group not in groups]:
+        raise InvalidPreset("agent.policies", f"{env.id!r} has no agent group {unknown[0]!r}; its groups: "
+                                              f"{', '.join(groups)}")
     if algorithm.name != "ppo" or getattr(config.agent, "recurrent", None) is not None:
         raise InvalidPreset("agent.algo", f"{config.env.id!r} is a PettingZoo env: its agents learn with ppo (IPPO, "
                                           "one policy they share), not yet recurrent; allowed: ppo")

@@ -9,7 +9,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from gymflow.agents.configs import PPOConfig
-from gymflow.agents.ppo import PPOLearner, make_network
+from gymflow.agents.ppo import PPOLearner, PPOPolicy, make_network
 from gymflow.agents.rollout import RandomPolicy, collect
 from gymflow.envs.agents import SeededAgentVectorEnv
 from gymflow.envs.make import Preprocessing
@@ -162,3 +162,50 @@ def test_an_evaluation_scores_each_agent_group_apart():
     result = EvaluationResult(3, (1.0, 0.5, 2.0, 1.5, 1.0, 4.0), (5,) * 6, 0.1, groups=groups)
     metrics = Scored(100, result).metrics()
     assert metrics["eval/walker/return_mean"] == pytest.approx(1.0) and metrics["eval/guide/return_mean"] == 3.0
+
+
+ADVERSARY = "pettingzoo:mpe2.simple_adversary_v3"  # groups 'adversary' (observes 8) and 'agent' (observes 10)
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_separate_policies_act_on_their_groups_rows_with_the_log_probabilities_they_learn_with(continuous):
+    env = make_vector_env(ADVERSARY, {"max_cycles": 10, "continuous_actions": continuous}, 2, seed=2)
+    obs = env.reset()
+    config = PPOConfig(hidden_sizes=[16], log_std_init=-0.5, policies={"adversary": "adversaries"})
+    network = make_network(config, env.observation_space, env.action_space)
+    assert list(network.policies) == ["adversaries", "shared"]  # the agents' group is not named: 'shared'
+    batch = torch.from_numpy(obs)
+    with torch.no_grad():
+        for name, rows in (("adversaries", [0, 3]), ("shared", [1, 2, 4, 5])):  # agent 0 of each game: the adversary
+            torch.testing.assert_close(network.action_output(batch)[rows], network.policies[name].action_output(batch[rows]))
+            torch.testing.assert_close(network.value(batch)[rows], network.policies[name].value(batch[rows]))
+    actions, acting = PPOPolicy(network, seed=1).act(obs, explore=True)
+    with torch.no_grad():
+        distribution, _ = network.distribution_and_value(batch)
+        learning = distribution.log_prob(torch.from_numpy(actions)).numpy()
+    np.testing.assert_allclose(acting, learning, rtol=1e-5, atol=1e-5)
+
+
+def test_a_ppo_update_steps_each_group_s_policy_on_its_own_rows():
+    env = SeededAgentVectorEnv(EXITS, {"walkers": 2}, num_games=2, seed=1)
+    env.reset()
+    config = PPOConfig(hidden_sizes=[8], minibatch_size=32, policies={"guide": "guides", "walker": "walkers"})
+    learner = PPOLearner(config, env.observation_space, env.action_space, seed=0)
+    before = {name: [p.detach().clone() for p in network.parameters()]
+              for name, network in learner.network.policies.items()}
+    rollout, _ = collect(PPOPolicy(learner.network, 0), env, 16)
+    learner.learn([rollout], 0.0)
+    for name, network in learner.network.policies.items():
+        assert any(not torch.equal(old, new) for old, new in zip(before[name], network.parameters())), name
+    walkers = learner.network.policies["walkers"]
+    guide_rows = torch.from_numpy(rollout.obs[:, [2, 5]].reshape(-1, env.observation_space.shape[0]))
+    with torch.no_grad():  # what the guides' policy says of its rows is its own, not the walkers'
+        assert not torch.allclose(learner.network.value(guide_rows), walkers.value(guide_rows))
+
+
+def test_a_policy_mapping_names_groups_the_env_has_in_one_line():
+    with pytest.raises(InvalidPreset, match=r"^agent.policies: 'pettingzoo:mpe2.simple_spread_v3' has no agent group "
+                                            r"'adversary'; its groups: agent$"):
+        resolve_experiment("spread-ippo", {"agent.policies": {"adversary": "adversaries"}})
+    with pytest.raises(InvalidPreset, match=r"^agent.policies: maps a PettingZoo env's agent groups .* allowed: \{\}$"):
+        resolve_experiment("cartpole-ppo", {"agent.policies": {"agent": "a"}})

@@ -46,7 +46,8 @@ NORMALIZED = {"agent.normalize_observations": True}  # the statistics resume wit
                       **NORMALIZED}),
     ("cartpole-dqn", {**ASYNC, **NORMALIZED}),
     ("hopper-td3", {**TD3_ON_THE_CORRIDOR, **NORMALIZED}),
-    ("spread-ippo", {"env.id": "pettingzoo:gymflow.testing.agents:Exits", "env.kwargs": {},  # agents leaving games
+    ("spread-ippo", {"env.id": "pettingzoo:gymflow.testing.agents:Exits", "env.kwargs": {},  # agents leaving games,
+                     "agent.policies": {"guide": "guides"},  # a policy for each of its two groups
                      "agent.minibatch_size": 64, "agent.hidden_sizes": [16], **NORMALIZED}),
 ])
 def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, extra, prefect_api, workspace, tiny_budget):
