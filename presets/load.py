@@ -60,12 +60,15 @@ def _read_one(name_or_path: str) -> dict[str, Any]:
     return data
 
 
-def _laid_over(base: dict[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
-    """`base` with `own`'s settings in place of its own: sections merge, values replace."""
+def _laid_over(base: dict[str, Any], own: Mapping[str, Any], model: type[BaseModel] = Preset) -> dict[str, Any]:
+    """`base` with `own`'s settings in place of its own: sections merge, values replace (a mapping
+    value too: `env.kwargs` of another env are that env's whole kwargs)."""
     merged = copy.deepcopy(base)
     for key, value in own.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
-            merged[key] = _laid_over(merged[key], value)
+        field = model.model_fields.get(key)
+        section = _nested_model(field, merged.get(key)) if field is not None else None
+        if section is not None and isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _laid_over(merged[key], value, section)
         else:
             merged[key] = copy.deepcopy(value)
     return merged
@@ -216,8 +219,8 @@ def _nested_model(field: Any, current: Any) -> type[BaseModel] | None:
         return annotation
     members = getattr(annotation, "__args__", ())
     models = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
-    if not models:
-        return None
+    if len(models) <= 1:  # none, or an optional section (dataset)
+        return models[0] if models else None
     algo = current.get("algo") if isinstance(current, Mapping) else None
     for candidate in models:
         if candidate.model_fields.get("algo") and candidate.model_fields["algo"].default == algo:

@@ -9,7 +9,6 @@ from typing import Annotated, Any, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from gymflow.presets.load import flatten
 from gymflow.presets.model import Preset
 
 
@@ -78,8 +77,20 @@ class PresetOverrides(_PresetFields):
         return nested
 
     def dotted(self) -> dict[str, Any]:
-        """{'agent.lr': 0.0003, ...} for the fields that were set."""
-        return flatten(self.model_dump(exclude_unset=True))
+        """{'agent.lr': 0.0003, ...} for the fields that were set; a mapping value stays one value
+        ({'env.kwargs': {...}} replaces the preset's kwargs)."""
+        return _dotted(self)
+
+
+def _dotted(overrides: BaseModel, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for name, value in overrides.model_dump(exclude_unset=True).items():
+        section = getattr(overrides, name, None)
+        if isinstance(section, BaseModel):
+            flat.update(_dotted(section, f"{prefix}{name}."))
+        else:
+            flat[f"{prefix}{name}"] = value
+    return flat
 
 
 def as_dotted(overrides: PresetOverrides | dict[str, Any] | None) -> dict[str, Any]:

@@ -198,3 +198,18 @@ def test_auto_puts_the_learner_on_a_gpu_only_where_its_networks_read_images(pres
     assert learner_device(experiment.preset, experiment.observation_space) == with_a_gpu
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert learner_device(experiment.preset, experiment.observation_space) == "cpu"
+
+
+def test_a_mapping_setting_is_replaced_whole_by_an_override_and_by_a_preset_over_its_base(tmp_path):
+    from gymflow.presets.overrides import PresetOverrides
+
+    # another env's kwargs are that env's own: none of the base env's may leak into them
+    overrides = PresetOverrides.model_validate({"env.kwargs": {"max_cycles": 25}, "distribution.tls": {"ca_file": "ca"}})
+    assert overrides.dotted() == {"env.kwargs": {"max_cycles": 25}, "distribution.tls.ca_file": "ca"}  # a section
+    assert load_preset("spread-ippo", {"env.kwargs": {"max_cycles": 25}}).env.kwargs == {"max_cycles": 25}
+    own = tmp_path / "adversary.yaml"
+    own.write_text("base: spread-ippo\nname: adversary-ippo\nenv:\n  id: 'pettingzoo:mpe2.simple_adversary_v3'\n"
+                   "  kwargs: {max_cycles: 25}\nagent: {lr: 0.001}\n")
+    preset = load_preset(str(own))
+    assert preset.env.kwargs == {"max_cycles": 25} and preset.agent.lr == 0.001
+    assert preset.agent.entropy_coef == load_preset("spread-ippo").agent.entropy_coef  # sections still merge
