@@ -6,18 +6,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from gymnasium import spaces
 from mlflow.tracking import MlflowClient
 
 from gymflow.agents.configs import PPOConfig
+from gymflow.agents.match import MatchResult, play_match
 from gymflow.agents.ppo import PPOLearner, PPOPolicy, make_network
 from gymflow.agents.rollout import RandomPolicy, collect
 from gymflow.envs.agents import SeededAgentVectorEnv
-from gymflow.envs.make import Preprocessing
+from gymflow.envs.make import Preprocessing, env_spaces
 from gymflow.envs.vector import make_vector_env
 from gymflow.flows.improve import improve
 from gymflow.presets import InvalidPreset
+from gymflow.presets.load import load_preset
 from gymflow.presets.validate import resolve_experiment
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, read_policy
+from gymflow.tasks.storage.codec import decode_tensors
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from tests.conftest import local_overrides
@@ -209,3 +213,37 @@ def test_a_policy_mapping_names_groups_the_env_has_in_one_line():
         resolve_experiment("spread-ippo", {"agent.policies": {"adversary": "adversaries"}})
     with pytest.raises(InvalidPreset, match=r"^agent.policies: maps a PettingZoo env's agent groups .* allowed: \{\}$"):
         resolve_experiment("cartpole-ppo", {"agent.policies": {"agent": "a"}})
+
+
+RACE = "pettingzoo:gymflow.envs.race"
+
+
+class Run:
+    """Race's best reply to anything: run every step."""
+
+    def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
+        return np.ones(len(obs), dtype=np.int64), np.zeros(len(obs), dtype=np.float32)
+
+
+def test_a_match_scores_the_first_policy_with_sides_swapped_and_an_interval():
+    random_runner = RandomPolicy(spaces.Discrete(3), seed=0)
+    strong = play_match(Run(), random_runner, RACE, {}, games=100, seed=1)
+    assert strong.games == 100 and strong.interval()[0] > 0.75
+    even = play_match(RandomPolicy(spaces.Discrete(3), 1), RandomPolicy(spaces.Discrete(3), 2), RACE, {}, 200, seed=1)
+    low, high = even.interval()
+    assert low < 0.5 < high and high - low < 0.15
+    assert play_match(Run(), Run(), RACE, {}, 10, seed=1) == MatchResult(0, 10, 0)  # the same runner: all draws
+    with pytest.raises(ValueError, match="3 agents a game; a match is between two"):
+        play_match(Run(), Run(), EXITS, {}, 2, seed=0)
+
+
+@pytest.mark.e2e
+def test_a_policy_trained_by_self_play_beats_a_random_one(prefect_api, workspace):
+    summary = improve("race-ppo", {**local_overrides(workspace), "distribution.mode": "single",
+                                   "tracking.video": "off"})
+    preset = load_preset("race-ppo")
+    observation_space, action_space = env_spaces(RACE, {})
+    network = make_network(preset.agent, observation_space, action_space)
+    network.load_state_dict(decode_tensors(_final_policy(workspace / "data", summary)))
+    match = play_match(PPOPolicy(network, 0), RandomPolicy(action_space, 3), RACE, {}, games=100, seed=7)
+    assert match.interval()[0] > 0.75, match

@@ -20,7 +20,8 @@ def test_builtin_presets_load_and_validate():
         assert experiment.preset.name == name
         assert experiment.preset.env.id in ("CartPole-v1", "Pendulum-v1", "LunarLander-v3", "Hopper-v5", "HalfCheetah-v5",
                                             "gymflow.envs.catch:Catch", "ALE/Breakout-v5",
-                                            "gymflow.envs.picture_corridor:PictureCorridor", "pettingzoo:mpe2.simple_spread_v3")
+                                            "gymflow.envs.picture_corridor:PictureCorridor", "pettingzoo:mpe2.simple_spread_v3",
+                                            "pettingzoo:gymflow.envs.race")
 
 
 def test_overrides_reach_nested_fields_with_types():
