@@ -14,10 +14,12 @@ from pettingzoo import ParallelEnv
 
 class Race(ParallelEnv):
     """Two runners, each in a lane of `length` cells, race to its end. Each step a runner rests
-    (action 0), runs one cell (1), or sprints (2): two cells, or a fall one cell back, each half
-    the time (drawn from the seed). The first to arrive wins (+1; the other -1); both at once, or
-    neither within `max_steps`, is a draw (0). Each observes its own and its rival's progress and
-    the time: running every step is the best reply to anything."""
+    (action 0), runs one cell (1), or sprints (2): two cells with the probability its footing
+    says, else a fall one cell back. Footing is drawn afresh for each runner every step (from the
+    seed), and observed: sprinting pays (3f - 1 cells expected against running's 1) where the
+    footing f is above 2/3, so a runner that has learnt when to sprint beats one that always runs.
+    The first to arrive wins (+1; the other -1); both at once, or neither within `max_steps`, is
+    a draw (0). Each observes its own and its rival's progress, the time, and its footing."""
 
     metadata: ClassVar[dict[str, Any]] = {"name": "race_v0", "render_modes": ["rgb_array"], "render_fps": 6}
     CELL = 12
@@ -27,11 +29,12 @@ class Race(ParallelEnv):
         self.length, self.max_steps, self.render_mode = length, max_steps, render_mode
         self.agents: list[str] = []
         self._cells = {agent: 0 for agent in self.possible_agents}
+        self._footing = {agent: 0.0 for agent in self.possible_agents}
         self._steps = 0
         self._rng = np.random.default_rng()
 
     def observation_space(self, agent: str) -> spaces.Box:
-        return spaces.Box(0.0, 1.0, shape=(3,), dtype=np.float32)
+        return spaces.Box(0.0, 1.0, shape=(4,), dtype=np.float32)
 
     def action_space(self, agent: str) -> spaces.Discrete:
         return spaces.Discrete(3)
@@ -41,14 +44,16 @@ class Race(ParallelEnv):
         self.agents = list(self.possible_agents)
         self._cells = {agent: 0 for agent in self.possible_agents}
         self._steps = 0
+        self._draw_footing()
         return {agent: self._observe(agent) for agent in self.agents}, {agent: {} for agent in self.agents}
 
     def step(self, actions: dict[str, Any]):
         self._steps += 1
         for agent in self.agents:
             action = int(actions[agent])
-            stride = action if action < 2 else (2 if self._rng.random() < 0.5 else -1)
+            stride = action if action < 2 else (2 if self._rng.random() < self._footing[agent] else -1)
             self._cells[agent] = int(np.clip(self._cells[agent] + stride, 0, self.length))
+        self._draw_footing()
         arrived = [agent for agent in self.agents if self._cells[agent] >= self.length]
         over = bool(arrived) or self._steps >= self.max_steps
         won = arrived[0] if len(arrived) == 1 else None
@@ -69,10 +74,13 @@ class Race(ParallelEnv):
             lanes[lane, self._cells[agent]] = 255
         return np.repeat(np.repeat(lanes, self.CELL, axis=0), self.CELL, axis=1)
 
+    def _draw_footing(self) -> None:
+        self._footing = {agent: float(self._rng.random()) for agent in self.possible_agents}
+
     def _observe(self, agent: str) -> np.ndarray:
         rival = self.possible_agents[1 - self.possible_agents.index(agent)]
         return np.array([self._cells[agent] / self.length, self._cells[rival] / self.length,
-                         self._steps / self.max_steps], dtype=np.float32)
+                         self._steps / self.max_steps, self._footing[agent]], dtype=np.float32)
 
 
 def parallel_env(**kwargs: Any) -> Race:

@@ -1,10 +1,11 @@
 """Champion/challenger retraining: warm-start from the champion, train (collecting, or offline on
 the experience logged since the champion was made), score both on the same evaluation episodes,
-promote the challenger only if it wins by a margin."""
+promote the challenger only if it wins by a margin. On a two-player game (`judge: match`) the
+challenger plays the champion instead: a league whose registry keeps each winner."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
 from mlflow.tracking import MlflowClient
@@ -12,7 +13,9 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel, ConfigDict, Field
 
+from gymflow.agents.match import MatchResult
 from gymflow.envs.seeding import derive_seed
+from gymflow.errors import InvalidPreset
 from gymflow.flows.improve import improve
 from gymflow.presets.model import Preset
 from gymflow.presets.overrides import PresetOverrides, as_dotted
@@ -21,6 +24,7 @@ from gymflow.tasks.tracking.logged import find_logged_experience
 from gymflow.tasks.tracking.models import (
     ModelRef,
     find_champion,
+    match_policies,
     mean_return,
     promote,
     register_challenger,
@@ -39,12 +43,27 @@ class RetrainDecision:
     evaluation_seed: int
     episode_seeds: list[int]
     promoted: bool
+    match: MatchResult | None = None  # judge "match": the challenger's games against the champion
+
+
+    def scores(self) -> str:
+        """What decided, in words."""
+        if self.match is not None:
+            low, high = self.match.interval()
+            return (f"the challenger won {self.match.wins}, drew {self.match.draws} and lost {self.match.losses} of "
+                    f"{self.match.games} games against the champion: score {self.match.score:.3f} [{low:.3f}, "
+                    f"{high:.3f}]")
+        champion = "-" if self.champion_return is None else f"{self.champion_return:.2f}"
+        return f"challenger {self.challenger_return:.2f} vs champion {champion}"
 
     @property
     def outcome(self) -> str:
         if self.champion is None:
             return "first champion registered"
         return "challenger promoted" if self.promoted else "champion kept"
+
+
+Judge = Literal["returns", "match"]
 
 
 class ChallengerTraining(BaseModel):
@@ -69,6 +88,7 @@ def retrain(
     margin: Annotated[float, Field(ge=0)] = 0.0,
     evaluation_episodes: Annotated[int, Field(ge=1, le=1000)] = 20,
     challenger: ChallengerTraining | None = None,
+    judge: Judge = "returns",
 ) -> RetrainDecision:
     """Train a challenger and promote it to champion in the MLflow model registry only if it
     beats the current champion on the same evaluation episodes.
@@ -82,10 +102,18 @@ def retrain(
         evaluation_episodes: Episodes each policy is scored on, with the same seeds for both.
         challenger: How the challenger is trained: from the champion's policy or from scratch, on
             experience it collects or on the experience logged since the champion was made.
+        judge: returns: both policies' mean returns on the same episodes. match: for a two-player
+            PettingZoo game (race-ppo), the challenger plays the champion `evaluation_episodes`
+            games, sides swapped; promoted when its score's 95% interval (wins and half the draws,
+            per game) lies above 0.5 + margin. Its returns are then the two sides' scores.
     """
     training = challenger or ChallengerTraining()
     changes = as_dotted(overrides)
-    config = resolve_experiment(preset, changes).preset  # bad input stops here
+    experiment = resolve_experiment(preset, changes)  # bad input stops here
+    config = experiment.preset
+    if judge == "match" and len(getattr(experiment.observation_space, "groups", ())) != 2:
+        raise InvalidPreset("judge", f"match is for two-player PettingZoo envs; {config.env.id!r} is not one: "
+                                     "allowed: returns")
     tracking_uri = config.tracking.tracking_uri
     name = model_name or f"gymflow-{config.name}"
     logger = get_run_logger()
@@ -98,30 +126,37 @@ def retrain(
     registered = register_challenger(tracking_uri, name, summary.mlflow_run_id, summary.model_uri)
 
     seed = derive_seed(config.seed, "retrain-evaluation")
-    score = {"model": registered, "env": config.env, "episodes": evaluation_episodes, "seed": seed}
-    challenger_returns = score_policy(tracking_uri, **score)
-    champion_returns = score_policy(tracking_uri, **{**score, "model": champion}) if champion else None
-    challenger_return = mean_return(challenger_returns)
-    champion_return = mean_return(champion_returns) if champion_returns else None
-    promoted = champion_return is None or challenger_return > champion_return + margin
-    if promoted:
+    decision = RetrainDecision(name, registered, champion, 0.0, None, margin, seed,
+                               [derive_seed(seed, i, 0) for i in range(evaluation_episodes)], promoted=False)
+    decision = (_judged_by_match if judge == "match" else _judged_by_returns)(decision, config, tracking_uri)
+    if decision.promoted:
         promote(tracking_uri, registered)
-
-    decision = RetrainDecision(
-        model_name=name,
-        challenger=registered,
-        champion=champion,
-        challenger_return=challenger_return,
-        champion_return=champion_return,
-        margin=margin,
-        evaluation_seed=seed,
-        episode_seeds=[derive_seed(seed, i, 0) for i in range(evaluation_episodes)],
-        promoted=promoted,
-    )
     _record(decision, tracking_uri, summary.mlflow_run_id)
-    logger.info("%s: challenger %.2f vs champion %s", decision.outcome, challenger_return,
-                "-" if champion_return is None else f"{champion_return:.2f}")
+    logger.info("%s: %s", decision.outcome, decision.scores())
     return decision
+
+
+def _judged_by_returns(decision: RetrainDecision, config: Preset, tracking_uri: str) -> RetrainDecision:
+    """Both policies scored on the same episodes; the challenger promoted if its mean return beats
+    the champion's by more than the margin (or there is no champion)."""
+    score = {"env": config.env, "episodes": len(decision.episode_seeds), "seed": decision.evaluation_seed}
+    challenger_return = mean_return(score_policy(tracking_uri, decision.challenger, **score))
+    if decision.champion is None:
+        return replace(decision, challenger_return=challenger_return, promoted=True)
+    champion_return = mean_return(score_policy(tracking_uri, decision.champion, **score))
+    return replace(decision, challenger_return=challenger_return, champion_return=champion_return,
+                   promoted=challenger_return > champion_return + decision.margin)
+
+
+def _judged_by_match(decision: RetrainDecision, config: Preset, tracking_uri: str) -> RetrainDecision:
+    """The challenger plays the champion; promoted if the lower end of its score's interval is
+    above 0.5 + margin (the first challenger becomes champion unplayed)."""
+    if decision.champion is None:
+        return replace(decision, challenger_return=float("nan"), promoted=True)
+    match = match_policies(tracking_uri, decision.challenger, decision.champion, config.env,
+                           len(decision.episode_seeds), decision.evaluation_seed)
+    return replace(decision, challenger_return=match.score, champion_return=1.0 - match.score, match=match,
+                   promoted=match.interval()[0] > 0.5 + decision.margin)
 
 
 def _offline_on_logged_runs(preset: str, config: Preset, changes: dict[str, Any], champion: ModelRef | None
@@ -152,17 +187,26 @@ def _record(decision: RetrainDecision, tracking_uri: str, run_id: str) -> None:
     client.set_tag(run_id, "gymflow.retrain.champion_before", decision.champion.uri if decision.champion else "none")
     client.set_tag(run_id, "gymflow.retrain.challenger", decision.challenger.uri)
     client.set_tag(run_id, "gymflow.retrain.episode_seeds", ",".join(map(str, decision.episode_seeds)))
+    if decision.match is not None:  # the league's history: each challenger's match, on its run and its model version
+        low, high = decision.match.interval()
+        for key, value in (("wins", decision.match.wins), ("draws", decision.match.draws),
+                           ("losses", decision.match.losses), ("score_low", low), ("score_high", high)):
+            client.log_metric(run_id, f"retrain/match_{key}", value)
+        client.set_model_version_tag(decision.model_name, decision.challenger.version, "gymflow.match",
+                                     f"{decision.outcome} against v{decision.champion.version}: {decision.scores()}")
+    scored = "match score" if decision.match else "mean return"
     rows = [
-        {"policy": "challenger", "model": decision.challenger.uri, "mean return": round(decision.challenger_return, 3),
+        {"policy": "challenger", "model": decision.challenger.uri, scored: round(decision.challenger_return, 3),
          "champion after": "yes" if decision.promoted else "no"},
     ]
     if decision.champion is not None:
         rows.append({"policy": "champion", "model": decision.champion.uri,
-                     "mean return": round(decision.champion_return, 3),
+                     scored: round(decision.champion_return, 3),
                      "champion after": "no" if decision.promoted else "yes"})
     create_table_artifact(
         key="retrain-decision",
         table=rows,
-        description=f"{decision.outcome} (margin {decision.margin:g}); both scored on the same "
-        f"{len(decision.episode_seeds)} episodes, reset seeds {decision.episode_seeds}",
+        description=f"{decision.outcome} (margin {decision.margin:g}); "
+        + (f"{decision.scores()}; game seeds {decision.episode_seeds}" if decision.match else
+           f"both scored on the same {len(decision.episode_seeds)} episodes, reset seeds {decision.episode_seeds}"),
     )

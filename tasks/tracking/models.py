@@ -28,6 +28,7 @@ import gymflow
 import gymflow.agents
 import gymflow.envs
 import gymflow.presets
+from gymflow.agents.match import MatchResult, play_match
 from gymflow.agents.rollout import evaluate
 from gymflow.envs.parts import Part, lay_out, observation_parts, unflatten_parts
 from gymflow.envs.vector import make_vector_env, observation_dtype
@@ -217,15 +218,29 @@ def score_policy(tracking_uri: str, model: ModelRef, env: EnvConfig, episodes: i
     """Greedy returns of a registered policy, loaded through MLflow, one episode per env; the same
     (env_id, episodes, seed) give the same episodes to every policy scored."""
     with tempfile.TemporaryDirectory() as folder:
-        with _global_tracking_uri(tracking_uri):  # a models:/ URI is resolved through the process-global registry
-            local = mlflow.artifacts.download_artifacts(artifact_uri=model.uri, dst_path=folder,
-                                                        tracking_uri=tracking_uri)
-        loaded = mlflow.pyfunc.load_model(local)
+        policy = _load_policy(tracking_uri, model, folder)
         envs = make_vector_env(env.id, dict(env.kwargs), episodes, seed, env.preprocessing().evaluation())
         envs.reset()
-        returns = evaluate(_PredictingPolicy(loaded), envs).returns
+        returns = evaluate(policy, envs).returns
         envs.close()
     return [float(r) for r in returns]
+
+
+@task(name="play-match", task_run_name="match-v{challenger.version}-v{champion.version}", cache_policy=NO_CACHE)
+def match_policies(tracking_uri: str, challenger: ModelRef, champion: ModelRef, env: EnvConfig, games: int,
+                   seed: int) -> MatchResult:
+    """The challenger against the champion on a two-player env, both loaded through MLflow:
+    `games` seeded games, sides swapped every other game (agents/match.py)."""
+    with tempfile.TemporaryDirectory() as folder:
+        first = _load_policy(tracking_uri, challenger, os.path.join(folder, "challenger"))
+        second = _load_policy(tracking_uri, champion, os.path.join(folder, "champion"))
+        return play_match(first, second, env.id, dict(env.kwargs), games, seed)
+
+
+def _load_policy(tracking_uri: str, model: ModelRef, folder: str) -> _PredictingPolicy:
+    with _global_tracking_uri(tracking_uri):  # a models:/ URI is resolved through the process-global registry
+        local = mlflow.artifacts.download_artifacts(artifact_uri=model.uri, dst_path=folder, tracking_uri=tracking_uri)
+    return _PredictingPolicy(mlflow.pyfunc.load_model(local))
 
 
 def mean_return(returns: list[float]) -> float:
