@@ -113,10 +113,10 @@ class AgentTable:
 
     def row(self, index: int, observation: np.ndarray | None, state: np.ndarray | None = None) -> np.ndarray:
         """Agent `index`'s row; zeros but for its index (and the state) where it observes nothing (it has left)."""
-        row = np.zeros(self.observation_space.shape, dtype=np.float32)
+        row = np.zeros(self.actor_entries + self.state_size, dtype=np.float32)
         if observation is not None:
             row[: self.observation_sizes[index]] = observation
-        row[max(self.observation_sizes) + index] = 1.0
+        row[self.actor_entries - len(self.agents) + index] = 1.0
         if state is not None:
             row[self.actor_entries :] = state
         return row

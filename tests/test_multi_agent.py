@@ -20,6 +20,7 @@ from gymflow.flows.improve import improve
 from gymflow.presets import InvalidPreset
 from gymflow.presets.load import load_preset
 from gymflow.presets.validate import resolve_experiment
+from gymflow.tasks.lake.export import ExportRefused, find_run_experience
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, read_policy
 from gymflow.tasks.storage.codec import decode_tensors
 from gymflow.tasks.storage.layout import RunLayout
@@ -127,6 +128,8 @@ def test_a_pettingzoo_env_trains_end_to_end_and_single_ends_as_sync_does(prefect
     assert metrics["eval/agent/return_mean"] == pytest.approx(metrics["eval/return_mean"])  # one group: 'agent'
     videos = list((workspace / "sync" / "runs" / synced.run_id / "videos").glob("*.mp4"))
     assert videos and videos[0].stat().st_size > 1000  # game 0 of the final evaluation, every agent acting
+    with pytest.raises(ExportRefused, match="is of a PettingZoo env .* holds one agent's episodes"):
+        find_run_experience(Storage(StorageLocation(str(workspace / "sync"))), synced.run_id)
     single = improve(preset, {**run, "storage.root": str(workspace / "single"), "distribution.mode": "single"})
     assert _final_policy(workspace / "single", single) == _final_policy(workspace / "sync", synced)
 
