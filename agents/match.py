@@ -46,21 +46,34 @@ def play_match(first: Policy, second: Policy, env_id: str, env_kwargs: dict[str,
                seed: int) -> MatchResult:
     """`games` games from seeds derived from `seed`: `first` plays agent 0 in even games and agent 1
     in odd ones; a game is won by the side with the higher return."""
+    margins, _ = play_games(first, second, env_id, env_kwargs, games, seed)
+    return MatchResult(int((margins > 0).sum()), int((margins == 0).sum()), int((margins < 0).sum()))
+
+
+def game_scores(margins: np.ndarray) -> np.ndarray:
+    """The first policy's score in each game: 1 a win, 0.5 a draw, 0 a loss."""
+    return (margins > 0) + 0.5 * (margins == 0)
+
+
+def play_games(first: Policy, second: Policy, env_id: str, env_kwargs: dict[str, Any], games: int,
+               seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`play_match`'s games: the first policy's return minus the second's in each, and each game's
+    length."""
     env = SeededAgentVectorEnv(env_id, env_kwargs, games, seed)
     if env.per_game != 2:
         raise ValueError(f"{env_id!r} has {env.per_game} agents a game; a match is between two")
     firsts = np.array([2 * game + game % 2 for game in range(games)])
     seconds = firsts ^ 1  # the other row of each game
     returns, shape = np.full(env.num_envs, np.nan), env.action_space.shape
+    lengths = np.zeros(env.num_envs, dtype=np.int64)
     env.reset()
     while np.isnan(returns).any():
         actions = np.zeros((env.num_envs, *env.action_space.shape), dtype=np.float32 if shape else np.int64)
         actions[firsts] = first.act(env.obs[firsts], explore=False)[0]
         actions[seconds] = second.act(env.obs[seconds], explore=False)[0]
         step = env.step(np.clip(actions, env.action_space.low, env.action_space.high) if shape else actions)
-        for row, episode_return in zip(step.done_envs, step.episode_returns):
+        for row, episode_return, length in zip(step.done_envs, step.episode_returns, step.episode_lengths):
             if np.isnan(returns[row]):
-                returns[row] = episode_return
+                returns[row], lengths[row] = episode_return, length
     env.close()
-    margin = returns[firsts] - returns[seconds]
-    return MatchResult(int((margin > 0).sum()), int((margin == 0).sum()), int((margin < 0).sum()))
+    return returns[firsts] - returns[seconds], np.maximum(lengths[firsts], lengths[seconds])

@@ -1,6 +1,6 @@
 """Champion/challenger retraining: warm-start from the champion, train (collecting, or offline on
 the experience logged since the champion was made), score both on the same evaluation episodes,
-promote the challenger only if it wins by a margin. On a two-player game (`judge: match`) the
+promote the challenger only if it wins by a margin. On a two-player game (`challenger.judge: match`) the
 challenger plays the champion instead: a league whose registry keeps each winner."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ Judge = Literal["returns", "match"]
 
 
 class ChallengerTraining(BaseModel):
-    """How the challenger is trained."""
+    """How the challenger is trained, and judged."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -77,6 +77,13 @@ class ChallengerTraining(BaseModel):
         description="collect: the challenger collects its own experience. logged: it learns offline (an off-policy "
         "agent, schedule.total_train_steps) from the shards of the runs of the preset's env in its storage that "
         "were made since the champion was registered.",
+    )
+    judge: Judge = Field(
+        default="returns",
+        description="returns: the challenger and the champion score their mean returns on the same episodes; "
+        "promoted if it wins by more than `margin`. match: for a two-player PettingZoo game (race-ppo), the "
+        "challenger plays the champion `evaluation_episodes` games, sides swapped; promoted when its score's 95% "
+        "interval (wins and half the draws, per game) lies above 0.5 + margin; its returns are the two scores.",
     )
 
 
@@ -88,7 +95,6 @@ def retrain(
     margin: Annotated[float, Field(ge=0)] = 0.0,
     evaluation_episodes: Annotated[int, Field(ge=1, le=1000)] = 20,
     challenger: ChallengerTraining | None = None,
-    judge: Judge = "returns",
 ) -> RetrainDecision:
     """Train a challenger and promote it to champion in the MLflow model registry only if it
     beats the current champion on the same evaluation episodes.
@@ -101,19 +107,17 @@ def retrain(
         margin: Promote only if the challenger's mean return beats the champion's by more than this.
         evaluation_episodes: Episodes each policy is scored on, with the same seeds for both.
         challenger: How the challenger is trained: from the champion's policy or from scratch, on
-            experience it collects or on the experience logged since the champion was made.
-        judge: returns: both policies' mean returns on the same episodes. match: for a two-player
-            PettingZoo game (race-ppo), the challenger plays the champion `evaluation_episodes`
-            games, sides swapped; promoted when its score's 95% interval (wins and half the draws,
-            per game) lies above 0.5 + margin. Its returns are then the two sides' scores.
+            experience it collects or on the experience logged since the champion was made; and
+            how it is judged: by mean returns, or by a match against the champion.
     """
     training = challenger or ChallengerTraining()
+    judge = training.judge
     changes = as_dotted(overrides)
     experiment = resolve_experiment(preset, changes)  # bad input stops here
     config = experiment.preset
     if judge == "match" and len(getattr(experiment.observation_space, "groups", ())) != 2:
-        raise InvalidPreset("judge", f"match is for two-player PettingZoo envs; {config.env.id!r} is not one: "
-                                     "allowed: returns")
+        raise InvalidPreset("challenger.judge", f"match is for two-player PettingZoo envs; {config.env.id!r} is "
+                                                "not one: allowed: returns")
     tracking_uri = config.tracking.tracking_uri
     name = model_name or f"gymflow-{config.name}"
     logger = get_run_logger()

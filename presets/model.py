@@ -97,6 +97,13 @@ class ScheduleConfig(_Strict):
     evaluation_episodes: int = Field(
         default=10, gt=0, le=1000, description="Episodes averaged in each evaluation."
     )
+    evaluation_opponent: Literal["itself", "random"] = Field(
+        default="itself",
+        description="Two-player PettingZoo games: whom the greedy policy plays in evaluations. itself: every agent "
+        "is the policy, each agent's return counted (a zero-sum game's mean is then 0). random: a uniformly random "
+        "player, sides swapped every other game, each game's return the policy's score (1 a win, 0.5 a draw, 0 "
+        "a loss).",
+    )
     target_return: float | None = Field(
         default=None, description="Stop early once the mean evaluation return reaches this."
     )

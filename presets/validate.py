@@ -105,10 +105,16 @@ def _check_agents(config: Preset, algorithm: Algorithm, observation_space: space
         if env.global_state:
             raise InvalidPreset("env.global_state", f"is a PettingZoo env's state for a centralised critic; "
                                                     f"{env.id!r} is a Gymnasium env: allowed: false")
+        if config.schedule.evaluation_opponent != "itself":
+            raise InvalidPreset("schedule.evaluation_opponent", f"is for two-player PettingZoo games; {env.id!r} is "
+                                                                "a Gymnasium env: allowed: itself")
         if policies:
             raise InvalidPreset("agent.policies", f"maps a PettingZoo env's agent groups to policies; {env.id!r} is "
                                                   "a Gymnasium env: allowed: {}")
         return
+    if config.schedule.evaluation_opponent == "random" and len(observation_space.groups) != 2:
+        raise InvalidPreset("schedule.evaluation_opponent", f"random is for two-player games; {env.id!r} has "
+                                                            f"{len(observation_space.groups)} agents: allowed: itself")
     groups = dict.fromkeys(observation_space.groups)
     if unknown := [group for group in policies if group not in groups]:
         raise InvalidPreset("agent.policies", f"{env.id!r} has no agent group {unknown[0]!r}; its groups: "

@@ -244,6 +244,7 @@ def test_a_match_scores_the_first_policy_with_sides_swapped_and_an_interval():
 def test_a_policy_trained_by_self_play_beats_a_random_one(prefect_api, workspace):
     summary = improve("race-ppo", {**local_overrides(workspace), "distribution.mode": "single",
                                    "tracking.video": "off"})
+    assert summary.final_return > 0.75  # its evaluations: its score per game against a random runner
     preset = load_preset("race-ppo")
     observation_space, action_space = env_spaces(RACE, {})
     network = make_network(preset.agent, observation_space, action_space)
@@ -253,3 +254,11 @@ def test_a_policy_trained_by_self_play_beats_a_random_one(prefect_api, workspace
     # it has learnt when to sprint (where its footing is good): it beats a runner that always runs
     against_runner = play_match(PPOPolicy(network, 0), Run(), RACE, {}, games=200, seed=7)
     assert against_runner.interval()[0] > 0.6, against_runner
+
+
+def test_an_evaluation_against_a_random_player_is_for_two_player_games_only():
+    with pytest.raises(InvalidPreset, match=r"^schedule.evaluation_opponent: random is for two-player games; "
+                                            r"'pettingzoo:mpe2.simple_spread_v3' has 3 agents: allowed: itself$"):
+        resolve_experiment("spread-ippo", {"schedule.evaluation_opponent": "random"})
+    with pytest.raises(InvalidPreset, match=r"^schedule.evaluation_opponent: is for two-player PettingZoo games"):
+        resolve_experiment("cartpole-ppo", {"schedule.evaluation_opponent": "random"})

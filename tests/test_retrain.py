@@ -68,10 +68,10 @@ def test_the_logged_policy_loads_as_an_mlflow_model_and_runs_on_a_gymnasium_env(
 def test_a_self_play_league_promotes_a_challenger_only_when_it_wins_its_match(prefect_api, workspace):
     run = {**local_overrides(workspace), "distribution.mode": "single", "tracking.video": "off"}
     # a champion that has hardly trained: one round of 512 env steps
-    first = retrain("race-ppo", {**run, "schedule.total_env_steps": 512}, model_name="league", judge="match",
-                    evaluation_episodes=60, challenger={"warm_start": False})
+    first = retrain("race-ppo", {**run, "schedule.total_env_steps": 512}, model_name="league",
+                    evaluation_episodes=60, challenger={"warm_start": False, "judge": "match"})
     assert first.outcome == "first champion registered" and first.match is None
-    second = retrain("race-ppo", run, model_name="league", judge="match", evaluation_episodes=60)
+    second = retrain("race-ppo", run, model_name="league", evaluation_episodes=60, challenger={"judge": "match"})
     assert second.match is not None and second.match.games == 60
     assert second.promoted == (second.match.interval()[0] > 0.5)
     assert second.promoted, second.scores()  # 20,000 env steps of self-play beat one round of them
@@ -82,11 +82,12 @@ def test_a_self_play_league_promotes_a_challenger_only_when_it_wins_its_match(pr
     metrics = client.get_run(second.challenger.run_id).data.metrics
     assert metrics["retrain/match_wins"] == second.match.wins
     # a challenger no better than the champion (the same training, a margin no score clears) is not promoted
-    third = retrain("race-ppo", run, model_name="league", judge="match", evaluation_episodes=60, margin=0.5)
+    third = retrain("race-ppo", run, model_name="league", evaluation_episodes=60, margin=0.5,
+                    challenger={"judge": "match"})
     assert not third.promoted and third.outcome == "champion kept"
 
 
 def test_a_match_is_judged_only_between_two_players_in_one_line(prefect_api, workspace):
-    with pytest.raises(InvalidPreset, match=r"^judge: match is for two-player PettingZoo envs; 'CartPole-v1' is not "
+    with pytest.raises(InvalidPreset, match=r"^challenger.judge: match is for two-player PettingZoo envs; 'CartPole-v1' is not "
                                             r"one: allowed: returns$"):
-        retrain("cartpole-ppo", local_overrides(workspace), judge="match")
+        retrain("cartpole-ppo", local_overrides(workspace), challenger={"judge": "match"})

@@ -20,6 +20,7 @@ import numpy as np
 
 from gymflow.agents.algorithms import ALGORITHMS, algorithm_of
 from gymflow.agents.core import Policy
+from gymflow.agents.match import game_scores, play_games
 from gymflow.agents.rollout import RandomPolicy, collect, evaluate
 from gymflow.envs.make import EnvSpecError, check_env, is_multi_agent
 from gymflow.envs.seeding import derive_seed
@@ -106,6 +107,8 @@ def run_rollout(spec: RolloutSpec) -> ShardRef:
 def run_evaluation(spec: EvaluationSpec) -> EvaluationResult:
     """Run `episodes` greedy episodes of one policy version, one per env. Runs on a Dask worker."""
     _one_thread()
+    if spec.opponent == "random":
+        return _evaluate_against_random(spec)
     started = time.perf_counter()
     env = make_vector_env(spec.env_id, spec.env_kwargs, spec.episodes, spec.seed, spec.preprocessing)
     env.reset()
@@ -122,6 +125,20 @@ def run_evaluation(spec: EvaluationSpec) -> EvaluationResult:
         no_film=no_film,
         groups=_row_groups(env),
     )
+
+
+def _evaluate_against_random(spec: EvaluationSpec) -> EvaluationResult:
+    """A two-player game's evaluation: the policy against a uniformly random player, `episodes`
+    games with sides swapped; each game's return is the policy's score (1, 0.5 or 0)."""
+    started = time.perf_counter()
+    env = make_vector_env(spec.env_id, spec.env_kwargs, 1, spec.seed, spec.preprocessing)  # for the policy's spaces
+    policy = _policy(spec, spec.policy_version, env, 0.0, spec.seed)
+    opponent = RandomPolicy(env.action_space, derive_seed(spec.seed, "opponent"))
+    env.close()
+    margins, lengths = play_games(policy, opponent, spec.env_id, spec.env_kwargs, spec.episodes, spec.seed)
+    film, no_film = _film(spec, policy, env) if spec.film else (None, "")
+    return EvaluationResult(spec.policy_version, tuple(float(x) for x in game_scores(margins)),
+                            tuple(int(x) for x in lengths), time.perf_counter() - started, film, no_film)
 
 
 def _row_groups(env: AnyVectorEnv) -> tuple[str, ...]:

@@ -57,6 +57,7 @@ class EvaluationSpec:
     episodes: int
     seed: int  # the same at every evaluation of a run, so evaluations compare
     film: bool = False  # after its episodes, film its first one again into the run's videos/
+    opponent: str = "itself"  # two-player games: "random" plays a random player, a game's return being its score
 
 
 @dataclass(frozen=True)

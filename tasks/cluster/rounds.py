@@ -74,6 +74,7 @@ class RoundPlan:
                 env_kwargs=dict(preset.env.kwargs), preprocessing=preset.env.preprocessing().evaluation(),
                 agent=preset.agent, policy_version=version, episodes=len(share),
                 seed=derive_seed(preset.seed, "evaluation", part), film=films and part == 0,
+                opponent=preset.schedule.evaluation_opponent,
             )
             for part, share in enumerate(shares)
             if len(share)
