@@ -21,7 +21,7 @@ def test_builtin_presets_load_and_validate():
         assert experiment.preset.env.id in ("CartPole-v1", "Pendulum-v1", "LunarLander-v3", "Hopper-v5", "HalfCheetah-v5",
                                             "gymflow.envs.catch:Catch", "ALE/Breakout-v5",
                                             "gymflow.envs.picture_corridor:PictureCorridor", "pettingzoo:mpe2.simple_spread_v3",
-                                            "pettingzoo:gymflow.envs.race")
+                                            "pettingzoo:gymflow.envs.race", "gymflow.envs.hallway:Hallway")
 
 
 def test_overrides_reach_nested_fields_with_types():
@@ -102,8 +102,9 @@ def test_a_bad_base_is_one_line_naming_it(tmp_path, text, says):
     [
         ("nope", {}, "preset", "allowed: breakout-dqn, breakout-ppo, cartpole-bc, cartpole-dqn, cartpole-dqn-async, "
                                "cartpole-po-ppo, cartpole-ppo, "
-                               "catch-dqn, catch-ppo, halfcheetah-ppo, halfcheetah-sac, hopper-iql, hopper-ppo, hopper-td3, "
-                               "lunarlander-ppo, mujoco-ppo, pendulum-po-ppo, pendulum-sac, picture-corridor-ppo"),
+                               "catch-dqn, catch-ppo, halfcheetah-ppo, halfcheetah-sac, hallway-ppo, hallway-walk-ppo, "
+                               "hopper-iql, hopper-ppo, hopper-td3, lunarlander-ppo, mujoco-ppo, pendulum-po-ppo, "
+                               "pendulum-sac, picture-corridor-ppo, race-ppo, spread-ippo, spread-mappo"),
         ("cartpole-ppo", {"env.id": "NoSuchEnv-v0"}, "env.id", "not a registered Gymnasium id"),
         ("cartpole-ppo", {"env.id": "gymflow.testing.envs:NoSuchClass"}, "env.id", "not a gymnasium.Env subclass"),
         ("cartpole-ppo", {"agent.learning_rate": 1}, "agent.learning_rate", "allowed here: activation, algo, anneal_clip_range, anneal_lr"),

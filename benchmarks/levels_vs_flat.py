@@ -1,0 +1,79 @@
+"""Two levels against one flat policy at the same budget of the lower env's steps: Hallway's exit
+task (envs/hallway.py: 61 cells, start in the middle, +1 at the right end only, 100 steps a game).
+
+    .venv/bin/python benchmarks/levels_vs_flat.py --budget 100000 --seeds 0 1 2
+
+Two levels (Coach's hierarchy, agents/levels.py): `hallway-walk-ppo` learns the walking skills
+(walk left, walk right) until its evaluations reach its target; then a level above, `hallway-ppo`
+with `env.id: gymflow.agents.levels:Level`, chooses which skill to walk every 5 steps of the
+hallway. Its budget is what the skills left of the whole: (budget - skill steps) / 5 level steps,
+each at most 5 hallway steps. One flat policy: `hallway-ppo` on the hallway itself, the whole
+budget. Both stop at their target (an evaluation return of 0.95: 20 greedy games). Each side is a
+gymflow run as a user makes it (`improve`, single mode: storage, MLflow, the Prefect API).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+EVERY = 5  # hallway steps per choice of the level above
+
+
+class Outcome(NamedTuple):
+    solved: bool
+    final_return: float
+    hallway_steps: int  # the lower env's steps spent, skills included (the level's: at most EVERY each)
+
+
+def run(preset: str, folder: str, seed: int, overrides: dict):
+    from gymflow.flows.improve import improve
+
+    return improve(preset, {"seed": seed, "distribution.mode": "single", "tracking.video": "off",
+                            "storage.root": os.path.join(folder, "data"), "tracking.tracking_uri":
+                            f"sqlite:///{folder}/mlflow.db", "tracking.artifact_location": f"{folder}/mlartifacts",
+                            **overrides})
+
+
+def two_levels(seed: int, budget: int, folder: str) -> Outcome:
+    skills = run("hallway-walk-ppo", folder, seed, {})
+    policy = Path(folder, "data", "runs", skills.run_id, "policies", f"v{skills.delivered_version:06d}",
+                  "policy.safetensors")
+    level_steps = (budget - skills.env_steps) // EVERY
+    level = run("hallway-ppo", folder, seed, {
+        "env.id": "gymflow.agents.levels:Level",
+        "env.kwargs": {"lower_preset": "hallway-walk-ppo", "policy": str(policy), "every": EVERY,
+                       "env_kwargs": {"task": "exit", "max_steps": 100}},
+        "schedule.total_env_steps": level_steps, "schedule.evaluate_every_env_steps": 1024,
+    })
+    return Outcome(level.solved, level.final_return, skills.env_steps + level.env_steps * EVERY)
+
+
+def flat(seed: int, budget: int, folder: str) -> Outcome:
+    summary = run("hallway-ppo", folder, seed, {"schedule.total_env_steps": budget})
+    return Outcome(summary.solved, summary.final_return, summary.env_steps)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--budget", type=int, default=100_000, help="hallway steps each side may spend")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for seed in args.seeds:
+            levels, one = two_levels(seed, args.budget, folder), flat(seed, args.budget, folder)
+            rows.append((seed, levels, one))
+            print(f"seed {seed}: two levels {levels.final_return:.2f} after <= {levels.hallway_steps:,} hallway steps "
+                  f"({'solved' if levels.solved else 'not solved'}); flat {one.final_return:.2f} after "
+                  f"{one.hallway_steps:,} ({'solved' if one.solved else 'not solved'})", flush=True)
+    solved = [sum(row[side].solved for row in rows) for side in (1, 2)]
+    print(f"\nmachine: {os.cpu_count()} cores; Hallway exit task, budget {args.budget:,} hallway steps a side")
+    print(f"two levels solved {solved[0]} of {len(rows)} seeds, flat {solved[1]} of {len(rows)}")
+
+
+if __name__ == "__main__":
+    main()
