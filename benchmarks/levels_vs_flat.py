@@ -1,5 +1,6 @@
 """Two levels against one flat policy at the same budget of the lower env's steps: Hallway's exit
-task (envs/hallway.py: 61 cells, start in the middle, +1 at the right end only, 100 steps a game).
+task (envs/hallway.py: 61 cells, start in the middle, +1 at the exit, one end or the other as the
+observation shows, 0 at the other end, 100 steps a game).
 
     .venv/bin/python benchmarks/levels_vs_flat.py --budget 100000 --seeds 0 1 2
 

@@ -38,8 +38,11 @@ def test_the_hallway_pays_its_option_s_way_when_walking_and_the_right_end_on_the
     option = int(np.argmax(obs[1:]))
     assert walk.step(option)[1] == 1.0 and walk.step(1 - option)[1] == -1.0  # action 1 steps right: option 1's way
     exit_task = Hallway(task="exit", length=5)
+    obs, _ = exit_task.reset(seed=0)
+    toward, away = (1, 0) if obs[-1] == 1.0 else (0, 1)  # the exit's end, shown
+    assert exit_task.step(toward)[1:3] == (0.0, False) and exit_task.step(toward)[1:3] == (1.0, True)
     exit_task.reset(seed=0)
-    assert exit_task.step(1)[1:3] == (0.0, False) and exit_task.step(1)[1:3] == (1.0, True)
+    assert exit_task.step(away)[1:3] == (0.0, False) and exit_task.step(away)[1:3] == (0.0, True)  # the wrong end
     for env in (Hallway(task="walk"), Hallway(task="exit")):
         check_env(env, skip_render_check=True)
 
@@ -54,7 +57,7 @@ def test_a_level_is_an_env_whose_step_chooses_an_option_the_lower_policy_walks_f
     experiment = resolve_experiment("hallway-ppo", {
         "env.id": LEVEL, "env.kwargs": {"lower_preset": "hallway-walk-ppo", "policy": _lower_weights(tmp_path)},
     })  # gymflow's own checks of an env, on the level
-    assert experiment.observation_space.shape == (3,) and experiment.action_space.n == 2
+    assert experiment.observation_space.shape == (4,) and experiment.action_space.n == 2
 
 
 def test_a_level_that_cannot_be_made_is_refused_in_one_line(tmp_path):
