@@ -167,7 +167,7 @@ def collect_results(suite: Suite, entries: list[Entry]) -> list[TaskResult]:
     results = []
     for entry in entries:
         preset = load_preset(entry.preset)
-        tasks = {task: TaskResult(entry, preset.agent.algo, task) for task in entry.tasks or [preset.env.id]}
+        tasks = {task: TaskResult(entry, algorithm_name(preset), task) for task in entry.tasks or [preset.env.id]}
         try:
             study = optuna.load_study(study_name=entry.sweep_id, storage=storage)
         except KeyError:  # not started yet
@@ -219,7 +219,21 @@ def plot_task(result: TaskResult, path: Path) -> None:
 
 
 def image_name(result: TaskResult) -> str:
-    return f"results-{result.task.lower()}-{result.entry.preset}.png"
+    task = result.task.lower().replace("pettingzoo:", "").replace(":", "-").replace("/", "-")
+    return f"results-{task}-{result.entry.preset}.png"
+
+
+def algorithm_name(preset: Any) -> str:
+    """The algorithm as the literature names it: PPO over a PettingZoo env's agents is IPPO, with
+    a centralised critic MAPPO."""
+    if not preset.env.id.startswith("pettingzoo:"):
+        return preset.agent.algo
+    return "mappo" if preset.env.global_state else "ippo"
+
+
+def figure(value: float) -> str:
+    """A return as a table shows it: whole numbers, but a decimal where returns are small."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.1f}"
 
 
 def results_markdown(results: list[TaskResult], command: str, machine: str) -> str:
@@ -248,8 +262,8 @@ def results_markdown(results: list[TaskResult], command: str, machine: str) -> s
         finals = np.array([result.finals[seed] for seed in sorted(result.finals)])
         if len(finals):
             estimate = iqm_with_interval(finals)
-            ours = f"**{estimate.value:,.0f}** [{estimate.low:,.0f}, {estimate.high:,.0f}]"
-            median, seeds = f"{np.median(finals):,.0f}", ", ".join(f"{value:,.0f}" for value in finals)
+            ours = f"**{figure(estimate.value)}** [{figure(estimate.low)}, {figure(estimate.high)}]"
+            median, seeds = figure(float(np.median(finals))), ", ".join(figure(value) for value in finals)
         else:
             ours, median, seeds = "not run yet", "", ""
         if result.failed and len(finals):
