@@ -37,7 +37,7 @@ def test_a_suite_runs_its_entries_over_tasks_and_seeds_writes_the_page_and_conti
         assert len(cells[7].split(",")) == 2  # each seed's final return
         assert cells[8] == "not measured" and cells[9] == "none at this budget"
     images = sorted(path.name for path in (docs / "img").iterdir())
-    assert images == ["results-cartpole-v1-cartpole-ppo.png", "results-gymflow.testing.envs:corridor-cartpole-ppo.png"]
+    assert images == ["results-cartpole-v1-cartpole-ppo.png", "results-gymflow.testing.envs-corridor-cartpole-ppo.png"]
 
     client = MlflowClient(f"sqlite:///{workspace / 'results' / 'mlflow.db'}")
     runs = lambda: len(client.search_runs([e.experiment_id for e in client.search_experiments()]))  # noqa: E731
