@@ -208,7 +208,7 @@ def plot_task(result: TaskResult, path: Path) -> None:
         axes.axhline(figure_.value, ls="--", lw=1.2, color=plt.get_cmap("Dark2")(index),
                      label=f"{figure_.source} at {result.entry.env_steps:,} ({figure_.task}): {figure_.value:,.0f}")
     axes.set_xlabel("environment steps")
-    axes.set_ylabel("greedy evaluation return (10 episodes)")
+    axes.set_ylabel("greedy evaluation return (each evaluation's mean)")
     axes.set_title(f"{result.task}: {result.algo.upper()} ({result.entry.preset})")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8, loc="lower right")
