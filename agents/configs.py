@@ -6,10 +6,12 @@ The networks, losses and learners that use them live in agents/ppo.py, dqn.py, s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+SHARED_POLICY = "shared"  # the policy of an agent group that PPOConfig.policies does not name
 LayerWidths = list[Annotated[int, Field(ge=1, le=65_536)]]  # the hidden layers of an MLP, input to output
 
 
@@ -80,6 +82,10 @@ class PPOConfig(ObservationNormalization):
         "share one; a group not named acts with 'shared'. {} (the default): one policy for every agent, told "
         "each agent's index (parameter sharing); {adversary: adversaries, agent: runners}: two.",
     )
+
+    def policy_of_each(self, groups: Sequence[str]) -> tuple[str, ...]:
+        """The policy each agent acts with, from its group (`policies`; 'shared' where not named)."""
+        return tuple(self.policies.get(group, SHARED_POLICY) for group in groups)
 
 
 class DQNConfig(ReplayOptions, ObservationNormalization):

@@ -14,13 +14,6 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-SHARED = "shared"  # the policy of a group the mapping does not name
-
-
-def policy_names(groups: tuple[str, ...], mapping: dict[str, str]) -> tuple[str, ...]:
-    """The policy of each agent (of its group), in the agents' order."""
-    return tuple(mapping.get(group, SHARED) for group in groups)
-
 
 class PolicyGroups(nn.Module):
     """ActorCritic's interface over several of them; `policy_of_agent[k]` is the index (in

@@ -29,7 +29,7 @@ from gymflow.agents.networks import (
     seeded_init,
 )
 from gymflow.agents.normalization import RewardScaler, share_normalizer
-from gymflow.agents.policy_groups import PolicyGroups, policy_names
+from gymflow.agents.policy_groups import PolicyGroups
 from gymflow.agents.training_state import SavedWhole
 from gymflow.envs.agents import actor_entries
 from gymflow.envs.make import reads_pixels
@@ -119,7 +119,7 @@ def sample_actions(out: np.ndarray, log_std: np.ndarray, discrete: bool, rng: np
 def make_network(config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space) -> nn.Module:
     """One ActorCritic, or one per policy where a PettingZoo env's agent groups act with several
     (agent.policies; agents/policy_groups.py)."""
-    policies = policy_names(getattr(observation_space, "groups", ()), config.policies)
+    policies = config.policy_of_each(getattr(observation_space, "groups", ()))
     if len(set(policies)) < 2:
         return make_actor_critic(config, observation_space, action_space)
     names = list(dict.fromkeys(policies))

@@ -262,3 +262,25 @@ def test_an_evaluation_against_a_random_player_is_for_two_player_games_only():
         resolve_experiment("spread-ippo", {"schedule.evaluation_opponent": "random"})
     with pytest.raises(InvalidPreset, match=r"^schedule.evaluation_opponent: is for two-player PettingZoo games"):
         resolve_experiment("cartpole-ppo", {"schedule.evaluation_opponent": "random"})
+
+
+@pytest.mark.e2e
+def test_each_of_separate_policies_is_also_a_logged_model_of_its_own(prefect_api, workspace, tiny_budget):
+    import mlflow
+
+    run = {**tiny_budget, **local_overrides(workspace), "env.id": EXITS, "env.kwargs": {}, "distribution.mode": "single",
+           "agent.policies": {"guide": "guides"}, "agent.minibatch_size": 64, "agent.hidden_sizes": [16],
+           "tracking.video": "off"}
+    summary = improve("spread-ippo", run)
+    tags = MlflowClient(run["tracking.tracking_uri"]).get_run(summary.mlflow_run_id).data.tags
+    uris = dict(pair.split("=") for pair in tags["gymflow.policy_models"].split(", "))
+    assert list(uris) == ["shared", "guides"]  # the walkers' group is not named: 'shared'
+    mlflow.set_tracking_uri(run["tracking.tracking_uri"])
+    every_policy = mlflow.pyfunc.load_model(summary.model_uri)
+    env = SeededAgentVectorEnv(EXITS, {}, num_games=4, seed=5)
+    rows = env.reset()
+    guides = rows[env.agents == 2]
+    np.testing.assert_array_equal(mlflow.pyfunc.load_model(uris["guides"]).predict(guides), every_policy.predict(guides))
+    walkers = rows[env.agents != 2]
+    np.testing.assert_array_equal(mlflow.pyfunc.load_model(uris["shared"]).predict(walkers),
+                                  every_policy.predict(walkers))

@@ -64,6 +64,12 @@ class PolicyModel:
     action_space: spaces.Space
     params: Mapping[str, str]  # the run's preset, flattened
     memory_size: int | None = None  # a recurrent policy's: its memory [2, N, memory_size] goes in and out
+    policy_name: str | None = None  # one of an agent group's separate policies alone (agent.policies); None: all
+
+    @property
+    def name(self) -> str:
+        """The logged model's name: `policy`, or `policy-<name>` for one of several policies."""
+        return MODEL_ARTIFACT if self.policy_name is None else f"{MODEL_ARTIFACT}-{self.policy_name}"
 
     def input_example(self) -> np.ndarray | dict[str, np.ndarray]:
         if observation_parts(self.observation_space):  # a Dict observation's parts, by name
@@ -83,22 +89,26 @@ def log_policy_model(tracker: Tracker, model: PolicyModel, step: int) -> str:
     output of the run at `step`: the run's metrics at that step are linked to it. The model
     carries gymflow's agents, envs and presets code, so loading it needs no gymflow install.
     Returns its URI, models:/<model id>."""
-    logged = tracker.client.create_logged_model(tracker.experiment_id, name=MODEL_ARTIFACT,
+    logged = tracker.client.create_logged_model(tracker.experiment_id, name=model.name,
                                                 source_run_id=tracker.run_id, params=dict(model.params),
                                                 model_type="gymflow-policy")
     with tempfile.TemporaryDirectory() as folder, _global_tracking_uri(tracker.tracking_uri), _no_progress_bars():
         Path(folder, "policy.safetensors").write_bytes(model.policy)
         Path(folder, "preset.yaml").write_bytes(model.preset_yaml)
+        artifacts = {"policy": os.path.join(folder, "policy.safetensors"),
+                     "preset": os.path.join(folder, "preset.yaml")}
+        if model.policy_name is not None:  # which of the network's policies acts
+            Path(folder, "policy_name.txt").write_text(model.policy_name)
+            artifacts["policy_name"] = os.path.join(folder, "policy_name.txt")
         Model.log(
             artifact_path=None,
-            name=MODEL_ARTIFACT,
+            name=model.name,
             flavor=mlflow.pyfunc,
             run_id=tracker.run_id,
             model_id=logged.model_id,
             step=step,
             python_model=_MODEL_CODE,
-            artifacts={"policy": os.path.join(folder, "policy.safetensors"),
-                       "preset": os.path.join(folder, "preset.yaml")},
+            artifacts=artifacts,
             code_paths=[_model_code(folder)],
             pip_requirements=_REQUIREMENTS,
             signature=policy_signature(model.observation_space, model.action_space, model.memory_size),

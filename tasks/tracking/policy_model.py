@@ -45,6 +45,9 @@ class GymflowPolicy(PythonModel):
         # as gymflow keeps them: images as uint8, vectors as float32
         self.observation_dtype = np.uint8 if observation_space.dtype == np.uint8 else np.float32
         network.load_state_dict(load_file(context.artifacts["policy"]))
+        if "policy_name" in context.artifacts:  # one of an agent group's separate policies (agent.policies)
+            with open(context.artifacts["policy_name"]) as handle:
+                network = network.policies[handle.read()]
         network.eval()
         self.policy = algorithm.policy(network, preset.agent, 0.0, 0)
 

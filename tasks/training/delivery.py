@@ -8,7 +8,7 @@ import base64
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, committed_versions, read_policy
 from gymflow.tasks.storage.layout import RunLayout
@@ -58,7 +58,22 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
     policy = read_policy(run.storage, layout, delivered, [POLICY_BLOB])[POLICY_BLOB]
     model = PolicyModel(policy, run.preset_yaml(), run.experiment.observation_space, run.experiment.action_space,
                         run.params(), memory_size=getattr(run.preset.agent, "recurrent", None))
-    return Delivered(replace(summary, model_uri=log_policy_model(tracker, model, step=summary.clock)), curve_png)
+    model_uri = log_policy_model(tracker, model, step=summary.clock)
+    _log_each_policy(run, tracker, model, summary.clock)
+    return Delivered(replace(summary, model_uri=model_uri), curve_png)
+
+
+def _log_each_policy(run: PreparedRun, tracker: Tracker, model: Any, step: int) -> None:
+    """Where agent groups act with separate policies (agent.policies), each is also a logged model
+    of its own (`policy-<name>`), named in the run's tag `gymflow.policy_models`."""
+    from gymflow.tasks.tracking.models import log_policy_model
+
+    if not getattr(run.preset.agent, "policies", None):
+        return
+    names = dict.fromkeys(run.preset.agent.policy_of_each(run.experiment.observation_space.groups))
+    if len(names) > 1:
+        uris = {name: log_policy_model(tracker, replace(model, policy_name=name), step) for name in names}
+        tracker.set_tags({"gymflow.policy_models": ", ".join(f"{name}={uri}" for name, uri in uris.items())})
 
 
 def report_run(run: PreparedRun, tracker: Tracker, delivered: Delivered, recorder: RunRecorder) -> str:
