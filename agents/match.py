@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from gymflow.agents.core import Policy
+from gymflow.agents.rollout import evaluate
 from gymflow.envs.agents import SeededAgentVectorEnv
 
 
@@ -42,11 +42,10 @@ class MatchResult:
         return centre - half, centre + half
 
 
-def play_match(first: Policy, second: Policy, env_id: str, env_kwargs: dict[str, Any], games: int,
-               seed: int) -> MatchResult:
-    """`games` games from seeds derived from `seed`: `first` plays agent 0 in even games and agent 1
-    in odd ones; a game is won by the side with the higher return."""
-    margins, _ = play_games(first, second, env_id, env_kwargs, games, seed)
+def play_match(first: Policy, second: Policy, games: SeededAgentVectorEnv) -> MatchResult:
+    """The games of a two-player env (one per game of `games`, from its seeds): `first` plays agent 0
+    in even games and agent 1 in odd ones; a game is won by the side with the higher return."""
+    margins, _ = play_games(first, second, games)
     return MatchResult(int((margins > 0).sum()), int((margins == 0).sum()), int((margins < 0).sum()))
 
 
@@ -55,25 +54,28 @@ def game_scores(margins: np.ndarray) -> np.ndarray:
     return (margins > 0) + 0.5 * (margins == 0)
 
 
-def play_games(first: Policy, second: Policy, env_id: str, env_kwargs: dict[str, Any], games: int,
-               seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """`play_match`'s games: the first policy's return minus the second's in each, and each game's
-    length."""
-    env = SeededAgentVectorEnv(env_id, env_kwargs, games, seed)
-    if env.per_game != 2:
-        raise ValueError(f"{env_id!r} has {env.per_game} agents a game; a match is between two")
-    firsts = np.array([2 * game + game % 2 for game in range(games)])
+def play_games(first: Policy, second: Policy, games: SeededAgentVectorEnv) -> tuple[np.ndarray, np.ndarray]:
+    """`play_match`'s games, each played from its start to its end (the evaluation loop, both sides
+    greedy): the first policy's return minus the second's in each, and each game's length."""
+    if games.per_game != 2:
+        raise ValueError(f"{games.per_game} agents a game; a match is between two")
+    firsts = np.array([2 * game + game % 2 for game in range(games.num_envs // 2)])
+    games.reset()
+    played = evaluate(_Sides(first, second, firsts), games)
     seconds = firsts ^ 1  # the other row of each game
-    returns, shape = np.full(env.num_envs, np.nan), env.action_space.shape
-    lengths = np.zeros(env.num_envs, dtype=np.int64)
-    env.reset()
-    while np.isnan(returns).any():
-        actions = np.zeros((env.num_envs, *env.action_space.shape), dtype=np.float32 if shape else np.int64)
-        actions[firsts] = first.act(env.obs[firsts], explore=False)[0]
-        actions[seconds] = second.act(env.obs[seconds], explore=False)[0]
-        step = env.step(np.clip(actions, env.action_space.low, env.action_space.high) if shape else actions)
-        for row, episode_return, length in zip(step.done_envs, step.episode_returns, step.episode_lengths):
-            if np.isnan(returns[row]):
-                returns[row], lengths[row] = episode_return, length
-    env.close()
-    return returns[firsts] - returns[seconds], np.maximum(lengths[firsts], lengths[seconds])
+    return played.returns[firsts] - played.returns[seconds], np.maximum(played.lengths[firsts],
+                                                                        played.lengths[seconds])
+
+
+class _Sides:
+    """Two policies acting as one: `first` for the rows `firsts`, `second` for the other row of each game."""
+
+    def __init__(self, first: Policy, second: Policy, firsts: np.ndarray):
+        self.first, self.second, self.firsts, self.seconds = first, second, firsts, firsts ^ 1
+
+    def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
+        first = self.first.act(obs[self.firsts], explore)[0]
+        actions = np.empty((len(obs), *first.shape[1:]), dtype=first.dtype)
+        actions[self.firsts] = first
+        actions[self.seconds] = self.second.act(obs[self.seconds], explore)[0]
+        return actions, np.zeros(len(obs), dtype=np.float32)

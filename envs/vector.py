@@ -59,9 +59,9 @@ class VectorStep(NamedTuple):
 def make_vector_env(env_id: str, env_kwargs: dict[str, Any], num_envs: int, seed: int,
                     preprocessing: Preprocessing | None = None) -> AnyVectorEnv:
     """`num_envs` envs of an id, seeded; a PettingZoo env's games give a row to each of their agents."""
-    from gymflow.envs.agents import SeededAgentVectorEnv
-
     if is_multi_agent(env_id):
+        from gymflow.envs.agents import SeededAgentVectorEnv  # it imports this module
+
         return SeededAgentVectorEnv(env_id, env_kwargs, num_envs, seed, (preprocessing or Preprocessing()).global_state)
     return SeededVectorEnv(env_id, env_kwargs, num_envs, seed, preprocessing)
 

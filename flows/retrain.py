@@ -45,7 +45,6 @@ class RetrainDecision:
     promoted: bool
     match: MatchResult | None = None  # judge "match": the challenger's games against the champion
 
-
     def scores(self) -> str:
         """What decided, in words."""
         if self.match is not None:

@@ -221,6 +221,10 @@ def test_a_policy_mapping_names_groups_the_env_has_in_one_line():
 RACE = "pettingzoo:gymflow.envs.race"
 
 
+def _races(games: int, seed: int) -> SeededAgentVectorEnv:
+    return SeededAgentVectorEnv(RACE, {}, games, seed)
+
+
 class Run:
     """Race's best reply to anything: run every step."""
 
@@ -230,14 +234,14 @@ class Run:
 
 def test_a_match_scores_the_first_policy_with_sides_swapped_and_an_interval():
     random_runner = RandomPolicy(spaces.Discrete(3), seed=0)
-    strong = play_match(Run(), random_runner, RACE, {}, games=100, seed=1)
+    strong = play_match(Run(), random_runner, _races(100, seed=1))
     assert strong.games == 100 and strong.interval()[0] > 0.75
-    even = play_match(RandomPolicy(spaces.Discrete(3), 1), RandomPolicy(spaces.Discrete(3), 2), RACE, {}, 200, seed=1)
+    even = play_match(RandomPolicy(spaces.Discrete(3), 1), RandomPolicy(spaces.Discrete(3), 2), _races(200, seed=1))
     low, high = even.interval()
     assert low < 0.5 < high and high - low < 0.15
-    assert play_match(Run(), Run(), RACE, {}, 10, seed=1) == MatchResult(0, 10, 0)  # the same runner: all draws
+    assert play_match(Run(), Run(), _races(10, seed=1)) == MatchResult(0, 10, 0)  # the same runner: all draws
     with pytest.raises(ValueError, match="3 agents a game; a match is between two"):
-        play_match(Run(), Run(), EXITS, {}, 2, seed=0)
+        play_match(Run(), Run(), SeededAgentVectorEnv(EXITS, {}, 2, seed=0))
 
 
 @pytest.mark.e2e
@@ -249,10 +253,10 @@ def test_a_policy_trained_by_self_play_beats_a_random_one(prefect_api, workspace
     observation_space, action_space = env_spaces(RACE, {})
     network = make_network(preset.agent, observation_space, action_space)
     network.load_state_dict(decode_tensors(_final_policy(workspace / "data", summary)))
-    against_random = play_match(PPOPolicy(network, 0), RandomPolicy(action_space, 3), RACE, {}, games=100, seed=7)
+    against_random = play_match(PPOPolicy(network, 0), RandomPolicy(action_space, 3), _races(100, seed=7))
     assert against_random.interval()[0] > 0.75, against_random
     # it has learnt when to sprint (where its footing is good): it beats a runner that always runs
-    against_runner = play_match(PPOPolicy(network, 0), Run(), RACE, {}, games=200, seed=7)
+    against_runner = play_match(PPOPolicy(network, 0), Run(), _races(200, seed=7))
     assert against_runner.interval()[0] > 0.6, against_runner
 
 

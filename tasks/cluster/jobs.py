@@ -131,11 +131,11 @@ def _evaluate_against_random(spec: EvaluationSpec) -> EvaluationResult:
     """A two-player game's evaluation: the policy against a uniformly random player, `episodes`
     games with sides swapped; each game's return is the policy's score (1, 0.5 or 0)."""
     started = time.perf_counter()
-    env = make_vector_env(spec.env_id, spec.env_kwargs, 1, spec.seed, spec.preprocessing)  # for the policy's spaces
+    env = make_vector_env(spec.env_id, spec.env_kwargs, spec.episodes, spec.seed, spec.preprocessing)
     policy = _policy(spec, spec.policy_version, env, 0.0, spec.seed)
     opponent = RandomPolicy(env.action_space, derive_seed(spec.seed, "opponent"))
+    margins, lengths = play_games(policy, opponent, env)
     env.close()
-    margins, lengths = play_games(policy, opponent, spec.env_id, spec.env_kwargs, spec.episodes, spec.seed)
     film, no_film = _film(spec, policy, env) if spec.film else (None, "")
     return EvaluationResult(spec.policy_version, tuple(float(x) for x in game_scores(margins)),
                             tuple(int(x) for x in lengths), time.perf_counter() - started, film, no_film)

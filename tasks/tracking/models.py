@@ -244,7 +244,11 @@ def match_policies(tracking_uri: str, challenger: ModelRef, champion: ModelRef, 
     with tempfile.TemporaryDirectory() as folder:
         first = _load_policy(tracking_uri, challenger, os.path.join(folder, "challenger"))
         second = _load_policy(tracking_uri, champion, os.path.join(folder, "champion"))
-        return play_match(first, second, env.id, dict(env.kwargs), games, seed)
+        played = make_vector_env(env.id, dict(env.kwargs), games, seed, env.preprocessing().evaluation())
+        try:
+            return play_match(first, second, played)
+        finally:
+            played.close()
 
 
 def _load_policy(tracking_uri: str, model: ModelRef, folder: str) -> _PredictingPolicy:
