@@ -59,23 +59,30 @@ def play_games(first: Policy, second: Policy, games: SeededAgentVectorEnv) -> tu
     greedy): the first policy's return minus the second's in each, and each game's length."""
     if games.per_game != 2:
         raise ValueError(f"{games.per_game} agents a game; a match is between two")
-    firsts = np.array([2 * game + game % 2 for game in range(games.num_envs // 2)])
+    firsts = first_rows(games.num_envs)
     games.reset()
-    played = evaluate(_Sides(first, second, firsts), games)
+    played = evaluate(Sides(first, second, firsts), games)
     seconds = firsts ^ 1  # the other row of each game
     return played.returns[firsts] - played.returns[seconds], np.maximum(played.lengths[firsts],
                                                                         played.lengths[seconds])
 
 
-class _Sides:
+def first_rows(rows: int) -> np.ndarray:
+    """The first side's row in each two-player game of `rows` rows: agent 0 in even games, agent 1 in odd."""
+    return np.array([2 * game + game % 2 for game in range(rows // 2)], dtype=np.int64)
+
+
+class Sides:
     """Two policies acting as one: `first` for the rows `firsts`, `second` for the other row of each game."""
 
     def __init__(self, first: Policy, second: Policy, firsts: np.ndarray):
         self.first, self.second, self.firsts, self.seconds = first, second, firsts, firsts ^ 1
 
     def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
-        first = self.first.act(obs[self.firsts], explore)[0]
+        first, first_log_probs = self.first.act(obs[self.firsts], explore)
+        second, second_log_probs = self.second.act(obs[self.seconds], explore)
         actions = np.empty((len(obs), *first.shape[1:]), dtype=first.dtype)
-        actions[self.firsts] = first
-        actions[self.seconds] = self.second.act(obs[self.seconds], explore)[0]
-        return actions, np.zeros(len(obs), dtype=np.float32)
+        log_probs = np.empty(len(obs), dtype=np.float32)
+        actions[self.firsts], log_probs[self.firsts] = first, first_log_probs
+        actions[self.seconds], log_probs[self.seconds] = second, second_log_probs
+        return actions, log_probs

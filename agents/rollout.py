@@ -14,9 +14,11 @@ from gymflow.agents.batches import Episodes, Rollout
 from gymflow.agents.core import Policy, VectorEnv
 
 
-def collect(policy: Policy, env: VectorEnv, steps: int, explore: bool = True) -> tuple[Rollout, Episodes]:
+def collect(policy: Policy, env: VectorEnv, steps: int, explore: bool = True,
+            learning: np.ndarray | None = None) -> tuple[Rollout, Episodes]:
     """Step every env `steps` times from where it stands; returns the batch and the episodes
-    that ended during it."""
+    that ended during it. A multi-agent env's rows outside `learning` (a [N] mask: an opponent's)
+    act but are no samples: not alive in the batch, their episodes not counted."""
     n = env.num_envs
     obs_shape = env.obs.shape[1:]
     obs = np.empty((steps, n, *obs_shape), dtype=env.obs.dtype)
@@ -36,7 +38,7 @@ def collect(policy: Policy, env: VectorEnv, steps: int, explore: bool = True) ->
     for t in range(steps):
         obs[t] = env.obs
         if alive is not None:
-            alive[t] = env.alive
+            alive[t] = env.alive if learning is None else env.alive & learning
         actions[t], log_probs[t] = policy.act(obs[t], explore)
         if recurrent and memory is None:
             memory = np.zeros_like(policy.memory)  # it began with nothing remembered
@@ -50,22 +52,16 @@ def collect(policy: Policy, env: VectorEnv, steps: int, explore: bool = True) ->
         returns += step.episode_returns
         lengths += step.episode_lengths
     rollout = Rollout(
-        obs=obs,
-        actions=actions,
-        rewards=rewards,
-        terminated=terminated,
-        truncated=truncated,
+        obs=obs, actions=actions, rewards=rewards, terminated=terminated, truncated=truncated,
         done_index=np.asarray(done_index, dtype=np.int64),
         done_obs=np.asarray(done_obs, dtype=env.obs.dtype).reshape(-1, *obs_shape),
-        last_obs=env.obs.copy(),
-        log_probs=log_probs,
-        memory=memory,
-        agents=None if agents is None else agents.copy(),
-        alive=alive,
+        last_obs=env.obs.copy(), log_probs=log_probs, memory=memory,
+        agents=None if agents is None else agents.copy(), alive=alive,
     )
     if recurrent:
         env.memory = policy.memory
-    return rollout, Episodes(np.asarray(returns, np.float64), np.asarray(lengths, np.int64))
+    counted = slice(None) if learning is None else learning[rollout.done_index % n]  # not an opponent's episodes
+    return rollout, Episodes(np.asarray(returns, np.float64)[counted], np.asarray(lengths, np.int64)[counted])
 
 
 def evaluate(policy: Policy, env: VectorEnv) -> Episodes:

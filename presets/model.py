@@ -63,6 +63,24 @@ class EnvConfig(_Strict):
                              global_state=self.global_state)
 
 
+class OpponentPool(_Strict):
+    """Self-play against past versions: a version is kept as a snapshot every `every` versions (v0,
+    v`every`, ...); a rollout job's games face one of the newest `size` snapshots older than the
+    acting version with probability `share`, else the acting version itself."""
+
+    size: int = Field(default=5, ge=1, le=100, description="Snapshots in the pool: the newest this many.")
+    every: int = Field(default=5, ge=1, description="Policy versions between two snapshots.")
+    share: float = Field(default=0.5, gt=0.0, le=1.0,
+                         description="The share of rollout jobs whose games face a snapshot (drawn from the seed).")
+
+    def members(self, version: int) -> list[int]:
+        """The snapshots round `version`'s games may face: the newest `size` older than `version`."""
+        if version <= 0:
+            return []
+        newest = (version - 1) // self.every * self.every
+        return list(range(max(newest - (self.size - 1) * self.every, 0), newest + 1, self.every))
+
+
 class ScheduleConfig(_Strict):
     """The improve loop's schedule, each field in an explicit unit."""
 
@@ -103,6 +121,13 @@ class ScheduleConfig(_Strict):
         "is the policy, each agent's return counted (a zero-sum game's mean is then 0). random: a uniformly random "
         "player, sides swapped every other game, each game's return the policy's score (1 a win, 0.5 a draw, 0 "
         "a loss).",
+    )
+    opponent_pool: OpponentPool | None = Field(
+        default=None,
+        description="Two-player PettingZoo games: the policy also trains against a pool of "
+        "its own past versions. In a job that faces a snapshot, the policy plays one side of each game (the side "
+        "alternates from game to game) and learns from that side only. None: every game is the policy against "
+        "itself.",
     )
     target_return: float | None = Field(
         default=None, description="Stop early once the mean evaluation return reaches this."

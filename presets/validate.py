@@ -98,6 +98,19 @@ def experiment_from(config: Preset) -> Experiment:
     return Experiment(config, algorithm, observation_space, action_space)
 
 
+def _check_opponent_pool(config: Preset, observation_space: spaces.Box) -> None:
+    """A pool of past versions plays one side of two-player games whose sides share one policy."""
+    if config.schedule.opponent_pool is None:
+        return
+    players = len(observation_space.groups)
+    if players != 2:
+        raise InvalidPreset("schedule.opponent_pool", f"is for two-player games; {config.env.id!r} has {players} "
+                                                      "agents: allowed: null")
+    if getattr(config.agent, "policies", {}):
+        raise InvalidPreset("schedule.opponent_pool", "plays past versions of the one policy both sides share; "
+                                                      "with agent.policies allowed: null")
+
+
 def _check_agents(config: Preset, algorithm: Algorithm, observation_space: spaces.Box) -> None:
     """What a PettingZoo env's agents, as rows of the vector env (envs/agents.py), can learn with."""
     env, policies = config.env, getattr(config.agent, "policies", {})
@@ -111,10 +124,14 @@ def _check_agents(config: Preset, algorithm: Algorithm, observation_space: space
         if policies:
             raise InvalidPreset("agent.policies", f"maps a PettingZoo env's agent groups to policies; {env.id!r} is "
                                                   "a Gymnasium env: allowed: {}")
+        if config.schedule.opponent_pool is not None:
+            raise InvalidPreset("schedule.opponent_pool", f"is for two-player PettingZoo games; {env.id!r} is a "
+                                                          "Gymnasium env: allowed: null")
         return
     if config.schedule.evaluation_opponent == "random" and len(observation_space.groups) != 2:
         raise InvalidPreset("schedule.evaluation_opponent", f"random is for two-player games; {env.id!r} has "
                                                             f"{len(observation_space.groups)} agents: allowed: itself")
+    _check_opponent_pool(config, observation_space)
     groups = dict.fromkeys(observation_space.groups)
     if unknown := [group for group in policies if group not in groups]:
         raise InvalidPreset("agent.policies", f"{env.id!r} has no agent group {unknown[0]!r}; its groups: "

@@ -10,7 +10,7 @@ from gymnasium import spaces
 from mlflow.tracking import MlflowClient
 
 from gymflow.agents.configs import PPOConfig
-from gymflow.agents.match import MatchResult, play_match
+from gymflow.agents.match import MatchResult, Sides, first_rows, play_match
 from gymflow.agents.ppo import PPOLearner, PPOPolicy, make_network
 from gymflow.agents.rollout import RandomPolicy, collect
 from gymflow.envs.agents import SeededAgentVectorEnv
@@ -19,7 +19,9 @@ from gymflow.envs.vector import make_vector_env
 from gymflow.flows.improve import improve
 from gymflow.presets import InvalidPreset
 from gymflow.presets.load import load_preset
+from gymflow.presets.model import OpponentPool
 from gymflow.presets.validate import resolve_experiment
+from gymflow.tasks.cluster.rounds import RoundPlan
 from gymflow.tasks.lake.export import ExportRefused, find_run_experience
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, read_policy
 from gymflow.tasks.storage.codec import decode_tensors
@@ -258,6 +260,59 @@ def test_a_policy_trained_by_self_play_beats_a_random_one(prefect_api, workspace
     # it has learnt when to sprint (where its footing is good): it beats a runner that always runs
     against_runner = play_match(PPOPolicy(network, 0), Run(), _races(200, seed=7))
     assert against_runner.interval()[0] > 0.6, against_runner
+
+
+def test_a_pool_holds_the_newest_snapshots_older_than_the_acting_version():
+    pool = OpponentPool(size=3, every=5)
+    assert [pool.members(v) for v in (0, 1, 5, 6, 16, 21)] == [[], [0], [0], [0, 5], [5, 10, 15], [10, 15, 20]]
+
+
+def test_each_job_s_opponent_is_drawn_from_the_pool_by_the_seed():
+    preset = load_preset("race-ppo", {"schedule.opponent_pool": {"size": 5, "every": 4, "share": 0.5}})
+    pool = preset.schedule.opponent_pool
+    plan = RoundPlan(preset, "run-1")
+    faced = [(version, plan.opponent(version, worker)) for version in range(1, 200) for worker in range(2)]
+    assert all(opponent is None or opponent in pool.members(version) for version, opponent in faced)
+    past = [opponent for _, opponent in faced if opponent is not None]
+    assert 0.4 < len(past) / len(faced) < 0.6  # its share: 0.5
+    assert len(set(past)) > pool.size  # the pool moves on with the versions
+    assert [spec.opponent_version for spec in plan.rollouts(40, 0.0, [None, None])] == [plan.opponent(40, 0),
+                                                                                       plan.opponent(40, 1)]
+    assert plan.opponent(None, 0) is None and plan.opponent(0, 0) is None  # heatup; no snapshot before v0
+    alone = RoundPlan(load_preset("race-ppo"), "run-1")  # as it ships: the current policy plays both sides
+    assert {alone.opponent(version, 0) for version in range(50)} == {None}
+
+
+def test_a_policy_facing_a_past_version_plays_one_side_and_learns_from_that_side_alone():
+    env = _races(6, seed=2)
+    env.reset()
+    config = load_preset("race-ppo").agent
+    network = make_network(config, env.observation_space, env.action_space)
+    firsts = first_rows(env.num_envs)
+    learning = np.zeros(env.num_envs, dtype=bool)
+    learning[firsts] = True
+    both = Sides(PPOPolicy(network, seed=1), Run(), firsts)
+    rollout, episodes = collect(both, env, 64, learning=learning)
+    assert not rollout.alive[:, ~learning].any() and rollout.alive[:, learning].any()
+    assert (rollout.actions[:, ~learning] == 1).all()  # the opponent's rows: its actions
+    ended_rows = rollout.done_index % env.num_envs
+    assert len(episodes.returns) == learning[ended_rows].sum() < len(ended_rows)  # the opponent's are not counted
+    # the learning rows' log-probabilities are the acting policy's
+    obs, actions = torch.as_tensor(rollout.obs[:, firsts]), torch.as_tensor(rollout.actions[:, firsts])
+    with torch.no_grad():
+        expected = network.distribution_and_value(obs.flatten(0, 1))[0].log_prob(actions.flatten())
+    np.testing.assert_allclose(rollout.log_probs[:, firsts].flatten(), expected.numpy(), atol=1e-5)
+
+
+def test_a_pool_of_past_versions_is_for_two_player_games_of_one_shared_policy():
+    pool = {"schedule.opponent_pool": {"size": 2}}
+    with pytest.raises(InvalidPreset, match=r"^schedule.opponent_pool: is for two-player games; "
+                                            r"'pettingzoo:mpe2.simple_spread_v3' has 3 agents: allowed: null$"):
+        resolve_experiment("spread-ippo", pool)
+    with pytest.raises(InvalidPreset, match=r"^schedule.opponent_pool: is for two-player PettingZoo games"):
+        resolve_experiment("cartpole-ppo", pool)
+    with pytest.raises(InvalidPreset, match=r"^schedule.opponent_pool: plays past versions of the one policy"):
+        resolve_experiment("race-ppo", {**pool, "agent.policies": {"runner": "runners"}})
 
 
 def test_an_evaluation_against_a_random_player_is_for_two_player_games_only():

@@ -49,6 +49,8 @@ NORMALIZED = {"agent.normalize_observations": True}  # the statistics resume wit
     ("spread-ippo", {"env.id": "pettingzoo:gymflow.testing.agents:Exits", "env.kwargs": {},  # agents leaving games,
                      "agent.policies": {"guide": "guides"},  # a policy for each of its two groups
                      "agent.minibatch_size": 64, "agent.hidden_sizes": [16], **NORMALIZED}),
+    ("race-ppo", {"env.id": "pettingzoo:gymflow.envs.race", "env.kwargs": {}, "agent.hidden_sizes": [16],
+                  "schedule.opponent_pool": {"size": 2, "every": 2, "share": 0.5}}),  # past versions it plays
 ])
 def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, extra, prefect_api, workspace, tiny_budget):
     """SYNC (with normalisation): the same weights and statistics as the uninterrupted run. ASYNC (which version a chunk acts with

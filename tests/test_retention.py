@@ -4,8 +4,11 @@ same end. In-process (tests/in_process.py), on a local folder."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from gymflow.presets.model import OpponentPool
 from gymflow.tasks.storage.checkpoints import committed_versions, read_policy, versions_on
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage
@@ -14,6 +17,7 @@ from gymflow.tasks.training.commits import Commits
 from gymflow.tasks.training.learning import create_learner
 from gymflow.tasks.training.ledger import segment_versions
 from gymflow.tasks.training.resume import restore
+from gymflow.tasks.training.state import LoopState
 from gymflow.tasks.training.run import PreparedRun
 from tests.in_process import prepared, train_in_process
 from tests.stored import read_ledger
@@ -130,6 +134,26 @@ def test_policies_retire_outside_the_window_unless_an_evaluation_is_scoring_them
             assert versions_on(run.storage, RunLayout(run.run_id).policies) == [3, 7, 8, 9]
     checkpoints.close()
     assert versions_on(run.storage, RunLayout(run.run_id).policies) == [8, 9, 10]
+
+
+def test_a_pool_s_snapshots_stay_while_a_kept_checkpoint_s_rounds_may_face_them(tiny_budget, tmp_path):
+    run = prepared(tmp_path, "cartpole-ppo", tiny_budget)
+    pool = OpponentPool(size=2, every=3)
+    checkpoints = Commits(run.storage, run.run_id, run.preset.storage.model_copy(update={"keep_checkpoints": 1}),
+                          policy_window=1, pool=pool)
+    layout = RunLayout(run.run_id)
+    for version in range(14):
+        checkpoints.publish(run.learner, version)
+        if version in (7, 13):
+            state = replace(LoopState.start(2, 0), version=version)
+            checkpoints.checkpoint(run.learner, state, ShardFloor(2, heatup=True))
+        checkpoints.retirement.wait()
+        if version == 12:  # the kept checkpoint v7's rounds face [3, 6], then 9 and 12: none older than 3
+            assert versions_on(run.storage, layout.policies) == [3, 6, 9, 11, 12]
+    assert committed_versions(run.storage, layout) == [13]
+    checkpoints.publish(run.learner, 14)  # v13's pool is [9, 12]: 3 and 6 are no longer faced from any checkpoint
+    checkpoints.close()
+    assert versions_on(run.storage, layout.policies) == [9, 12, 13, 14]
 
 
 def test_a_rising_floor_frees_exactly_what_a_listing_would_find():

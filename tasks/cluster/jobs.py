@@ -20,7 +20,7 @@ import numpy as np
 
 from gymflow.agents.algorithms import ALGORITHMS, algorithm_of
 from gymflow.agents.core import Policy
-from gymflow.agents.match import game_scores, play_games
+from gymflow.agents.match import Sides, first_rows, game_scores, play_games
 from gymflow.agents.rollout import RandomPolicy, collect, evaluate
 from gymflow.envs.make import EnvSpecError, check_env, is_multi_agent
 from gymflow.envs.seeding import derive_seed
@@ -95,8 +95,9 @@ def run_rollout(spec: RolloutSpec) -> ShardRef:
     storage = open_storage(spec.storage)
     env = _take_live_envs(spec)
     version, policy = _acting_policy(spec, env)
+    policy, learning = _facing_opponent(spec, env, policy)
     started = time.perf_counter()
-    rollout, episodes = collect(policy, env, spec.steps_per_env)
+    rollout, episodes = collect(policy, env, spec.steps_per_env, learning=learning)
     seconds = time.perf_counter() - started
     collected = Collected(rollout, episodes, env.cursor(), seconds)
     ref = write_shard(storage, spec.shard_key, version, spec.worker, collected, spec.chunk)
@@ -184,6 +185,20 @@ def _acting_policy(spec: RolloutSpec, env: AnyVectorEnv) -> tuple[int | None, Po
                 raise
             version = newest
     return version, _policy(spec, version, env, spec.exploration, spec.policy_seed)
+
+
+def _facing_opponent(spec: RolloutSpec, env: AnyVectorEnv, policy: Policy) -> tuple[Policy, np.ndarray | None]:
+    """Self-play against a past version (schedule.opponent_pool): the acting policy plays one side
+    of each game, the spec's opponent version the other; returns what acts and the rows that learn
+    (None: every row, the policy playing itself)."""
+    if spec.opponent_version is None:
+        return policy, None
+    seed = derive_seed(spec.policy_seed, "opponent")
+    opponent = _policy(spec, spec.opponent_version, env, spec.exploration, seed)
+    firsts = first_rows(env.num_envs)
+    learning = np.zeros(env.num_envs, dtype=bool)
+    learning[firsts] = True
+    return Sides(policy, opponent, firsts), learning
 
 
 def _take_live_envs(spec: RolloutSpec) -> AnyVectorEnv:

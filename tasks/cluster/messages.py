@@ -36,6 +36,7 @@ class RolloutSpec:
     exploration: float
     resume_from: str | None  # the shard whose env cursor this round continues from
     chunk: int | None = None  # async: this worker's chunk number, which names its shard
+    opponent_version: int | None = None  # two-player self-play: a past version playing one side of each game
 
     @property
     def shard_key(self) -> str:

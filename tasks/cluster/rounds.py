@@ -51,10 +51,23 @@ class RoundPlan:
         steps = self.heatup_steps_per_env if version is None else self.preset.schedule.rollout_steps_per_env
         round_name = "heatup" if version is None else version
         return [
-            self._rollout(worker, version, exploration, cursors[worker], steps,
-                          policy_seed=derive_seed(self.preset.seed, "policy", round_name, worker))
+            replace(self._rollout(worker, version, exploration, cursors[worker], steps,
+                                  policy_seed=derive_seed(self.preset.seed, "policy", round_name, worker)),
+                    opponent_version=self.opponent(version, worker))
             for worker in range(self.workers)
         ]
+
+    def opponent(self, version: int | None, worker: int) -> int | None:
+        """The past version worker `worker`'s games face in round `version` (schedule.opponent_pool),
+        drawn from the seed; None: the acting version plays both sides."""
+        pool = self.preset.schedule.opponent_pool
+        members = pool.members(version) if pool is not None and version is not None else []
+        if not members:
+            return None
+        draw = np.random.default_rng(derive_seed(self.preset.seed, "opponent", version, worker))
+        faces_past = draw.random() < pool.share
+        member = members[int(draw.integers(len(members)))]
+        return member if faces_past else None
 
     def chunk(self, worker: int, chunk: int, exploration: float, cursor: str | None) -> RolloutSpec:
         """ASYNC: worker `worker`'s `chunk`-th rollout, acting with the newest committed version."""

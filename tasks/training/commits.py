@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gymflow.agents.core import Learner, ReplayLearner
-from gymflow.presets.model import StorageConfig
+from gymflow.presets.model import OpponentPool, StorageConfig
 from gymflow.tasks.storage.checkpoints import (
     LEARNER_TENSORS,
     LEARNER_TREE,
@@ -114,9 +114,10 @@ class Commits:
     retiring what nothing can ask for any more; see the module's docstring. Close it at the end."""
 
     def __init__(self, storage: Storage, run_id: str, config: StorageConfig, policy_window: int,
-                 budget: Budget | None = None):
+                 budget: Budget | None = None, pool: OpponentPool | None = None):
         self.storage, self.layout, self.config = storage, RunLayout(run_id), config
         self.policy_window = policy_window  # versions behind the newest a rollout may still act with
+        self.pool = pool  # self-play's past versions: rounds act against them
         self.cadence = Cadence(config.checkpoint_every_env_steps, config.checkpoint_every_seconds, budget)
         self.published = deque(versions_on(storage, self.layout.policies))  # a resumed run's, too
         self._last: tuple[int, float] | None = None  # env steps and time of the last checkpoint
@@ -140,9 +141,19 @@ class Commits:
         publish_policy(self.storage, self.layout, version, {POLICY_BLOB: encode_tensors(learner.policy_weights())})
         if not self.published or self.published[-1] != version:
             self.published.append(version)
+        pinned = set(pinned) | self._pool_snapshots()
         for old in [v for v in self.published if v < version - self.policy_window and v not in pinned]:
             self.retirement.later(retire_version, self.storage, self.layout.policies, old)
             self.published.remove(old)
+
+    def _pool_snapshots(self) -> set[int]:
+        """The snapshots a round may still face, from any checkpoint a run could resume from on:
+        every one from the oldest member of the oldest kept checkpoint's pool."""
+        if self.pool is None:
+            return set()
+        kept = committed_versions(self.storage, self.layout)
+        oldest = (self.pool.members(kept[0]) or [0])[0] if kept else 0
+        return {v for v in self.published if v % self.pool.every == 0 and v >= oldest}
 
     def resumed(self, learner: Learner, state: LoopState) -> None:
         """A resumed run continues from checkpoint `state.version`: what the dead run wrote after

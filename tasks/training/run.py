@@ -193,13 +193,14 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
     the stop rule (with an outside judge that may end it early, a sweep's pruner). On the way out
     the evaluation thread ends; on an error, what is in flight is given up."""
     preset, plan, budget = run.preset, RoundPlan(run.preset, run.run_id), Budget.of(run.preset)
+    # a collect-only run's shards are what it makes: all kept
     keeping = preset.storage.model_copy(update={"keep_shards": "all"}) if preset.collect_only else preset.storage
     evaluations = EvaluationSchedule(hosts.for_evaluations(), plan, budget,
                                      blocking=preset.distribution.mode != "async", logger=logger)
     loop = ImproveLoop(
         run.learner, _collection(run, hosts, plan, logger), evaluations,
         Commits(run.storage, run.run_id, keeping, policy_window=preset.distribution.max_policy_lag + 1,
-                budget=budget),  # a collect-only run's shards are what it makes: all kept
+                budget=budget, pool=preset.schedule.opponent_pool),
         StopRule(budget, preset.schedule.target_return, early_stop), observer,
     )
     try:
