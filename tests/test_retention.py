@@ -17,8 +17,8 @@ from gymflow.tasks.training.commits import Commits
 from gymflow.tasks.training.learning import create_learner
 from gymflow.tasks.training.ledger import segment_versions
 from gymflow.tasks.training.resume import restore
-from gymflow.tasks.training.state import LoopState
 from gymflow.tasks.training.run import PreparedRun
+from gymflow.tasks.training.state import LoopState
 from tests.in_process import prepared, train_in_process
 from tests.stored import read_ledger
 

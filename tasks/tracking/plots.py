@@ -25,9 +25,10 @@ def plot_learning_curve(
     """Write a PNG to `path`. `history` holds one metrics dict per iteration (with
     'time/env_steps', and an offline run's 'time/gradient_steps'); `evaluations` holds (clock,
     mean, min, max, version) of each evaluation."""
-    figure, (returns_ax, loss_ax, speed_ax) = _pyplot().subplots(
-        3, 1, figsize=(9, 9), sharex=True, gridspec_kw={"height_ratios": [2.2, 1, 1]}
-    )
+    from matplotlib.figure import Figure  # here, and not pyplot: a figure drawn to a file needs no GUI machinery
+
+    figure = Figure(figsize=(9, 9))
+    returns_ax, loss_ax, speed_ax = figure.subplots(3, 1, sharex=True, gridspec_kw={"height_ratios": [2.2, 1, 1]})
     offline = any(GRADIENT_STEPS in h for h in history)
     steps = np.array([h.get(GRADIENT_STEPS, np.nan) if offline else h["time/env_steps"] for h in history], float)
     _draw_returns(returns_ax, history, steps, evaluations, target_return)
@@ -43,7 +44,6 @@ def plot_learning_curve(
     speed_ax.set_xlabel("gradient steps (offline: no environment steps)" if offline else "environment steps")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
-    _pyplot().close(figure)
     return path
 
 
@@ -73,14 +73,3 @@ def _draw_speed(axes, history: Sequence[Mapping[str, float]], steps: np.ndarray)
         lag_ax.plot(steps[np.isfinite(lag)], lag[np.isfinite(lag)], color="tab:gray", lw=1, alpha=0.7)
         lag_ax.set_ylabel("policy lag\n(versions, mean)", color="tab:gray")
     axes.grid(alpha=0.3)
-
-
-def _pyplot():
-    """matplotlib's pyplot, drawing to files: imported when the first curve is drawn (at the end of
-    a run), not among the imports that stand between the command and its first training round."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
