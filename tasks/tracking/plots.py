@@ -38,7 +38,8 @@ def plot_learning_curve(
         if np.isfinite(values).any():
             loss_ax.plot(steps, values, lw=1, label=key.split("/", 1)[1])
     loss_ax.set_ylabel("learner")
-    loss_ax.legend(loc="upper right", fontsize=8)
+    if loss_ax.lines:  # an offline or collect-only run may have no learner losses to show
+        loss_ax.legend(loc="upper right", fontsize=8)
     loss_ax.grid(alpha=0.3)
     _draw_speed(speed_ax, history, steps)
     speed_ax.set_xlabel("gradient steps (offline: no environment steps)" if offline else "environment steps")

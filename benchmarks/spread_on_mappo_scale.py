@@ -1,0 +1,106 @@
+"""MPE simple spread on two scales: PettingZoo's (mpe2 `simple_spread_v3`, what gymflow's results
+report: each agent's return, half the team's distance term and half its own collisions, their mean
+over agents) and the MAPPO paper's (the original MPE as marlbenchmark/on-policy runs it: every
+agent's reward is the distance term minus its collisions, itself included, and the team's reward is
+their sum, summed over the 25 steps of a game). Published MAPPO figures are on the second scale.
+
+    .venv/bin/python benchmarks/spread_on_mappo_scale.py --games 200
+    .venv/bin/python benchmarks/spread_on_mappo_scale.py --policy RUN/policies/vN/policy.safetensors --preset spread-ippo
+
+Plays greedy games of a random policy, a scripted one (agent i walks to landmark i, no collision
+avoidance) and, with --policy, a trained gymflow policy; each game's two returns are read from the
+same steps (the MAPPO scale from mpe2's world after each step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+
+SPREAD = "pettingzoo:mpe2.simple_spread_v3"
+ARRIVED = 0.05  # the scripted agent stops this near its landmark
+MOVES = {(1, 0): 2, (-1, 0): 1, (0, 1): 4, (0, -1): 3}  # mpe2's discrete actions: +x, -x, +y, -y
+
+
+def mappo_team_reward(world) -> float:
+    """One step's team reward on the original MPE's scale: each agent's -sum over landmarks of the
+    nearest agent's distance, -1 for each agent it touches (itself included), summed over agents."""
+    agents, landmarks = world.agents, world.landmarks
+    distance_term = -sum(min(np.linalg.norm(a.state.p_pos - lm.state.p_pos) for a in agents) for lm in landmarks)
+    touching = sum(np.linalg.norm(a.state.p_pos - b.state.p_pos) < a.size + b.size
+                   for a in agents for b in agents)  # ordered pairs, each agent with itself too
+    return len(agents) * distance_term - float(touching)
+
+
+class Scripted:
+    """Agent i walks toward landmark i along its larger offset (observation entries 4 + 2i, 5 + 2i)."""
+
+    def act(self, rows: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
+        actions = np.zeros(len(rows), dtype=np.int64)
+        for i, row in enumerate(rows):
+            dx, dy = row[4 + 2 * i], row[5 + 2 * i]
+            if max(abs(dx), abs(dy)) < ARRIVED:
+                continue  # 0: no move
+            actions[i] = MOVES[(int(np.sign(dx)), 0)] if abs(dx) >= abs(dy) else MOVES[(0, int(np.sign(dy)))]
+        return actions, np.zeros(len(rows), dtype=np.float32)
+
+
+def play(policy, games: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each game's mean agent return (PettingZoo's scale) and team return (the MAPPO paper's)."""
+    from gymflow.envs.agents import AgentTable, make_parallel_env
+    from gymflow.envs.seeding import derive_seed
+
+    env = make_parallel_env(SPREAD, {})
+    table = AgentTable.of(env, SPREAD)
+    ours, theirs = np.zeros(games), np.zeros(games)
+    for game in range(games):
+        observations, _ = env.reset(seed=derive_seed(seed, game))
+        while env.agents:
+            rows = np.stack([table.row(k, observations[agent]) for k, agent in enumerate(table.agents)])
+            actions = policy.act(rows.astype(np.float32), False)[0]
+            observations, rewards, _, _, _ = env.step({a: int(actions[k]) for k, a in enumerate(table.agents)})
+            ours[game] += float(np.mean(list(rewards.values())))
+            theirs[game] += mappo_team_reward(env.unwrapped.world)
+    env.close()
+    return ours, theirs
+
+
+def trained(policy_path: str, preset_name: str):
+    from gymflow.agents.ppo import PPOPolicy, make_network
+    from gymflow.envs.make import env_spaces
+    from gymflow.presets.load import load_preset
+    from gymflow.tasks.storage.codec import decode_tensors
+
+    preset = load_preset(preset_name)
+    observation_space, action_space = env_spaces(SPREAD, dict(preset.env.kwargs))
+    network = make_network(preset.agent, observation_space, action_space)
+    with open(policy_path, "rb") as blob:
+        network.load_state_dict(decode_tensors(blob.read()))
+    return PPOPolicy(network, 0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--games", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=123)
+    parser.add_argument("--policy", help="a trained policy's policy.safetensors")
+    parser.add_argument("--preset", default="spread-ippo", help="the preset that trained --policy")
+    args = parser.parse_args()
+    from gymflow.agents.rollout import RandomPolicy
+    from gymflow.envs.make import env_spaces
+
+    policies = {"random": RandomPolicy(env_spaces(SPREAD, {})[1], args.seed), "scripted": Scripted()}
+    if args.policy:
+        policies[f"{args.preset} ({os.path.basename(os.path.dirname(args.policy))})"] = trained(args.policy,
+                                                                                            args.preset)
+    print(f"{args.games} greedy games of simple_spread_v3 (3 agents, 25 steps), seed {args.seed}")
+    for name, policy in policies.items():
+        ours, theirs = play(policy, args.games, args.seed)
+        print(f"{name:>28}: PettingZoo scale (mean agent return) {ours.mean():7.2f}; MAPPO paper's scale (team "
+              f"return) {theirs.mean():8.2f}")
+
+
+if __name__ == "__main__":
+    main()
