@@ -118,6 +118,8 @@ class Commits:
         self.storage, self.layout, self.config = storage, RunLayout(run_id), config
         self.policy_window = policy_window  # versions behind the newest a rollout may still act with
         self.pool = pool  # self-play's past versions: rounds act against them
+        kept = committed_versions(storage, self.layout) if pool is not None else []  # a resumed run's, too
+        self._oldest_checkpoint: int | None = kept[0] if kept else None  # the oldest a run could resume from
         self.cadence = Cadence(config.checkpoint_every_env_steps, config.checkpoint_every_seconds, budget)
         self.published = deque(versions_on(storage, self.layout.policies))  # a resumed run's, too
         self._last: tuple[int, float] | None = None  # env steps and time of the last checkpoint
@@ -151,8 +153,8 @@ class Commits:
         every one from the oldest member of the oldest kept checkpoint's pool."""
         if self.pool is None:
             return set()
-        kept = committed_versions(self.storage, self.layout)
-        oldest = (self.pool.members(kept[0]) or [0])[0] if kept else 0
+        resumable = self._oldest_checkpoint
+        oldest = (self.pool.members(resumable) or [0])[0] if resumable is not None else 0
         return {v for v in self.published if v % self.pool.every == 0 and v >= oldest}
 
     def resumed(self, learner: Learner, state: LoopState) -> None:
@@ -198,6 +200,7 @@ class Commits:
     def _retire_checkpoints(self, keep: set[int]) -> None:
         stored = committed_versions(self.storage, self.layout)
         kept = set(stored[-self.config.keep_checkpoints:]) | (keep & set(stored))
+        self._oldest_checkpoint = min(kept)
         for version in stored:
             if version not in kept:
                 self.retirement.later(retire_version, self.storage, self.layout.checkpoint_shelf, version)
