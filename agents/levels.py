@@ -1,14 +1,17 @@
 """Coach's levels: a trained policy wrapped as the environment of the level above.
 
 `env.id: gymflow.agents.levels:Level` with `env.kwargs` naming the lower level: its preset (whose
-agent made the policy), the policy's weights (a committed version's `policy.safetensors`), the
-lower env's kwargs for this task, and `every`. Each step of a Level chooses one of the lower env's
-options; the lower policy then acts greedily for `every` steps of the lower env with that option
-in its observation, and the step's reward is the sum of theirs. The level above is trained by the
-same improve loop as any env's agent (Coach's graph of level managers, two levels deep).
+agent made the policies), the policy's weights (a committed version's `policy.safetensors`) or a
+group of them, the lower env's kwargs for this task, and `every`. Each step of a Level chooses an
+option; the lower level then acts greedily for `every` steps of the lower env, and the step's
+reward is the sum of theirs. The level above is trained by the same improve loop as any env's
+agent (Coach's graph of level managers, two levels deep).
 
-The lower env offers options as `Hallway` does (envs/hallway.py): an `options` count and a
-`choose(option)` method that returns the observation showing the option chosen.
+- One lower policy: the options are the lower env's. It offers them as `Hallway` does
+  (envs/hallway.py): an `options` count and a `choose(option)` method that returns the
+  observation showing the option chosen; the policy acts on that observation.
+- A group of lower policies: each policy is an option (one skill each); the level chooses which
+  acts, and the lower env needs no options of its own.
 """
 
 from __future__ import annotations
@@ -29,22 +32,29 @@ class Level(gym.Env):
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 12}
 
-    def __init__(self, lower_preset: str, policy: str, every: int = 5, env_kwargs: dict[str, Any] | None = None,
-                 render_mode: str | None = None):
+    def __init__(self, lower_preset: str, policy: str | list[str], every: int = 5,
+                 env_kwargs: dict[str, Any] | None = None, render_mode: str | None = None):
         from gymflow.presets.load import load_preset  # presets name algorithms: not at this module's import
 
         if every < 1:
             raise EnvSpecError("env.kwargs", f"every: {every}; allowed: an integer >= 1 (lower steps an option lasts)")
+        paths = [policy] if isinstance(policy, str) else list(policy)
+        if not paths or not all(isinstance(path, str) for path in paths):
+            raise EnvSpecError("env.kwargs", f"policy: {policy!r}; allowed: a policy.safetensors path, or a list "
+                                             "of them (a group: the level chooses which acts)")
         preset = load_preset(lower_preset)
         kwargs = {**preset.env.kwargs, **(env_kwargs or {})}
         self.lower = make_env(preset.env.id, kwargs, render_mode=render_mode)
-        if not (hasattr(self.lower.unwrapped, "choose") and hasattr(self.lower.unwrapped, "options")):
+        if len(paths) == 1 and not (hasattr(self.lower.unwrapped, "choose") and hasattr(self.lower.unwrapped,
+                                                                                         "options")):
             raise EnvSpecError("env.kwargs", f"{preset.env.id!r} offers no options (an `options` count and a "
-                                             "`choose(option)` method) for a level above to choose")
-        self.policy = _lower_policy(preset, policy, self.lower)
+                                             "`choose(option)` method) for a level above to choose; or give "
+                                             "`policy` a list of policies to choose between")
+        self.policies = [_lower_policy(preset, path, self.lower) for path in paths]
         self.every, self.render_mode = every, render_mode
         self.observation_space = self.lower.observation_space
-        self.action_space = spaces.Discrete(int(self.lower.unwrapped.options))
+        options = int(self.lower.unwrapped.options) if len(paths) == 1 else len(paths)
+        self.action_space = spaces.Discrete(options)
         self._obs: np.ndarray | None = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
@@ -53,10 +63,14 @@ class Level(gym.Env):
         return self._obs, info
 
     def step(self, action):
-        self._obs = self.lower.unwrapped.choose(int(action))
+        if len(self.policies) == 1:
+            policy = self.policies[0]
+            self._obs = self.lower.unwrapped.choose(int(action))
+        else:
+            policy = self.policies[int(action)]
         total, terminated, truncated, info = 0.0, False, False, {}
         for _ in range(self.every):
-            lower_action = self.policy.act(np.asarray(self._obs, np.float32)[None], explore=False)[0][0]
+            lower_action = policy.act(np.asarray(self._obs, np.float32)[None], explore=False)[0][0]
             self._obs, reward, terminated, truncated, info = self.lower.step(lower_action)
             total += float(reward)
             if terminated or truncated:

@@ -8,7 +8,9 @@ Two levels (Coach's hierarchy, agents/levels.py): `hallway-walk-ppo` learns the 
 (walk left, walk right) until its evaluations reach its target; then a level above, `hallway-ppo`
 with `env.id: gymflow.agents.levels:Level`, chooses which skill to walk every 5 steps of the
 hallway. Its budget is what the skills left of the whole: (budget - skill steps) / 5 level steps,
-each at most 5 hallway steps. One flat policy: `hallway-ppo` on the hallway itself, the whole
+each at most 5 hallway steps. Two levels over a group: the same, but each skill is a policy of its
+own (`hallway-walk-ppo` with `env.kwargs.option` 0, then 1: two runs, both counted in the budget)
+and the level above chooses which policy walks. One flat policy: `hallway-ppo` on the hallway itself, the whole
 budget. Both stop at their target (an evaluation return of 0.95: 20 greedy games). Each side is a
 gymflow run as a user makes it (`improve`, single mode: storage, MLflow, the Prefect API).
 """
@@ -39,18 +41,26 @@ def run(preset: str, folder: str, seed: int, overrides: dict):
                             **overrides})
 
 
-def two_levels(seed: int, budget: int, folder: str) -> Outcome:
-    skills = run("hallway-walk-ppo", folder, seed, {})
-    policy = Path(folder, "data", "runs", skills.run_id, "policies", f"v{skills.delivered_version:06d}",
-                  "policy.safetensors")
-    level_steps = (budget - skills.env_steps) // EVERY
+def delivered_policy(folder: str, summary) -> str:
+    return str(Path(folder, "data", "runs", summary.run_id, "policies", f"v{summary.delivered_version:06d}",
+                    "policy.safetensors"))
+
+
+def two_levels(seed: int, budget: int, folder: str, group: bool = False) -> Outcome:
+    """The skills (one policy with both options, or with `group` one policy a skill), then the level above."""
+    if group:
+        skills = [run("hallway-walk-ppo", folder, seed, {"env.kwargs.option": option}) for option in (0, 1)]
+    else:
+        skills = [run("hallway-walk-ppo", folder, seed, {})]
+    policies = [delivered_policy(folder, summary) for summary in skills]
+    skill_steps = sum(summary.env_steps for summary in skills)
     level = run("hallway-ppo", folder, seed, {
         "env.id": "gymflow.agents.levels:Level",
-        "env.kwargs": {"lower_preset": "hallway-walk-ppo", "policy": str(policy), "every": EVERY,
-                       "env_kwargs": {"task": "exit", "max_steps": 100}},
-        "schedule.total_env_steps": level_steps, "schedule.evaluate_every_env_steps": 1024,
+        "env.kwargs": {"lower_preset": "hallway-walk-ppo", "policy": policies if group else policies[0],
+                       "every": EVERY, "env_kwargs": {"task": "exit", "max_steps": 100}},
+        "schedule.total_env_steps": (budget - skill_steps) // EVERY, "schedule.evaluate_every_env_steps": 1024,
     })
-    return Outcome(level.solved, level.final_return, skills.env_steps + level.env_steps * EVERY)
+    return Outcome(level.solved, level.final_return, skill_steps + level.env_steps * EVERY)
 
 
 def flat(seed: int, budget: int, folder: str) -> Outcome:
@@ -63,17 +73,20 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=100_000, help="hallway steps each side may spend")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     args = parser.parse_args()
-    rows = []
+    sides = {"two levels": lambda seed, folder: two_levels(seed, args.budget, folder),
+             "two levels over a group": lambda seed, folder: two_levels(seed, args.budget, folder, group=True),
+             "flat": lambda seed, folder: flat(seed, args.budget, folder)}
+    solved = dict.fromkeys(sides, 0)
     with tempfile.TemporaryDirectory() as folder:
         for seed in args.seeds:
-            levels, one = two_levels(seed, args.budget, folder), flat(seed, args.budget, folder)
-            rows.append((seed, levels, one))
-            print(f"seed {seed}: two levels {levels.final_return:.2f} after <= {levels.hallway_steps:,} hallway steps "
-                  f"({'solved' if levels.solved else 'not solved'}); flat {one.final_return:.2f} after "
-                  f"{one.hallway_steps:,} ({'solved' if one.solved else 'not solved'})", flush=True)
-    solved = [sum(row[side].solved for row in rows) for side in (1, 2)]
+            outcomes = {side: play(seed, folder) for side, play in sides.items()}
+            for side, outcome in outcomes.items():
+                solved[side] += outcome.solved
+            print(f"seed {seed}: " + "; ".join(
+                f"{side} {o.final_return:.2f} after <= {o.hallway_steps:,} hallway steps "
+                f"({'solved' if o.solved else 'not solved'})" for side, o in outcomes.items()), flush=True)
     print(f"\nmachine: {os.cpu_count()} cores; Hallway exit task, budget {args.budget:,} hallway steps a side")
-    print(f"two levels solved {solved[0]} of {len(rows)} seeds, flat {solved[1]} of {len(rows)}")
+    print(", ".join(f"{side} solved {count} of {len(args.seeds)} seeds" for side, count in solved.items()))
 
 
 if __name__ == "__main__":

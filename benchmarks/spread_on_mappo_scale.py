@@ -5,7 +5,7 @@ agent's reward is the distance term minus its collisions, itself included, and t
 their sum, summed over the 25 steps of a game). Published MAPPO figures are on the second scale.
 
     .venv/bin/python benchmarks/spread_on_mappo_scale.py --games 200
-    .venv/bin/python benchmarks/spread_on_mappo_scale.py --policy RUN/policies/vN/policy.safetensors --preset spread-ippo
+    .venv/bin/python benchmarks/spread_on_mappo_scale.py --preset spread-mappo --policy SEED0/policy.safetensors ...
 
 Plays greedy games of a random policy, a scripted one (agent i walks to landmark i, no collision
 avoidance) and, with --policy, a trained gymflow policy; each game's two returns are read from the
@@ -15,7 +15,6 @@ same steps (the MAPPO scale from mpe2's world after each step).
 from __future__ import annotations
 
 import argparse
-import os
 
 import numpy as np
 
@@ -47,18 +46,20 @@ class Scripted:
         return actions, np.zeros(len(rows), dtype=np.float32)
 
 
-def play(policy, games: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each game's mean agent return (PettingZoo's scale) and team return (the MAPPO paper's)."""
+def play(policy, games: int, seed: int, global_state: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Each game's mean agent return (PettingZoo's scale) and team return (the MAPPO paper's);
+    `global_state`: the rows carry the game's state (a MAPPO policy's, which only its critic reads)."""
     from gymflow.envs.agents import AgentTable, make_parallel_env
     from gymflow.envs.seeding import derive_seed
 
     env = make_parallel_env(SPREAD, {})
-    table = AgentTable.of(env, SPREAD)
+    table = AgentTable.of(env, SPREAD, global_state)
     ours, theirs = np.zeros(games), np.zeros(games)
     for game in range(games):
         observations, _ = env.reset(seed=derive_seed(seed, game))
         while env.agents:
-            rows = np.stack([table.row(k, observations[agent]) for k, agent in enumerate(table.agents)])
+            state = env.state() if global_state else None
+            rows = np.stack([table.row(k, observations[agent], state) for k, agent in enumerate(table.agents)])
             actions = policy.act(rows.astype(np.float32), False)[0]
             observations, rewards, _, _, _ = env.step({a: int(actions[k]) for k, a in enumerate(table.agents)})
             ours[game] += float(np.mean(list(rewards.values())))
@@ -74,33 +75,37 @@ def trained(policy_path: str, preset_name: str):
     from gymflow.tasks.storage.codec import decode_tensors
 
     preset = load_preset(preset_name)
-    observation_space, action_space = env_spaces(SPREAD, dict(preset.env.kwargs))
+    observation_space, action_space = env_spaces(SPREAD, dict(preset.env.kwargs), preset.env.preprocessing())
     network = make_network(preset.agent, observation_space, action_space)
     with open(policy_path, "rb") as blob:
         network.load_state_dict(decode_tensors(blob.read()))
-    return PPOPolicy(network, 0)
+    return PPOPolicy(network, 0), preset.env.global_state
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--games", type=int, default=200)
     parser.add_argument("--seed", type=int, default=123)
-    parser.add_argument("--policy", help="a trained policy's policy.safetensors")
+    parser.add_argument("--policy", nargs="+", default=[],
+                        help="trained policies' policy.safetensors (one preset's seeds: their median is printed too)")
     parser.add_argument("--preset", default="spread-ippo", help="the preset that trained --policy")
     args = parser.parse_args()
     from gymflow.agents.rollout import RandomPolicy
     from gymflow.envs.make import env_spaces
 
-    policies = {"random": RandomPolicy(env_spaces(SPREAD, {})[1], args.seed), "scripted": Scripted()}
-    if args.policy:
-        policies[f"{args.preset} ({os.path.basename(os.path.dirname(args.policy))})"] = trained(args.policy,
-                                                                                            args.preset)
+    policies = {"random": (RandomPolicy(env_spaces(SPREAD, {})[1], args.seed), False), "scripted": (Scripted(), False)}
+    for number, path in enumerate(args.policy, 1):
+        policies[f"{args.preset} #{number}"] = trained(path, args.preset)
     print(f"{args.games} greedy games of simple_spread_v3 (3 agents, 25 steps), seed {args.seed}")
-    for name, policy in policies.items():
-        ours, theirs = play(policy, args.games, args.seed)
+    trained_means = []
+    for name, (policy, global_state) in policies.items():
+        ours, theirs = play(policy, args.games, args.seed, global_state)
         print(f"{name:>28}: PettingZoo scale (mean agent return) {ours.mean():7.2f}; MAPPO paper's scale (team "
               f"return) {theirs.mean():8.2f}")
-
+        trained_means.append((ours.mean(), theirs.mean()))
+    if len(args.policy) > 1:
+        ours, theirs = np.median(np.array(trained_means[2:]), axis=0)
+        print(f"{args.preset + ' median':>28}: PettingZoo scale {ours:7.2f}; MAPPO paper's scale {theirs:8.2f}")
 
 if __name__ == "__main__":
     main()

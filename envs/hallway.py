@@ -1,7 +1,8 @@
 """Hallway: a small env with options, for hierarchical levels (agents/levels.py).
 
 `env.id: gymflow.envs.hallway:Hallway`. With `task: walk` it trains the lower level's skills (walk
-left, walk right: an option drawn at each reset, shown in the observation); with `task: exit` it
+left, walk right: an option drawn at each reset, shown in the observation; or, with `option`, one
+skill alone, for a level choosing between separate policies); with `task: exit` it
 is the task above them (a sparse reward at the hallway's exit, at one end or the other), for one
 flat policy or for a level that chooses the walking option every few steps.
 """
@@ -21,7 +22,9 @@ class Hallway(gym.Env):
 
     - task `walk`: an option (0 walk left, 1 walk right) is drawn at each reset; +1 for a step
       its way, -1 for a step the other way, 0 against a wall (the exit does not matter);
-      truncated after `max_steps`.
+      truncated after `max_steps`. With `option` given, every game walks that option and the
+      observation shows none (a one-skill walker needs no telling; the exit task shows none
+      either until a level chooses).
     - task `exit`: reaching an end ends the game: +1 at the exit, 0 at the other end; truncated
       after `max_steps`. A random walk from the middle rarely gets to either, and a policy that
       ignores where the exit is gets there half the time at best.
@@ -35,10 +38,13 @@ class Hallway(gym.Env):
     CELL = 8
 
     def __init__(self, task: Literal["walk", "exit"] = "exit", length: int = 61, max_steps: int = 100,
-                 render_mode: str | None = None):
+                 render_mode: str | None = None, option: int | None = None):
         if task not in ("walk", "exit"):
             raise TypeError(f"task must be 'walk' or 'exit', not {task!r}")
+        if option is not None and (task != "walk" or option not in range(self.options)):
+            raise TypeError(f"option is the walk task's fixed option, 0 or 1; not {option!r} on task {task!r}")
         self.task, self.length, self.max_steps, self.render_mode = task, length, max_steps, render_mode
+        self.fixed_option = option
         self.observation_space = spaces.Box(0.0, 1.0, shape=(2 + self.options,), dtype=np.float32)
         self.action_space = spaces.Discrete(2)
         self._position, self._steps, self._option, self._exit = length // 2, 0, None, length - 1
@@ -53,6 +59,8 @@ class Hallway(gym.Env):
         self._position, self._steps = self.length // 2, 0
         self._exit = (self.length - 1) * int(self.np_random.integers(0, 2))
         self._option = int(self.np_random.integers(0, self.options)) if self.task == "walk" else None
+        if self.fixed_option is not None:
+            self._option = self.fixed_option
         return self._observe(), {}
 
     def step(self, action):
@@ -78,7 +86,7 @@ class Hallway(gym.Env):
     def _observe(self) -> np.ndarray:
         observation = np.zeros(2 + self.options, dtype=np.float32)
         observation[0] = self._position / (self.length - 1)
-        if self._option is not None:
+        if self._option is not None and self.fixed_option is None:
             observation[1 + self._option] = 1.0
         observation[-1] = float(self._exit > 0)
         return observation

@@ -7,12 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from gymnasium.utils.env_checker import check_env
 from safetensors.torch import save_file
 
 from gymflow.agents.algorithms import algorithm_of
 from gymflow.agents.levels import Level
 from gymflow.envs.hallway import Hallway
+from gymflow.envs.make import make_env
 from gymflow.flows.improve import improve
 from gymflow.presets import InvalidPreset
 from gymflow.presets.load import load_preset
@@ -22,13 +24,19 @@ from tests.conftest import local_overrides
 LEVEL = "gymflow.agents.levels:Level"
 
 
-def _lower_weights(folder: Path) -> str:
-    """The walking skills' network, untrained: what a Level needs to be made."""
-    preset = load_preset("hallway-walk-ppo")
-    env = Hallway(task="walk")
+def _lower_weights(folder: Path, always: int | None = None, preset_name: str = "hallway-walk-ppo") -> str:
+    """A lower preset's network, untrained: what a Level needs to be made; `always`: its output
+    layer made to choose that action whatever it observes (a one-way walker)."""
+    preset = load_preset(preset_name)
+    env = make_env(preset.env.id, preset.env.kwargs)
     network = algorithm_of(preset.agent).network(preset.agent, env.observation_space, env.action_space)
-    path = folder / "policy.safetensors"
-    save_file({name: tensor.contiguous() for name, tensor in network.state_dict().items()}, str(path))
+    weights = {name: tensor.contiguous() for name, tensor in network.state_dict().items()}
+    if always is not None:
+        output = max(name for name in weights if name.startswith("actor.") and name.endswith(".weight"))
+        weights[output] = torch.zeros_like(weights[output])
+        weights[output.replace("weight", "bias")] = torch.tensor([10.0 if a == always else -10.0 for a in range(2)])
+    path = folder / f"{preset_name}-{always}.safetensors"
+    save_file(weights, str(path))
     return str(path)
 
 
@@ -45,6 +53,34 @@ def test_the_hallway_pays_its_option_s_way_when_walking_and_the_right_end_on_the
     assert exit_task.step(away)[1:3] == (0.0, False) and exit_task.step(away)[1:3] == (0.0, True)  # the wrong end
     for env in (Hallway(task="walk"), Hallway(task="exit")):
         check_env(env, skip_render_check=True)
+
+
+def test_a_one_skill_walker_walks_its_option_every_game_and_is_not_shown_it():
+    walker = Hallway(task="walk", length=9, option=0)
+    for seed in range(4):
+        obs, _ = walker.reset(seed=seed)
+        assert not obs[1:3].any() and walker.step(0)[1] == 1.0  # walking left pays, whatever the draw
+    with pytest.raises(TypeError, match="option is the walk task's fixed option"):
+        Hallway(task="exit", option=1)
+    check_env(Hallway(task="walk", option=1), skip_render_check=True)
+
+
+def test_a_level_over_a_group_of_policies_chooses_which_policy_acts(tmp_path):
+    left, right = _lower_weights(tmp_path, always=0), _lower_weights(tmp_path, always=1)
+    level = Level("hallway-walk-ppo", [left, right], every=3, env_kwargs={"task": "exit"})
+    check_env(level, skip_render_check=True)
+    assert level.action_space.n == 2
+    obs, _ = level.reset(seed=1)
+    middle = level.lower.unwrapped._position
+    obs, *_ = level.step(1)
+    assert level.lower.unwrapped._position == middle + 3 and not obs[1:3].any()  # the right walker; no option shown
+    level.step(0)
+    level.step(0)
+    assert level.lower.unwrapped._position == middle - 3
+    pushers = [_lower_weights(tmp_path, always, "cartpole-ppo") for always in (0, 1)]
+    level = Level("cartpole-ppo", pushers, every=2)  # a lower env without options: the policies are the options
+    check_env(level, skip_render_check=True)
+    assert level.action_space.n == 2
 
 
 def test_a_level_is_an_env_whose_step_chooses_an_option_the_lower_policy_walks_for_every_steps(tmp_path):
@@ -71,9 +107,13 @@ def test_a_level_that_cannot_be_made_is_refused_in_one_line(tmp_path):
         "env.kwargs: policy: cannot load the lower level's weights from")
     assert refused({"lower_preset": "cartpole-ppo", "policy": weights}) == (
         "env.kwargs: 'CartPole-v1' offers no options (an `options` count and a `choose(option)` method) for a "
-        "level above to choose")
+        "level above to choose; or give `policy` a list of policies to choose between")
     assert refused({"lower_preset": "hallway-walk-ppo", "policy": weights, "every": 0}).startswith(
         "env.kwargs: every: 0; allowed: an integer >= 1")
+    assert refused({"lower_preset": "hallway-walk-ppo", "policy": []}).startswith(
+        "env.kwargs: policy: []; allowed: a policy.safetensors path, or a list of them")
+    assert refused({"lower_preset": "hallway-walk-ppo", "policy": [weights, "missing.safetensors"]}).startswith(
+        "env.kwargs: policy: cannot load the lower level's weights from 'missing.safetensors'")
 
 
 @pytest.mark.e2e
