@@ -70,6 +70,9 @@ class PresetOverrides(_PresetFields):
         nested: dict[str, Any] = {}
         for key, value in data.items():
             *sections, last = key.split(".")
+            if _into_a_mapping(sections):  # env.kwargs.task: one key of the mapping, kept dotted
+                nested[key] = value
+                continue
             node = nested
             for section in sections:
                 node = node.setdefault(section, {})
@@ -78,8 +81,22 @@ class PresetOverrides(_PresetFields):
 
     def dotted(self) -> dict[str, Any]:
         """{'agent.lr': 0.0003, ...} for the fields that were set; a mapping value stays one value
-        ({'env.kwargs': {...}} replaces the preset's kwargs)."""
+        ({'env.kwargs': {...}} replaces the preset's kwargs), a dotted key into one sets its one key
+        ({'env.kwargs.task': 'walk'}, after any whole mapping)."""
         return _dotted(self)
+
+
+def _into_a_mapping(sections: list[str]) -> bool:
+    """Whether a dotted key's sections pass a preset field that is not a section (env.kwargs.task:
+    `kwargs` is a mapping setting), where the preset loader, not this model, reads the rest."""
+    model: type[BaseModel] | None = Preset
+    for section in sections:
+        if model is None:
+            return True
+        if section == "agent" or section not in model.model_fields:
+            return False  # the agent's fields differ by algorithm (none a mapping); an unknown key is the loader's
+        model = _section(model.model_fields[section].annotation)
+    return model is None
 
 
 def _dotted(overrides: BaseModel, prefix: str = "") -> dict[str, Any]:

@@ -202,6 +202,20 @@ def test_auto_puts_the_learner_on_a_gpu_only_where_its_networks_read_images(pres
     assert learner_device(experiment.preset, experiment.observation_space) == "cpu"
 
 
+def test_a_dotted_key_into_a_mapping_setting_changes_that_key_alone_as_a_flow_parameter_too():
+    from gymflow.presets.overrides import PresetOverrides
+
+    # `--set env.kwargs.option=1` is checked by the command line and then run by the flow: both must mean one key
+    overrides = PresetOverrides.model_validate({"env.kwargs.option": 1, "env.id": "gymflow.envs.hallway:Hallway",
+                                                "storage.options.anon": True, "agent.lr": 0.01})
+    assert overrides.dotted() == {"env.id": "gymflow.envs.hallway:Hallway", "agent.lr": 0.01,
+                                  "env.kwargs.option": 1, "storage.options.anon": True}
+    assert load_preset("hallway-walk-ppo", overrides.dotted()).env.kwargs == {"task": "walk", "max_steps": 20,
+                                                                               "option": 1}
+    whole_then_one = PresetOverrides.model_validate({"env.kwargs": {"task": "exit"}, "env.kwargs.length": 9})
+    assert load_preset("hallway-walk-ppo", whole_then_one.dotted()).env.kwargs == {"task": "exit", "length": 9}
+
+
 def test_a_mapping_setting_is_replaced_whole_by_an_override_and_by_a_preset_over_its_base(tmp_path):
     from gymflow.presets.overrides import PresetOverrides
 
