@@ -87,16 +87,24 @@ class PresetOverrides(_PresetFields):
 
 
 def _into_a_mapping(sections: list[str]) -> bool:
-    """Whether a dotted key's sections pass a preset field that is not a section (env.kwargs.task:
-    `kwargs` is a mapping setting), where the preset loader, not this model, reads the rest."""
-    model: type[BaseModel] | None = Preset
+    """Whether a dotted key's sections pass a preset field that is not a section (env.kwargs.task,
+    agent.policies.adversary: a mapping setting), where the preset loader, not this model, reads the rest."""
+    models: list[type[BaseModel]] = [Preset]
     for section in sections:
-        if model is None:
+        if not models:
             return True
-        if section == "agent" or section not in model.model_fields:
-            return False  # the agent's fields differ by algorithm (none a mapping); an unknown key is the loader's
-        model = _section(model.model_fields[section].annotation)
-    return model is None
+        infos = [model.model_fields[section] for model in models if section in model.model_fields]
+        if not infos:
+            return False  # an unknown key: the loader refuses it with the keys allowed
+        models = [inner for info in infos for inner in _sections_of(info.annotation)]
+    return not models
+
+
+def _sections_of(annotation: Any) -> list[type[BaseModel]]:
+    """The models a field's value may be: a section's, the agent's algorithms', or none (a value, a mapping)."""
+    if (section := _section(annotation)) is not None:
+        return [section]
+    return [arg for arg in get_args(annotation) if isinstance(arg, type) and issubclass(arg, BaseModel)]
 
 
 def _dotted(overrides: BaseModel, prefix: str = "") -> dict[str, Any]:

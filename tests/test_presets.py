@@ -212,6 +212,8 @@ def test_a_dotted_key_into_a_mapping_setting_changes_that_key_alone_as_a_flow_pa
                                   "env.kwargs.option": 1, "storage.options.anon": True}
     assert load_preset("hallway-walk-ppo", overrides.dotted()).env.kwargs == {"task": "walk", "max_steps": 20,
                                                                                "option": 1}
+    assert PresetOverrides.model_validate({"agent.policies.adversary": "adversaries"}).dotted() == {
+        "agent.policies.adversary": "adversaries"}  # the agent's mapping too
     whole_then_one = PresetOverrides.model_validate({"env.kwargs": {"task": "exit"}, "env.kwargs.length": 9})
     assert load_preset("hallway-walk-ppo", whole_then_one.dotted()).env.kwargs == {"task": "exit", "length": 9}
 
