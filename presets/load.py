@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from gymflow.agents.algorithms import ALGORITHMS
 from gymflow.agents.configs import ReplayOptions
 from gymflow.errors import InvalidPreset
-from gymflow.presets.model import Preset
+from gymflow.presets.model import Preset, field_models
 
 _BUILTIN = resources.files("gymflow.presets") / "builtin"
 
@@ -214,11 +214,7 @@ def _assign(data: dict[str, Any], dotted_key: str, value: Any) -> None:
 
 def _nested_model(field: Any, current: Any) -> type[BaseModel] | None:
     """The model a field holds, resolving the agent union by its 'algo' tag."""
-    annotation = field.annotation
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    members = getattr(annotation, "__args__", ())
-    models = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+    models = field_models(field.annotation)
     if len(models) <= 1:  # none, or an optional section (dataset)
         return models[0] if models else None
     algo = current.get("algo") if isinstance(current, Mapping) else None

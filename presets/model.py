@@ -7,7 +7,7 @@ them before any work starts. Derived values are properties, never fields filled 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -25,6 +25,13 @@ class _Strict(BaseModel):
 
 AgentConfig = Annotated[PPOConfig | DQNConfig | SACConfig | TD3Config | BCConfig | IQLConfig,
                         Field(discriminator="algo")]
+
+
+def field_models(annotation: Any) -> list[type[BaseModel]]:
+    """The models a preset field's value may be: a section's (an optional one's too), the agent's
+    algorithms', or none (a value, a list, a mapping such as env.kwargs)."""
+    return [candidate for candidate in (annotation, *get_args(annotation))
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel)]
 
 
 class EnvConfig(_Strict):

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from gymflow.presets.model import Preset
+from gymflow.presets.model import Preset, field_models
 
 
 class _Overrides(BaseModel):
@@ -96,15 +96,9 @@ def _into_a_mapping(sections: list[str]) -> bool:
         infos = [model.model_fields[section] for model in models if section in model.model_fields]
         if not infos:
             return False  # an unknown key: the loader refuses it with the keys allowed
-        models = [inner for info in infos for inner in _sections_of(info.annotation)]
+        models = [inner for info in infos for inner in field_models(info.annotation)]
     return not models
 
-
-def _sections_of(annotation: Any) -> list[type[BaseModel]]:
-    """The models a field's value may be: a section's, the agent's algorithms', or none (a value, a mapping)."""
-    if (section := _section(annotation)) is not None:
-        return [section]
-    return [arg for arg in get_args(annotation) if isinstance(arg, type) and issubclass(arg, BaseModel)]
 
 
 def _dotted(overrides: BaseModel, prefix: str = "") -> dict[str, Any]:
