@@ -108,7 +108,7 @@ def make_dataset(folder: str, source_steps: int, kind: str) -> tuple[str, str, f
     import minari
     import numpy as np
 
-    from gymflow.tasks.lake.export import export_run
+    from gymflow.tasks.lake.export import DatasetRequest, export_run
     from gymflow.tasks.storage.objects import Storage, StorageLocation
 
     source = source_run(folder, source_steps)
@@ -117,7 +117,7 @@ def make_dataset(folder: str, source_steps: int, kind: str) -> tuple[str, str, f
     if not os.path.exists(os.path.join(data, "metadata.json")):
         run_root, run_id = (source["root"], source["run_id"]) if kind == "medium-replay" \
             else collected_by_the_final_policy(folder, source, source_steps)
-        export_run(Storage(StorageLocation(run_root)), run_id, Storage(StorageLocation(root)), dataset_id)
+        export_run(Storage(StorageLocation(run_root)), run_id, Storage(StorageLocation(root)), DatasetRequest(dataset_id))
     episodes = minari.MinariDataset(data)
     return root, dataset_id, float(np.mean([float(np.sum(episode.rewards)) for episode in episodes])), source
 

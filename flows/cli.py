@@ -272,20 +272,21 @@ def _checkpoints(run_id: str, root: str, options: dict) -> int:
 def _export(args: argparse.Namespace) -> int:
     """A run's experience as a Minari dataset under the datasets root `--to`."""
     from gymflow.presets import parse_assignments
-    from gymflow.tasks.lake.export import export_run
+    from gymflow.tasks.lake.export import DatasetRequest, export_run
     from gymflow.tasks.storage.objects import Storage, StorageLocation
 
-    dataset_id = args.id or f"gymflow/{args.run_id}-v0"
+    dataset_id = args.id or f"gymflow/{args.run_id}{'-' + args.group if args.group else ''}-v0"
     try:
         source = Storage(StorageLocation(args.root, parse_assignments(args.option)))
         destination = Storage(StorageLocation(args.to, parse_assignments(args.to_option)))
-        report = export_run(source, args.run_id, destination, dataset_id, args.format,
+        report = export_run(source, args.run_id, destination, DatasetRequest(dataset_id, args.format, args.group),
                             progress=lambda episodes, steps: print(f"  {episodes:,} episodes, {steps:,} steps",
                                                                    flush=True))
     except GymflowError as error:
         print(f"gymflow: error: {error}", file=sys.stderr)
         return 2
-    print(f"exported {report.episodes:,} episodes ({report.steps:,} steps) of {report.workers} rollout workers "
+    whose = "" if report.group is None else f" of agent group {report.group}"
+    print(f"exported {report.episodes:,} episodes{whose} ({report.steps:,} steps) of {report.workers} rollout workers "
           f"to {report.url}")
     if report.retired_before:
         kept = ", ".join(f"worker {worker} from {first}" for worker, first in report.retired_before.items())
@@ -336,6 +337,8 @@ def _export_arguments(command: argparse.ArgumentParser) -> None:
                          help="a Minari datasets root: a folder, or a URL such as s3://bucket/x")
     command.add_argument("--id", help="the dataset id (default gymflow/RUN_ID-v0), as minari.load_dataset names it")
     command.add_argument("--format", choices=("hdf5", "arrow"), default="hdf5", help="Minari's storage format")
+    command.add_argument("--group", help="a PettingZoo run's agent group whose episodes to write (default: its only "
+                                         "group), e.g. adversary")
     command.add_argument("--root", default="gymflow-data", help="the storage root the run is under (storage.root)")
     command.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                          help="a storage option of --root, e.g. --option endpoint_url=http://127.0.0.1:9000")

@@ -5,6 +5,8 @@ the run's shards saw end."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 from mlflow import MlflowClient
@@ -180,3 +182,73 @@ def test_an_async_run_killed_and_resumed_exports_whole_consistent_streams(prefec
     assert dataset.total_episodes == len(_episode_returns_in_shards(storage, run_dir.name)) > 0
     for episode, seed in zip(dataset, seeds, strict=True):
         _replay(episode, seed, env, newest_frame=False)
+
+
+EXITS = "pettingzoo:gymflow.testing.agents:Exits"  # walkers that leave the game mid-episode, and a guide that stays
+
+
+def test_a_pettingzoo_run_exports_each_agent_group_s_episodes_as_a_dataset_of_its_own(prefect_api, workspace,
+                                                                                    tiny_budget, capsys, monkeypatch):
+    kwargs = {"walkers": 2, "length": 6, "max_steps": 12}
+    run = improve("spread-ippo", {**tiny_budget, "env.id": EXITS, "env.kwargs": kwargs, "agent.minibatch_size": 64,
+                                  "agent.hidden_sizes": [16], "storage.keep_shards": "all", "tracking.video": "off",
+                                  **local_overrides(workspace)})
+    root, datasets = str(workspace / "data"), workspace / "datasets"
+    export = ["export", run.run_id, "--root", root, "--to", str(datasets)]
+    assert main(export) == 2
+    assert capsys.readouterr().err.strip().endswith("agents are in groups walker, guide: a dataset holds one group's "
+                                                    "episodes; name it with --group")
+    assert main([*export, "--group", "guides"]) == 2
+    assert "has no agent group 'guides'; allowed: walker, guide" in capsys.readouterr().err
+    for group in ("walker", "guide"):
+        assert main([*export, "--group", group]) == 0
+    assert "exported" in capsys.readouterr().out and not list(datasets.rglob("*-guides-*"))
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(datasets))
+    walkers, guides = (minari.load_dataset(f"gymflow/{run.run_id}-{group}-v0") for group in ("walker", "guide"))
+    assert (walkers.observation_space.shape, guides.observation_space.shape) == ((2,), (3,))  # each its own
+    storage = Storage(StorageLocation(root))
+    exported = [float(sum(e.rewards)) for dataset in (walkers, guides) for e in dataset]
+    assert sorted(exported) == pytest.approx(sorted(_episode_returns_in_shards(storage, run.run_id)))
+    # a game's episode is one life of each agent (its seed): the guide leaves with the last walker, so only a game
+    # still running when the run ended (one of the 2 workers x 4 games) holds a walker's life without the guide's
+    walker_lives = Counter(_seeds(walkers))
+    assert [walker_lives[seed] for seed in _seeds(guides)] == [2] * guides.total_episodes
+    unfinished = set(walker_lives) - set(_seeds(guides))
+    assert {walker_lives[seed] for seed in unfinished} <= {1} and len(unfinished) <= 2 * 4
+    assert walkers.storage.metadata["gymflow_agents"] == ["walker_0", "walker_1"]
+    _replay_walkers(walkers, kwargs)
+
+    _retire(storage, run.run_id, ["v000000", "v000001"])  # as storage.keep_shards: needed does
+    assert main([*export, "--group", "walker", "--id", "gymflow/retired-v0"]) == 0
+    assert "exportable: worker 0 from v000002, worker 1 from v000002" in capsys.readouterr().out
+    retired = minari.load_dataset("gymflow/retired-v0")
+    assert 0 < retired.total_episodes < walkers.total_episodes
+    _replay_walkers(retired, kwargs)
+
+
+def _seeds(dataset) -> list[int]:
+    return [m["seed"] for m in dataset.storage.get_episode_metadata(range(dataset.total_episodes))]
+
+
+def _replay_walkers(dataset, kwargs: dict) -> None:
+    """Each walker's episode, replayed in a new game from its seed (a walker observes its own
+    corridor and the clock alone: the others may walk anywhere), observes what it holds."""
+    from gymflow.testing.agents import Exits
+
+    for episode, seed in zip(dataset, _seeds(dataset), strict=True):
+        assert len(set(episode.infos["agent"])) == 1 and set(episode.infos["env"]) <= {0, 1, 2, 3}
+        walker, game = f"walker_{episode.infos['agent'][0]}", Exits(**kwargs)
+        observations, _ = game.reset(seed=seed)
+        np.testing.assert_array_equal(observations[walker], episode.observations[0])
+        for t, action in enumerate(episode.actions):
+            observations, rewards, terminated, truncated, _ = game.step(
+                {agent: int(action) if agent == walker else 1 for agent in game.agents})
+            np.testing.assert_array_equal(observations[walker], episode.observations[t + 1])
+            assert np.float32(rewards[walker]) == episode.rewards[t]
+            assert (terminated[walker], truncated[walker]) == (episode.terminations[t], episode.truncations[t])
+        assert walker not in game.agents  # its episode ended where it left the game
+
+
+def _retire(storage: Storage, run_id: str, rounds: list[str]) -> None:
+    storage.delete([key for key in storage.list(RunLayout(run_id).shards) if any(f"/{name}/" in key for name in rounds)])

@@ -22,7 +22,7 @@ from gymflow.presets.load import load_preset
 from gymflow.presets.model import OpponentPool
 from gymflow.presets.validate import resolve_experiment
 from gymflow.tasks.cluster.rounds import RoundPlan
-from gymflow.tasks.lake.export import ExportRefused, find_run_experience
+from gymflow.tasks.lake.export import ExportRefused, find_group_experience, find_run_experience
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, read_policy
 from gymflow.tasks.storage.codec import decode_tensors
 from gymflow.tasks.storage.layout import RunLayout
@@ -130,10 +130,22 @@ def test_a_pettingzoo_env_trains_end_to_end_and_single_ends_as_sync_does(prefect
     assert metrics["eval/agent/return_mean"] == pytest.approx(metrics["eval/return_mean"])  # one group: 'agent'
     videos = list((workspace / "sync" / "runs" / synced.run_id / "videos").glob("*.mp4"))
     assert videos and videos[0].stat().st_size > 1000  # game 0 of the final evaluation, every agent acting
-    with pytest.raises(ExportRefused, match="is of a PettingZoo env .* holds one agent's episodes"):
+    with pytest.raises(ExportRefused, match=r"is of a PettingZoo env .* `gymflow export RUN_ID --group NAME` writes one group's episodes"):
         find_run_experience(Storage(StorageLocation(str(workspace / "sync"))), synced.run_id)
+    _export_reads_each_agent_s_own_observations(Storage(StorageLocation(str(workspace / "sync"))), synced.run_id)
     single = improve(preset, {**run, "storage.root": str(workspace / "single"), "distribution.mode": "single"})
     assert _final_policy(workspace / "single", single) == _final_policy(workspace / "sync", synced)
+
+
+def _export_reads_each_agent_s_own_observations(storage: Storage, run_id: str) -> None:
+    """An export of the run's one group ('agent') reads each agent's lives, its own 18 entries
+    observed (no agent index, no game state), of at most the game's 10 steps."""
+    experience = find_group_experience(storage, run_id, None)
+    assert experience.group.name == "agent" and experience.observation_space.shape == (18,)
+    episodes = [episode for stitcher in experience.stitchers() for episode in stitcher.read(storage)]
+    assert episodes and {episode.agent for episode in episodes} == {0, 1, 2}
+    for episode in episodes:
+        assert episode.observations.shape == (episode.steps + 1, 18) and episode.steps <= 10
 
 
 def _final_policy(root, summary) -> bytes:

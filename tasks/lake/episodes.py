@@ -36,6 +36,7 @@ class Episode:
     terminated: bool  # its last step ended it (else the episode was cut: truncated)
     life_lost: np.ndarray  # [T] bool: a step that lost a life, the game going on (Atari)
     policy_versions: np.ndarray  # [T] int64: the version that chose each action (-1: heatup's random policy)
+    agent: int | None = None  # a PettingZoo run's: the agent's index in its game (`env` is then the game)
 
     @property
     def steps(self) -> int:
