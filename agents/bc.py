@@ -17,7 +17,7 @@ from torch.nn import functional as F
 from gymflow.agents.batches import Sample
 from gymflow.agents.configs import BCConfig
 from gymflow.agents.core import AlgorithmParts, ReplayLearner
-from gymflow.agents.networks import cpu_weights, mlp, on_device, seeded_init, step_optimizer
+from gymflow.agents.networks import Adam, cpu_weights, mlp, on_device, seeded_init, step_optimizer
 from gymflow.agents.normalization import observation_normalizer, share_normalizer
 from gymflow.agents.replay import MemorySpec, ReplayMemory
 from gymflow.agents.td3 import DeterministicActor
@@ -87,7 +87,7 @@ class BCLearner(SavedWhole, ReplayLearner):
             self.network = make_network(config, observation_space, action_space)
         self.network.to(self.device)
         self.normalizer = share_normalizer(self.network)
-        self.optimizer = torch.optim.Adam(self.network.parameters(), lr=config.lr)
+        self.optimizer = Adam(self.network.parameters(), lr=config.lr)
         discrete = isinstance(action_space, spaces.Discrete)
         self.replay = ReplayMemory(MemorySpec(
             config.replay_capacity, tuple(observation_space.shape), observation_dtype(observation_space),

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from gymflow.agents.batches import Sample
 from gymflow.agents.configs import DQNConfig
 from gymflow.agents.core import AlgorithmParts, ReplayLearner
-from gymflow.agents.networks import TransitionBatch, cpu_weights, mlp, observation_reader, seeded_init
+from gymflow.agents.networks import Adam, TransitionBatch, cpu_weights, mlp, observation_reader, seeded_init
 from gymflow.agents.normalization import share_normalizer
 from gymflow.agents.replay import make_replay, memory_spec
 from gymflow.agents.training_state import SavedWhole
@@ -118,7 +118,7 @@ class DQNLearner(SavedWhole, ReplayLearner):
             self.q_network = make_network(config, observation_space, action_space).to(self.device)
         self.target_network = copy.deepcopy(self.q_network).requires_grad_(False)
         self.normalizer = share_normalizer(self.q_network, self.target_network)
-        self.optimizer = torch.optim.Adam(self.q_network.parameters(), lr=config.lr, fused=True)
+        self.optimizer = Adam(self.q_network.parameters(), lr=config.lr, fused=True)
         self.replay = make_replay(memory_spec(config, observation_space, action_space, config.n_step), config)
         self.rng = np.random.default_rng(seed)
         self.train_steps = 0

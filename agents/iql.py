@@ -23,6 +23,7 @@ from gymflow.agents.batches import Sample
 from gymflow.agents.configs import IQLConfig
 from gymflow.agents.core import AlgorithmParts, ReplayLearner
 from gymflow.agents.networks import (
+    Adam,
     BoundedActions,
     TransitionBatch,
     TwinCritic,
@@ -139,9 +140,9 @@ class IQLLearner(SavedWhole, ReplayLearner):
             network.to(self.device)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.normalizer = share_normalizer(self.actor, self.critic, self.target_critic, self.value)
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=config.lr)
-        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=config.lr)
-        self.value_optimizer = torch.optim.Adam(self.value.parameters(), lr=config.lr)
+        self.actor_optimizer = Adam(self.actor.parameters(), lr=config.lr)
+        self.critic_optimizer = Adam(self.critic.parameters(), lr=config.lr)
+        self.value_optimizer = Adam(self.value.parameters(), lr=config.lr)
         self.replay = ReplayMemory(memory_spec(config, observation_space, action_space))
         self.rng = np.random.default_rng(seed)
         self.train_steps = 0

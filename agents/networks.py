@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import inspect
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from gymnasium import spaces
 from torch import nn
+from torch.optim.optimizer import Optimizer
 
 from gymflow.agents.batches import Sample
 from gymflow.agents.configs import ObservationNormalization
@@ -46,6 +49,37 @@ class TransitionBatch:
         return cls(on_device(batch.obs, device), on_device(batch.actions, device), on_device(batch.rewards, device),
                    on_device(batch.discounts, device), on_device(batch.next_obs, device),
                    on_device(sample.weights, device))
+
+
+class Adam(torch.optim.Adam):
+    """Torch's Adam, stepped eagerly: the same update, without the torch.compile hooks around its
+    methods, whose first call imports `torch._dynamo` (~1.5 s of every run's start, and gymflow
+    compiles nothing). Each method calls torch's own, unwrapped."""
+
+    def __init__(self, params: Iterable[torch.Tensor], **options: Any):
+        super().__init__(params, **options)
+
+    @torch.no_grad()  # as torch's wrapper does for a non-differentiable optimizer
+    def step(self, closure: Any = None) -> Any:
+        return _ADAM_STEP(self, closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        _ZERO_GRAD(self, set_to_none)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        _ADD_PARAM_GROUP(self, param_group)
+
+    def state_dict(self) -> dict[str, Any]:
+        return _STATE_DICT(self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        _LOAD_STATE_DICT(self, state_dict)
+
+
+_ADAM_STEP = inspect.unwrap(torch.optim.Adam.step)  # under the step hooks and the dynamo graph breaks
+_ZERO_GRAD, _ADD_PARAM_GROUP, _STATE_DICT, _LOAD_STATE_DICT = (
+    method.__wrapped__ for method in (Optimizer.zero_grad, Optimizer.add_param_group, Optimizer.state_dict,
+                                      Optimizer.load_state_dict))
 
 
 def step_optimizer(optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None:

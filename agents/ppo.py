@@ -20,6 +20,7 @@ from gymflow.agents.batches import Rollout
 from gymflow.agents.configs import PPOConfig
 from gymflow.agents.core import AlgorithmParts, Learner
 from gymflow.agents.networks import (
+    Adam,
     cpu_weights,
     hidden_layers,
     mlp,
@@ -212,7 +213,7 @@ class PPOLearner(SavedWhole, Learner):
         self.device = torch.device(device)
         with seeded_init(seed):
             self.network = self._make_network(config, observation_space, action_space).to(self.device)
-        self.optimizer = torch.optim.Adam(self.network.parameters(), lr=config.lr, eps=1e-5, fused=True)
+        self.optimizer = Adam(self.network.parameters(), lr=config.lr, eps=1e-5, fused=True)
         self.generator = torch.Generator().manual_seed(seed)
         self.train_steps = 0
         self.normalizer = share_normalizer(self.network)

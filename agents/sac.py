@@ -19,6 +19,7 @@ from gymflow.agents.batches import Sample
 from gymflow.agents.configs import SACConfig
 from gymflow.agents.core import AlgorithmParts, ReplayLearner
 from gymflow.agents.networks import (
+    Adam,
     BoundedActions,
     TransitionBatch,
     TwinCritic,
@@ -140,9 +141,9 @@ class SACLearner(SavedWhole, ReplayLearner):
             self.log_entropy_coef.data.fill_(float(np.log(config.entropy_coef)))
         default_target = -float(np.prod(action_space.shape))  # -(number of action dimensions)
         self.target_entropy = config.target_entropy if config.target_entropy is not None else default_target
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=config.lr, fused=True)
-        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=config.lr, fused=True)
-        self.entropy_optimizer = torch.optim.Adam([self.log_entropy_coef], lr=config.lr)
+        self.actor_optimizer = Adam(self.actor.parameters(), lr=config.lr, fused=True)
+        self.critic_optimizer = Adam(self.critic.parameters(), lr=config.lr, fused=True)
+        self.entropy_optimizer = Adam([self.log_entropy_coef], lr=config.lr)
         self.replay = make_replay(memory_spec(config, observation_space, action_space), config)
         self.rng = np.random.default_rng(seed)
         self.generator = torch.Generator().manual_seed(seed)

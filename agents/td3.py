@@ -22,6 +22,7 @@ from gymflow.agents.batches import Sample
 from gymflow.agents.configs import TD3Config
 from gymflow.agents.core import AlgorithmParts, ReplayLearner
 from gymflow.agents.networks import (
+    Adam,
     BoundedActions,
     TransitionBatch,
     TwinCritic,
@@ -117,8 +118,8 @@ class TD3Learner(SavedWhole, ReplayLearner):
         self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.normalizer = share_normalizer(self.actor, self.critic, self.target_actor, self.target_critic)
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=config.lr, fused=True)
-        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=config.lr, fused=True)
+        self.actor_optimizer = Adam(self.actor.parameters(), lr=config.lr, fused=True)
+        self.critic_optimizer = Adam(self.critic.parameters(), lr=config.lr, fused=True)
         self.replay = make_replay(memory_spec(config, observation_space, action_space), config)
         self.rng = np.random.default_rng(seed)
         self.generator = torch.Generator().manual_seed(seed)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import contextvars
 import gc
+import importlib.util
 import os
 import random
 import signal
@@ -60,14 +61,13 @@ class TemporaryApi:
         atexit.register(self.stop)  # registered before Prefect's drains, so it runs after them
 
     def _start(self) -> subprocess.Popen:
-        import prefect  # the package's location only: light
-
+        prefect_folder = importlib.util.find_spec("prefect").submodule_search_locations[0]  # found, not imported
         # no UI, and no telemetry: a machine without internet access would log an error for it
         environment = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
                        "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "0"}
         return subprocess.Popen(
             [sys.executable, "-m", "gymflow.flows.tethered", str(os.getpid()),  # it ends when this process dies
-             "uvicorn", "--app-dir", os.path.dirname(prefect.__path__[0]), "--factory",
+             "uvicorn", "--app-dir", os.path.dirname(prefect_folder), "--factory",
              "prefect.server.api.server:create_app", "--fd", str(self.socket.fileno()),
              "--log-level", "critical", "--lifespan", "on"],
             env=environment, start_new_session=True, stdout=subprocess.DEVNULL, stderr=self.errors,
@@ -144,12 +144,18 @@ def temporary_api() -> Iterator[Callable[[], None]]:
     """Where no Prefect API is configured (PREFECT_API_URL, a profile), a temporary one of this
     process's own for what runs inside. Yields the wait for it to answer: the caller's imports
     load while it starts."""
+    if os.environ.get("PREFECT_API_URL"):
+        yield lambda: None
+        return
+    # started before Prefect's settings are read (importing them takes ~1 s), and stopped at once,
+    # still importing, where a profile or a settings file names an API after all
+    api = TemporaryApi()
     from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
     if get_current_settings().api.url:
+        api.stop()
         yield lambda: None
         return
-    api = TemporaryApi()
     with temporary_settings(updates={PREFECT_API_URL: api.url}):
         yield api.wait_ready
 

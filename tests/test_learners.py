@@ -6,6 +6,9 @@ training state saved and restored whole."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,9 +20,10 @@ from gymflow.agents.algorithms import ALGORITHMS
 from gymflow.agents.batches import Rollout
 from gymflow.agents.configs import BCConfig, DQNConfig, IQLConfig, PPOConfig, SACConfig, TD3Config
 from gymflow.agents.core import ReplayLearner
-from gymflow.agents.networks import TransitionBatch, TwinCritic
+from gymflow.agents.networks import Adam, TransitionBatch, TwinCritic, step_optimizer
 from gymflow.tasks.storage.codec import decode_state, encode_state
 
+ROOT = Path(__file__).resolve().parents[1]
 OBS = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
 TWO_ACTIONS = spaces.Discrete(2)
 ONE_DIMENSION = spaces.Box(-2.0, 2.0, shape=(1,), dtype=np.float32)
@@ -207,22 +211,25 @@ def _fingerprint(value, seen: list | None = None):
     return value
 
 
-@pytest.mark.parametrize("make", [
-    lambda: ppo.PPOLearner(PPOConfig(minibatch_size=8, epochs=2), OBS, TWO_ACTIONS, 1),
-    lambda: ppo.PPOLearner(PPOConfig(minibatch_size=8, normalize_observations=True, normalize_rewards=True), OBS,
-                           ONE_DIMENSION, 1),
-    lambda: dqn.DQNLearner(DQNConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3, replay="prioritized",
-                                     normalize_observations=True, target_update_every_train_steps=2), OBS,
-                           TWO_ACTIONS, 1),
-    lambda: sac.SACLearner(SACConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
-                                     normalize_observations=True), OBS, ONE_DIMENSION, 1),
-    lambda: td3.TD3Learner(TD3Config(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
-                                     normalize_observations=True), OBS, ONE_DIMENSION, 1),
-    lambda: bc.BCLearner(BCConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
-                                  normalize_observations=True), OBS, TWO_ACTIONS, 1),
-    lambda: iql.IQLLearner(IQLConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
-                                     normalize_observations=True), OBS, ONE_DIMENSION, 1),
-], ids=["ppo", "ppo-normalising", "dqn", "sac", "td3", "bc", "iql"])
+LEARNERS = {  # every learner, its training state as full as its config makes it
+    "ppo": lambda: ppo.PPOLearner(PPOConfig(minibatch_size=8, epochs=2), OBS, TWO_ACTIONS, 1),
+    "ppo-normalising": lambda: ppo.PPOLearner(
+        PPOConfig(minibatch_size=8, normalize_observations=True, normalize_rewards=True), OBS, ONE_DIMENSION, 1),
+    "dqn": lambda: dqn.DQNLearner(
+        DQNConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3, replay="prioritized",
+                  normalize_observations=True, target_update_every_train_steps=2), OBS, TWO_ACTIONS, 1),
+    "sac": lambda: sac.SACLearner(SACConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
+                                            normalize_observations=True), OBS, ONE_DIMENSION, 1),
+    "td3": lambda: td3.TD3Learner(TD3Config(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
+                                            normalize_observations=True), OBS, ONE_DIMENSION, 1),
+    "bc": lambda: bc.BCLearner(BCConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
+                                        normalize_observations=True), OBS, TWO_ACTIONS, 1),
+    "iql": lambda: iql.IQLLearner(IQLConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
+                                            normalize_observations=True), OBS, ONE_DIMENSION, 1),
+}
+
+
+@pytest.mark.parametrize("make", LEARNERS.values(), ids=LEARNERS)
 def test_a_learners_saved_state_holds_everything_training_changes(make):
     trained, fresh = _trained(make), make()
     assert _fingerprint(trained) != _fingerprint(fresh)
@@ -292,3 +299,30 @@ def test_cql_adds_the_soft_maximum_of_q_minus_the_dataset_action_s_q():
     assert plain.conservative_penalty is None
     assert conservative.conservative_penalty.item() == pytest.approx(penalty)
     assert conservative.loss.item() == pytest.approx(plain.loss.item() + 0.5 * penalty)
+
+
+@pytest.mark.parametrize("fused", [True, None])
+def test_the_learners_adam_steps_exactly_as_torch_s(fused):
+    def trained(optimizer_class) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        network = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+        optimizer = optimizer_class(network.parameters(), lr=1e-2, eps=1e-5, fused=fused)
+        inputs = torch.randn(32, 4)
+        for _ in range(5):
+            step_optimizer(optimizer, network(inputs).pow(2).mean())
+        optimizer.load_state_dict(optimizer.state_dict())
+        step_optimizer(optimizer, network(inputs).pow(2).mean())
+        return [parameter.detach().clone() for parameter in network.parameters()]
+
+    ours, torch_s = trained(Adam), trained(torch.optim.Adam)
+    assert all(torch.equal(a, b) for a, b in zip(ours, torch_s, strict=True))
+    assert not torch.equal(ours[0], trained(lambda p, **o: Adam(p, **{**o, "lr": 2e-2}))[0])  # the check can fail
+
+
+def test_no_learner_imports_torch_dynamo_to_train():
+    """torch.compile's machinery (~1.5 s to import) is in no run's start: gymflow compiles nothing."""
+    code = ("import sys; from tests.test_learners import LEARNERS, _trained\n"
+            "for make in LEARNERS.values(): _trained(make)\n"
+            "print(sorted(name for name in sys.modules if name.startswith('torch._dynamo')))")
+    imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert imported.stdout.strip() == "[]"

@@ -116,8 +116,9 @@ class AgentEpisodeStitcher:
         r = shard.rollout
         alive = r.alive[start:stop, row]
         if alive.any():
-            self._pieces.setdefault(row, []).append((r.obs[start:stop, row, : self.observed][alive], r.actions[start:stop, row][alive],
-                                                     r.rewards[start:stop, row][alive],
+            steps = slice(start, stop)
+            self._pieces.setdefault(row, []).append((r.obs[steps, row, : self.observed][alive],
+                                                     r.actions[steps, row][alive], r.rewards[steps, row][alive],
                                                      np.full(int(alive.sum()), version, dtype=np.int64)))
 
     def _finish(self, shard: StoredShard, state: _Game, row: int, step: int, final: int) -> Iterator[Episode]:
@@ -132,7 +133,8 @@ class AgentEpisodeStitcher:
         yield Episode(
             worker=self.stream.worker, env=game, agent=row % self.per_game, index=state.index,
             seed=derive_seed(self.env_seed, game, state.index),
-            observations=np.concatenate([obs, r.done_obs[final][None, : self.observed]]), actions=actions, rewards=rewards,
+            observations=np.concatenate([obs, r.done_obs[final][None, : self.observed]]), actions=actions,
+            rewards=rewards,
             terminated=bool(r.terminated[step, row]) and not bool(r.truncated[step, row]),
             life_lost=np.zeros(len(actions), dtype=bool), policy_versions=versions,
         )
