@@ -8,6 +8,7 @@ length-prefixed frames on its stdin and stdout."""
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import os
 import struct
 import sys
@@ -108,6 +109,9 @@ def serve() -> None:
     jobs = sys.stdin.buffer
     while (job := read_frame(jobs)) is not None:
         write_frame(replies, run_job(job))
+    # the helper ends next, and the flow waits for it: no collection of its whole heap (torch,
+    # Gymnasium) on the way out (~0.5 s), as the command line's own exit
+    gc.freeze()
 
 
 if __name__ == "__main__":  # the helper: its jobs' failures must pickle as this module's types, not __main__'s

@@ -9,12 +9,12 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mlflow.entities import Metric
-    from mlflow.utils.async_logging.run_operations import RunOperations
 
 # MLflow (~1 s to import) is imported where a tracker is made or used: importing a flow costs none of it
 
@@ -63,22 +63,27 @@ class Tracker:
         self._start_queue()
 
     def _start_queue(self) -> None:
-        self._pending: deque[RunOperations] = deque()  # batches handed to MLflow's background logger
+        # Batches are written in order by a thread of the tracker's own, not by MLflow's
+        # asynchronous logging, whose thread waits up to a second for its queue when the run ends
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gymflow-mlflow-writer")
+        self._pending: deque[Future] = deque()  # batches handed to the writer
         self._held: list[Metric] = []  # metrics not yet handed over
         self._sent_at = time.monotonic()
 
+    def _write_batch(self, **batch: Any) -> None:
+        self._pending.append(self._writer.submit(self.client.log_batch, self.run_id, **batch))
+
     def log_params(self, params: Mapping[str, Any]) -> None:
-        """Written by MLflow's background logger, before any metric logged after them (the first
+        """Written by the tracker's writer thread, before any metric logged after them (the first
         training round does not wait for a few hundred rows of SQLite); `flush` waits for them."""
         from mlflow.entities import Param
 
         items = [Param(key, str(value)[:6000]) for key, value in params.items()]
         for start in range(0, len(items), _BATCH):
-            self._pending.append(self.client.log_batch(self.run_id, params=items[start : start + _BATCH],
-                                                       synchronous=False))
+            self._write_batch(params=items[start : start + _BATCH])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """Held, then written by MLflow's background logger in batches of about METRICS_EVERY_S,
+        """Held, then written by the tracker's writer thread in batches of about METRICS_EVERY_S,
         off the training loop's path; `flush` writes what is held."""
         from mlflow.entities import Metric
 
@@ -89,13 +94,12 @@ class Tracker:
             self.send()
 
     def send(self) -> None:
-        """Hand the metrics held so far to MLflow's background logger now."""
+        """Hand the metrics held so far to the writer thread now."""
         held, self._held, self._sent_at = self._held, [], time.monotonic()
         for start in range(0, len(held), 1000):  # MLflow's most metrics a batch
-            operation = self.client.log_batch(self.run_id, metrics=held[start : start + 1000], synchronous=False)
-            self._pending.append(operation)
+            self._write_batch(metrics=held[start : start + 1000])
         while len(self._pending) > _MAX_PENDING:  # long runs: hold a bounded queue, the oldest long written
-            self._pending.popleft().wait()
+            self._pending.popleft().result()
 
     def metric_rows(self, keys: Sequence[str]) -> list[dict[str, float]]:
         """What was logged so far, one dict per step (with 'time/env_steps'), for the given keys."""
@@ -144,11 +148,14 @@ class Tracker:
         """Wait until every metric logged so far is written."""
         self.send()
         while self._pending:
-            self._pending.popleft().wait()
+            self._pending.popleft().result()
 
     def finish(self, status: str) -> None:
         """End the MLflow run as FINISHED, FAILED or KILLED."""
-        self.flush()
+        try:
+            self.flush()
+        finally:
+            self._writer.shutdown()
         self.client.set_terminated(self.run_id, status)
 
 
