@@ -150,13 +150,20 @@ def temporary_api() -> Iterator[Callable[[], None]]:
     # started before Prefect's settings are read (importing them takes ~1 s), and stopped at once,
     # still importing, where a profile or a settings file names an API after all
     api = TemporaryApi()
-    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        get_current_settings,
+        temporary_settings,
+    )
 
     if get_current_settings().api.url:
         api.stop()
         yield lambda: None
         return
-    with temporary_settings(updates={PREFECT_API_URL: api.url}):
+    # No flow-run heartbeats: they tell a server that outlives a run whether the run is still alive,
+    # and this one ends with the run; their thread, sleeping in 1 s steps, held each run's end up to 1 s
+    with temporary_settings(updates={PREFECT_API_URL: api.url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield api.wait_ready
 
 
