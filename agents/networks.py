@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -55,9 +55,6 @@ class Adam(torch.optim.Adam):
     """Torch's Adam, stepped eagerly: the same update, without the torch.compile hooks around its
     methods, whose first call imports `torch._dynamo` (~1.5 s of every run's start, and gymflow
     compiles nothing). Each method calls torch's own, unwrapped."""
-
-    def __init__(self, params: Iterable[torch.Tensor], **options: Any):
-        super().__init__(params, **options)
 
     @torch.no_grad()  # as torch's wrapper does for a non-differentiable optimizer
     def step(self, closure: Any = None) -> Any:
