@@ -23,7 +23,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from gymflow.envs.agents import agent_table, make_parallel_env
+from gymflow.envs.agents import AgentTable, make_parallel_env
 from gymflow.envs.make import EnvSpecError, is_image, is_multi_agent, make_env
 from gymflow.envs.parts import Part, observation_parts, unflatten_parts
 from gymflow.envs.seeding import derive_seed
@@ -106,13 +106,27 @@ def find_group_experience(storage: Storage, run_id: str, group: str | None) -> R
     """A PettingZoo run's experience of one agent group: `group`, or the run's only one."""
     preset, streams = _stored_run(storage, run_id)
     if not is_multi_agent(preset.env.id):
-        raise ExportRefused("--group", f"run {run_id!r} is of one agent ({preset.env.id}): --group names an agent "
-                                       "group of a PettingZoo run")
+        raise _no_groups(run_id, preset)
+    return _group_experience(run_id, preset, streams, group)
+
+
+def _no_groups(run_id: str, preset: Preset) -> ExportRefused:
+    return ExportRefused("--group", f"run {run_id!r} is of one agent ({preset.env.id}): --group names an agent "
+                                    "group of a PettingZoo run")
+
+
+def _group_experience(run_id: str, preset: Preset, streams: list[WorkerStream], group: str | None) -> RunExperience:
     try:
-        table = agent_table(preset.env.id, preset.env.kwargs)
         parallel_env = make_parallel_env(preset.env.id, preset.env.kwargs)
     except EnvSpecError as error:
         raise ExportRefused(error.field, error.problem) from None
+    try:
+        table = AgentTable.of(parallel_env, preset.env.id)
+        agent_spaces = {agent: parallel_env.observation_space(agent) for agent in table.agents}
+    except EnvSpecError as error:
+        raise ExportRefused(error.field, error.problem) from None
+    finally:
+        parallel_env.close()
     names = tuple(dict.fromkeys(table.groups))
     if group is None and len(names) > 1:
         raise ExportRefused("--group", f"run {run_id!r}'s agents are in groups {', '.join(names)}: a dataset holds "
@@ -122,8 +136,7 @@ def find_group_experience(storage: Storage, run_id: str, group: str | None) -> R
         raise ExportRefused("--group", f"run {run_id!r} has no agent group {group!r}; allowed: {', '.join(names)}")
     indices = tuple(k for k, name in enumerate(table.groups) if name == group)
     members = tuple(table.agents[k] for k in indices)
-    observation_space = _group_observation_space([parallel_env.observation_space(agent) for agent in members])
-    parallel_env.close()
+    observation_space = _group_observation_space([agent_spaces[agent] for agent in members])
     return RunExperience(run_id, preset, streams, observation_space, table.action_space, False,
                          group=AgentGroup(group, members, indices, len(table.agents), observation_space.shape[0]))
 
@@ -217,9 +230,13 @@ def export_run(source: Storage, run_id: str, destination: Storage, request: Data
 
 
 def _find_experience(storage: Storage, run_id: str, group: str | None) -> RunExperience:
-    if group is None and not is_multi_agent(_stored_run(storage, run_id)[0].env.id):
-        return find_run_experience(storage, run_id)
-    return find_group_experience(storage, run_id, group)
+    """A one-agent run's experience, or a PettingZoo run's group's: the run read once."""
+    preset, streams = _stored_run(storage, run_id)
+    if is_multi_agent(preset.env.id):
+        return _group_experience(run_id, preset, streams, group)
+    if group is not None:
+        raise _no_groups(run_id, preset)
+    return _one_agent_experience(run_id, preset, streams)
 
 
 def _minari() -> Any:
