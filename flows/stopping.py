@@ -67,7 +67,8 @@ class TemporaryApi:
                        "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "0"}
         return subprocess.Popen(
             [sys.executable, "-m", "gymflow.flows.tethered", str(os.getpid()),  # it ends when this process dies
-             "uvicorn", "--app-dir", os.path.dirname(prefect_folder), "--factory",
+             "gymflow.flows.api_server", str(self.port),  # uvicorn, which asks itself its slow first question
+             "--app-dir", os.path.dirname(prefect_folder), "--factory",
              "prefect.server.api.server:create_app", "--fd", str(self.socket.fileno()),
              "--log-level", "critical", "--lifespan", "on"],
             env=environment, start_new_session=True, stdout=subprocess.DEVNULL, stderr=self.errors,

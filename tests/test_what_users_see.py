@@ -262,3 +262,47 @@ def test_a_temporary_prefect_api_that_fails_to_start_is_started_again(tmp_path, 
     finally:
         api.stop()
         holder.close()
+
+
+def test_the_temporary_prefect_api_asks_itself_its_first_question_once_it_listens(monkeypatch):
+    """flows/api_server.py: the warm-up waits while nothing listens (uvicorn listens only after
+    the app has started), asks once something does, and gives up at its deadline."""
+    import http.server
+    import socket
+    import threading
+
+    from gymflow.flows import api_server
+
+    asked: list[str] = []
+
+    class Recording(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    bound = socket.socket()
+    bound.bind(("127.0.0.1", 0))  # bound, not yet listening: connections are refused
+    port = bound.getsockname()[1]
+    answered: list[bool] = []
+    warming = threading.Thread(target=lambda: answered.append(api_server.warm_up(port)))
+    warming.start()
+    time.sleep(0.3)
+    assert asked == [] and warming.is_alive()
+    server = http.server.HTTPServer(("127.0.0.1", port), Recording, bind_and_activate=False)
+    server.socket.close()
+    server.socket = bound
+    server.server_activate()  # listens now
+    threading.Thread(target=server.handle_request, daemon=True).start()
+    warming.join(10)
+    server.server_close()
+    assert answered == [True] and asked == [api_server.WARM_UP_PATH]
+
+    nobody = socket.socket()
+    nobody.bind(("127.0.0.1", 0))
+    monkeypatch.setattr(api_server, "WARM_UP_DEADLINE_S", 0.3)
+    assert api_server.warm_up(nobody.getsockname()[1]) is False
+    nobody.close()
