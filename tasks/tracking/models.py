@@ -3,11 +3,12 @@ fixed evaluation seeds: what the retraining flow needs."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ MODEL_ARTIFACT = "policy"
 CHAMPION = "champion"
 _MODEL_CODE = str(Path(__file__).with_name("policy_model.py"))
 _GLOBAL_TRACKING_URI = threading.Lock()
+_logger = logging.getLogger(__name__)
 _REQUIREMENTS = ["torch==2.13.0", "gymnasium>=1.1", "numpy", "pydantic>=2.6", "pyyaml", "safetensors", "mlflow>=3"]
 
 
@@ -92,7 +94,8 @@ def log_policy_model(tracker: Tracker, model: PolicyModel, step: int) -> str:
     logged = tracker.client.create_logged_model(tracker.experiment_id, name=model.name,
                                                 source_run_id=tracker.run_id, params=dict(model.params),
                                                 model_type="gymflow-policy")
-    with tempfile.TemporaryDirectory() as folder, _global_tracking_uri(tracker.tracking_uri), _no_progress_bars():
+    with (tempfile.TemporaryDirectory() as folder, _global_tracking_uri(tracker.tracking_uri), _no_progress_bars(),
+          _logged_without_mlflows_slow_checks()):
         Path(folder, "policy.safetensors").write_bytes(model.policy)
         Path(folder, "preset.yaml").write_bytes(model.preset_yaml)
         artifacts = {"policy": os.path.join(folder, "policy.safetensors"),
@@ -123,6 +126,69 @@ def _global_tracking_uri(uri: str) -> Iterator[None]:
     tracking URI: set it for the call, one thread at a time (a sweep runs its runs in threads)."""
     with _GLOBAL_TRACKING_URI, _use_tracking_uri(uri):
         yield
+
+
+@contextmanager
+def _logged_without_mlflows_slow_checks() -> Iterator[None]:
+    """While a policy model is logged (under `_GLOBAL_TRACKING_URI`), two checks MLflow makes of
+    every model, which only warn, and took 1.6 s of each run's end on the 2-core VM:
+    - that this environment satisfies the model's pip requirements: looked up here by each
+      one's distribution name (`unsatisfied_requirements`), with the same warning, instead of
+      first mapping every installed distribution's modules (importlib's `packages_distributions`
+      reads every RECORD file: 0.9 s);
+    - that the model, loaded back, predicts its input example (0.7 s): not made; gymflow's
+      model code is its own, and its tests load, predict and serve logged models, this check
+      included (tests/test_what_users_see.py).
+    """
+    from mlflow.models import utils
+    from mlflow.utils import environment
+
+    replaced = {(environment, "warn_dependency_requirement_mismatches"): _warn_of_unsatisfied_requirements,
+                (utils, "_validate_serving_input"): _not_validated}
+    originals = {place: getattr(*place) for place in replaced}
+    for (module, name), replacement in replaced.items():
+        setattr(module, name, replacement)
+    try:
+        yield
+    finally:
+        for (module, name), original in originals.items():
+            setattr(module, name, original)
+
+
+def _not_validated(model_uri: str, serving_input: object) -> None:
+    return None
+
+
+def unsatisfied_requirements(requirements: Iterable[str]) -> list[str]:
+    """Which pip requirements this environment does not satisfy, each as MLflow words it
+    (`name (current: VERSION, required: REQUIREMENT)`); lines that are not a requirement by name
+    (`-c constraints.txt`, a path, a URL) and requirements whose marker excludes this
+    environment are skipped, as MLflow skips them."""
+    from importlib import metadata
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    unsatisfied = []
+    for line in requirements:
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if requirement.marker and not requirement.marker.evaluate():
+            continue
+        try:
+            installed = metadata.version(requirement.name)
+        except metadata.PackageNotFoundError:
+            installed = None
+        if installed is None or not requirement.specifier.contains(installed):
+            unsatisfied.append(f"{requirement.name} (current: {installed or 'uninstalled'}, required: {line})")
+    return unsatisfied
+
+
+def _warn_of_unsatisfied_requirements(requirements: list[str]) -> None:
+    if unsatisfied := unsatisfied_requirements(requirements):
+        _logger.warning("Detected one or more mismatches between the model's dependencies and the current Python "
+                        "environment:\n - %s", "\n - ".join(unsatisfied))
 
 
 @contextmanager
