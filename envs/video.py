@@ -3,6 +3,7 @@ which browsers and MLflow's artifact view play), by the ffmpeg the imageio-ffmpe
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -19,14 +20,26 @@ from gymflow.envs.make import Preprocessing, is_mujoco, make_env, render_modes
 for _name, _value in (("PYGAME_HIDE_SUPPORT_PROMPT", "1"), ("SDL_VIDEODRIVER", "dummy"), ("SDL_AUDIODRIVER", "dummy")):
     os.environ.setdefault(_name, _value)
 
-MAX_FRAMES = 3_000  # a film stops here (a minute at 50 fps) even if the episode goes on
+MAX_FRAMES = 3_000  # a film stops here (two minutes at 25 fps) even if the episode goes on
+# A film plays at most this many frames a second: an env that renders faster (CartPole 50,
+# MuJoCo's Hopper 125) is filmed every few steps, at the same speed. Each frame is rendered,
+# copied and encoded: a 500-step CartPole film took 1.5 s on the 2-core VM, at the end of
+# every run (the deciding policy's), with every frame.
+MAX_FILM_FPS = 30
 
 
 class Filmed(NamedTuple):
     mp4: bytes
-    frames: int  # the first observation's frame and one per step
+    frames: int  # the first observation's frame, one every `film_rate` steps and the last
     episode_return: float
     episode_length: int
+
+
+def film_rate(render_fps: float) -> tuple[int, float]:
+    """Every how many steps an env rendering `render_fps` frames a second is filmed, and the
+    film's frames a second (the episode plays at its own speed, at most `MAX_FILM_FPS`)."""
+    stride = max(1, math.ceil(render_fps / MAX_FILM_FPS))
+    return stride, render_fps / stride
 
 
 class CannotFilm(Exception):
@@ -51,13 +64,15 @@ def film_episode(act: Callable[[np.ndarray], np.ndarray], env_id: str, env_kwarg
         raise CannotFilm(f"{env_id} cannot render here: {reason}") from None
     episode_return, length, done = 0.0, 0, False
     try:
-        fps = int(env.metadata.get("render_fps") or 30) // (4 if preprocessing and preprocessing.atari else 1)
+        stride, fps = film_rate(int(env.metadata.get("render_fps") or 30) // (4 if preprocessing and preprocessing.atari
+                                                                              else 1))
         with Mp4Encoder(first.shape, fps) as film:
             film.add(first)
             while not done and film.frames < max_frames:
                 obs, reward, terminated, truncated, _ = env.step(act(obs))
                 episode_return, length, done = episode_return + float(reward), length + 1, terminated or truncated
-                film.add(env.render())
+                if done or length % stride == 0:
+                    film.add(env.render())
     finally:
         env.close()
     return Filmed(film.mp4, film.frames, episode_return, length)
@@ -75,22 +90,26 @@ def film_game(act: Callable[[np.ndarray], np.ndarray], env_id: str, env_kwargs: 
     except Exception as error:  # no renderer here: the run goes on without a film
         raise CannotFilm(f"{env_id} cannot render here: {type(error).__name__}: {error}") from None
     returns: list[float] = []
+    length = 0
     try:
-        with Mp4Encoder(first.shape, int(envs.games[0].metadata.get("render_fps") or 30)) as film:
+        stride, fps = film_rate(int(envs.games[0].metadata.get("render_fps") or 30))
+        with Mp4Encoder(first.shape, fps) as film:
             film.add(first)
             while len(returns) < envs.num_envs and film.frames < max_frames:
                 returns += envs.step(act(envs.obs)).episode_returns
-                film.add(envs.games[0].render())
+                length += 1
+                if returns or length % stride == 0:
+                    film.add(envs.games[0].render())
     finally:
         envs.close()
-    return Filmed(film.mp4, film.frames, float(np.mean(returns or [np.nan])), film.frames - 1)
+    return Filmed(film.mp4, film.frames, float(np.mean(returns or [np.nan])), length)
 
 
 class Mp4Encoder:
     """RGB frames of one size fed to an ffmpeg process as they come; the MP4's bytes once the
     `with` block ends. Odd sizes are padded by a pixel (yuv420p needs even ones)."""
 
-    def __init__(self, shape: tuple[int, ...], fps: int):
+    def __init__(self, shape: tuple[int, ...], fps: float):
         height, width = shape[:2]
         self.padding = ((0, height % 2), (0, width % 2), (0, 0))
         self.size = (width + width % 2, height + height % 2)

@@ -64,6 +64,25 @@ def test_a_film_holds_the_first_frame_and_one_per_step_and_plays_back_at_its_siz
     assert next(imageio_ffmpeg.read_frames(str(path)))["size"] == (128, 16)
 
 
+def test_an_env_rendering_faster_than_a_film_plays_is_filmed_every_few_steps_at_its_own_speed(tmp_path):
+    """CartPole renders 50 frames a second: filmed every second step, at 25 frames a second, its
+    first and last frames included, the film lasts as long as the episode."""
+    import imageio_ffmpeg
+
+    from gymflow.envs.video import MAX_FILM_FPS, film_episode, film_rate
+
+    assert film_rate(8) == (1, 8) and film_rate(50) == (2, 25) and film_rate(125) == (5, 25)
+    assert all(film_rate(fps)[1] <= MAX_FILM_FPS for fps in range(1, 300))
+    filmed = film_episode(lambda obs: int(obs[2] + 0.5 * obs[3] > 0), "CartPole-v1", {}, seed=0, max_frames=100)
+    assert filmed.frames == 100 and filmed.episode_length == 198  # the first frame, then every second step
+    balanced = film_episode(lambda obs: int(obs[2] + 0.5 * obs[3] > 0), "CartPole-v1", {"max_episode_steps": 41}, seed=0)
+    assert balanced.episode_length == 41 and balanced.frames == 1 + 20 + 1  # 41 steps: the last is filmed too
+    path = tmp_path / "episode.mp4"
+    path.write_bytes(balanced.mp4)
+    frames, seconds = imageio_ffmpeg.count_frames_and_secs(str(path))
+    assert frames == balanced.frames and seconds == pytest.approx(balanced.frames / 25, abs=0.05)
+
+
 def test_an_env_that_cannot_render_is_not_filmed_and_says_why():
     from gymflow.envs.video import CannotFilm, film_episode
 
