@@ -338,3 +338,25 @@ def test_a_logged_model_s_requirements_are_checked_as_mlflow_checks_them_without
         assert environment.warn_dependency_requirement_mismatches is models._warn_of_unsatisfied_requirements
         assert utils._validate_serving_input is models._not_validated
     assert (environment.warn_dependency_requirement_mismatches, utils._validate_serving_input) == (checking, validating)
+
+
+def test_the_temporary_prefect_api_answers_without_nagle_s_delay():
+    """uvicorn takes the socket the run hands it as a Unix socket and so leaves Nagle's algorithm
+    on its TCP connections (every answer held ~40 ms): flows/api_server.py sets TCP_NODELAY on the
+    listening socket, and the connections it accepts inherit it."""
+    import socket
+
+    from gymflow.flows import api_server
+
+    def accepted_no_delay(fixed: bool) -> int:
+        with socket.socket() as listening:
+            listening.bind(("127.0.0.1", 0))
+            listening.listen()
+            if fixed:
+                api_server.no_delay(listening.fileno())
+            with socket.create_connection(listening.getsockname()):
+                served, _ = listening.accept()
+                with served:
+                    return served.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+    assert accepted_no_delay(fixed=False) == 0 and accepted_no_delay(fixed=True) != 0
