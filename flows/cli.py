@@ -24,15 +24,35 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+_collection_paused = False  # by `main`, for the imports of the process's command
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The `gymflow` command (argv None: the process's own arguments) or, given argv, the same
     command inside a process that goes on (the tests)."""
+    global _collection_paused
+    if argv is None:
+        # No garbage collections while the command imports Prefect, torch, MLflow and the flow:
+        # they scanned the ~0.8 M new objects over and over and freed nothing (0.6-1.1 s of a
+        # run's ~4 s of imports on the 2-core VM); back on once they are in (`_collecting_again`)
+        gc.disable()
+        _collection_paused = True
     code = _command(argv)
     if argv is None:
         # the process ends next: the interpreter's collection of its whole heap on the way out
         # (torch, MLflow, Prefect, Dask: ~2 s) frees nothing anybody waits for
         gc.freeze()
     return code
+
+
+def _collecting_again() -> None:
+    """The garbage collector back on, if `main` paused it, with the objects the imports made
+    frozen out of its scans (they live as long as the process)."""
+    global _collection_paused
+    if _collection_paused:
+        gc.freeze()
+        gc.enable()
+        _collection_paused = False
 
 
 def _command(argv: Sequence[str] | None) -> int:
@@ -52,6 +72,8 @@ def _command(argv: Sequence[str] | None) -> int:
         for name, description in builtin_presets().items():
             print(f"{name:<20} {description}")
         return 0
+    if args.command != "show":  # a command that reads a run's data: garbage collected as it goes
+        _collecting_again()
     if args.command == "checkpoints":
         return _checkpoints(args.run_id, args.root, parse_assignments(args.option))
     if args.command == "export":
@@ -123,6 +145,7 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready:
 
     with stopping_cleanly(), _cluster_beside(distribution) as cluster_ready:
         call = load()
+        _collecting_again()
         gymflow_errors_in_one_line_on_the_console()
         try:
             api_ready()
