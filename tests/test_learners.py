@@ -169,6 +169,24 @@ def test_sac_acts_with_the_log_probability_of_the_action_it_returns():
     np.testing.assert_allclose(acting, learning, rtol=1e-3, atol=1e-3)
 
 
+def test_td3_acts_with_the_action_its_learner_s_actor_computes():
+    """TD3's policy is deterministic, so there is no log-probability to compare: greedily it takes
+    the actor's action (the one `actor_loss` scores), scaled to the env's bounds; exploring, that
+    action plus the policy's Gaussian noise, clipped to the bounds."""
+    box = spaces.Box(-2.0, 2.0, shape=(2,), dtype=np.float32)
+    actor = td3.make_actor(TD3Config(hidden_sizes=[8]), OBS, box)
+    obs = np.random.default_rng(0).uniform(-1, 1, (64, 2)).astype(np.float32)
+    greedy, _ = td3.TD3Policy(actor, noise=0.3, seed=3).act(obs, explore=False)
+    exploring, _ = td3.TD3Policy(actor, noise=0.3, seed=3).act(obs, explore=True)
+    with torch.no_grad():
+        learning = actor(torch.from_numpy(obs)).numpy()
+        noisy = np.clip(learning + 0.3 * np.random.default_rng(3).standard_normal(learning.shape), -1.0, 1.0)
+        np.testing.assert_allclose(greedy, actor.to_env(torch.from_numpy(learning)).numpy(), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(exploring, actor.to_env(torch.from_numpy(noisy.astype(np.float32))).numpy(),
+                                   rtol=0, atol=1e-6)
+    assert np.abs(exploring - greedy).max() > 0.1 and np.all(np.abs(exploring) <= 2.0)
+
+
 def _trained(make, steps: int = 2):
     learner = make()
     rng = np.random.default_rng(0)
