@@ -8,7 +8,7 @@ from typing import Annotated
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
-from prefect.context import FlowRunContext
+from prefect.context import get_run_context
 from prefect.runtime import flow_run
 from prefect.states import Completed
 from pydantic import Field
@@ -98,9 +98,8 @@ def improve(
 
 
 def _deployment_id() -> str | None:
-    """The deployment this flow run was started from, if any, as its context knows it (Prefect's
-    `prefect.runtime.deployment.id` reads the flow run from the API again, on a client of its own:
-    0.1-0.2 s of every run's start)."""
-    context = FlowRunContext.get()
-    deployment_id = context.flow_run.deployment_id if context and context.flow_run else None
+    """The deployment this flow run was started from, if any, as the run's context holds it
+    (Prefect's `prefect.runtime.deployment.id` reads the flow run from the API again, on a client
+    of its own: 0.1-0.2 s of every run's start)."""
+    deployment_id = get_run_context().flow_run.deployment_id
     return str(deployment_id) if deployment_id else None
