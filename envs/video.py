@@ -64,8 +64,8 @@ def film_episode(act: Callable[[np.ndarray], np.ndarray], env_id: str, env_kwarg
         raise CannotFilm(f"{env_id} cannot render here: {reason}") from None
     episode_return, length, done = 0.0, 0, False
     try:
-        stride, fps = film_rate(int(env.metadata.get("render_fps") or 30) // (4 if preprocessing and preprocessing.atari
-                                                                              else 1))
+        render_fps = int(env.metadata.get("render_fps") or 30) // (4 if preprocessing and preprocessing.atari else 1)
+        stride, fps = film_rate(render_fps)
         with Mp4Encoder(first.shape, fps) as film:
             film.add(first)
             while not done and film.frames < max_frames:

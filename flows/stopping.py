@@ -58,7 +58,10 @@ class TemporaryApi:
         self.port = self.socket.getsockname()[1]
         self.errors = tempfile.TemporaryFile()  # the server's stderr: why it would not start, if it does not
         self.process = self._start()
-        atexit.register(self.stop_at_exit)  # registered before Prefect's drains, so it runs after them
+        # at exit the server is asked to stop and left to finish alone (its graceful stop took 0.3-0.4 s
+        # of every command's end): it is tethered to this process, and ended 5 s after it if still running.
+        # Registered before Prefect's drains, so it runs after them
+        atexit.register(self.stop, wait=False)
 
     def _start(self) -> subprocess.Popen:
         prefect_folder = importlib.util.find_spec("prefect").submodule_search_locations[0]  # found, not imported
@@ -124,23 +127,16 @@ class TemporaryApi:
         return PrefectUnavailable("Prefect API", f"the temporary Prefect API would not start: {cause} (database: "
                                                  f"{where}; Prefect {prefect.__version__}); {_instead}")
 
-    def stop_at_exit(self) -> None:
-        """Ask the server to stop and leave it to finish alone: its graceful stop took 0.3-0.4 s
-        of every command's end. It is tethered to this process (flows/tethered.py): one still
-        running 5 s after this process ended is ended then."""
+    def stop(self, wait: bool = True) -> None:
+        """Ask the server to stop; with `wait`, until it has (killed after 5 s)."""
         if self.process.poll() is None:
             self.process.terminate()
-        self.socket.close()
-        self.errors.close()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+            if wait:
+                try:
+                    self.process.wait(5)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
         self.socket.close()
         self.errors.close()
 

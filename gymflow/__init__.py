@@ -14,6 +14,7 @@ The repository keeps one folder per role; installed, each is a package under thi
     gymflow.testing   testing/   helpers for tests and drills: small envs, a storage fault proxy,
                                  an in-process job runner
     gymflow.errors               the errors a user sees: one line naming the field or resource
+    gymflow.imports              big imports without the garbage collector's scans
 
 Importing this package imports nothing else.
 """

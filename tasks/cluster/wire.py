@@ -20,6 +20,7 @@ from typing import IO, Any
 import cloudpickle
 
 from gymflow.errors import JobFailed
+from gymflow.imports import uncollected
 
 _LENGTH = struct.Struct("!Q")  # a frame's length, before its bytes
 
@@ -99,12 +100,10 @@ def read_frame(stream: IO[bytes]) -> bytes | None:
 def serve() -> None:
     """The helper's side: say it is ready (an empty frame), then run each job read from stdin and
     answer each on the original stdout."""
-    gc.disable()  # no collections while the imports build ~0.5 M objects, which none of them would free
-    from gymflow.tasks.cluster.jobs import import_job_machinery
+    with uncollected(freeze=True):  # the helper keeps what it imports for its life
+        from gymflow.tasks.cluster.jobs import import_job_machinery
 
-    import_job_machinery()
-    gc.freeze()  # the imports' objects: never scanned by the collections to come
-    gc.enable()
+        import_job_machinery()
 
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a job's prints must not land among the replies

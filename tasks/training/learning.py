@@ -5,13 +5,13 @@ Its versions are committed back by tasks/training/commits.py.
 
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.errors import UnusableWarmStart
+from gymflow.imports import uncollected
 from gymflow.presets.validate import Experiment, learner_device
 from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.storage.shards import read_shard
@@ -32,20 +32,14 @@ def import_run_machinery() -> None:
     Prefect API starts, on the core the API's start leaves free. Torch with every algorithm's
     networks, and MLflow's tracking client with its SQL store (~1.5 s): a flow's modules import
     none of them. (Not `torch._dynamo`, ~1.5 s more: the learners' optimizers step without it.)
-    No garbage collections meanwhile: they would scan the imports' ~0.5 M new objects over and
-    over and free nothing (a fifth of the imports' time)."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    No garbage collections meanwhile (gymflow/imports.py)."""
+    with uncollected():
         import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
         import mlflow.tracking  # noqa: F401
 
         from gymflow.tasks.cluster.jobs import import_job_machinery
 
         import_job_machinery()
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def create_learner(experiment: Experiment, warm_start: dict[str, torch.Tensor] | None = None) -> Learner:
