@@ -6,7 +6,7 @@
 What a run's learner does between rounds, on random data of each preset's env shapes (no env is
 made, so neither MuJoCo nor the ALE is needed): an off-policy preset's gradient steps (ms a step,
 sampling from a replay memory of 20,000 random transitions: `train`), an on-policy preset's
-whole update on one round of its rollouts (`learn`: rollout_workers x envs_per_worker x
+whole update on one round of its rollouts (a recurrent one's over whole env sequences) (`learn`: rollout_workers x envs_per_worker x
 rollout_steps_per_env steps, its epochs and minibatches). Each side builds its learner with
 `distribution.learner_device` cpu or cuda, as a run would; the CPU side runs with each of
 `--cpu-threads` torch threads (the preset's `learner_threads` by default). Rounds alternate which
@@ -36,6 +36,9 @@ SPACES: dict[str, tuple[spaces.Space, spaces.Space]] = {
     "hopper-ppo": (spaces.Box(-np.inf, np.inf, (11,), np.float32), spaces.Box(-1, 1, (3,), np.float32)),
     "breakout-ppo": (spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(4)),
     "breakout-dqn": (spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(4)),
+    "hopper-iql": (spaces.Box(-np.inf, np.inf, (11,), np.float32), spaces.Box(-1, 1, (3,), np.float32)),
+    # Pendulum's cos and sin of the angle, its velocity hidden; an LSTM policy
+    "pendulum-po-ppo": (spaces.Box(-1, 1, (2,), np.float32), spaces.Box(-2, 2, (1,), np.float32)),
 }
 REPLAY_FILL = 20_000
 
@@ -71,8 +74,10 @@ def timed_work(preset: str, device: str, threads: int) -> tuple[str, Callable[[]
     synchronize = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     if algorithm.on_policy:
         distribution = config.distribution
-        rollout = random_rollout(observation_space, action_space, config.schedule.rollout_steps_per_env,
-                                 distribution.rollout_workers * distribution.envs_per_worker, rng)
+        envs = distribution.rollout_workers * distribution.envs_per_worker
+        rollout = random_rollout(observation_space, action_space, config.schedule.rollout_steps_per_env, envs, rng)
+        if getattr(config.agent, "recurrent", None):  # the memory (h, c) the rollout began with
+            rollout = rollout._replace(memory=rng.standard_normal((2, envs, config.agent.recurrent), dtype=np.float32))
         learner.learn([rollout], 0.0)  # warm-up: allocations, kernels chosen
 
         def one_update() -> float:

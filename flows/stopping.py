@@ -37,10 +37,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from gymflow.errors import PrefectUnavailable
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import State
 
 STOP_GRACE_S = 8.0
 API_START_TIMEOUT_S = 60.0
@@ -286,11 +289,23 @@ def _stop_when_cancelling(flow_run_id: str, watching: threading.Event) -> None:
 def _mark_cancelled_if_cancelling(flow_run_id: str) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.responses import SetStateStatus
     from prefect.states import Cancelled
 
     with get_client(sync_client=True) as client:
         state = client.read_flow_run(UUID(flow_run_id)).state
         if state is not None and state.type == StateType.CANCELLING:
             cancelled = Cancelled(message="Cancelled; what was committed stays for `gymflow resume`")
-            client.set_flow_run_state(UUID(flow_run_id), cancelled)
+            result = client.set_flow_run_state(UUID(flow_run_id), cancelled)
+            if result.status == SetStateStatus.ACCEPT and result.state is not None:
+                _show_the_engine(result.state)
             print("gymflow: cancelled; the run's cluster and MLflow run are closed", file=sys.stderr, flush=True)
+
+
+def _show_the_engine(final: State) -> None:
+    """Prefect's engine forces a Crashed state on a TerminationSignal its runner did not announce
+    (this one is the run's own, from `_stop_when_cancelling`, when it sees Cancelling before the
+    worker does) unless its copy of the flow run is already final: give it the Cancelled state."""
+    from prefect.context import get_run_context
+
+    get_run_context().flow_run.state = final

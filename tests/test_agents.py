@@ -9,9 +9,12 @@ from gymnasium import spaces
 
 from gymflow.agents.algorithms import algorithm_of
 from gymflow.agents.batches import Rollout
-from gymflow.agents.configs import DQNConfig, PPOConfig, SACConfig, TD3Config, epsilon_at
+from gymflow.agents.bc import BCLearner
+from gymflow.agents.configs import BCConfig, DQNConfig, IQLConfig, PPOConfig, SACConfig, TD3Config, epsilon_at
 from gymflow.agents.dqn import DQNLearner
+from gymflow.agents.iql import IQLLearner
 from gymflow.agents.ppo import PPOLearner
+from gymflow.agents.recurrent import RecurrentPPOLearner
 from gymflow.agents.replay import MemorySpec, ReplayMemory
 from gymflow.agents.rollout import collect, evaluate
 from gymflow.agents.sac import SACLearner
@@ -200,12 +203,20 @@ def test_learner_state_round_trips_through_a_checkpoint_into_a_fresh_learner(mak
                               BOX_ACTIONS, 1, device),
     lambda device: TD3Learner(TD3Config(hidden_sizes=[8], batch_size=4, normalize_observations=True), OBS,
                               BOX_ACTIONS, 1, device),
-])
+    lambda device: RecurrentPPOLearner(PPOConfig(recurrent=4, minibatch_size=8, normalize_observations=True), OBS,
+                                       BOX_ACTIONS, 1, device),
+    lambda device: BCLearner(BCConfig(hidden_sizes=[8], batch_size=4, normalize_observations=True), OBS, ACTIONS, 1,
+                             device),
+    lambda device: IQLLearner(IQLConfig(hidden_sizes=[8], batch_size=4, normalize_observations=True), OBS,
+                              BOX_ACTIONS, 1, device),
+], ids=["ppo", "dqn", "sac", "td3", "recurrent-ppo", "bc", "iql"])
 def test_a_gpu_learner_hands_out_cpu_weights_and_its_checkpoint_resumes_on_a_cpu(make):
     learner = make("cuda")
     rollout = _rollout(np.ones(8), [False] * 7 + [True], [False] * 8, obs=np.random.rand(8, 1, 2).astype(np.float32))
-    if not isinstance(learner, DQNLearner):
+    if not isinstance(learner, DQNLearner | BCLearner):
         rollout = rollout._replace(actions=np.random.uniform(-1, 1, (8, 1, 1)).astype(np.float32))
+    if isinstance(learner, RecurrentPPOLearner):  # the memory its policy began the rollout with
+        rollout = rollout._replace(memory=np.random.rand(2, 1, 4).astype(np.float32))
     learner.learn([rollout], 0.1)
     assert all(tensor.device.type == "cpu" for tensor in learner.policy_weights().values())
     on_cpu = make("cpu")

@@ -161,3 +161,39 @@ def test_a_prefect_database_this_prefect_cannot_use_is_said_in_one_line(tmp_path
     assert error.startswith("gymflow: error: Prefect API: the temporary Prefect API would not start: ")
     assert "Can't locate revision identified by '0123456789ab'" in error and str(home / "prefect.db") in error
     assert time.monotonic() - started < 60 and not (tmp_path / "data").exists()
+
+
+CANCELLING_ITSELF = """
+import sys, time
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.context import get_run_context
+from prefect.states import Cancelling
+from gymflow.flows.stopping import cancellable
+
+@flow
+def watched():
+    flow_run_id = get_run_context().flow_run.id
+    print(flow_run_id, flush=True)
+    with cancellable(str(flow_run_id), "a-deployment"):
+        with get_client(sync_client=True) as client:  # what `prefect flow-run cancel` does
+            client.set_flow_run_state(flow_run_id, Cancelling(), force=True)
+        time.sleep(30)  # the run's work, which the cancellation cuts short
+
+watched()
+"""
+
+
+def test_a_run_that_sees_its_cancellation_before_its_worker_does_ends_cancelled_not_crashed(prefect_api, tmp_path):
+    """The run stops itself on Cancelling (no runner told Prefect's engine of a cancellation, so
+    the engine takes the SIGTERM for a crash): its state must stay Cancelled."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", CANCELLING_ITSELF], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert time.monotonic() - began < 25, done.stderr[-2000:]  # stopped, not slept out
+    flow_run_id = done.stdout.split()[0]
+    assert "gymflow: cancelled" in done.stderr, done.stderr[-2000:]
+    assert _flow_run_state(flow_run_id) == "CANCELLED", done.stderr[-3000:]
