@@ -6,7 +6,8 @@ against a plain in-process loop doing the same work side by side.
 Each preset runs with its target return switched off, so both sides do exactly the preset's
 budget of env steps and gradient steps. Baseline: one process, the same learner and the same
 collection code (`agents.rollout.collect` over one SeededVectorEnv of all the preset's envs,
-evaluation at the same cadence), nothing written, no Prefect, Dask, storage or MLflow. gymflow:
+evaluation at the same cadence and of the final policy, as gymflow's run ends with the deciding
+evaluation of its last version), nothing written, no Prefect, Dask, storage or MLflow. gymflow:
 the `improve` flow on its embedded defaults (LocalCluster, local folder, MLflow SQLite, a
 temporary Prefect API started before timing). Printed per run: the flow's own
 `summary/orchestration_share` (its loop's wall-clock minus the time the rollout jobs stepped
@@ -50,16 +51,21 @@ def plain_loop(preset: str, total_env_steps: int) -> float:
         rollout, _ = collect(RandomPolicy(env.action_space, 0), env, -(-schedule.heatup_env_steps // config.envs_in_total))
         learner.insert([rollout])
         steps += rollout.env_steps
+
+    def evaluate_network() -> None:
+        evaluation_env = SeededVectorEnv(config.env.id, dict(config.env.kwargs), schedule.evaluation_episodes, seed=1)
+        evaluation_env.reset()
+        evaluate(algorithm.policy(network, config.agent, 0.0, 0), evaluation_env)
+
     while steps < total_env_steps:
         policy = algorithm.policy(network, config.agent, algorithm.exploration(config.agent, steps), steps)
         rollout, _ = collect(policy, env, schedule.rollout_steps_per_env)
         if steps >= next_evaluation:
             next_evaluation += schedule.evaluate_every_env_steps
-            evaluation_env = SeededVectorEnv(config.env.id, dict(config.env.kwargs), schedule.evaluation_episodes, seed=1)
-            evaluation_env.reset()
-            evaluate(algorithm.policy(network, config.agent, 0.0, 0), evaluation_env)
+            evaluate_network()
         learner.learn([rollout], min(steps / total_env_steps, 1.0))
         steps += rollout.env_steps
+    evaluate_network()  # the final policy's score, as gymflow's run ends with its deciding evaluation
     return time.perf_counter() - started
 
 

@@ -103,3 +103,21 @@ def test_shard_arrays_refuse_pickled_objects():
     np.savez(buffer, sneaky=np.array([{"a": 1}], dtype=object))
     with pytest.raises(ValueError, match="allow_pickle"):
         decode_arrays(buffer.getvalue())
+
+
+def test_policies_published_in_a_single_mode_process_are_read_there_from_memory_the_newest_two(storage):
+    from gymflow.tasks.storage.checkpoints import policies_kept_in_process, publish_policy, read_policy
+
+    layout = RunLayout("run-1")
+    with policies_kept_in_process():
+        for version in range(3):
+            publish_policy(storage, layout, version, {"policy.safetensors": bytes([version]) * 8})
+        for version in range(3):  # written to storage all the same
+            assert storage.read(f"{layout.policies.folder(version)}/policy.safetensors") == bytes([version]) * 8
+        storage.delete(storage.list(layout.policies.folder(2)) + storage.list(layout.policies.folder(0)))
+        assert read_policy(storage, layout, 2, iter(["policy.safetensors"])) == {"policy.safetensors": b"\2" * 8}
+        with pytest.raises(CheckpointError, match="no manifest"):  # only the newest two stay in memory
+            read_policy(storage, layout, 0)
+    with pytest.raises(CheckpointError, match="no manifest"):  # outside, what storage holds
+        read_policy(storage, layout, 2)
+    assert read_policy(storage, layout, 1) == {"policy.safetensors": b"\1" * 8}

@@ -14,6 +14,7 @@ from gymflow.presets.validate import Experiment
 from gymflow.tasks.cluster.helper import HelperProcess
 from gymflow.tasks.cluster.hosts import Hosts, InProcessHosts
 from gymflow.tasks.cluster.rounds import AnyLogger
+from gymflow.tasks.storage.checkpoints import policies_kept_in_process
 
 
 @contextmanager
@@ -24,7 +25,8 @@ def rollout_hosts(experiment: Experiment, logger: AnyLogger) -> Iterator[tuple[H
     if config.mode == "single":
         helper = HelperProcess(instead=InProcessHosts())
         try:
-            yield InProcessHosts(evaluations=helper), "single mode: rollouts in this process, evaluations beside it"
+            with policies_kept_in_process():  # the rollouts here act with what the learner here publishes
+                yield InProcessHosts(evaluations=helper), "single mode: rollouts in this process, evaluations beside it"
         finally:
             helper.close()
         return

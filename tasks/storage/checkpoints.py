@@ -15,7 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -47,8 +50,32 @@ def commit_checkpoint(storage: Storage, layout: RunLayout, version: int, blobs: 
     return CheckpointRef(layout.run_id, version)
 
 
+# where a run's rollouts act in the process that publishes its policies (single mode): the newest
+# published versions, by their folder's URL, so that a rollout takes the bytes the learner just wrote
+_kept_policies: ContextVar[OrderedDict[str, dict[str, bytes]] | None] = ContextVar("gymflow_kept_policies",
+                                                                                    default=None)
+KEPT_POLICIES = 2
+
+
+@contextmanager
+def policies_kept_in_process() -> Iterator[None]:
+    """While inside, the policies published here stay in this process's memory (the newest
+    `KEPT_POLICIES`, which a run's policy window, the newest and at least one before it, keeps
+    published) and `read_policy` here takes them from there: written to storage all the same, but
+    not read back, checked and cached by the process that wrote them."""
+    token = _kept_policies.set(OrderedDict())
+    try:
+        yield
+    finally:
+        _kept_policies.reset(token)
+
+
 def publish_policy(storage: Storage, layout: RunLayout, version: int, blobs: dict[str, bytes]) -> None:
     commit_version(storage, layout.policies, version, blobs)
+    if (kept := _kept_policies.get()) is not None:
+        kept[storage.url(layout.policies.folder(version))] = blobs
+        while len(kept) > KEPT_POLICIES:
+            kept.popitem(last=False)
 
 
 def commit_version(storage: Storage, shelf: Shelf, version: int, blobs: dict[str, bytes]) -> None:
@@ -113,7 +140,12 @@ def read_checkpoint(
 def read_policy(storage: Storage, layout: RunLayout, version: int, names: Iterable[str] | None = None,
                 cache: BlobCache | None = None) -> dict[str, bytes]:
     """The named blobs (all by default) of a published policy version, checked against its
-    manifest; through `cache` (a worker machine's, by sha256) where given."""
+    manifest; through `cache` (a worker machine's, by sha256) where given; from memory where this
+    process published it (`policies_kept_in_process`)."""
+    names = None if names is None else list(names)
+    kept = (_kept_policies.get() or {}).get(storage.url(layout.policies.folder(version)))
+    if kept is not None and (names is None or all(name in kept for name in names)):
+        return dict(kept) if names is None else {name: kept[name] for name in names}
     return read_version(storage, layout.policies, version, names, cache)
 
 
