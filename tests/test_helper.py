@@ -1,5 +1,6 @@
-"""Single mode's helper process (tasks/cluster/helper.py): jobs run there once it is ready, in
-the flow's process before that and after it died, and it never outlives the flow."""
+"""Single mode's helper process (tasks/cluster/helper.py): jobs run there once it is ready, wait
+for it while it starts (or run in the flow's process, by a caller waiting for them), run in the
+flow's process after it died, and it never outlives the flow."""
 
 from __future__ import annotations
 
@@ -37,12 +38,28 @@ def helper():
     helper.close()
 
 
-def test_jobs_run_in_the_helper_once_it_is_ready_and_in_this_process_before(helper):
-    assert run_round(helper, _pid, [None], LOGGER) == [os.getpid()]
-    assert helper.instead.jobs == [("_pid", 0)]  # sent while it was starting: ran here
-    _ready(helper)
+def test_jobs_sent_while_the_helper_starts_wait_for_it_unless_a_waiting_caller_runs_them_here(helper):
+    first, second = helper.call(_pid, None, slot=0), helper.call(_pid, None, slot=1)
+    assert not helper.ready and not first.done() and not second.done()  # queued, not run on the calling thread
+    assert helper.run_one_queued_here()  # the oldest, by a caller that would only wait for it
+    assert first.future.result(timeout=0) == os.getpid()
+    assert second.future.result(timeout=60) == _ready(helper).process.pid  # sent once the helper was ready
+    assert not helper.run_one_queued_here()
     assert run_round(helper, _pid, [None, None], LOGGER) == [helper.process.pid] * 2
     assert helper.instead.jobs == [("_pid", 0)]
+
+
+def test_a_helper_that_does_not_start_in_time_is_ended_and_its_queued_jobs_run_in_this_process(monkeypatch):
+    from gymflow.tasks.cluster import helper as helper_module
+
+    monkeypatch.setattr(helper_module, "START_TIMEOUT_S", 0.2)  # far less than its imports take
+    helper = HelperProcess(InProcessHosts())
+    try:
+        assert run_round(helper, _pid, [None], LOGGER) == [os.getpid()]
+        assert helper.process.wait(10) == -signal.SIGKILL and not helper.ready
+        assert run_round(helper, _pid, [None], LOGGER) == [os.getpid()]
+    finally:
+        helper.close()
 
 
 def test_a_jobs_error_comes_back_in_one_line_naming_the_helper(helper):

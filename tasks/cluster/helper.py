@@ -9,9 +9,12 @@ and stdout as length-prefixed frames of bytes (tasks/cluster/wire.py) and run on
 the order they were sent; what a job prints goes to stderr. It exits when its stdin closes: when
 the flow closes it, or when the flow dies.
 
-The helper only makes single mode faster, never different: a job sent while it is still starting
-(its imports take about a second, and a CartPole run's first evaluation can come sooner), or after
-it died, runs in the flow's process instead, with the same result.
+The helper only makes single mode faster, never different. A job sent while it is still starting
+(its imports take a second or two, and a CartPole run's first evaluation comes sooner) waits for
+it in a queue, unless the loop's thread comes to wait for the job's result first and runs it
+itself (`run_one_queued_here`): run on the evaluation thread instead, beside the learner, a
+CartPole evaluation took four times as long and slowed the learner (the GIL). A job sent after
+the helper died, or queued when it dies, runs in the flow's process, with the same result.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from logging import Logger, LoggerAdapter
 from typing import Any
 
@@ -33,6 +37,20 @@ from gymflow.tasks.cluster.hosts import Call, HostLost, Hosts
 from gymflow.tasks.cluster.wire import describe_job, read_frame, settle_reply, write_frame
 
 STOP_WAIT_S = 5.0  # a job still running when the flow closes the helper is given this long, then killed
+START_TIMEOUT_S = 60.0  # a helper not ready by then is ended; its jobs run in the flow's process
+
+
+@dataclass(frozen=True)
+class _Queued:
+    """A job sent before the helper was ready."""
+
+    function: Callable[[Any], Any]
+    spec: Any
+    slot: int
+    attempt: int
+    job: bytes
+    future: concurrent.futures.Future
+    where: str
 
 
 class HelperProcess:
@@ -49,11 +67,15 @@ class HelperProcess:
                                         stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path},
                                         start_new_session=True)
         self._waiting: deque[tuple[concurrent.futures.Future, str]] = deque()  # sent, in order, not answered
+        self._queued: deque[_Queued] = deque()  # sent before the helper was ready, in order
         self._ready = threading.Event()  # set once the helper has imported what jobs need
         self._gone = ""  # why no job can run there any more
         self._lock = threading.Lock()
         self._replies = threading.Thread(target=self._read_replies, name="helper-replies", daemon=True)
         self._replies.start()
+        self._start_deadline = threading.Timer(START_TIMEOUT_S, self._end_if_not_ready)
+        self._start_deadline.daemon = True
+        self._start_deadline.start()
 
     @property
     def ready(self) -> bool:
@@ -65,17 +87,29 @@ class HelperProcess:
         where = f"{describe_job(function, spec, slot)} in the helper process (pid {self.process.pid})"
         job = cloudpickle.dumps((function, spec))
         with self._lock:  # the replies' reader settles what is waiting when the helper exits, under it too
-            sent = self.ready
-            if sent:
-                self._waiting.append((future, where))
-                try:
-                    write_frame(self.process.stdin, job)
-                except OSError:  # the helper exited: its replies' reader fails the call
-                    pass
-        if not sent:
+            taken = not self._gone
+            if taken and self._ready.is_set():
+                self._send(job, future, where)
+            elif taken:
+                self._queued.append(_Queued(function, spec, slot, attempt, job, future, where))
+        if not taken:
             return self.instead.call(function, spec, slot, attempt)
         return Call(future, function, spec, slot, f"helper:{self.process.pid}", attempt,
                     time.monotonic() + self.timeout_s)
+
+    def run_one_queued_here(self) -> bool:
+        """Run the oldest job still waiting for the helper to start on this thread, in the flow's
+        process (`instead`), the same job with the same result; whether there was one."""
+        with self._lock:
+            if not self._queued:
+                return False
+            queued = self._queued.popleft()
+        outcome = self.instead.call(queued.function, queued.spec, queued.slot, queued.attempt).future
+        if outcome.exception() is not None:
+            queued.future.set_exception(outcome.exception())
+        else:
+            queued.future.set_result(outcome.result())
+        return True
 
     def settle(self, call: Call, logger: Logger | LoggerAdapter) -> Call:
         """`call`; sent again to `instead` if the helper died under it."""
@@ -94,8 +128,9 @@ class HelperProcess:
         """End the helper: at once if a job is still running (the run is stopping), else once it
         has read the end of its input."""
         self.closed = True
+        self._start_deadline.cancel()
         with self._lock:
-            busy = bool(self._waiting)
+            busy = bool(self._waiting or self._queued)
         if busy:
             self.process.kill()
         try:
@@ -109,9 +144,21 @@ class HelperProcess:
             self.process.wait()
         self._replies.join(STOP_WAIT_S)
 
+    def _send(self, job: bytes, future: concurrent.futures.Future, where: str) -> None:
+        """Under the lock: `job` to the helper, its answer awaited in order."""
+        self._waiting.append((future, where))
+        try:
+            write_frame(self.process.stdin, job)
+        except OSError:  # the helper exited: its replies' reader fails the call
+            pass
+
     def _read_replies(self) -> None:
         if read_frame(self.process.stdout) is not None:  # its first frame says it is ready
-            self._ready.set()
+            with self._lock:
+                self._ready.set()
+                while self._queued:
+                    queued = self._queued.popleft()
+                    self._send(queued.job, queued.future, queued.where)
         while (reply := read_frame(self.process.stdout)) is not None:
             with self._lock:
                 future, where = self._waiting.popleft()
@@ -119,6 +166,12 @@ class HelperProcess:
         code = self.process.wait()
         with self._lock:
             self._gone = f"the helper process (pid {self.process.pid}) exited with code {code}"
-            while self._waiting:
-                future, where = self._waiting.popleft()
-                future.set_exception(HostLost(f"{where}: {self._gone}"))
+            unanswered = [*self._waiting, *((queued.future, queued.where) for queued in self._queued)]
+            self._waiting.clear()
+            self._queued.clear()
+        for future, where in unanswered:
+            future.set_exception(HostLost(f"{where}: {self._gone}"))
+
+    def _end_if_not_ready(self) -> None:
+        if not self._ready.is_set():  # a helper that cannot start must not hold its jobs
+            self.process.kill()

@@ -113,6 +113,11 @@ class Hosts(Protocol):
         """Where evaluations and films run: these hosts, or single mode's helper process."""
         ...
 
+    def run_one_queued_here(self) -> bool:
+        """Run on the caller's thread one job still queued for a host that is starting (single
+        mode's helper), as a caller that would only wait for it can; whether there was one."""
+        ...
+
 
 class InProcessHosts:
     """Every job run at once, in this process, when it is called: `distribution.mode: single`
@@ -150,6 +155,9 @@ class InProcessHosts:
 
     def for_evaluations(self) -> Hosts:
         return self.evaluations or self
+
+    def run_one_queued_here(self) -> bool:
+        return False  # every job ran when it was called
 
 
 class HostPool:
@@ -216,6 +224,9 @@ class HostPool:
 
     def for_evaluations(self) -> HostPool:
         return self
+
+    def run_one_queued_here(self) -> bool:
+        return False  # a job waits on its worker, never in the flow's process
 
     def start(self, slots: int) -> None:
         """Start the hosts of slots 0..slots-1 now, without waiting: they warm up (imports) while

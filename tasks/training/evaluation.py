@@ -10,6 +10,7 @@ same version on every try; the ASYNC stream only picks up evaluations that have 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextvars
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -24,6 +25,8 @@ from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.messages import EvaluationResult
 from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, evaluate_version
 from gymflow.tasks.training.state import Budget, LoopState
+
+QUEUED_JOBS_POLL_S = 0.01  # how often a caller waiting for an evaluation looks for its jobs still queued
 
 
 @dataclass(frozen=True)
@@ -89,11 +92,23 @@ class EvaluationSchedule:
             return None
         future, step, _ = self._running
         self._running = None
-        return Scored(step, future.result())
+        return Scored(step, self.result_of(future))
 
     def score_now(self, state: LoopState) -> Scored:
-        """An evaluation of `state.version`, run now on the caller's thread."""
-        return Scored(self.budget.spent(state), evaluate(self.hosts, self.plan, state.version))
+        """An evaluation of `state.version`, waited for."""
+        in_flow_run = contextvars.copy_context()
+        future = self._thread.submit(in_flow_run.run, evaluate, self.hosts, self.plan, state.version)
+        return Scored(self.budget.spent(state), self.result_of(future))
+
+    def result_of(self, future: Future[EvaluationResult]) -> EvaluationResult:
+        """The result of an evaluation or film of this schedule's thread, once it has one. While
+        the caller waits, it runs their jobs that still wait for a starting host (single mode's
+        helper) itself: it would only wait, where the thread would share the GIL with the learner."""
+        hosts = self.hosts.for_evaluations()
+        while not future.done():
+            if not hosts.run_one_queued_here():
+                concurrent.futures.wait([future], timeout=QUEUED_JOBS_POLL_S)
+        return future.result()
 
     @property
     def films_final(self) -> bool:

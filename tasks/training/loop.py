@@ -171,7 +171,7 @@ class ImproveLoop:
         if self._film is not None:
             future, step = self._film
             self._film = None
-            self.observer.filmed(Scored(step, future.result()))
+            self.observer.filmed(Scored(step, self.evaluations.result_of(future)))
 
     def _progress(self, state: LoopState) -> float:
         return min(self.stop.budget.spent(state) / self.stop.budget.total, 1.0)
