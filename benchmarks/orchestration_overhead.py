@@ -13,7 +13,9 @@ temporary Prefect API started before timing). Printed per run: the flow's own
 `summary/orchestration_share` (its loop's wall-clock minus the time the rollout jobs stepped
 envs, the learner learned and evaluation ran on the critical path) and the ratio of the two
 loops' wall-clock. The target share is <= 10%. Runs alternate baseline / gymflow, because this
-machine's per-core speed drifts by tens of percent within minutes.
+machine's per-core speed drifts by tens of percent within minutes, and each gymflow run is held
+against the mean of the baseline runs just before and just after it (a drift in one direction
+over the pair then favours neither side).
 """
 
 from __future__ import annotations
@@ -97,10 +99,11 @@ def main() -> None:
     with prefect_test_harness(server_startup_timeout=120), tempfile.TemporaryDirectory() as folder:
         for preset in args.presets:
             budget = BUDGETS.get(preset, 20_000)
-            for _ in range(args.repeats):
-                plain = plain_loop(preset, budget)
+            plains = [plain_loop(preset, budget)]
+            for _ in range(args.repeats):  # plain, gymflow, plain, ..., plain: each gymflow run between two plain ones
                 summary = gymflow_run(preset, budget, folder, args.mode, changes)
-                rows.append((preset, budget, plain, summary))
+                plains.append(plain_loop(preset, budget))
+                rows.append((preset, budget, (plains[-2] + plains[-1]) / 2, summary))
 
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
           f"gymflow in distribution.mode {args.mode}")
