@@ -95,6 +95,7 @@ def main() -> None:
 
     from prefect.testing.utilities import prefect_test_harness
 
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "0")  # as gymflow's own temporary API: no telemetry
     rows = []
     with prefect_test_harness(server_startup_timeout=120), tempfile.TemporaryDirectory() as folder:
         for preset in args.presets:
