@@ -6,8 +6,9 @@
 What a run's learner does between rounds, on random data of each preset's env shapes (no env is
 made, so neither MuJoCo nor the ALE is needed): an off-policy preset's gradient steps (ms a step,
 sampling from a replay memory of 20,000 random transitions: `train`), an on-policy preset's
-whole update on one round of its rollouts (a recurrent one's over whole env sequences) (`learn`: rollout_workers x envs_per_worker x
-rollout_steps_per_env steps, its epochs and minibatches). Each side builds its learner with
+whole update on one round of its rollouts (`learn`: rollout_workers x envs_per_worker x
+rollout_steps_per_env steps, its epochs and minibatches; a recurrent preset's over whole env
+sequences, from a random memory where they began). Each side builds its learner with
 `distribution.learner_device` cpu or cuda, as a run would; the CPU side runs with each of
 `--cpu-threads` torch threads (the preset's `learner_threads` by default). Rounds alternate which
 side goes first. Prints each figure, then per preset the medians and the ratio CPU / CUDA (how
