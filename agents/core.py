@@ -23,6 +23,22 @@ class Policy(Protocol):
         ...
 
 
+class ActsFromOutputs(Protocol):
+    """A policy whose action is a choice from its network's outputs: where jobs in one process
+    act with one network, its outputs for all their rows are computed once
+    (`agents.rollout.collect_together`). `act(obs)` is `act_on(obs, outputs(obs))`."""
+
+    network: Any
+
+    def outputs(self, obs: np.ndarray) -> np.ndarray:
+        """The network's outputs for a batch of observations, a row each."""
+        ...
+
+    def act_on(self, obs: np.ndarray, outputs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(actions, log-probabilities) from the rows' `outputs`, as `act` returns them."""
+        ...
+
+
 class Learner(ABC):
     """The learning side of an agent: it owns networks, optimizers, counters and RNGs."""
 

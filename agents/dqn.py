@@ -61,9 +61,14 @@ class QPolicy:
         self.epsilon = epsilon
         self.rng = np.random.default_rng(seed)
 
-    @torch.inference_mode()
     def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
-        q_values = self.network(torch.from_numpy(obs)).numpy()
+        return self.act_on(obs, self.outputs(obs), explore)
+
+    @torch.inference_mode()
+    def outputs(self, obs: np.ndarray) -> np.ndarray:
+        return self.network(torch.from_numpy(obs)).numpy()
+
+    def act_on(self, obs: np.ndarray, q_values: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
         actions = q_values.argmax(axis=1)
         if explore and self.epsilon > 0:
             random = self.rng.random(len(obs)) < self.epsilon

@@ -89,15 +89,24 @@ class PPOPolicy:
         self.network = network
         self.rng = np.random.default_rng(seed)
 
-    @torch.inference_mode()
     def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
-        batch = torch.from_numpy(obs)
-        out = self.network.action_output(batch).numpy().astype(np.float64)
-        log_std = self.network.log_std_for(batch).detach().numpy()
+        return self.act_on(obs, self.outputs(obs), explore)
+
+    @torch.inference_mode()
+    def outputs(self, obs: np.ndarray) -> np.ndarray:
+        """The actor's logits (Discrete) or Gaussian mean (Box), float64."""
+        return self.network.action_output(torch.from_numpy(obs)).numpy().astype(np.float64)
+
+    def act_on(self, obs: np.ndarray, out: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
+        log_std = None if self.network.discrete else self._log_std(obs)
         return sample_actions(out, log_std, self.network.discrete, self.rng, explore)
 
+    @torch.inference_mode()
+    def _log_std(self, obs: np.ndarray) -> np.ndarray:
+        return self.network.log_std_for(torch.from_numpy(obs)).detach().numpy()
 
-def sample_actions(out: np.ndarray, log_std: np.ndarray, discrete: bool, rng: np.random.Generator, explore: bool
+
+def sample_actions(out: np.ndarray, log_std: np.ndarray | None, discrete: bool, rng: np.random.Generator, explore: bool
                    ) -> tuple[np.ndarray, np.ndarray]:
     """Actions and their log-probabilities from the actor's output (float64 logits, or the
     Gaussian's mean with `log_std`, [action_dim] or one per row): sampled when exploring, else the

@@ -6,6 +6,7 @@ The same code collects in SYNC rollouts, heatup, evaluation and tests.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -19,49 +20,122 @@ def collect(policy: Policy, env: VectorEnv, steps: int, explore: bool = True,
     """Step every env `steps` times from where it stands; returns the batch and the episodes
     that ended during it. A multi-agent env's rows outside `learning` (a [N] mask: an opponent's)
     act but are no samples: not alive in the batch, their episodes not counted."""
-    n = env.num_envs
-    obs_shape = env.obs.shape[1:]
-    obs = np.empty((steps, n, *obs_shape), dtype=env.obs.dtype)
-    actions = np.empty((steps, n, *env.action_space.shape), dtype=_action_dtype(env.action_space))
-    log_probs = np.empty((steps, n), dtype=np.float32)
-    rewards = np.empty((steps, n), dtype=np.float32)
-    terminated = np.empty((steps, n), dtype=bool)
-    truncated = np.empty((steps, n), dtype=bool)
-    done_index, done_obs, returns, lengths = [], [], [], []  # of the steps that ended an env's episode
-    agents = getattr(env, "agents", None)  # a multi-agent env's rows (envs/agents.py): which were in their game
-    alive = None if agents is None else np.empty((steps, n), dtype=bool)
-    low, high = _action_bounds(env.action_space)
+    recording = _Recording(env, steps, learning)
     recurrent = hasattr(policy, "episodes_ended")  # a policy with a memory of each env's episode: the envs keep
     if recurrent:  # it between rollouts, as they keep their cursor
         policy.memory = env.memory
-    memory = policy.memory.copy() if recurrent and policy.memory is not None else None
+        recording.memory = policy.memory.copy() if policy.memory is not None else None
     for t in range(steps):
-        obs[t] = env.obs
-        if alive is not None:
-            alive[t] = env.alive if learning is None else env.alive & learning
-        actions[t], log_probs[t] = policy.act(obs[t], explore)
-        if recurrent and memory is None:
-            memory = np.zeros_like(policy.memory)  # it began with nothing remembered
-        env_actions = actions[t] if low is None else np.clip(actions[t], low, high)
-        step = env.step(env_actions)
+        obs = recording.observe(t)
+        actions, log_probs = policy.act(obs, explore)
+        if recurrent and recording.memory is None:
+            recording.memory = np.zeros_like(policy.memory)  # it began with nothing remembered
+        step = recording.step(t, actions, log_probs)
         if recurrent:
             policy.episodes_ended(step.done_envs)
-        rewards[t], terminated[t], truncated[t] = step.rewards, step.terminated, step.truncated
-        done_index += [t * n + i for i in step.done_envs]
-        done_obs += step.done_obs
-        returns += step.episode_returns
-        lengths += step.episode_lengths
-    rollout = Rollout(
-        obs=obs, actions=actions, rewards=rewards, terminated=terminated, truncated=truncated,
-        done_index=np.asarray(done_index, dtype=np.int64),
-        done_obs=np.asarray(done_obs, dtype=env.obs.dtype).reshape(-1, *obs_shape),
-        last_obs=env.obs.copy(), log_probs=log_probs, memory=memory,
-        agents=None if agents is None else agents.copy(), alive=alive,
-    )
     if recurrent:
         env.memory = policy.memory
-    counted = slice(None) if learning is None else learning[rollout.done_index % n]  # not an opponent's episodes
-    return rollout, Episodes(np.asarray(returns, np.float64)[counted], np.asarray(lengths, np.int64)[counted])
+    return recording.finish()
+
+
+def collect_together(policies: Sequence[Policy], envs: Sequence[VectorEnv], steps: int, explore: bool = True
+                     ) -> list[tuple[Rollout, Episodes]]:
+    """`collect` of each policy on its envs, stepped in lockstep: where the policies act from one
+    network's outputs (`ActsFromOutputs`, one policy version), those are computed once a step for
+    every env's rows. Returns what `collect` of each in turn returns: a batched forward whose rows
+    differ in their bits from the separate ones (another machine's kernels) is found on the first
+    step and not used. Recurrent policies and multi-agent envs are collected one after another."""
+    network = _one_network(policies)
+    if network is None or any(getattr(env, "agents", None) is not None for env in envs):
+        return [collect(policy, env, steps, explore) for policy, env in zip(policies, envs, strict=True)]
+    recordings = [_Recording(env, steps) for env in envs]
+    shared, splits = policies[0], np.cumsum([env.num_envs for env in envs])[:-1]
+    alike_key = (tuple(tuple(p.shape) for p in network.parameters()), tuple(env.num_envs for env in envs))
+    for t in range(steps):
+        obs = [recording.observe(t) for recording in recordings]
+        if _ROWS_ALIKE.get(alike_key) is False:
+            outputs = [policy.outputs(rows) for policy, rows in zip(policies, obs)]
+        else:
+            outputs = np.split(shared.outputs(np.concatenate(obs)), splits)
+            if alike_key not in _ROWS_ALIKE:
+                outputs = _checked(outputs, [shared.outputs(rows) for rows in obs], alike_key)
+        for policy, recording, rows, out in zip(policies, recordings, obs, outputs):
+            recording.step(t, *policy.act_on(rows, out, explore))
+    return [recording.finish() for recording in recordings]
+
+
+# (network's parameter shapes, rows of each batch) -> whether one forward of all the rows gives
+# each batch's rows the bits its own forward gives: a CPU's matrix kernels may be chosen by the
+# number of rows. Which kernel runs depends on the shapes, not on the values: one check a shape.
+_ROWS_ALIKE: dict[tuple, bool] = {}
+
+
+def _one_network(policies: Sequence[Policy]) -> Any:
+    """The network every policy acts from, if they all act from its outputs."""
+    if len(policies) < 2 or not all(hasattr(p, "act_on") and not hasattr(p, "episodes_ended") for p in policies):
+        return None
+    network = policies[0].network
+    return network if all(policy.network is network for policy in policies) else None
+
+
+def _checked(together: list[np.ndarray], apart: list[np.ndarray], key: tuple) -> list[np.ndarray]:
+    """The outputs computed apart where those computed together differ from them in a bit."""
+    _ROWS_ALIKE[key] = all(a.dtype == b.dtype and a.tobytes() == b.tobytes() for a, b in zip(together, apart))
+    return together if _ROWS_ALIKE[key] else apart
+
+
+class _Recording:
+    """One env batch's rollout as it is collected: observed, acted on, stepped, step by step."""
+
+    def __init__(self, env: VectorEnv, steps: int, learning: np.ndarray | None = None):
+        n = env.num_envs
+        self.env, self.learning, self.n = env, learning, n
+        self.obs = np.empty((steps, n, *env.obs.shape[1:]), dtype=env.obs.dtype)
+        self.actions = np.empty((steps, n, *env.action_space.shape), dtype=_action_dtype(env.action_space))
+        self.log_probs = np.empty((steps, n), dtype=np.float32)
+        self.rewards = np.empty((steps, n), dtype=np.float32)
+        self.terminated = np.empty((steps, n), dtype=bool)
+        self.truncated = np.empty((steps, n), dtype=bool)
+        self.done_index: list[int] = []  # of the steps that ended an env's episode
+        self.done_obs: list[np.ndarray] = []
+        self.returns: list[float] = []
+        self.lengths: list[int] = []
+        self.agents = getattr(env, "agents", None)  # a multi-agent env's rows (envs/agents.py): which were in
+        self.alive = None if self.agents is None else np.empty((steps, n), dtype=bool)  # their game
+        self.low, self.high = _action_bounds(env.action_space)
+        self.memory: np.ndarray | None = None  # a recurrent policy's, as the rollout began
+
+    def observe(self, t: int) -> np.ndarray:
+        """Step t's observations (a view of the rollout's)."""
+        self.obs[t] = self.env.obs
+        if self.alive is not None:
+            self.alive[t] = self.env.alive if self.learning is None else self.env.alive & self.learning
+        return self.obs[t]
+
+    def step(self, t: int, actions: np.ndarray, log_probs: np.ndarray) -> Any:
+        """Step the envs with step t's actions (clipped to a Box's bounds); returns the step."""
+        self.actions[t], self.log_probs[t] = actions, log_probs
+        env_actions = self.actions[t] if self.low is None else np.clip(self.actions[t], self.low, self.high)
+        step = self.env.step(env_actions)
+        self.rewards[t], self.terminated[t], self.truncated[t] = step.rewards, step.terminated, step.truncated
+        self.done_index += [t * self.n + i for i in step.done_envs]
+        self.done_obs += step.done_obs
+        self.returns += step.episode_returns
+        self.lengths += step.episode_lengths
+        return step
+
+    def finish(self) -> tuple[Rollout, Episodes]:
+        env, n = self.env, self.n
+        rollout = Rollout(
+            obs=self.obs, actions=self.actions, rewards=self.rewards, terminated=self.terminated,
+            truncated=self.truncated, done_index=np.asarray(self.done_index, dtype=np.int64),
+            done_obs=np.asarray(self.done_obs, dtype=env.obs.dtype).reshape(-1, *self.obs.shape[2:]),
+            last_obs=env.obs.copy(), log_probs=self.log_probs, memory=self.memory,
+            agents=None if self.agents is None else self.agents.copy(), alive=self.alive,
+        )
+        counted = slice(None) if self.learning is None else self.learning[rollout.done_index % n]  # not an
+        returns = np.asarray(self.returns, np.float64)[counted]  # opponent's episodes
+        return rollout, Episodes(returns, np.asarray(self.lengths, np.int64)[counted])
 
 
 def evaluate(policy: Policy, env: VectorEnv) -> Episodes:

@@ -155,9 +155,9 @@ def test_the_loop_state_round_trips_through_its_checkpoint_blob():
     assert LoopState.from_json(LoopState.start(2, 100).to_json()) == LoopState.start(2, 100)
 
 
-def test_in_process_hosts_run_the_same_jobs_as_the_workers(tiny_budget, tmp_path):
+def test_in_process_hosts_run_a_rounds_rollouts_as_one_job(tiny_budget, tmp_path):
     run = prepared(tmp_path, "cartpole-ppo", tiny_budget)
     hosts = InProcessHosts()
     with improve_loop(run, hosts, Recording(), LOGGER) as loop:
         loop.step(first_state(run, hosts, loop, LOGGER))
-    assert hosts.jobs == [("run_rollout", 0), ("run_rollout", 1)]
+    assert hosts.jobs == [("run_rollouts", 0)]  # one round: its two workers' rollouts, stepped together

@@ -3,12 +3,17 @@ run is the same as a SYNC run, byte for byte."""
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 
+import numpy as np
 import psutil
 import pytest
 
+from gymflow.agents import rollout as rollout_module
+from gymflow.agents.rollout import collect, collect_together
+from gymflow.envs.vector import SeededVectorEnv
 from gymflow.flows.improve import improve
 from gymflow.presets import InvalidPreset
 from gymflow.presets.validate import resolve_experiment
@@ -89,3 +94,55 @@ def test_more_rollout_workers_than_cores_on_a_local_cluster_is_said_in_one_line(
     remote = resolve_experiment("cartpole-ppo", {"distribution.rollout_workers": 3, "storage.shared": True,
                                                  "distribution.scheduler_address": "tcp://10.0.0.5:8786"}).preset
     assert workers_beyond_cores(remote, cores=2) is None  # its cores are elsewhere
+
+
+def _acting_policies(preset: str, jobs: int, exploration: float) -> tuple[list, list]:
+    """Two sets of `jobs` policies of one preset's first version, each set acting from one network
+    (the same weights), each policy with its own seed, as a round's rollouts in one process act."""
+    experiment = resolve_experiment(preset)
+    algorithm, agent = experiment.algorithm, experiment.preset.agent
+    network = algorithm.network(agent, experiment.observation_space, experiment.action_space)
+    return tuple([algorithm.policy(net, agent, exploration, seed) for seed in range(jobs)]
+                 for net in (network, copy.deepcopy(network)))
+
+
+def _envs(jobs: int, each: int) -> list[SeededVectorEnv]:
+    envs = [SeededVectorEnv("CartPole-v1", {}, each, seed=job) for job in range(jobs)]
+    for env in envs:
+        env.reset()
+    return envs
+
+
+def _same(a, b) -> bool:
+    return all(x is None and y is None or np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("preset, exploration", [("cartpole-ppo", 0.0), ("cartpole-dqn", 0.3)])
+def test_rollouts_stepped_together_run_the_network_once_a_step_and_collect_what_each_alone_does(
+        preset, exploration, monkeypatch):
+    rows_seen = []
+    policies, alone = _acting_policies(preset, 3, exploration)
+    monkeypatch.setattr(rollout_module, "_ROWS_ALIKE", {})  # this machine's kernels are checked again
+    forward = type(policies[0]).outputs
+    monkeypatch.setattr(type(policies[0]), "outputs", lambda policy, obs: rows_seen.append(len(obs)) or
+                        forward(policy, obs))
+    together = collect_together(policies, _envs(3, 4), 40)
+    apart = [collect(policy, env, 40) for policy, env in zip(alone, _envs(3, 4))]
+    for (rollout, episodes), (rollout_alone, episodes_alone) in zip(together, apart, strict=True):
+        assert _same(rollout, rollout_alone) and _same(episodes, episodes_alone)
+        assert len(episodes_alone.returns) > 0  # episodes ended, and their ends were recorded alike
+    assert rows_seen[:43] == [12, 4, 4, 4] + [12] * 39  # checked once against each batch alone, then one forward
+
+
+def test_rollouts_whose_batched_rows_come_out_other_than_alone_are_acted_on_apart(monkeypatch):
+    """A machine whose kernels give a row other bits in a bigger batch (not this one: faked by an
+    actor whose logits are scaled by the batch's size) gets each batch's own forward."""
+    policies, alone = _acting_policies("cartpole-ppo", 2, 0.0)
+    network = type(policies[0].network)
+    honest = network.action_output
+    monkeypatch.setattr(network, "action_output", lambda self, obs: honest(self, obs) * (1 + 0.01 * len(obs)))
+    monkeypatch.setattr(rollout_module, "_ROWS_ALIKE", {})
+    together = collect_together(policies, _envs(2, 8), 30)
+    apart = [collect(policy, env, 30) for policy, env in zip(alone, _envs(2, 8))]
+    assert all(_same(a[0], b[0]) for a, b in zip(together, apart, strict=True))
+    assert list(rollout_module._ROWS_ALIKE.values()) == [False]

@@ -58,6 +58,7 @@ class HelperProcess:
 
     timeout_s = 600.0  # never reached: a job is done when the helper answers, or fails when it exits
     closed = False
+    one_process = False  # the helper's, beside the flow's (which runs the jobs while the helper starts)
 
     def __init__(self, instead: Hosts) -> None:
         """`instead`: where jobs run while the helper starts, or once it has died."""

@@ -96,6 +96,7 @@ class Hosts(Protocol):
 
     timeout_s: float
     closed: bool  # released: the run is ending, and jobs still out may fail for it
+    one_process: bool  # every job runs in the flow's process, one after another
 
     def call(self, function: Callable[[Any], Any], spec: Any, slot: int, attempt: int = 1) -> Call:
         """Start `function(spec)` for `slot`; returns at once."""
@@ -126,6 +127,7 @@ class InProcessHosts:
 
     timeout_s = 600.0  # never reached: a job is done when its call returns
     closed = False
+    one_process = True
 
     def __init__(self, evaluations: Hosts | None = None) -> None:
         self.jobs: list[tuple[str, int]] = []  # (function name, slot) of every job run, in order
@@ -174,6 +176,7 @@ class HostPool:
         self._listed: tuple[float, list[str]] = (-math.inf, [])  # (when, able workers): a scheduler RPC saved per call
         self._lock = threading.Lock()  # calls come from the flow's thread and from Prefect task threads
         self.closed = False
+        self.one_process = False
 
     def call(self, function: Callable[[Any], Any], spec: Any, slot: int, attempt: int = 1) -> Call:
         """Start `function(spec)` on the host of the worker for `slot`; returns at once."""

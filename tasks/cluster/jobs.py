@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,7 +22,7 @@ import numpy as np
 from gymflow.agents.algorithms import ALGORITHMS, algorithm_of
 from gymflow.agents.core import Policy
 from gymflow.agents.match import Sides, first_rows, game_scores, play_games
-from gymflow.agents.rollout import RandomPolicy, collect, evaluate
+from gymflow.agents.rollout import RandomPolicy, collect, collect_together, evaluate
 from gymflow.envs.make import EnvSpecError, check_env, is_multi_agent
 from gymflow.envs.seeding import derive_seed
 from gymflow.envs.vector import AnyVectorEnv, make_vector_env
@@ -39,7 +40,7 @@ from gymflow.tasks.storage.blob_cache import BlobCache
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, CheckpointError, latest_policy_version, read_policy
 from gymflow.tasks.storage.codec import decode_tensors
 from gymflow.tasks.storage.layout import RunLayout
-from gymflow.tasks.storage.objects import check_shared_root, open_storage
+from gymflow.tasks.storage.objects import Storage, check_shared_root, open_storage
 from gymflow.tasks.storage.shards import Collected, ShardRef, read_cursor, write_shard
 
 if TYPE_CHECKING:
@@ -92,14 +93,42 @@ def check_worker(spec: WorkerCheckSpec) -> WorkerCheck:
 def run_rollout(spec: RolloutSpec) -> ShardRef:
     """Collect one worker's share of a round and write its shard. Runs on a Dask worker."""
     _one_thread()
+    storage, env, version, policy, learning = _ready_to_collect(spec)
+    started = time.perf_counter()
+    rollout, episodes = collect(policy, env, spec.steps_per_env, learning=learning)
+    seconds = time.perf_counter() - started
+    return _land(spec, storage, version, env, Collected(rollout, episodes, env.cursor(), seconds))
+
+
+def run_rollouts(specs: Sequence[RolloutSpec]) -> list[ShardRef]:
+    """Every worker's share of a round, collected in this process (single mode) with every
+    worker's envs stepped together (`collect_together`: the policy's network run once a step for
+    all of them); the shards are those `run_rollout` of each would write."""
+    _one_thread()
+    ready = [_ready_to_collect(spec) for spec in specs]
+    if any(learning is not None for *_, learning in ready):  # self-play: each its own opponent
+        return [run_rollout(spec) for spec in specs]
+    started = time.perf_counter()
+    collected = collect_together([policy for _, _, _, policy, _ in ready], [env for _, env, *_ in ready],
+                                 specs[0].steps_per_env)
+    seconds = (time.perf_counter() - started) / len(specs)  # each worker's share of the stepping
+    return [_land(spec, storage, version, env, Collected(rollout, episodes, env.cursor(), seconds))
+            for spec, (storage, env, version, _, _), (rollout, episodes) in zip(specs, ready, collected, strict=True)]
+
+
+def _ready_to_collect(spec: RolloutSpec) -> tuple[Storage, AnyVectorEnv, int | None, Policy, np.ndarray | None]:
+    """A rollout's storage, its live envs, the version it acts with, its policy (facing its
+    opponent, in self-play), and the rows that learn (None: all)."""
     storage = open_storage(spec.storage)
     env = _take_live_envs(spec)
     version, policy = _acting_policy(spec, env)
     policy, learning = _facing_opponent(spec, env, policy)
-    started = time.perf_counter()
-    rollout, episodes = collect(policy, env, spec.steps_per_env, learning=learning)
-    seconds = time.perf_counter() - started
-    collected = Collected(rollout, episodes, env.cursor(), seconds)
+    return storage, env, version, policy, learning
+
+
+def _land(spec: RolloutSpec, storage: Storage, version: int | None, env: AnyVectorEnv, collected: Collected
+          ) -> ShardRef:
+    """Write a rollout's shard, and keep its envs live for the worker's next round."""
     ref = write_shard(storage, spec.shard_key, version, spec.worker, collected, spec.chunk)
     _keep(_LIVE_ENVS, (spec.storage.root, spec.run_id, spec.worker), (spec.shard_key, env))
     return ref

@@ -22,7 +22,7 @@ from gymflow.errors import ClusterUnavailable
 from gymflow.presets.model import Preset
 from gymflow.presets.validate import Experiment
 from gymflow.tasks.cluster.hosts import Hosts, wait_first
-from gymflow.tasks.cluster.jobs import check_worker, run_evaluation, run_rollout
+from gymflow.tasks.cluster.jobs import check_worker, run_evaluation, run_rollout, run_rollouts
 from gymflow.tasks.cluster.messages import EvaluationResult, EvaluationSpec, RolloutSpec, WorkerCheckSpec
 from gymflow.tasks.storage.objects import storage_location
 from gymflow.tasks.storage.shards import ShardRef
@@ -125,7 +125,11 @@ def check_workers(hosts: Hosts, experiment: Experiment, logger: AnyLogger) -> No
 
 
 def collect_round(hosts: Hosts, specs: Sequence[RolloutSpec], logger: AnyLogger) -> list[ShardRef]:
-    """One round of collection: every worker's rollout, each writing one shard."""
+    """One round of collection: every worker's rollout, each writing one shard; in one process
+    (single mode), one job that steps every worker's envs together."""
+    if hosts.one_process:
+        [shards] = run_round(hosts, run_rollouts, [specs], logger)
+        return shards
     return run_round(hosts, run_rollout, specs, logger)
 
 
