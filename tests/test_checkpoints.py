@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -121,3 +123,57 @@ def test_policies_published_in_a_single_mode_process_are_read_there_from_memory_
     with pytest.raises(CheckpointError, match="no manifest"):  # outside, what storage holds
         read_policy(storage, layout, 2)
     assert read_policy(storage, layout, 1) == {"policy.safetensors": b"\1" * 8}
+
+
+def _slowly(make, writers: list[str]):
+    """`_appear_at_once`, noting each writer thread's name, 5 ms late off the test's thread: what
+    is read without waiting for it is not there yet."""
+    def appear(path, fill):
+        writers.append(threading.current_thread().name)
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.005)
+        make(path, fill)
+
+    return appear
+
+
+def test_writes_made_behind_are_made_in_order_off_the_callers_thread_and_seen_by_every_other_operation(
+        storage, monkeypatch):
+    from gymflow.tasks.storage import objects
+
+    writers = []
+    monkeypatch.setattr(objects, "_appear_at_once", _slowly(objects._appear_at_once, writers))
+    with storage.writing_behind():
+        for version in range(20):  # a checkpoint's blobs, manifest, pointer: the pointer last of all
+            commit_checkpoint(storage, LAYOUT, version, {"state.json": b"{}", "blob": bytes([version]) * 1000})
+        assert latest_version(storage, LAYOUT) == 19  # read after the writes before it
+        storage.write("a/b", b"1")
+        storage.delete(["a/b"])  # after the write
+        storage.write("a/c", b"2")
+        assert storage.list("a") == ["a/c"]
+        storage.write("a/d", b"3")
+    assert storage.read("a/d") == b"3"  # leaving waited for it
+    assert set(writers) == {"storage-writes_0"}
+    storage.write("a/e", b"4")
+    assert writers[-1] == threading.current_thread().name  # outside, written by the caller
+
+
+def test_a_write_made_behind_that_failed_is_raised_by_the_next_operation(storage):
+    storage.write("a/file", b"x")
+    with storage.writing_behind():
+        storage.write("a/file/below-a-file", b"y")  # a folder where a file is
+        with pytest.raises(OSError):
+            storage.exists("a/file")
+        assert storage.read("a/file") == b"x"
+
+
+def test_another_process_reads_what_was_written_behind_once_writes_are_settled(storage, monkeypatch):
+    from gymflow.tasks.storage import objects
+    from gymflow.tasks.storage.objects import settle_writes
+
+    monkeypatch.setattr(objects, "_appear_at_once", _slowly(objects._appear_at_once, []))
+    with storage.writing_behind():
+        storage.write("policies/v000001/policy", b"p" * 100_000)
+        settle_writes()  # what single mode's helper process is sent jobs after
+        with open(storage.path("policies/v000001/policy"), "rb") as written:  # not through the storage
+            assert written.read() == b"p" * 100_000

@@ -35,6 +35,7 @@ import cloudpickle
 
 from gymflow.tasks.cluster.hosts import Call, HostLost, Hosts
 from gymflow.tasks.cluster.wire import describe_job, read_frame, settle_reply, write_frame
+from gymflow.tasks.storage.objects import settle_writes
 
 STOP_WAIT_S = 5.0  # a job still running when the flow closes the helper is given this long, then killed
 START_TIMEOUT_S = 60.0  # a helper not ready by then is ended; its jobs run in the flow's process
@@ -84,6 +85,7 @@ class HelperProcess:
         return self._ready.is_set() and not self._gone
 
     def call(self, function: Callable[[Any], Any], spec: Any, slot: int, attempt: int = 1) -> Call:
+        settle_writes()  # the job reads what this process wrote (a policy version)
         future: concurrent.futures.Future = concurrent.futures.Future()
         where = f"{describe_job(function, spec, slot)} in the helper process (pid {self.process.pid})"
         job = cloudpickle.dumps((function, spec))

@@ -15,6 +15,7 @@ from gymflow.tasks.cluster.helper import HelperProcess
 from gymflow.tasks.cluster.hosts import Hosts, InProcessHosts
 from gymflow.tasks.cluster.rounds import AnyLogger
 from gymflow.tasks.storage.checkpoints import policies_kept_in_process
+from gymflow.tasks.storage.objects import open_storage, storage_location
 
 
 @contextmanager
@@ -25,7 +26,10 @@ def rollout_hosts(experiment: Experiment, logger: AnyLogger) -> Iterator[tuple[H
     if config.mode == "single":
         helper = HelperProcess(instead=InProcessHosts())
         try:
-            with policies_kept_in_process():  # the rollouts here act with what the learner here publishes
+            with (
+                policies_kept_in_process(),  # the rollouts here act with what the learner here publishes
+                open_storage(storage_location(experiment.preset.storage)).writing_behind(),  # shards and
+            ):  # policies written off the loop's thread
                 yield InProcessHosts(evaluations=helper), "single mode: rollouts in this process, evaluations beside it"
         finally:
             helper.close()
