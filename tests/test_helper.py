@@ -49,6 +49,13 @@ def test_jobs_sent_while_the_helper_starts_wait_for_it_unless_a_waiting_caller_r
     assert helper.instead.jobs == [("_pid", 0)]
 
 
+def test_the_helper_yields_a_core_to_the_learner(helper):
+    from gymflow.tasks.cluster.wire import HELPER_NICENESS
+
+    _ready(helper)
+    assert run_round(helper, _niceness, [None], LOGGER) == [min(os.nice(0) + HELPER_NICENESS, 19)]
+
+
 def test_a_helper_that_does_not_start_in_time_is_ended_and_its_queued_jobs_run_in_this_process(monkeypatch):
     from gymflow.tasks.cluster import helper as helper_module
 
@@ -113,6 +120,10 @@ def test_close_ends_the_helper_at_once_while_a_job_still_runs(helper):
     helper.close()
     assert time.monotonic() - started < 5
     assert helper.process.poll() is not None
+
+
+def _niceness(_) -> int:
+    return os.nice(0)
 
 
 def _pid(_) -> int:
