@@ -100,14 +100,14 @@ class Storage:
 
     def settled(self) -> None:
         """Wait for the writes made behind (`writing_behind`) so far; raise one that failed."""
-        if self._behind is not None:
-            self._behind.settle()
+        if (behind := self._behind) is not None:
+            behind.settle()
 
     def write(self, key: str, data: bytes) -> None:
         """Write a whole object. On a local folder it appears at once (temp file, then rename),
         as an S3 PUT does."""
-        if self._behind is not None:
-            self._behind.put(partial(self._write_now, key, data))
+        if (behind := self._behind) is not None:
+            behind.put(partial(self._write_now, key, data))
             return
         self._write_now(key, data)
 
