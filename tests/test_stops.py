@@ -197,3 +197,20 @@ def test_a_run_that_sees_its_cancellation_before_its_worker_does_ends_cancelled_
     flow_run_id = done.stdout.split()[0]
     assert "gymflow: cancelled" in done.stderr, done.stderr[-2000:]
     assert _flow_run_state(flow_run_id) == "CANCELLED", done.stderr[-3000:]
+
+
+def test_a_progress_update_still_out_does_not_hold_the_process_at_its_end():
+    """An update of the progress artifact whose API is gone (Ctrl-C stops the temporary one) can
+    take its client's retries, many seconds: the process ends without waiting for it."""
+    script = (
+        "import time\n"
+        "from gymflow.tasks.tracking import artifacts\n"
+        "artifacts.create_progress_artifact = lambda *args, **kwargs: 'artifact-id'\n"
+        "artifacts.update_progress_artifact = lambda *args, **kwargs: time.sleep(60)\n"
+        "progress = artifacts.ProgressArtifact('run')\n"
+        "progress.update(10, 100, 'env steps', 'training')\n"
+        "time.sleep(0.2)\n"  # the update is out, and stays out
+    )
+    began = time.monotonic()
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=30)
+    assert time.monotonic() - began < 20

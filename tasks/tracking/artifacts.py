@@ -4,9 +4,10 @@ advances, the table of its evaluations, and the summary (written by tasks/traini
 from __future__ import annotations
 
 import contextvars
+import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 
@@ -18,27 +19,31 @@ class ProgressArtifact:
     and the status line as its description; sent to the API at most every `every_s` seconds (each
     update is a request: ~15 ms of the API's on these machines, which the loop does not wait for;
     one still out when the next is due is passed over). The last update, at the budget's end, is
-    sent once those before it are, and waited for."""
+    sent once the one before it is, and waited for. An update still out when the process ends is
+    dropped, not waited for (its API may be gone: a Ctrl-C stops the temporary one)."""
 
     def __init__(self, run_id: str, every_s: float = 2.0):
         self.run_id, self.every_s = run_id, every_s
         self.artifact_id = create_progress_artifact(0.0, key=PROGRESS_KEY, description=f"gymflow run {run_id}")
         self._sent = 0.0
-        self._sender = ThreadPoolExecutor(1, thread_name_prefix="progress-artifact")
-        self._out: Future[object] | None = None
+        self._out: threading.Thread | None = None
 
     def update(self, done: int, total: int, unit: str, status: str) -> None:
         now = time.monotonic()
         final = done >= total
-        if not final and (now - self._sent < self.every_s or (self._out is not None and not self._out.done())):
+        if not final and (now - self._sent < self.every_s or (self._out is not None and self._out.is_alive())):
             return
         self._sent = now
         description = f"gymflow run {self.run_id}: {done:,}/{total:,} {unit}, {status}"
-        in_flow_run = contextvars.copy_context()  # the API the flow run talks to
-        self._out = self._sender.submit(in_flow_run.run, update_progress_artifact, self.artifact_id,
-                                        100.0 * min(done / total, 1.0), description=description)
+        send = partial(contextvars.copy_context().run, update_progress_artifact, self.artifact_id,  # the API the
+                       100.0 * min(done / total, 1.0), description=description)  # flow run talks to
         if final:
-            self._out.result()
+            if self._out is not None:
+                self._out.join()
+            send()
+            return
+        self._out = threading.Thread(target=send, name="progress-artifact", daemon=True)
+        self._out.start()
 
 
 def publish_evaluations(run_id: str, rows: Sequence[tuple[int, float, float, float, int | None]],
