@@ -14,7 +14,17 @@ from typing import TYPE_CHECKING, Any
 
 from gymnasium import spaces
 
-from gymflow.agents.configs import BCConfig, DQNConfig, IQLConfig, PPOConfig, SACConfig, TD3Config, epsilon_at
+from gymflow.agents.configs import (
+    APPOConfig,
+    BCConfig,
+    DQNConfig,
+    IMPALAConfig,
+    IQLConfig,
+    PPOConfig,
+    SACConfig,
+    TD3Config,
+    epsilon_at,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -37,6 +47,7 @@ class Algorithm:
     module: str  # defines PARTS, an AlgorithmParts (imports torch)
     exploration: Callable[[Any, int], float] = no_exploration  # (config, env_steps) -> exploration parameter
     offline_only: bool = False  # learns from a dataset alone (presets' `dataset`), never collecting
+    modes: tuple[str, ...] = ("single", "sync", "async")  # the distribution.mode values it learns in
 
     def parts(self) -> AlgorithmParts:
         return importlib.import_module(self.module).PARTS
@@ -55,7 +66,11 @@ class Algorithm:
 
 ALGORITHMS: dict[str, Algorithm] = {
     "ppo": Algorithm("ppo", PPOConfig, on_policy=True, action_spaces=(spaces.Discrete, spaces.Box),
-                     reads_images=True, module="gymflow.agents.ppo"),
+                     reads_images=True, module="gymflow.agents.ppo", modes=("single", "sync")),
+    "appo": Algorithm("appo", APPOConfig, on_policy=True, action_spaces=(spaces.Discrete, spaces.Box),
+                      reads_images=True, module="gymflow.agents.appo", modes=("async",)),
+    "impala": Algorithm("impala", IMPALAConfig, on_policy=True, action_spaces=(spaces.Discrete, spaces.Box),
+                        reads_images=True, module="gymflow.agents.impala", modes=("async",)),
     "dqn": Algorithm("dqn", DQNConfig, on_policy=False, action_spaces=(spaces.Discrete,), reads_images=True,
                      module="gymflow.agents.dqn", exploration=epsilon_at),
     "sac": Algorithm("sac", SACConfig, on_policy=False, action_spaces=(spaces.Box,), reads_images=True,

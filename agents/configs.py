@@ -1,7 +1,8 @@
 """What each algorithm's settings are: pydantic models and nothing heavier, so that presets,
 the command line and the flows can read and check them without importing torch.
 
-The networks, losses and learners that use them live in agents/ppo.py, dqn.py, sac.py, td3.py, bc.py and iql.py.
+The networks, losses and learners that use them live in agents/ppo.py, appo.py, impala.py, dqn.py, sac.py,
+td3.py, bc.py and iql.py.
 """
 
 from __future__ import annotations
@@ -86,6 +87,66 @@ class PPOConfig(ObservationNormalization):
     def policy_of_each(self, groups: Sequence[str]) -> tuple[str, ...]:
         """The policy each agent acts with, from its group (`policies`; 'shared' where not named)."""
         return tuple(self.policies.get(group, SHARED_POLICY) for group in groups)
+
+
+class VTraceOptions(ObservationNormalization):
+    """What APPO and IMPALA share: an actor-critic learning while its workers act with older
+    versions, its targets corrected for that lag by V-trace (Espeholt et al. 2018)."""
+
+    lr: float = Field(default=3e-4, gt=0, le=1, description="Adam learning rate.")
+    anneal_lr: bool = Field(default=False, description="Decay the learning rate linearly to 0.")
+    gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
+    vtrace_rho_bar: float = Field(
+        default=1.0, gt=0, le=1000, description="V-trace: importance weights of the value targets and the policy "
+        "gradient are truncated at this (rho-bar; 1 in the paper). Larger: less bias, more variance."
+    )
+    vtrace_c_bar: float = Field(
+        default=1.0, gt=0, le=1000, description="V-trace: the trace-cutting weights are truncated at this (c-bar; "
+        "1 in the paper, <= vtrace_rho_bar): how far back a step's error reaches."
+    )
+    vtrace_lambda: float = Field(
+        default=1.0, ge=0, le=1, description="V-trace: lambda, mixing the traces as GAE's does (1 in the paper)."
+    )
+    epochs: int = Field(default=1, ge=1, le=1000, description="Passes over each batch as it lands.")
+    minibatch_size: int | None = Field(
+        default=None, ge=1, description="Samples per gradient step; None: the whole batch in one step."
+    )
+    value_coef: float = Field(default=0.5, ge=0, description="Weight of the value loss.")
+    entropy_coef: float = Field(default=0.01, ge=0, description="Weight of the entropy bonus.")
+    max_grad_norm: float = Field(default=0.5, gt=0, description="Gradient clipping norm.")
+    hidden_sizes: LayerWidths = Field(default=[64, 64], min_length=1, description="MLP widths.")
+    activation: Literal["tanh", "relu"] = Field(default="tanh", description="Hidden-layer activation.")
+    log_std_init: float = Field(
+        default=0.0, ge=-20, le=2, description="Box actions: the initial log standard deviation (state-independent)."
+    )
+    normalize_rewards: bool = Field(
+        default=False, description="Divide rewards by the running std of the discounted return (learner only), "
+        "per worker's envs."
+    )
+    reward_clip: float = Field(
+        default=10.0, gt=0, description="Clip normalised rewards to +-this (with normalize_rewards)."
+    )
+
+
+class APPOConfig(VTraceOptions):
+    """Asynchronous PPO (Sample Factory, RLlib): PPO's clipped surrogate on V-trace targets,
+    learned from batches as the workers' chunks land (distribution.mode async)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    algo: Literal["appo"] = "appo"
+    clip_range: float = Field(default=0.2, gt=0, le=1, description="Surrogate clipping epsilon, on the ratio of "
+                              "the learning policy to the acting one.")
+    normalize_advantages: bool = Field(default=True, description="Normalise per minibatch.")
+
+
+class IMPALAConfig(VTraceOptions):
+    """IMPALA's V-trace actor-critic (Espeholt et al. 2018): the policy gradient weighted by the
+    truncated importance weights, the critic regressed on the V-trace targets."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    algo: Literal["impala"] = "impala"
 
 
 class DQNConfig(ReplayOptions, ObservationNormalization):

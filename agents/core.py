@@ -43,8 +43,10 @@ class Learner(ABC):
     """The learning side of an agent: it owns networks, optimizers, counters and RNGs."""
 
     @abstractmethod
-    def learn(self, rollouts: Sequence[Rollout], progress: float) -> dict[str, float]:
-        """Learn from one iteration's rollouts; `progress` in [0, 1] drives schedules."""
+    def learn(self, rollouts: Sequence[Rollout], progress: float, streams: Sequence[int] | None = None
+              ) -> dict[str, float]:
+        """Learn from one iteration's rollouts; `progress` in [0, 1] drives schedules; `streams`:
+        the rollout worker whose envs each rollout continues (None: the i-th rollout, worker i)."""
 
     @abstractmethod
     def policy_weights(self) -> dict[str, Any]:
@@ -119,7 +121,8 @@ class ReplayLearner(Learner):
         for rollout in rollouts:
             self.replay.add(rollout)
 
-    def learn(self, rollouts: Sequence[Rollout], progress: float) -> dict[str, float]:
+    def learn(self, rollouts: Sequence[Rollout], progress: float, streams: Sequence[int] | None = None
+              ) -> dict[str, float]:
         self.insert(rollouts)
         return self.train(self.config.train_steps_per_iteration, progress)
 

@@ -14,7 +14,7 @@ return, which it accumulates per env stream across iterations, and clips them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -108,11 +108,19 @@ class RewardScaler:
         self.returns = RunningMeanVar(())
         self.discounted = np.zeros((0, 0))  # [streams, envs], sized by the first update
 
-    def update(self, rewards: list[np.ndarray], ended: list[np.ndarray]) -> None:
-        """Accumulate each stream's [T, N] rewards (episode ends in `ended`), merge the returns."""
-        if self.discounted.shape != (len(rewards), rewards[0].shape[1]):
-            self.discounted = np.zeros((len(rewards), rewards[0].shape[1]))
-        for stream, (stream_rewards, stream_ended) in enumerate(zip(rewards, ended, strict=True)):
+    def update(self, rewards: list[np.ndarray], ended: list[np.ndarray], streams: Sequence[int] | None = None
+               ) -> None:
+        """Accumulate each stream's [T, N] rewards (episode ends in `ended`), merge the returns.
+        `streams`: which stream each continues (an ASYNC worker's chunks land in any order and
+        number); None: the i-th continues stream i (a SYNC round's rollout slots)."""
+        streams = list(range(len(rewards))) if streams is None else list(streams)
+        rows = max(max(streams) + 1, len(self.discounted))
+        if self.discounted.shape[1:] != (rewards[0].shape[1],) or len(self.discounted) < rows:
+            grown = np.zeros((rows, rewards[0].shape[1]))
+            if self.discounted.shape[1:] == grown.shape[1:]:
+                grown[: len(self.discounted)] = self.discounted
+            self.discounted = grown
+        for stream, stream_rewards, stream_ended in zip(streams, rewards, ended, strict=True):
             running = self.discounted[stream]
             seen = np.empty(stream_rewards.shape, dtype=np.float64)
             for t in range(len(stream_rewards)):

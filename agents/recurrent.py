@@ -21,14 +21,8 @@ from gymflow.agents.batches import Rollout
 from gymflow.agents.configs import PPOConfig
 from gymflow.agents.networks import hidden_layers, on_device, orthogonal_init
 from gymflow.agents.normalization import observation_normalizer
-from gymflow.agents.ppo import (
-    ACTIVATIONS,
-    PPOLearner,
-    PPOLossTerms,
-    clipped_objective,
-    generalized_advantages,
-    sample_actions,
-)
+from gymflow.agents.actor_critic import ACTIVATIONS, sample_actions
+from gymflow.agents.ppo import PPOLearner, PPOLossTerms, clipped_objective, generalized_advantages
 
 Batch = dict[str, torch.Tensor]
 

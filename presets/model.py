@@ -11,7 +11,16 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gymflow.agents.configs import BCConfig, DQNConfig, IQLConfig, PPOConfig, SACConfig, TD3Config
+from gymflow.agents.configs import (
+    APPOConfig,
+    BCConfig,
+    DQNConfig,
+    IMPALAConfig,
+    IQLConfig,
+    PPOConfig,
+    SACConfig,
+    TD3Config,
+)
 from gymflow.envs.make import Preprocessing
 
 STORAGE_SCHEMES = ("file", "s3", "s3a")
@@ -23,7 +32,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-AgentConfig = Annotated[PPOConfig | DQNConfig | SACConfig | TD3Config | BCConfig | IQLConfig,
+AgentConfig = Annotated[PPOConfig | APPOConfig | IMPALAConfig | DQNConfig | SACConfig | TD3Config | BCConfig | IQLConfig,
                         Field(discriminator="algo")]
 
 

@@ -81,12 +81,9 @@ def experiment_from(config: Preset) -> Experiment:
     if config.distribution.mode == "single" and config.remote_cluster:
         raise InvalidPreset("distribution.mode", "single runs the jobs in the flow's process; a scheduler_address "
                                                  "or cluster_class asks for a cluster: use sync or async")
-    if algorithm.on_policy and config.distribution.mode == "async":
-        raise InvalidPreset(
-            "distribution.mode",
-            f"async needs an off-policy agent ({_off_policy()}); {algorithm.name} learns only from its current "
-            "policy's rollouts: use sync",
-        )
+    if config.distribution.mode not in algorithm.modes:
+        raise InvalidPreset("distribution.mode", _mode_refused(algorithm, config.distribution.mode))
+    _check_vtrace(config)
     tls, address = config.distribution.tls, config.distribution.scheduler_address
     if tls is not None and not (address or "").startswith("tls://"):
         raise InvalidPreset("distribution.tls", f"needs a tls:// distribution.scheduler_address, not {address!r}")
@@ -96,6 +93,24 @@ def experiment_from(config: Preset) -> Experiment:
         raise InvalidPreset("schedule.heatup_env_steps", f"must be 0 for the on-policy {algorithm.name}")
     _check_dataset(config, algorithm)
     return Experiment(config, algorithm, observation_space, action_space)
+
+
+def _mode_refused(algorithm: Algorithm, mode: str) -> str:
+    """Why `algorithm` cannot learn in distribution.mode `mode`, and what it can."""
+    allowed = " or ".join(algorithm.modes)
+    if mode == "async":
+        return (f"async needs an agent that learns from its workers' lagging experience ({_asynchronous()}); "
+                f"{algorithm.name} learns only from its current policy's rollouts: allowed: {allowed} (appo is "
+                "PPO's asynchronous form)")
+    return (f"{algorithm.name} learns from batches as the rollout workers' chunks land, under the lag bound "
+            f"distribution.max_policy_lag: allowed: {allowed} (ppo is its synchronous form)")
+
+
+def _check_vtrace(config: Preset) -> None:
+    agent = config.agent
+    if hasattr(agent, "vtrace_c_bar") and agent.vtrace_c_bar > agent.vtrace_rho_bar:
+        raise InvalidPreset("agent.vtrace_c_bar", f"{agent.vtrace_c_bar} exceeds agent.vtrace_rho_bar "
+                                                  f"{agent.vtrace_rho_bar}: allowed: <= vtrace_rho_bar")
 
 
 def _check_opponent_pool(config: Preset, observation_space: spaces.Box) -> None:
@@ -217,3 +232,8 @@ def learner_device(config: Preset, observation_space: spaces.Space) -> str:
 
 def _off_policy() -> str:
     return ", ".join(name for name, algorithm in ALGORITHMS.items() if not algorithm.on_policy)
+
+
+def _asynchronous() -> str:
+    return ", ".join(name for name, algorithm in ALGORITHMS.items()
+                     if "async" in algorithm.modes and not algorithm.offline_only)

@@ -84,8 +84,10 @@ def learn(learner: Learner, storage: Storage, experience: Experience, progress: 
         return Learned({}, 0.0)
     rollouts = [read_shard(storage, shard) for shard in experience.shards]
     started = time.perf_counter()
+    if experience.train_steps is None and not rollouts:  # ASYNC on-policy: every landed shard was too old
+        return Learned({}, 0.0)
     if experience.train_steps is None:
-        metrics = learner.learn(rollouts, progress)
+        metrics = learner.learn(rollouts, progress, [shard.worker for shard in experience.shards])
     elif isinstance(learner, ReplayLearner):  # ASYNC: the ratio of samples to inserts chose the steps; offline
         learner.insert(rollouts)
         metrics = learner.train(experience.train_steps, progress) if experience.train_steps else {}

@@ -36,6 +36,7 @@ from gymflow.tasks.storage.records import (
 from gymflow.tasks.tracking.artifacts import ProgressArtifact
 from gymflow.tasks.tracking.progress import ProgressLog
 from gymflow.tasks.tracking.tracker import Tracker, s3_artifact_environment, source_tags
+from gymflow.tasks.training.batch_stream import Batches, BatchStream
 from gymflow.tasks.training.collection import Collection, OfflineSteps, SyncRounds
 from gymflow.tasks.training.commits import Commits
 from gymflow.tasks.training.evaluation import EvaluationSchedule
@@ -245,7 +246,9 @@ def _collection(run: PreparedRun, hosts: Hosts, plan: RoundPlan, logger: AnyLogg
         return OfflineSteps(plan.workers, preset.agent.train_steps_per_iteration)
     if preset.distribution.mode != "async":  # single runs sync's rounds in this process
         return SyncRounds(hosts, plan, exploration, logger, replay_window)
-    assert isinstance(learner, ReplayLearner)  # presets/validate.py refuses async for on-policy agents
+    if not isinstance(learner, ReplayLearner):  # APPO, IMPALA: a batch as it lands, a chunk from each worker
+        return BatchStream(hosts, plan, Batches(preset.env_steps_per_iteration, preset.distribution.max_policy_lag),
+                           exploration, logger)
     ratio = Ratio(preset.samples_per_insert, learner.samples_per_train_step,
                   preset.distribution.commit_every_train_steps, preset.distribution.max_policy_lag)
     return AsyncStream(hosts, plan, ratio, exploration, logger, replay_window)

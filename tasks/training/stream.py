@@ -115,7 +115,7 @@ class AsyncStream:
         never inserted. Afterwards no chunk of this run is queued or running anywhere, and the
         run's ledger is written."""
         self._start_from(state)
-        late: list[ShardRef] = []
+        late = self._stop_collecting()
         deadline = time.monotonic() + self.hosts.timeout_s * ATTEMPTS
         while self.in_flight:
             if time.monotonic() > deadline:
@@ -125,6 +125,11 @@ class AsyncStream:
         self.book.write_segment(self.storage, self.layout, state.version)  # what landed since the last checkpoint
         write_final_ledger(self.storage, self.plan.run_id, self.book.counts, late)
         return self._state_after(state, late)
+
+    def _stop_collecting(self) -> list[ShardRef]:
+        """Training is over: what landed and was never handed to the learner (none here: every
+        `collect` takes all that landed)."""
+        return []
 
     def cancel(self) -> None:
         """Give up on the chunks in flight; a chunk already running finishes on its worker, and

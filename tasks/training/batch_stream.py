@@ -1,0 +1,163 @@
+"""ASYNC collection for on-policy learners (APPO, IMPALA): the learner takes batches as they land,
+and no rollout worker waits for it.
+
+The stream keeps one chunk in flight per rollout worker, as the off-policy stream does
+(tasks/training/stream.py: the same chunks, shards, ledger, retries and resume), but a thread of
+its own tends the workers while the learner learns: a chunk that lands is put aside for the
+learner and its worker gets its next chunk at once, acting with the newest committed version.
+`collect` hands the learner what has landed once it makes a batch (`Batches.batch_steps` env
+steps: by default a chunk from each worker), so the learner never waits for a round and the
+workers never wait for the learner. Workers pause only while a whole batch is already waiting,
+which bounds how far behind the learner their versions can fall; a shard collected by a version
+more than `max_policy_lag` behind is dropped and counted. V-trace (agents/vtrace.py) corrects for
+the lag of what is admitted.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from gymflow.tasks.cluster.hosts import Hosts, wait_first
+from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan
+from gymflow.tasks.storage.shards import ShardRef
+from gymflow.tasks.training.collection import Experience, Exploration
+from gymflow.tasks.training.state import LoopState, StreamPosition
+from gymflow.tasks.training.stream import AsyncStream
+
+TEND_POLL_S = 0.05  # how often the tending thread looks at the workers when nothing lands
+
+
+@dataclass(frozen=True)
+class Batches:
+    """How the on-policy learner is fed: a batch of at least `batch_steps` landed env steps."""
+
+    batch_steps: int
+    max_policy_lag: int
+
+    def admits(self, shard_version: int, learner_version: int) -> bool:
+        """The lag bound: a shard is learned from only if its policy is at most `max_policy_lag`
+        versions behind the learner's newest committed one."""
+        return learner_version - shard_version <= self.max_policy_lag
+
+
+class BatchStream(AsyncStream):
+    """One chunk in flight per rollout worker, tended on a thread; see the module's docstring."""
+
+    def __init__(self, hosts: Hosts, plan: RoundPlan, batches: Batches, exploration: Exploration, logger: AnyLogger):
+        super().__init__(hosts, plan, batches, exploration, logger, replay_window=0)  # type: ignore[arg-type]
+        self.batches = batches
+        self.waiting: list[ShardRef] = []  # landed, not yet handed to the learner, in landing order
+        self._lock = threading.Condition()  # the tending thread and the loop's share the stream's counters
+        self._stopping = threading.Event()
+        self._tender: threading.Thread | None = None
+        self._failure: BaseException | None = None  # a chunk that failed for good, raised by `collect`
+
+    def _start_from(self, state: LoopState) -> None:
+        if self.submitted_steps >= 0:
+            return
+        super()._start_from(state)
+        self._tender = threading.Thread(target=self._tend, name="gymflow-batch-stream", daemon=True)
+        self._tender.start()
+
+    def collect(self, state: LoopState) -> Experience:
+        """The shards that have landed, once they make a batch (or once nothing more can land);
+        each learned from or dropped by the lag bound against `state.version`."""
+        self._start_from(state)
+        started = time.perf_counter()
+        with self._lock:
+            while not self._batch_ready():
+                self._raise_failure()
+                self._lock.wait(1.0)
+            self._raise_failure()
+            landed, self.waiting = self.waiting, []
+            self._lock.notify_all()  # the workers paused for a full batch may go on
+        waited = time.perf_counter() - started
+        for shard in landed:
+            self.book.record(shard, state.version - shard.version, self.batches.admits(shard.version, state.version))
+        admitted = tuple(shard for shard in landed if self.batches.admits(shard.version, state.version))
+        return Experience(admitted, self._state_after(state, landed), landed=tuple(landed), collect_seconds=waited,
+                          metrics=self._metrics(state.version, landed, [time.time() - s.written_at for s in admitted]))
+
+    def drained(self) -> bool:
+        with self._lock:
+            budget_collected = self.submitted_steps >= self.total_env_steps
+            return self.submitted_steps >= 0 and budget_collected and not self.in_flight and not self.waiting
+
+    def cancel(self) -> None:
+        self._stop_tending()
+        super().cancel()
+
+    def _stop_collecting(self) -> list[ShardRef]:
+        self._stop_tending()
+        late, self.waiting = self.waiting, []
+        return late
+
+    def _stop_tending(self) -> None:
+        self._stopping.set()
+        if self._tender is not None and self._tender is not threading.current_thread():
+            self._tender.join()
+
+    def _tend(self) -> None:
+        """The tending thread: whatever lands is put aside for the learner, and its worker gets
+        its next chunk at once (while less than a batch waits and the budget lasts)."""
+        while not self._stopping.is_set():
+            with self._lock:
+                calls = list(self.in_flight.values())
+            if calls:
+                wait_first(calls, TEND_POLL_S)
+            else:
+                self._stopping.wait(TEND_POLL_S)
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                try:
+                    self.waiting += self._landed(wait_s=0.0)
+                    self._feed(self.submitted_steps)
+                except BaseException as failure:  # noqa: BLE001 (handed to the loop's thread, raised there)
+                    self._failure = failure
+                    self._lock.notify_all()
+                    return
+                self._lock.notify_all()
+
+    def _batch_ready(self) -> bool:
+        waiting = sum(shard.env_steps for shard in self.waiting)
+        return waiting >= self.batches.batch_steps or (not self.in_flight and self._budget_submitted())
+
+    def _budget_submitted(self) -> bool:
+        return self.submitted_steps >= 0 and self.submitted_steps >= self.total_env_steps
+
+    def _may_collect(self) -> bool:
+        """Under the budget, and less than a batch waiting for the learner."""
+        waiting = sum(shard.env_steps for shard in self.waiting)
+        return self.submitted_steps < self.total_env_steps and waiting < self.batches.batch_steps
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def _state_after(self, state: LoopState, landed: list[ShardRef]) -> LoopState:
+        """The state once `landed` is learned from: a resumed run collects again from each
+        worker's last shard the learner took (what was waiting or in flight is collected anew)."""
+        stream = state.stream or StreamPosition.start(self.plan.workers)
+        next_chunk, cursors = list(stream.next_chunk), list(state.env_cursors)
+        for shard in sorted(landed, key=lambda shard: shard.chunk or 0):
+            next_chunk[shard.worker], cursors[shard.worker] = (shard.chunk or 0) + 1, shard.key
+        return replace(state, env_steps=state.env_steps + sum(shard.env_steps for shard in landed),
+                       env_cursors=tuple(cursors), stream=StreamPosition(tuple(next_chunk), self.book.counts))
+
+    def _metrics(self, version: int, landed: list[ShardRef], ages: list[float]) -> dict[str, float]:
+        counts = self.book.counts
+        metrics = {"async/shards_inserted": float(counts.shards_inserted),
+                   "async/shards_dropped": float(counts.shards_dropped),
+                   "async/batch_shards": float(len(landed)),
+                   "async/workers_collecting": float(len(self.in_flight))}
+        if landed:
+            lags = [version - shard.version for shard in landed]
+            metrics |= {"async/policy_lag_mean": float(np.mean(lags)), "async/policy_lag_max": float(max(lags))}
+        if ages:
+            metrics["async/shard_age_seconds"] = float(np.mean(ages))
+        return metrics
