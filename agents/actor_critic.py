@@ -112,7 +112,8 @@ def sample_actions(out: np.ndarray, log_std: np.ndarray | None, discrete: bool, 
     return actions.astype(np.float32), log_prob.astype(np.float32)
 
 
-def make_actor_critic(config: ActorCriticSettings, observation_space: spaces.Box, action_space: spaces.Space) -> ActorCritic:
+def make_actor_critic(config: ActorCriticSettings, observation_space: spaces.Box, action_space: spaces.Space
+                      ) -> ActorCritic:
     """Vectors: an actor and a critic MLP. Images: the Nature network shared up to its last hidden
     layer, then one linear layer per head (SB3's CnnPolicy, CleanRL's ppo_atari). Either way
     orthogonal weights, gain sqrt 2 for hidden layers, 0.01 for the action output (the first

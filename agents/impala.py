@@ -122,8 +122,7 @@ class IMPALALearner(SavedWhole, Learner):
             behaviour = on_device(rollout.log_probs, device)
             rewards = rollout.rewards if self.reward_scaler is None else self.reward_scaler.scale(rollout.rewards)
             targets = vtrace_targets(dist.log_prob(actions).view(steps, n) - behaviour, on_device(rewards, device),
-                                     values, next_values, continuing(rollout, device), config.gamma,
-                                     config.vtrace_rho_bar, config.vtrace_c_bar, config.vtrace_lambda)
+                                     values, next_values, continuing(rollout, device), config)
             samples = {"obs": obs, "actions": actions, "log_probs": behaviour.flatten(),
                        "advantages": targets.advantages.flatten(), "returns": targets.values.flatten(),
                        "values": values.flatten(), "rhos": targets.rhos.flatten()}

@@ -17,11 +17,11 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from gymflow.agents.actor_critic import ACTIVATIONS, sample_actions
 from gymflow.agents.batches import Rollout
 from gymflow.agents.configs import PPOConfig
 from gymflow.agents.networks import hidden_layers, on_device, orthogonal_init
 from gymflow.agents.normalization import observation_normalizer
-from gymflow.agents.actor_critic import ACTIVATIONS, sample_actions
 from gymflow.agents.ppo import PPOLearner, PPOLossTerms, clipped_objective, generalized_advantages
 
 Batch = dict[str, torch.Tensor]

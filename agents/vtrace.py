@@ -21,6 +21,8 @@ from typing import NamedTuple
 
 import torch
 
+from gymflow.agents.configs import VTraceOptions
+
 
 class VTraceTargets(NamedTuple):
     values: torch.Tensor  # [T, N] v_t: what the critic regresses on
@@ -29,12 +31,12 @@ class VTraceTargets(NamedTuple):
 
 
 def vtrace_targets(log_rhos: torch.Tensor, rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
-                   continues: torch.Tensor, gamma: float, rho_bar: float = 1.0, c_bar: float = 1.0,
-                   lam: float = 1.0) -> VTraceTargets:
-    """V-trace over [T, N] steps (module docstring); `log_rhos` = log pi(a|s) - log mu(a|s)."""
-    rhos = log_rhos.exp()
-    clipped_rhos = rhos.clamp(max=rho_bar)
-    traces = lam * rhos.clamp(max=c_bar)
+                   continues: torch.Tensor, config: VTraceOptions) -> VTraceTargets:
+    """V-trace over [T, N] steps (module docstring); `log_rhos` = log pi(a|s) - log mu(a|s); gamma,
+    rho-bar, c-bar and lambda are the config's."""
+    gamma, rhos = config.gamma, log_rhos.exp()
+    clipped_rhos = rhos.clamp(max=config.vtrace_rho_bar)
+    traces = config.vtrace_lambda * rhos.clamp(max=config.vtrace_c_bar)
     deltas = clipped_rhos * (rewards + gamma * next_values - values)
     corrections = torch.zeros_like(values)  # v_t - V(s_t)
     running = torch.zeros(values.shape[1], dtype=values.dtype, device=values.device)

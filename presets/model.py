@@ -32,8 +32,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-AgentConfig = Annotated[PPOConfig | APPOConfig | IMPALAConfig | DQNConfig | SACConfig | TD3Config | BCConfig | IQLConfig,
-                        Field(discriminator="algo")]
+AgentConfig = Annotated[
+    PPOConfig | APPOConfig | IMPALAConfig | DQNConfig | SACConfig | TD3Config | BCConfig | IQLConfig,
+    Field(discriminator="algo"),
+]
 
 
 def field_models(annotation: Any) -> list[type[BaseModel]]:

@@ -15,10 +15,19 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from gymflow.agents import bc, dqn, iql, ppo, sac, td3
+from gymflow.agents import appo, bc, dqn, impala, iql, ppo, sac, td3
 from gymflow.agents.algorithms import ALGORITHMS
 from gymflow.agents.batches import Rollout
-from gymflow.agents.configs import BCConfig, DQNConfig, IQLConfig, PPOConfig, SACConfig, TD3Config
+from gymflow.agents.configs import (
+    APPOConfig,
+    BCConfig,
+    DQNConfig,
+    IMPALAConfig,
+    IQLConfig,
+    PPOConfig,
+    SACConfig,
+    TD3Config,
+)
 from gymflow.agents.core import ReplayLearner
 from gymflow.agents.networks import Adam, TransitionBatch, TwinCritic, step_optimizer
 from gymflow.tasks.storage.codec import decode_state, encode_state
@@ -190,16 +199,22 @@ def test_td3_acts_with_the_action_its_learner_s_actor_computes():
 def _trained(make, steps: int = 2):
     learner = make()
     rng = np.random.default_rng(0)
-    continuous = isinstance(learner, sac.SACLearner | td3.TD3Learner | ppo.PPOLearner | iql.IQLLearner) and not getattr(
+    continuous = isinstance(learner, sac.SACLearner | td3.TD3Learner | ppo.PPOLearner | iql.IQLLearner
+                            | impala.IMPALALearner) and not getattr(
         getattr(learner, "network", None), "discrete", False)
     actions = rng.uniform(-1, 1, (16, 2, 1)).astype(np.float32) if continuous else rng.integers(0, 2, (16, 2))
-    rollout = Rollout(rng.uniform(-1, 1, (16, 2, 2)).astype(np.float32), actions,
-                      rng.normal(size=(16, 2)).astype(np.float32), np.zeros((16, 2), bool), np.zeros((16, 2), bool),
-                      np.zeros(0, np.int64), np.zeros((0, 2), np.float32), np.zeros((2, 2), np.float32),
-                      np.full((16, 2), -0.7, np.float32))
+    rollout = _rollout_of(rng, actions)
     for step in range(steps):
         learner.learn([rollout], step / steps)
     return learner
+
+
+def _rollout_of(rng: np.random.Generator, actions: np.ndarray) -> Rollout:
+    """16 steps of 2 envs of 2-entry observations, acting `actions`, no episode ending."""
+    return Rollout(rng.uniform(-1, 1, (16, 2, 2)).astype(np.float32), actions,
+                   rng.normal(size=(16, 2)).astype(np.float32), np.zeros((16, 2), bool), np.zeros((16, 2), bool),
+                   np.zeros(0, np.int64), np.zeros((0, 2), np.float32), np.zeros((2, 2), np.float32),
+                   np.full((16, 2), -0.7, np.float32))
 
 
 def _fingerprint(value, seen: list | None = None):
@@ -233,6 +248,9 @@ LEARNERS = {  # every learner, its training state as full as its config makes it
     "ppo": lambda: ppo.PPOLearner(PPOConfig(minibatch_size=8, epochs=2), OBS, TWO_ACTIONS, 1),
     "ppo-normalising": lambda: ppo.PPOLearner(
         PPOConfig(minibatch_size=8, normalize_observations=True, normalize_rewards=True), OBS, ONE_DIMENSION, 1),
+    "appo-normalising": lambda: appo.APPOLearner(
+        APPOConfig(minibatch_size=8, epochs=2, normalize_observations=True, normalize_rewards=True), OBS, ONE_DIMENSION, 1),
+    "impala": lambda: impala.IMPALALearner(IMPALAConfig(hidden_sizes=[8]), OBS, TWO_ACTIONS, 1),
     "dqn": lambda: dqn.DQNLearner(
         DQNConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3, replay="prioritized",
                   normalize_observations=True, target_update_every_train_steps=2), OBS, TWO_ACTIONS, 1),

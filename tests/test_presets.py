@@ -19,7 +19,7 @@ def test_builtin_presets_load_and_validate():
         experiment = resolve_experiment(name)
         assert experiment.preset.name == name
         assert experiment.preset.env.id in ("CartPole-v1", "Pendulum-v1", "LunarLander-v3", "Hopper-v5", "HalfCheetah-v5",
-                                            "gymflow.envs.catch:Catch", "ALE/Breakout-v5",
+                                            "gymflow.envs.catch:Catch", "ALE/Breakout-v5", "ALE/Pong-v5",
                                             "gymflow.envs.picture_corridor:PictureCorridor", "pettingzoo:mpe2.simple_spread_v3",
                                             "pettingzoo:gymflow.envs.race", "gymflow.envs.hallway:Hallway")
 
@@ -100,11 +100,11 @@ def test_a_bad_base_is_one_line_naming_it(tmp_path, text, says):
 @pytest.mark.parametrize(
     ("preset", "overrides", "field", "says"),
     [
-        ("nope", {}, "preset", "allowed: breakout-dqn, breakout-ppo, cartpole-bc, cartpole-dqn, cartpole-dqn-async, "
-                               "cartpole-po-ppo, cartpole-ppo, "
+        ("nope", {}, "preset", "allowed: breakout-appo, breakout-dqn, breakout-ppo, cartpole-appo, cartpole-bc, "
+                               "cartpole-dqn, cartpole-dqn-async, cartpole-po-ppo, cartpole-ppo, catch-appo, "
                                "catch-dqn, catch-ppo, halfcheetah-ppo, halfcheetah-sac, hallway-ppo, hallway-walk-ppo, "
                                "hopper-iql, hopper-ppo, hopper-td3, lunarlander-ppo, mujoco-ppo, pendulum-po-ppo, "
-                               "pendulum-sac, picture-corridor-ppo, race-ppo, spread-ippo, spread-mappo"),
+                               "pendulum-sac, picture-corridor-ppo, pong-appo, race-ppo, spread-ippo, spread-mappo"),
         ("cartpole-ppo", {"env.id": "NoSuchEnv-v0"}, "env.id", "not a registered Gymnasium id"),
         ("cartpole-ppo", {"env.id": "gymflow.testing.envs:NoSuchClass"}, "env.id", "not a gymnasium.Env subclass"),
         ("cartpole-ppo", {"agent.learning_rate": 1}, "agent.learning_rate", "allowed here: activation, algo, anneal_clip_range, anneal_lr"),
@@ -123,7 +123,7 @@ def test_a_bad_base_is_one_line_naming_it(tmp_path, text, says):
         ("cartpole-bc", {"distribution.mode": "async"}, "distribution.mode", "an offline run collects nothing to stream"),
         ("cartpole-ppo", {"distribution.rollout_workers": 0}, "distribution.rollout_workers", "greater than or equal to 1"),
         ("cartpole-ppo", {"distribution.mode": "turbo"}, "distribution.mode", "'sync' or 'async'"),
-        ("cartpole-ppo", {"distribution.mode": "async"}, "distribution.mode", "async needs an off-policy agent"),
+        ("cartpole-ppo", {"distribution.mode": "async"}, "distribution.mode", "appo is PPO's asynchronous form"),
         ("cartpole-ppo", {"agent.replay": "prioritized"}, "agent.replay", "ppo is on-policy and keeps no replay memory"),
         ("cartpole-ppo", {"agent": {"algo": "ppo", "priority_alpha": 0.5}}, "agent.priority_alpha", "on-policy"),
         ("pendulum-sac", {"env.id": "CartPole-v1"}, "agent.algo", "sac supports Box action spaces"),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -26,29 +26,16 @@ from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan
 from gymflow.tasks.storage.shards import ShardRef
 from gymflow.tasks.training.collection import Experience, Exploration
 from gymflow.tasks.training.state import LoopState, StreamPosition
-from gymflow.tasks.training.stream import AsyncStream
+from gymflow.tasks.training.stream import AsyncStream, Batches
 
 TEND_POLL_S = 0.05  # how often the tending thread looks at the workers when nothing lands
-
-
-@dataclass(frozen=True)
-class Batches:
-    """How the on-policy learner is fed: a batch of at least `batch_steps` landed env steps."""
-
-    batch_steps: int
-    max_policy_lag: int
-
-    def admits(self, shard_version: int, learner_version: int) -> bool:
-        """The lag bound: a shard is learned from only if its policy is at most `max_policy_lag`
-        versions behind the learner's newest committed one."""
-        return learner_version - shard_version <= self.max_policy_lag
 
 
 class BatchStream(AsyncStream):
     """One chunk in flight per rollout worker, tended on a thread; see the module's docstring."""
 
     def __init__(self, hosts: Hosts, plan: RoundPlan, batches: Batches, exploration: Exploration, logger: AnyLogger):
-        super().__init__(hosts, plan, batches, exploration, logger, replay_window=0)  # type: ignore[arg-type]
+        super().__init__(hosts, plan, batches, exploration, logger, replay_window=0)
         self.batches = batches
         self.waiting: list[ShardRef] = []  # landed, not yet handed to the learner, in landing order
         self._lock = threading.Condition()  # the tending thread and the loop's share the stream's counters

@@ -36,7 +36,7 @@ from gymflow.tasks.storage.records import (
 from gymflow.tasks.tracking.artifacts import ProgressArtifact
 from gymflow.tasks.tracking.progress import ProgressLog
 from gymflow.tasks.tracking.tracker import Tracker, s3_artifact_environment, source_tags
-from gymflow.tasks.training.batch_stream import Batches, BatchStream
+from gymflow.tasks.training.batch_stream import BatchStream
 from gymflow.tasks.training.collection import Collection, OfflineSteps, SyncRounds
 from gymflow.tasks.training.commits import Commits
 from gymflow.tasks.training.evaluation import EvaluationSchedule
@@ -50,7 +50,7 @@ from gymflow.tasks.training.resume import (
     warm_start_learner,
 )
 from gymflow.tasks.training.state import Budget, LoopState
-from gymflow.tasks.training.stream import AsyncStream, Ratio
+from gymflow.tasks.training.stream import AsyncStream, Batches, Ratio
 from gymflow.tasks.training.summary import RunRecorder
 
 

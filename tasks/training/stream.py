@@ -49,11 +49,24 @@ class Ratio:
         return learner_version - shard_version <= self.max_policy_lag
 
 
+@dataclass(frozen=True)
+class Batches:
+    """How the on-policy learner is fed: a batch of at least `batch_steps` landed env steps."""
+
+    batch_steps: int
+    max_policy_lag: int
+
+    def admits(self, shard_version: int, learner_version: int) -> bool:
+        """The lag bound: a shard is learned from only if its policy is at most `max_policy_lag`
+        versions behind the learner's newest committed one."""
+        return learner_version - shard_version <= self.max_policy_lag
+
+
 class AsyncStream:
     """One chunk in flight per rollout worker; see the module's docstring."""
 
-    def __init__(self, hosts: Hosts, plan: RoundPlan, ratio: Ratio, exploration: Exploration, logger: AnyLogger,
-                 replay_window: int):
+    def __init__(self, hosts: Hosts, plan: RoundPlan, ratio: Ratio | Batches, exploration: Exploration,
+                 logger: AnyLogger, replay_window: int):
         self.hosts, self.plan, self.ratio, self.exploration, self.logger = hosts, plan, ratio, exploration, logger
         self.storage, self.layout = open_storage(storage_location(plan.preset.storage)), RunLayout(plan.run_id)
         self.in_flight: dict[int, Call] = {}
