@@ -45,6 +45,9 @@ NORMALIZED = {"agent.normalize_observations": True}  # the statistics resume wit
     ("cartpole-dqn", {"agent.train_steps_per_iteration": 8, "agent.hidden_sizes": [16], "schedule.heatup_env_steps": 128,
                       **NORMALIZED}),
     ("cartpole-dqn", {**ASYNC, **NORMALIZED}),
+    ("cartpole-appo", {"distribution.mode": "async", "agent.minibatch_size": 64, "agent.epochs": 2,  # batches as they land
+                       "agent.hidden_sizes": [16], "agent.normalize_rewards": True, "storage.keep_shards": "all",
+                       **NORMALIZED}),
     ("hopper-td3", {**TD3_ON_THE_CORRIDOR, **NORMALIZED}),
     ("spread-ippo", {"env.id": "pettingzoo:gymflow.testing.agents:Exits", "env.kwargs": {},  # agents leaving games,
                      "agent.policies": {"guide": "guides"},  # a policy for each of its two groups

@@ -47,10 +47,11 @@ class Restored:
 
 
 def stored_experiment(storage: Storage, run_id: str, caller: Experiment) -> Experiment:
-    """The run's own preset, with the caller's storage settings (where the run was found, with
-    credentials the stored copy has redacted)."""
+    """The run's own preset, with the caller's storage location (where the run was found, with
+    credentials the stored copy has redacted); its retention and checkpoint cadence stay its own."""
     data = read_stored_preset(storage, run_id)
-    data["storage"] = caller.preset.storage.model_dump(mode="json")
+    location = caller.preset.storage.model_dump(mode="json", include={"root", "options", "shared"})
+    data["storage"] = {**data.get("storage", {}), **location}
     return experiment_from(validate_preset_data(data))
 
 
