@@ -169,13 +169,14 @@ class DistributionConfig(_Strict):
         "evaluations in one helper process beside it, and the run is the same as in sync, byte for byte (small, "
         "fast envs; debugging). "
         "sync: every iteration waits for all rollout workers, then learns (on- and off-policy). "
-        "async (off-policy only): rollout workers keep collecting with the newest committed policy while "
-        "the learner inserts their shards as they land and trains at samples_per_insert.",
+        "async: rollout workers keep collecting with the newest committed policy while the learner learns from "
+        "their shards as they land: off-policy agents insert them into replay and train at samples_per_insert; "
+        "appo and impala (async only) learn from each batch of a chunk per worker, V-trace correcting for the lag.",
     )
     max_policy_lag: int = Field(
         default=4, ge=0, le=1_000_000,
         description="async: a shard collected by a policy more than this many versions behind the learner's "
-        "newest is dropped (and counted), not inserted.",
+        "newest is dropped (and counted), not inserted or learned from.",
     )
     samples_per_insert: float | None = Field(
         default=None, gt=0, le=1_000_000,
