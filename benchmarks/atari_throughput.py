@@ -3,10 +3,10 @@ cores step the envs alone, and against Stable-Baselines3's PPO, on one machine i
 
     .venv/bin/pip install -e ".[bench]"                          # stable-baselines3, benchmark-only
     .venv/bin/python benchmarks/atari_throughput.py               # CPU mode: Catch on this machine's cores
-    .venv/bin/python benchmarks/atari_throughput.py --env breakout --seconds 120
+    .venv/bin/python benchmarks/atari_throughput.py --env breakout --steps 30000
     python3 benchmarks/atari_throughput.py --mode gpu             # a 16-core GPU machine: Breakout, <= 8 minutes
 
-What runs, each for about `--seconds` of training, `--repeats` times with the sides alternating:
+What runs, `--repeats` times with the sides alternating (each training run `--steps` env steps):
 - **stepping alone** (the limit): one process per core used for envs, each stepping its share of
   the envs (the preset's env and preprocessing) with uniformly random actions, nothing else.
 - **gymflow SYNC PPO** (`catch-ppo` / `breakout-ppo`) and **gymflow APPO** (`catch-appo` /
@@ -33,9 +33,12 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 PRESETS = {"catch": ("catch-ppo", "catch-appo"), "breakout": ("breakout-ppo", "breakout-appo")}  # SYNC, ASYNC
+BUDGETS = {("cpu", "catch"): 60_000, ("cpu", "breakout"): 20_000, ("gpu", "catch"): 600_000,
+           ("gpu", "breakout"): 300_000}  # env steps a training run: ~20-60 s each on these machines
 WARM_UP = 0.25  # the share of a run's env steps left out of its steady rate
 
 
@@ -97,10 +100,11 @@ def train_with_gymflow(preset: str, overrides: dict, folder: str, name: str) -> 
     parts = {key.removeprefix("time/").removesuffix("_seconds"): sum(m.value for m in history[key][first + 1:])
              for key in history if key != "time/env_steps"}
     return Measured(name, done / seconds, parts["learn"] / seconds,
-                    {part: 1000 * value / done for part, value in parts.items()} | {"wall": 1000 * seconds / done})
+                    {part: 1e6 * value / done for part, value in parts.items()} | {"wall": 1e6 * seconds / done})
 
 
-def train_with_sb3(preset: str, workers: int, envs: int, total_steps: int, gpu: bool) -> Measured | str:
+def train_with_sb3(preset: str, workers: int, envs: int, total_steps: int, gpu: bool, epochs: int | None
+                   ) -> Measured | str:
     """SB3's PPO with the preset's settings and gymflow's envs and network; a note if SB3 is missing."""
     try:
         from stable_baselines3 import PPO
@@ -149,7 +153,7 @@ def train_with_sb3(preset: str, workers: int, envs: int, total_steps: int, gpu: 
     env = make_vec_env(lambda: make_env(env_config.id, dict(env_config.kwargs), preprocessing=env_config.preprocessing()),
                        n_envs=workers * envs, seed=0, vec_env_cls=vec_env_cls, vec_env_kwargs=vec_kwargs)
     model = PPO("CnnPolicy", env, learning_rate=agent.lr, n_steps=config.schedule.rollout_steps_per_env,
-                batch_size=agent.minibatch_size, n_epochs=agent.epochs, gamma=agent.gamma, gae_lambda=agent.gae_lambda,
+                batch_size=agent.minibatch_size, n_epochs=epochs or agent.epochs, gamma=agent.gamma, gae_lambda=agent.gae_lambda,
                 clip_range=agent.clip_range, ent_coef=agent.entropy_coef, vf_coef=agent.value_coef,
                 max_grad_norm=agent.max_grad_norm, device="cuda" if gpu else "cpu", verbose=0, seed=0,
                 policy_kwargs={"features_extractor_class": GymflowPixels, "net_arch": [], "normalize_images": False})
@@ -163,12 +167,14 @@ def train_with_sb3(preset: str, workers: int, envs: int, total_steps: int, gpu: 
                   if start[0] == "start" and end[0] == "end" and end[1] <= starts[-1][1])
     learn = seconds - collect
     return Measured("SB3 PPO", done / seconds, learn / seconds,
-                    {"collect": 1000 * collect / done, "learn": 1000 * learn / done, "wall": 1000 * seconds / done})
+                    {"collect": 1e6 * collect / done, "learn": 1e6 * learn / done, "wall": 1e6 * seconds / done})
 
 
-def gymflow_overrides(workers: int, envs: int, total_steps: int, learner_threads: int, gpu: bool) -> dict:
+def gymflow_overrides(workers: int, envs: int, total_steps: int, learner_threads: int, gpu: bool,
+                      epochs: int | None) -> dict:
     return {"distribution.rollout_workers": workers, "distribution.envs_per_worker": envs,
             "distribution.learner_threads": learner_threads, "distribution.learner_device": "cuda" if gpu else "cpu",
+            **({"agent.epochs": epochs} if epochs else {}),
             "schedule.total_env_steps": total_steps, "schedule.evaluate_every_env_steps": 10 * total_steps,
             "schedule.evaluation_episodes": 2, "schedule.target_return": None, "tracking.video": "off"}
 
@@ -179,9 +185,12 @@ def main() -> None:
     parser.add_argument("--env", choices=["catch", "breakout"], default=None, help="catch (cpu) or breakout (gpu)")
     parser.add_argument("--workers", type=int, default=None, help="rollout workers (default: cores - 2, >= 2)")
     parser.add_argument("--envs", type=int, default=None, help="envs per worker (default: the preset's; gpu: 8)")
-    parser.add_argument("--seconds", type=float, default=None, help="training time per run (cpu 40, gpu 60)")
+    parser.add_argument("--steps", type=int, default=None, help="env steps a training run (default: BUDGETS)")
+    parser.add_argument("--stepping-seconds", type=float, default=15.0, help="how long the envs step alone")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--no-sb3", action="store_true")
+    parser.add_argument("--epochs", type=int, default=None, help="every side's epochs (default: the presets')")
+    parser.add_argument("--appo-threads", type=int, default=1, help="APPO's learner torch threads (cpu mode)")
+    parser.add_argument("--only", nargs="+", default=None, help="some sides: stepping sync sync-all-cores appo sb3")
     args = parser.parse_args()
     gpu = args.mode == "gpu"
     env = args.env or ("breakout" if gpu else "catch")
@@ -192,26 +201,35 @@ def main() -> None:
     cores = os.cpu_count() or 2
     workers = args.workers or max(cores - 2, 2)
     envs = args.envs or (8 if gpu else preset.distribution.envs_per_worker)
-    seconds = args.seconds or (60.0 if gpu else 40.0)
+    total, seconds = args.steps or BUDGETS[args.mode, env], args.stepping_seconds
     used = min(workers, cores)
     print(f"{args.mode} mode, {env}: {workers} workers x {envs} envs x {preset.schedule.rollout_steps_per_env} steps, "
-          f"{cores} cores ({used} used for envs), {seconds:.0f} s a run, {args.repeats} repeats")
+          f"{cores} cores ({used} used for envs), {total:,} env steps a training run, {args.repeats} repeats")
 
-    limit = step_envs_alone(sync_preset, workers, envs, min(seconds, 20.0))  # the budget's yardstick
-    total = int(limit.env_steps_per_second * seconds * 0.6) // 1000 * 1000 or 10_000
+    threads = preset.distribution.learner_threads
+
+    def run_sync(learner_threads: int) -> Callable[[], Measured]:
+        overrides = gymflow_overrides(workers, envs, total, learner_threads, gpu, args.epochs)
+        name = f"gymflow SYNC PPO ({sync_preset}, {learner_threads} learner thread{'s' * (learner_threads > 1)})"
+        return lambda: train_with_gymflow(sync_preset, overrides, tempfile.mkdtemp(), name)
+
     sides = {
-        "stepping": lambda: step_envs_alone(sync_preset, workers, envs, min(seconds, 20.0)),
-        "sync": lambda: train_with_gymflow(sync_preset, gymflow_overrides(workers, envs, total, used, gpu),
-                                           tempfile.mkdtemp(), f"gymflow SYNC PPO ({sync_preset})"),
-        "appo": lambda: train_with_gymflow(async_preset, gymflow_overrides(workers, envs, total, 1, gpu),
-                                           tempfile.mkdtemp(), f"gymflow APPO ({async_preset})"),
-        "sb3": lambda: train_with_sb3(sync_preset, workers, envs, total, gpu),
+        "stepping": lambda: step_envs_alone(sync_preset, workers, envs, seconds),
+        "sync": run_sync(threads),
+        "sync-all-cores": run_sync(used),
+        "appo": lambda: train_with_gymflow(
+            async_preset, gymflow_overrides(workers, envs, total, args.appo_threads, gpu, args.epochs),
+            tempfile.mkdtemp(), f"gymflow APPO ({async_preset}, {args.appo_threads} learner thread"
+                                f"{'s' * (args.appo_threads > 1)})"),
+        "sb3": lambda: train_with_sb3(sync_preset, workers, envs, total, gpu, args.epochs),
     }
-    if args.no_sb3:
-        del sides["sb3"]
+    if threads == used or gpu:  # the preset's SYNC already learns on every core used (or on the GPU)
+        del sides["sync-all-cores"]
+    sides = {key: side for key, side in sides.items() if key in (args.only or sides)}
     runs: dict[str, list[Measured]] = {}
     from prefect.testing.utilities import prefect_test_harness
 
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "0")  # as gymflow's own temporary API: no telemetry
     with prefect_test_harness(server_startup_timeout=120):  # one temporary Prefect API for every gymflow run
         for repeat in range(args.repeats):
             order = list(sides) if repeat % 2 == 0 else list(reversed(sides))  # alternate: the VM drifts
@@ -228,17 +246,19 @@ def main() -> None:
 def _report(runs: dict[str, list[Measured]], cores_used: int, atari: bool) -> None:
     medians = {key: statistics.median(m.env_steps_per_second for m in measured) for key, measured in runs.items()}
     frames = 4 if atari else 1  # Atari's frame skip: 4 emulator frames a step
-    print(f"\n{'run':44} {'env steps/s':>12} {'frames/s/core':>14} {'of stepping':>12} {'learner busy':>13}  "
-          "ms per 1,000 steps")
+    print(f"\n{'run':60} {'env steps/s':>12} {'frames/s/core':>14} {'of stepping':>12} {'learner busy':>13}  "
+          "us per env step")
     for key, measured in runs.items():
         last = measured[-1]
+        of_stepping = f"{medians[key] / medians['stepping']:12.2f}" if "stepping" in medians else f"{'':12}"
         busy = [m.learner_busy for m in measured if m.learner_busy is not None]
         parts = ", ".join(f"{part} {value:.0f}" for part, value in last.breakdown.items())
-        print(f"{last.name:44} {medians[key]:12,.0f} {frames * medians[key] / cores_used:14,.0f} "
-              f"{medians[key] / medians['stepping']:12.2f} {f'{statistics.median(busy):.0%}' if busy else '':>13}  "
+        print(f"{last.name:60} {medians[key]:12,.0f} {frames * medians[key] / cores_used:14,.0f} "
+              f"{of_stepping} {f'{statistics.median(busy):.0%}' if busy else '':>13}  "
               f"{parts}")
-    if "sync" in medians and "appo" in medians:
-        print(f"\nAPPO / SYNC PPO: {medians['appo'] / medians['sync']:.2f}x env steps/s")
+    for sync in ("sync", "sync-all-cores"):
+        if sync in medians and "appo" in medians:
+            print(f"\nAPPO / {runs[sync][-1].name}: {medians['appo'] / medians[sync]:.2f}x env steps/s")
     if "sb3" in medians and "appo" in medians:
         print(f"APPO / SB3 PPO: {medians['appo'] / medians['sb3']:.2f}x env steps/s")
 
