@@ -1,15 +1,22 @@
-"""Asynchronous PPO (APPO, as Sample Factory and RLlib build it): IMPALA's learner
-(agents/impala.py) with PPO's clipped surrogate objective on V-trace's advantages.
+"""Asynchronous PPO (APPO, as RLlib builds it): IMPALA's learner (agents/impala.py) with PPO's
+clipped surrogate objective on V-trace's advantages.
 
-The ratio in the surrogate is the learning policy's probability over the acting version's (the
-behaviour policy, however many versions behind), so a lagging batch's steps are clipped as PPO
-clips a late epoch's; V-trace's targets and advantages have already corrected for the lag.
+The surrogate's ratio is taken against the proximal policy, the learner's as the batch lands,
+not against the version that acted (Hilton et al. 2021, "decoupled" PPO; RLlib's APPO clips
+against its target network): the trust region is where the learner stands, and the lag between
+the acting version and the learner is V-trace's to correct (its advantages carry the truncated
+importance weight pi_proximal / mu). Clipped against the acting version instead (Sample
+Factory's choice), a batch one version behind starts with its ratios away from 1 and much of it
+clipped out of the gradient; CartPole needed ~2.5x the env steps that way (docs/benchmarks.md).
+With no lag the two are the same: the proximal policy is the acting one.
 """
 
 from __future__ import annotations
 
 import torch
 
+from gymflow.agents.actor_critic import ActorCritic
+from gymflow.agents.configs import APPOConfig
 from gymflow.agents.core import AlgorithmParts
 from gymflow.agents.impala import Batch, IMPALALearner, make_network, make_policy
 from gymflow.agents.ppo import PPOLossTerms, ppo_loss
@@ -17,11 +24,17 @@ from gymflow.agents.ppo import PPOLossTerms, ppo_loss
 
 class APPOLearner(IMPALALearner):
     """IMPALA's learning from landed batches, with the clipped surrogate (`ppo_loss` on V-trace's
-    advantages and value targets)."""
+    advantages and value targets, its ratio against the proximal policy)."""
 
     def _loss(self, minibatch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        terms: PPOLossTerms = ppo_loss(self.network, minibatch, self.config)
-        return terms.loss, terms.metrics(self.config.clip_range)
+        return appo_loss(self.network, minibatch, self.config)
+
+
+def appo_loss(network: ActorCritic, minibatch: Batch, config: APPOConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped surrogate, value error and entropy (`ppo_loss`) with the ratio
+    pi(a|s) / pi_proximal(a|s) and V-trace's advantages and targets. Pure: nothing is stepped."""
+    terms: PPOLossTerms = ppo_loss(network, {**minibatch, "log_probs": minibatch["proximal_log_probs"]}, config)
+    return terms.loss, terms.metrics(config.clip_range)
 
 
 PARTS = AlgorithmParts(learner=APPOLearner, network=make_network, policy=make_policy)

@@ -108,8 +108,9 @@ class IMPALALearner(SavedWhole, Learner):
 
     @torch.no_grad()
     def _targets(self, rollouts: Sequence[Rollout]) -> Batch:
-        """The batch's samples, flat: what acted, how likely the learning policy finds it, and
-        the V-trace targets of each rollout's sequence."""
+        """The batch's samples, flat: what acted, how likely the acting policy and the learning
+        one (as the batch lands: the proximal policy) find it, and the V-trace targets of each
+        rollout's sequence."""
         config, device = self.config, self.device
         parts: dict[str, list[torch.Tensor]] = {}
         for rollout in rollouts:
@@ -121,9 +122,11 @@ class IMPALALearner(SavedWhole, Learner):
             values, next_values = bootstrapped_values(self.network, rollout, device, values.view(steps, n))
             behaviour = on_device(rollout.log_probs, device)
             rewards = rollout.rewards if self.reward_scaler is None else self.reward_scaler.scale(rollout.rewards)
-            targets = vtrace_targets(dist.log_prob(actions).view(steps, n) - behaviour, on_device(rewards, device),
-                                     values, next_values, continuing(rollout, device), config)
+            learning = dist.log_prob(actions).view(steps, n)
+            targets = vtrace_targets(learning - behaviour, on_device(rewards, device), values, next_values,
+                                     continuing(rollout, device), config)
             samples = {"obs": obs, "actions": actions, "log_probs": behaviour.flatten(),
+                       "proximal_log_probs": learning.flatten(),
                        "advantages": targets.advantages.flatten(), "returns": targets.values.flatten(),
                        "values": values.flatten(), "rhos": targets.rhos.flatten()}
             for key, value in samples.items():

@@ -69,8 +69,9 @@ def _constant_policy(config: APPOConfig | IMPALAConfig) -> torch.nn.Module:
     return network
 
 
-MINIBATCH = {"obs": torch.zeros(2, 2), "actions": torch.tensor([0, 1]), "log_probs": torch.log(torch.tensor([0.5, 0.5])),
-             "advantages": torch.tensor([1.0, -1.0]), "returns": torch.tensor([2.0, 0.0])}
+MINIBATCH = {"obs": torch.zeros(2, 2), "actions": torch.tensor([0, 1]), "log_probs": torch.log(torch.tensor([0.9, 0.1])),
+             "proximal_log_probs": torch.log(torch.tensor([0.5, 0.5])), "advantages": torch.tensor([1.0, -1.0]),
+             "returns": torch.tensor([2.0, 0.0])}  # acted with [0.9, 0.1]; the learner stood at [0.5, 0.5] as it landed
 ENTROPY = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
 
 
@@ -85,12 +86,11 @@ def test_the_impala_loss_is_the_weighted_policy_gradient_plus_value_error_minus_
     assert terms.loss.item() == pytest.approx(policy_loss + 0.5 - 0.01 * ENTROPY)
 
 
-def test_the_appo_loss_clips_the_ratio_to_the_acting_version_s_probability():
+def test_the_appo_loss_clips_the_ratio_to_the_proximal_policy_not_the_acting_one():
     config = APPOConfig(clip_range=0.2, value_coef=0.5, entropy_coef=0.01, normalize_advantages=False)
-    learner = appo.APPOLearner(config, OBS, TWO_ACTIONS, seed=0)
-    learner.network = _constant_policy(config)
-    loss, metrics = learner._loss(MINIBATCH)
-    # ratios 0.25 / 0.5 = 0.5 and 0.75 / 0.5 = 1.5: min(0.5 x 1, 0.8 x 1) = 0.5; min(1.5 x -1, 1.2 x -1) = -1.5
+    loss, metrics = appo.appo_loss(_constant_policy(config), MINIBATCH, config)
+    # ratios to the proximal policy 0.25 / 0.5 = 0.5 and 0.75 / 0.5 = 1.5 (to the acting one they would be
+    # 0.28 and 7.5): min(0.5 x 1, 0.8 x 1) = 0.5; min(1.5 x -1, 1.2 x -1) = -1.5
     assert metrics["policy_loss"] == pytest.approx(-(0.5 - 1.5) / 2)
     assert metrics["value_loss"] == pytest.approx(1.0)
     assert metrics["clip_fraction"] == pytest.approx(1.0)
