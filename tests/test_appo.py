@@ -158,3 +158,25 @@ def test_bad_input_is_refused_in_one_line_before_any_work(preset, setting, field
     error = capsys.readouterr().err.strip()
     assert error.startswith(f"gymflow: error: {field}: ") and "\n" not in error
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+@pytest.mark.e2e
+def test_an_appo_worker_sigkilled_mid_chunk_is_replaced_from_the_tending_thread_and_no_chunk_counts_twice(
+        prefect_api, workspace):
+    once = workspace / "killed.once"
+    overrides = {**local_overrides(workspace), "env.id": "gymflow.testing.envs:Tripwire",
+                 "env.kwargs": {"at_step": 300, "once_file": str(once), "fault": "kill"},
+                 "agent.hidden_sizes": [16], "agent.minibatch_size": 32, "agent.epochs": 2,
+                 "distribution.envs_per_worker": 2, "schedule.rollout_steps_per_env": 16,
+                 "schedule.total_env_steps": 1024, "schedule.evaluate_every_env_steps": 256,
+                 "schedule.evaluation_episodes": 4, "schedule.target_return": None, "storage.keep_shards": "all"}
+    summary = improve("cartpole-appo", overrides)
+    assert int(once.read_text()) in {int(process.split(":")[1]) for process in summary.rollout_processes}
+    storage = Storage(StorageLocation(str(workspace / "data")))
+    ledger = read_ledger(storage, summary.run_id)
+    accounted = ledger.inserted + ledger.dropped + ledger.unused
+    assert sorted(accounted) == storage.list(f"runs/{summary.run_id}/shards/async")  # the redone chunk landed once
+    for worker in (0, 1):  # and no chunk number is missing
+        chunks = sorted(int(key.rsplit("/c", 1)[1][:6]) for key in accounted if f"/w{worker:03d}/" in key)
+        assert chunks == list(range(len(chunks)))
+    assert summary.env_steps >= 1024

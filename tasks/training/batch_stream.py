@@ -21,9 +21,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from gymflow.agents.batches import Rollout
 from gymflow.tasks.cluster.hosts import Hosts, wait_first
 from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan
-from gymflow.tasks.storage.shards import ShardRef
+from gymflow.tasks.storage.shards import ShardRef, read_shard
 from gymflow.tasks.training.collection import Experience, Exploration
 from gymflow.tasks.training.state import LoopState, StreamPosition
 from gymflow.tasks.training.stream import AsyncStream, Batches
@@ -38,6 +39,8 @@ class BatchStream(AsyncStream):
         super().__init__(hosts, plan, batches, exploration, logger, replay_window=0)
         self.batches = batches
         self.waiting: list[ShardRef] = []  # landed, not yet handed to the learner, in landing order
+        self.read_ahead: dict[str, Rollout] = {}  # the waiting shards' contents, read (and checked) on the thread
+        self.reading: list[ShardRef] = []  # landed, being read: neither in flight nor waiting
         self._lock = threading.Condition()  # the tending thread and the loop's share the stream's counters
         self._stopping = threading.Event()
         self._tender: threading.Thread | None = None
@@ -61,18 +64,23 @@ class BatchStream(AsyncStream):
                 self._lock.wait(1.0)
             self._raise_failure()
             landed, self.waiting = self.waiting, []
+            contents = [self.read_ahead.pop(shard.key) for shard in landed]
             self._lock.notify_all()  # the workers paused for a full batch may go on
         waited = time.perf_counter() - started
         for shard in landed:
             self.book.record(shard, state.version - shard.version, self.batches.admits(shard.version, state.version))
-        admitted = tuple(shard for shard in landed if self.batches.admits(shard.version, state.version))
-        return Experience(admitted, self._state_after(state, landed), landed=tuple(landed), collect_seconds=waited,
-                          metrics=self._metrics(state.version, landed, [time.time() - s.written_at for s in admitted]))
+        admitted = [(shard, rollout) for shard, rollout in zip(landed, contents, strict=True)
+                    if self.batches.admits(shard.version, state.version)]
+        shards = tuple(shard for shard, _ in admitted)
+        return Experience(shards, self._state_after(state, landed), landed=tuple(landed), collect_seconds=waited,
+                          metrics=self._metrics(state.version, landed, [time.time() - s.written_at for s in shards]),
+                          read_ahead=tuple(rollout for _, rollout in admitted))
 
     def drained(self) -> bool:
         with self._lock:
             budget_collected = self.submitted_steps >= self.total_env_steps
-            return self.submitted_steps >= 0 and budget_collected and not self.in_flight and not self.waiting
+            nothing_left = not (self.in_flight or self.reading or self.waiting)
+            return self.submitted_steps >= 0 and budget_collected and nothing_left
 
     def cancel(self) -> None:
         self._stop_tending()
@@ -81,6 +89,7 @@ class BatchStream(AsyncStream):
     def _stop_collecting(self) -> list[ShardRef]:
         self._stop_tending()
         late, self.waiting = self.waiting, []
+        self.read_ahead.clear()
         return late
 
     def _stop_tending(self) -> None:
@@ -89,8 +98,9 @@ class BatchStream(AsyncStream):
             self._tender.join()
 
     def _tend(self) -> None:
-        """The tending thread: whatever lands is put aside for the learner, and its worker gets
-        its next chunk at once (while less than a batch waits and the budget lasts)."""
+        """The tending thread: whatever lands is read (its sha256 checked) and put aside for the
+        learner, and its worker gets its next chunk at once (while less than a batch waits and
+        the budget lasts). The reading happens outside the lock, beside the learner's update."""
         while not self._stopping.is_set():
             with self._lock:
                 calls = list(self.in_flight.values())
@@ -98,28 +108,35 @@ class BatchStream(AsyncStream):
                 wait_first(calls, TEND_POLL_S)
             else:
                 self._stopping.wait(TEND_POLL_S)
-            with self._lock:
-                if self._stopping.is_set():
-                    return
-                try:
-                    self.waiting += self._landed(wait_s=0.0)
+            try:
+                with self._lock:
+                    if self._stopping.is_set():
+                        return
+                    arrived = self.reading = self._landed(wait_s=0.0)
                     self._feed(self.submitted_steps)
-                except BaseException as failure:  # noqa: BLE001 (handed to the loop's thread, raised there)
+                contents = {shard.key: read_shard(self.storage, shard) for shard in arrived}
+            except BaseException as failure:  # noqa: BLE001 (handed to the loop's thread, raised there)
+                with self._lock:
                     self._failure = failure
                     self._lock.notify_all()
-                    return
+                return
+            with self._lock:
+                self.read_ahead |= contents
+                self.waiting += arrived
+                self.reading = []
                 self._lock.notify_all()
 
     def _batch_ready(self) -> bool:
         waiting = sum(shard.env_steps for shard in self.waiting)
-        return waiting >= self.batches.batch_steps or (not self.in_flight and self._budget_submitted())
+        nothing_coming = not self.in_flight and not self.reading
+        return waiting >= self.batches.batch_steps or (nothing_coming and self._budget_submitted())
 
     def _budget_submitted(self) -> bool:
         return self.submitted_steps >= 0 and self.submitted_steps >= self.total_env_steps
 
     def _may_collect(self) -> bool:
         """Under the budget, and less than a batch waiting for the learner."""
-        waiting = sum(shard.env_steps for shard in self.waiting)
+        waiting = sum(shard.env_steps for shard in self.waiting + self.reading)
         return self.submitted_steps < self.total_env_steps and waiting < self.batches.batch_steps
 
     def _raise_failure(self) -> None:

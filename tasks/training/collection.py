@@ -11,13 +11,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, collect_round
 from gymflow.tasks.storage.retention import ShardFloor
 from gymflow.tasks.storage.shards import ShardRef
 from gymflow.tasks.training.state import LoopState
+
+if TYPE_CHECKING:
+    from gymflow.agents.batches import Rollout
 
 Exploration = Callable[[int], float]  # env steps -> the exploration parameter rollouts act with
 
@@ -33,6 +36,7 @@ class Experience:
     collect_seconds: float = 0.0  # collection on the critical path: the slowest rollout, or waiting for shards
     metrics: dict[str, float] = field(default_factory=dict)  # the collection's own, namespaced
     learn: bool = True  # False: a collect-only run's, stored and not learned from
+    read_ahead: tuple[Rollout, ...] | None = None  # `shards` already read (ASYNC on-policy); None: read them
 
 
 class Collection(Protocol):

@@ -82,7 +82,10 @@ def learn(learner: Learner, storage: Storage, experience: Experience, progress: 
     `progress` in [0, 1] drives the learner's schedules. A collect-only run's shards stay in storage."""
     if not experience.learn:
         return Learned({}, 0.0)
-    rollouts = [read_shard(storage, shard) for shard in experience.shards]
+    if experience.read_ahead is not None:
+        rollouts = list(experience.read_ahead)
+    else:
+        rollouts = [read_shard(storage, shard) for shard in experience.shards]
     started = time.perf_counter()
     if experience.train_steps is None and not rollouts:  # ASYNC on-policy: every landed shard was too old
         return Learned({}, 0.0)
