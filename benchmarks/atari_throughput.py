@@ -16,8 +16,14 @@ What runs, `--repeats` times with the sides alternating (each training run `--st
   (the workers idle while it learns); APPO's takes one torch thread on the CPU (the workers
   keep the other cores), or the GPU.
 - **SB3 PPO** with the same settings, envs (gymflow's own make_env: the same preprocessing) and
-  network (gymflow's pixel encoder and hidden layer), DummyVecEnv in CPU mode, SubprocVecEnv
-  (fork) in GPU mode; skipped with a note where stable-baselines3 is not installed.
+  network (gymflow's pixel encoder and hidden layer): in CPU mode the same envs in a DummyVecEnv,
+  in GPU mode one SubprocVecEnv env (fork) a core, as the 1,904 env steps/s figure of the issue
+  was measured; skipped with a note where stable-baselines3 is not installed.
+
+GPU mode on the lent machine (`../shared/device/build-wheelhouse.sh --add stable-baselines3==2.9.2`,
+then `source .devrun/install.sh && cd /tmp && python3 $OLDPWD/benchmarks/atari_throughput.py
+--mode gpu`): Breakout, cores - 2 workers x 8 envs, the learners on cuda, 200,000 env steps a
+training run, one repeat: about 5 minutes.
 
 Each training run's steady rate is read from its own clock after a warm-up (the first quarter of
 its steps): for gymflow the MLflow metrics each step logs (env steps, and the learner's, the
@@ -37,8 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 PRESETS = {"catch": ("catch-ppo", "catch-appo"), "breakout": ("breakout-ppo", "breakout-appo")}  # SYNC, ASYNC
-BUDGETS = {("cpu", "catch"): 60_000, ("cpu", "breakout"): 20_000, ("gpu", "catch"): 600_000,
-           ("gpu", "breakout"): 300_000}  # env steps a training run: ~20-60 s each on these machines
+BUDGETS = {("cpu", "catch"): 40_000, ("cpu", "breakout"): 20_000, ("gpu", "catch"): 600_000,
+           ("gpu", "breakout"): 200_000}  # env steps a training run: ~15-60 s each (gpu breakout: SB3 ~100 s)
 WARM_UP = 0.25  # the share of a run's env steps left out of its steady rate
 
 
@@ -103,9 +109,9 @@ def train_with_gymflow(preset: str, overrides: dict, folder: str, name: str) -> 
                     {part: 1e6 * value / done for part, value in parts.items()} | {"wall": 1e6 * seconds / done})
 
 
-def train_with_sb3(preset: str, workers: int, envs: int, total_steps: int, gpu: bool, epochs: int | None
-                   ) -> Measured | str:
-    """SB3's PPO with the preset's settings and gymflow's envs and network; a note if SB3 is missing."""
+def train_with_sb3(preset: str, envs: int, total_steps: int, gpu: bool, epochs: int | None) -> Measured | str:
+    """SB3's PPO with the preset's settings and gymflow's envs and network, `envs` envs (in GPU
+    mode one subprocess each); a note if SB3 is missing."""
     try:
         from stable_baselines3 import PPO
     except ImportError:
@@ -151,7 +157,7 @@ def train_with_sb3(preset: str, workers: int, envs: int, total_steps: int, gpu: 
 
     vec_env_cls, vec_kwargs = (SubprocVecEnv, {"start_method": "fork"}) if gpu else (DummyVecEnv, {})
     env = make_vec_env(lambda: make_env(env_config.id, dict(env_config.kwargs), preprocessing=env_config.preprocessing()),
-                       n_envs=workers * envs, seed=0, vec_env_cls=vec_env_cls, vec_env_kwargs=vec_kwargs)
+                       n_envs=envs, seed=0, vec_env_cls=vec_env_cls, vec_env_kwargs=vec_kwargs)
     model = PPO("CnnPolicy", env, learning_rate=agent.lr, n_steps=config.schedule.rollout_steps_per_env,
                 batch_size=agent.minibatch_size, n_epochs=epochs or agent.epochs, gamma=agent.gamma, gae_lambda=agent.gae_lambda,
                 clip_range=agent.clip_range, ent_coef=agent.entropy_coef, vf_coef=agent.value_coef,
@@ -187,7 +193,7 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=None, help="envs per worker (default: the preset's; gpu: 8)")
     parser.add_argument("--steps", type=int, default=None, help="env steps a training run (default: BUDGETS)")
     parser.add_argument("--stepping-seconds", type=float, default=15.0, help="how long the envs step alone")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=None, help="default: cpu 2, gpu 1 (8 minutes in all)")
     parser.add_argument("--epochs", type=int, default=None, help="every side's epochs (default: the presets')")
     parser.add_argument("--appo-threads", type=int, default=1, help="APPO's learner torch threads (cpu mode)")
     parser.add_argument("--only", nargs="+", default=None, help="some sides: stepping sync sync-all-cores appo sb3")
@@ -203,8 +209,9 @@ def main() -> None:
     envs = args.envs or (8 if gpu else preset.distribution.envs_per_worker)
     total, seconds = args.steps or BUDGETS[args.mode, env], args.stepping_seconds
     used = min(workers, cores)
+    repeats = args.repeats or (1 if gpu else 2)
     print(f"{args.mode} mode, {env}: {workers} workers x {envs} envs x {preset.schedule.rollout_steps_per_env} steps, "
-          f"{cores} cores ({used} used for envs), {total:,} env steps a training run, {args.repeats} repeats")
+          f"{cores} cores ({used} used for envs), {total:,} env steps a training run, {repeats} repeats")
 
     threads = preset.distribution.learner_threads
 
@@ -221,7 +228,7 @@ def main() -> None:
             async_preset, gymflow_overrides(workers, envs, total, args.appo_threads, gpu, args.epochs),
             tempfile.mkdtemp(), f"gymflow APPO ({async_preset}, {args.appo_threads} learner thread"
                                 f"{'s' * (args.appo_threads > 1)})"),
-        "sb3": lambda: train_with_sb3(sync_preset, workers, envs, total, gpu, args.epochs),
+        "sb3": lambda: train_with_sb3(sync_preset, cores if gpu else workers * envs, total, gpu, args.epochs),
     }
     if threads == used or gpu:  # the preset's SYNC already learns on every core used (or on the GPU)
         del sides["sync-all-cores"]
@@ -231,7 +238,7 @@ def main() -> None:
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "0")  # as gymflow's own temporary API: no telemetry
     with prefect_test_harness(server_startup_timeout=120):  # one temporary Prefect API for every gymflow run
-        for repeat in range(args.repeats):
+        for repeat in range(repeats):
             order = list(sides) if repeat % 2 == 0 else list(reversed(sides))  # alternate: the VM drifts
             for key in order:
                 measured = sides[key]()
