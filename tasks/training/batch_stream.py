@@ -94,6 +94,8 @@ class BatchStream(AsyncStream):
 
     def _stop_tending(self) -> None:
         self._stopping.set()
+        with self._lock:
+            self._lock.notify_all()
         if self._tender is not None and self._tender is not threading.current_thread():
             self._tender.join()
 
@@ -104,10 +106,10 @@ class BatchStream(AsyncStream):
         while not self._stopping.is_set():
             with self._lock:
                 calls = list(self.in_flight.values())
+                if not calls:  # every worker paused: woken as soon as the learner takes a batch
+                    self._lock.wait(TEND_POLL_S)
             if calls:
                 wait_first(calls, TEND_POLL_S)
-            else:
-                self._stopping.wait(TEND_POLL_S)
             try:
                 with self._lock:
                     if self._stopping.is_set():
