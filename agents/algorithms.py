@@ -57,8 +57,13 @@ class Algorithm:
         return self.parts().learner(config, observation_space, action_space, seed, device)
 
     def network(self, config: Any, observation_space: spaces.Space, action_space: spaces.Space) -> nn.Module:
-        """The network a rollout worker acts with (the learner's is one of these)."""
-        return self.parts().network(config, observation_space, action_space)
+        """The network a rollout worker acts with (the learner's is one of these), its weights
+        to be loaded."""
+        parts = self.parts()
+        from gymflow.agents.networks import unseeded_init  # imports torch, as parts() just did
+
+        with unseeded_init():
+            return parts.network(config, observation_space, action_space)
 
     def policy(self, network: nn.Module, config: Any, exploration: float, seed: int) -> Policy:
         return self.parts().policy(network, config, exploration, seed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -220,10 +221,24 @@ def orthogonal_init(module: nn.Module, gain: float) -> None:
             nn.init.zeros_(layer.bias)
 
 
+# torch draws initial weights from one RNG per process. Learners of concurrent trials (a sweep's
+# threads) and jobs sharing a worker build networks at once: a draw from another thread inside a
+# seeded section shifts the seeded weights. Every network build in gymflow holds this lock.
+_GLOBAL_RNG = threading.RLock()
+
+
 @contextmanager
 def seeded_init(seed: int) -> Iterator[None]:
-    """Networks built inside start from weights that depend on `seed` alone; torch's global
-    RNG is restored afterwards."""
-    with torch.random.fork_rng(devices=[]):
+    """Networks built inside start from weights that depend on `seed` alone, whatever other
+    threads build meanwhile; torch's global RNG is restored afterwards."""
+    with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
+        yield
+
+
+@contextmanager
+def unseeded_init() -> Iterator[None]:
+    """Networks built inside get weights loaded afterwards: their draws only wait for (and never
+    shift) a seeded build in another thread."""
+    with _GLOBAL_RNG:
         yield

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
 
-from gymflow.agents.algorithms import algorithm_of
+from gymflow.agents.algorithms import ALGORITHMS, algorithm_of
 from gymflow.agents.batches import Rollout
 from gymflow.agents.bc import BCLearner
 from gymflow.agents.configs import BCConfig, DQNConfig, IQLConfig, PPOConfig, SACConfig, TD3Config, epsilon_at
@@ -225,3 +227,51 @@ def test_a_gpu_learner_hands_out_cpu_weights_and_its_checkpoint_resumes_on_a_cpu
         on_cpu.replay.load_state_dict(learner.replay.state_dict())
     metrics = on_cpu.learn([rollout], 0.2)
     assert all(np.isfinite(value) for value in metrics.values())
+
+
+# --- initial weights under threads: a sweep's trials build learners at once in one process --------
+
+def _initial_weights(algo: str, seed: int) -> dict[str, torch.Tensor]:
+    algorithm = ALGORITHMS[algo]
+    config = algorithm.config()
+    actions = BOX_ACTIONS if algo in ("sac", "td3") else ACTIONS
+    learner = algorithm.learner(config, OBS, actions, seed)
+    return {name: tensor.clone() for name, tensor in learner.policy_weights().items()}
+
+
+def test_a_network_drawn_in_another_thread_waits_for_a_seeded_build_and_never_shifts_it():
+    from torch import nn
+
+    from gymflow.agents.networks import seeded_init
+
+    with seeded_init(7):
+        expected = [nn.Linear(16, 16).weight.clone() for _ in range(2)]
+    with seeded_init(7):
+        first = nn.Linear(16, 16).weight.clone()
+        worker_network = threading.Thread(target=ALGORITHMS["ppo"].network, args=(PPOConfig(), OBS, ACTIONS))
+        worker_network.start()
+        worker_network.join(timeout=1.0)  # unlocked, it draws its weights from this seeded stream now
+        assert worker_network.is_alive(), "a network was drawn inside another thread's seeded build"
+        second = nn.Linear(16, 16).weight.clone()
+    worker_network.join()
+    assert torch.equal(first, expected[0]) and torch.equal(second, expected[1])
+
+
+@pytest.mark.parametrize("algo", ["ppo", "sac", "dqn"])
+def test_learners_built_at_once_in_two_threads_start_from_their_own_seeds(algo):
+    alone = {seed: _initial_weights(algo, seed) for seed in (1, 2)}
+    for _ in range(5):
+        built: dict[int, dict[str, torch.Tensor]] = {}
+        start = threading.Barrier(2)
+
+        def build(seed: int) -> None:
+            start.wait()
+            built[seed] = _initial_weights(algo, seed)
+
+        threads = [threading.Thread(target=build, args=(seed,)) for seed in (1, 2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for seed in (1, 2):
+            assert all(torch.equal(built[seed][name], alone[seed][name]) for name in alone[seed]), (algo, seed)

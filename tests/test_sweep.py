@@ -240,3 +240,42 @@ def test_a_sweep_in_single_mode_ranks_as_the_same_sweep_on_a_cluster(prefect_api
     trials = [run for run in _sweep_runs(workspace, "single") if "mlflow.parentRunId" in run.data.tags]
     assert len(trials) == 2 * len(LEARNING_RATES)
     assert {run.data.params["distribution.mode"] for run in trials} == {"single"}
+
+
+def _final_policies(workspace: Path, sweep_id: str) -> dict[str, bytes]:
+    from gymflow.tasks.storage.checkpoints import latest_version, read_policy
+    from gymflow.tasks.storage.layout import RunLayout
+    from gymflow.tasks.storage.objects import Storage, StorageLocation
+
+    storage = Storage(StorageLocation(str(workspace / "data")))
+    runs = sorted(path.name for path in (workspace / "data" / "runs").glob(f"{sweep_id}-c*"))
+    policies = {}
+    for run_id in runs:
+        layout = RunLayout(run_id)
+        blobs = read_policy(storage, layout, latest_version(storage, layout))
+        policies[run_id.removeprefix(sweep_id)] = b"".join(blobs[name] for name in sorted(blobs))
+    return policies
+
+
+@pytest.mark.e2e
+def test_the_same_concurrent_sweep_run_five_times_ends_with_the_same_weights_for_every_run(
+        prefect_api, workspace, tiny_budget):
+    """Two trials at once share the sweep's process (their learners) and its LocalCluster's
+    workers (their jobs): neither may change the other's results, whatever the timing. Each sweep
+    starts in a fresh process, as `gymflow sweep` does: its first two trials wait on the same
+    first imports, then build their learners at the same moment."""
+    from prefect.settings import PREFECT_API_URL
+
+    spec = _spec(workspace, tiny_budget, space={"agent.lr": {"values": [0.01, 0.003]}}, concurrency=2)
+    code = ("import json, sys\nfrom gymflow.flows.sweep import sweep\n"
+            "if __name__ == '__main__':\n    sweep(json.loads(sys.argv[1]), sweep_id=sys.argv[2])")
+    finals = []
+    for attempt in range(5):
+        subprocess.run([sys.executable, "-c", code, json.dumps(spec), f"again{attempt}"], check=True,
+                       env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=240)
+        finals.append(_final_policies(workspace, f"again{attempt}"))
+    assert sorted(finals[0]) == [f"-c00{c}-s{FIRST_SEED + s}" for c in range(2) for s in range(2)]
+    for attempt, policies in enumerate(finals[1:], start=1):
+        differing = [run for run in finals[0] if policies[run] != finals[0][run]]
+        assert not differing, f"sweep {attempt} ended these runs with other weights than sweep 0: {differing}"
