@@ -67,7 +67,7 @@ def improve(
     judge = TrialJudge(sweep_trial) if sweep_trial else None
     with (
         cancellable(flow_run.id, _deployment_id()),  # a Prefect cancellation ends the run within seconds
-        rollout_hosts(run.experiment, logger) as (hosts, where),  # an unreachable cluster stops here, and a
+        rollout_hosts(run.experiment, logger, run.run_id) as (hosts, where),  # an unreachable cluster stops here, and a
         # worker that cannot make the env; single mode runs the jobs in this process
         tracked_run(run, str(flow_run.id), run_tags(changed, sweep_trial.tags() if sweep_trial else None)) as tracker,
     ):

@@ -198,6 +198,11 @@ class DistributionConfig(_Strict):
         description="Address of a running Dask scheduler (tcp://host:8786). "
         "None starts a LocalCluster for the run.",
     )
+    scheduler_wait_s: float = Field(
+        default=120.0, ge=0, description="A scheduler at scheduler_address that is lost mid-run (killed, its "
+        "node gone): how long the run waits for one to answer at the same address again, then continues where "
+        "it was (jobs in flight are sent again); past it the run stops in one line naming `gymflow resume`.",
+    )
     tls: TLSConfig | None = Field(
         default=None,
         description="Connect to a tls:// scheduler_address with these certificates; a scheduler started with "

@@ -26,7 +26,8 @@ from gymflow.presets.model import DistributionConfig, TLSConfig
 from gymflow.presets.validate import Experiment
 from gymflow.tasks.cluster.hosts import HostPool
 from gymflow.tasks.cluster.rounds import AnyLogger, check_workers
-from gymflow.tasks.cluster.shipping import code_shipped, code_to_ship
+from gymflow.tasks.cluster.scheduler_link import SchedulerLink
+from gymflow.tasks.cluster.shipping import code_shipped, code_to_ship, ship_code
 
 CONNECT_TIMEOUT_S = 10
 
@@ -139,21 +140,30 @@ def _local_cluster(config: DistributionConfig, workers: int) -> LocalCluster:
 
 
 @contextmanager
-def job_hosts(client: Client, experiment: Experiment, logger: AnyLogger) -> Iterator[HostPool]:
+def job_hosts(client: Client, experiment: Experiment, logger: AnyLogger, resume_hint: str = "") -> Iterator[HostPool]:
     """The run's job hosts on the workers offering the rollout resources, released at the end;
     on a remote cluster the user's code is shipped to the workers first (tasks/cluster/shipping.py).
     Each worker the jobs go to checks that it can make the env (`check_workers`): one that cannot
-    stops the run here, before anything is written."""
+    stops the run here, before anything is written. A scheduler at `distribution.scheduler_address`
+    lost mid-run is waited for (tasks/cluster/scheduler_link.py); `resume_hint` is how to continue
+    the run where none comes back."""
     config = experiment.preset.distribution
     first_worker = next(_runs_on_shared_cluster) if client is _shared_client else 0
-    with code_shipped(client, code_to_ship(experiment.preset)):
-        hosts = HostPool(client, config.rollout_resources, config.rollout_timeout_s, first_worker)
+    shipped = code_to_ship(experiment.preset)
+    with code_shipped(client, shipped):
+        link = None
+        if config.scheduler_address:
+            link = SchedulerLink(client, config.scheduler_address, _security(config.tls), config.scheduler_wait_s,
+                                 resume_hint, logger, on_new_scheduler=lambda new: ship_code(new, shipped))
+        hosts = HostPool(client, config.rollout_resources, config.rollout_timeout_s, first_worker, link)
         hosts.start(config.rollout_workers)
         try:
             check_workers(hosts, experiment, logger)
             yield hosts
         finally:
             hosts.close()
+            if link is not None:
+                link.close()
 
 
 def _drop_dasks_malloc_trim_threshold() -> None:

@@ -24,7 +24,8 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import InvalidStateError, ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass
 from logging import Logger, LoggerAdapter
 from typing import TYPE_CHECKING, Any, Protocol
@@ -37,6 +38,8 @@ from gymflow.tasks.storage.shards import shards_kept_in_process
 
 if TYPE_CHECKING:  # Dask is imported by the runs that use it (tasks/cluster/placement.py)
     from distributed import Client, Future
+
+    from gymflow.tasks.cluster.scheduler_link import SchedulerLink
 
 ATTEMPTS = 3  # a job is tried this many times (worker deaths and deadlines together) before the run fails
 HOST_START_TIMEOUT_S = 30
@@ -80,6 +83,7 @@ class Call:
     worker: str
     attempt: int
     deadline: float  # time.monotonic() after which the call counts as wedged
+    connection: int = 0  # the pool's connection to its scheduler when sent (a new one after the scheduler was lost)
 
     def done(self) -> bool:
         return self.future.done()
@@ -163,29 +167,38 @@ class InProcessHosts:
 
 
 class HostPool:
-    """The run's hosts on the workers that offer `resources`; see the module's docstring."""
+    """The run's hosts on the workers that offer `resources`; see the module's docstring. With a
+    `link` (a scheduler the run does not own), a lost scheduler is waited for and its jobs in
+    flight are sent again to the new one's workers, without counting as attempts
+    (tasks/cluster/scheduler_link.py)."""
 
-    def __init__(self, client: Client, resources: dict[str, float] | None, timeout_s: float, first_worker: int = 0):
+    def __init__(self, client: Client, resources: dict[str, float] | None, timeout_s: float, first_worker: int = 0,
+                 link: SchedulerLink | None = None):
         """`first_worker`: slot 0's worker in the sorted list, so runs that share a cluster (a
         sweep's) start on different workers."""
         self.client, self.resources, self.timeout_s = client, resources or {}, timeout_s
-        self.first_worker = first_worker
+        self.first_worker, self.link = first_worker, link
         self._hosts: dict[str, Future] = {}  # worker address -> the future of its host (an actor)
         self._actors: dict[str, Any] = {}  # worker address -> its host's proxy, once started
         self._lost: set[str] = set()  # addresses whose host died; skipped while the scheduler still lists them
         self._listed: tuple[float, list[str]] = (-math.inf, [])  # (when, able workers): a scheduler RPC saved per call
         self._lock = threading.Lock()  # calls come from the flow's thread and from Prefect task threads
+        self._connection = 0  # bumped each time the link replaces a lost scheduler
+        self._reconnecting = threading.Lock()  # one thread waits for the scheduler; the others wait for it
+        self._unsettled: set[concurrent.futures.Future] = set()  # calls sent on this connection, not settled
+        self._gone: Exception | None = None  # the scheduler was lost and none came back: every thread stops
         self.closed = False
         self.one_process = False
 
     def call(self, function: Callable[[Any], Any], spec: Any, slot: int, attempt: int = 1) -> Call:
         """Start `function(spec)` on the host of the worker for `slot`; returns at once."""
         future: concurrent.futures.Future = concurrent.futures.Future()
+        connection = self._connection
         try:
-            worker, actor = self._host_for(slot)
+            worker, actor, client = self._host_for(slot)
         except HostLost as lost:
             future.set_exception(lost)
-            return Call(future, function, spec, slot, "", attempt, time.monotonic() + self.timeout_s)
+            return Call(future, function, spec, slot, "", attempt, time.monotonic() + self.timeout_s, connection)
 
         job = cloudpickle.dumps((function, spec))
         where = f"{describe_job(function, spec, slot)} on the Dask worker {worker}"
@@ -193,16 +206,25 @@ class HostPool:
         async def relay() -> None:
             try:
                 reply = await actor.run(job)
+            except asyncio.CancelledError:  # its client was closed: the scheduler was lost
+                _lost(future, f"the worker {worker} was lost with its scheduler")
+                raise
             except (OSError, RuntimeError) as error:  # the actor could not be reached: its worker is gone
-                future.set_exception(HostLost(f"the worker {worker} was lost: {error}"))
+                _lost(future, f"the worker {worker} was lost: {error}")
                 return
             except Exception as error:  # noqa: BLE001 (whatever else Dask raises, the call ends)
-                future.set_exception(JobFailed(where, f"its call failed: {one_line_cause(error)}"))
+                with suppress(InvalidStateError):
+                    future.set_exception(JobFailed(where, f"its call failed: {one_line_cause(error)}"))
                 return
-            settle_reply(future, where, reply)
+            with suppress(InvalidStateError):  # settled as lost already: the scheduler went meanwhile
+                settle_reply(future, where, reply)
 
-        self.client.loop.add_callback(relay)
-        return Call(future, function, spec, slot, worker, attempt, time.monotonic() + self.timeout_s)
+        self._unsettled.add(future)
+        future.add_done_callback(self._unsettled.discard)
+        if self._connection != connection:  # the scheduler was replaced while this call was being sent
+            _lost(future, f"the worker {worker} was lost with its scheduler")
+        client.loop.add_callback(relay)
+        return Call(future, function, spec, slot, worker, attempt, time.monotonic() + self.timeout_s, connection)
 
     def settle(self, call: Call, logger) -> Call:
         """`call` itself while it runs, or once it is `finished`; sent again (to a live worker) if
@@ -213,11 +235,15 @@ class HostPool:
             if not isinstance(lost, HostLost):
                 return call
             self._forget(call.worker)
+            if self._lost_with_its_scheduler(call):  # waits for a new scheduler
+                return self._redo(call, f"{self._describe(call)} was lost with the Dask scheduler", logger,
+                                  counted=False)
             return self._redo(call, f"{self._describe(call)}: {lost}", logger)
         if time.monotonic() <= call.deadline:
             return call
         if call.worker:
-            self.client.restart_workers([call.worker], raise_for_error=False)
+            with suppress(Exception):  # a scheduler gone meanwhile: the redo finds out
+                self.client.restart_workers([call.worker], raise_for_error=False)
         self._forget(call.worker)
         return self._redo(call, f"{self._describe(call)} was still running after {self.timeout_s:.0f} s; "
                                 f"restarted its worker {call.worker}", logger)
@@ -245,25 +271,30 @@ class HostPool:
             futures = list(self._hosts.values())
             self._hosts.clear()
             self._actors.clear()
-        self.client.cancel(futures)
+        with suppress(Exception):  # a scheduler gone for good holds nothing of the run
+            self.client.cancel(futures)
 
-    def _redo(self, call: Call, reason: str, logger) -> Call:
-        if call.attempt >= ATTEMPTS:
+    def _redo(self, call: Call, reason: str, logger, counted: bool = True) -> Call:
+        if counted and call.attempt >= ATTEMPTS:
             raise TimeoutError(f"{self._describe(call)} did not complete in {ATTEMPTS} attempts; the last: {reason}")
-        logger.warning("%s (attempt %d of %d); submitting the job again", reason, call.attempt, ATTEMPTS)
-        return self.call(call.function, call.spec, call.slot, call.attempt + 1)
+        attempt = call.attempt + 1 if counted else call.attempt
+        logger.warning("%s (attempt %d of %d); submitting the job again", reason, attempt, ATTEMPTS)
+        return self.call(call.function, call.spec, call.slot, attempt)
 
     @staticmethod
     def _describe(call: Call) -> str:
         return describe_job(call.function, call.spec, call.slot)
 
-    def _host_for(self, slot: int) -> tuple[str, Any]:
+    def _host_for(self, slot: int) -> tuple[str, Any, Client]:
         workers = self._able_workers()
+        client = self.client
         if not workers:  # none yet, or all being replaced: wait for one rather than fail
             try:
-                self.client.wait_for_workers(1, timeout=self.timeout_s)
+                client.wait_for_workers(1, timeout=self.timeout_s)
             except TimeoutError:
                 raise HostLost(f"no Dask worker came up within {self.timeout_s:.0f} s") from None
+            except Exception as error:  # noqa: BLE001 (its scheduler lost meanwhile: the call is sent again)
+                raise HostLost(f"no Dask worker: {one_line_cause(error)}") from None
             workers = self._able_workers()
         if not workers:
             raise HostLost(f"no Dask worker offers {self.resources}")
@@ -271,11 +302,12 @@ class HostPool:
         actor = self._actors.get(worker)
         if actor is None:
             try:
-                actor = self._actors[worker] = self._host_future(worker).result(timeout=HOST_START_TIMEOUT_S)
+                with client.as_current():  # the actor talks through the client it is read by
+                    actor = self._actors[worker] = self._host_future(worker).result(timeout=HOST_START_TIMEOUT_S)
             except Exception as error:  # noqa: BLE001 (a worker gone or broken: the job goes elsewhere)
                 self._forget(worker)
                 raise HostLost(f"could not start a job host on {worker}: {error}") from None
-        return worker, actor
+        return worker, actor, client
 
     def _host_future(self, worker: str) -> Future:
         with self._lock:
@@ -286,12 +318,61 @@ class HostPool:
     def _able_workers(self) -> list[str]:
         listed_at, listed = self._listed
         if time.monotonic() - listed_at > WORKER_LIST_TTL_S or not listed:
-            listed = able_workers(self.client, self.resources)
+            listed = self._listed_by_scheduler()
             self._listed = (time.monotonic(), listed)
         with self._lock:
             self._lost &= set(listed)  # a lost address the scheduler dropped may come back as a new worker
             live = [address for address in listed if address not in self._lost]
         return live or listed
+
+    def _listed_by_scheduler(self) -> list[str]:
+        """The able workers, asked of the scheduler; a lost one is waited for (with a link)."""
+        from gymflow.tasks.cluster.scheduler_link import SCHEDULER_ERRORS
+
+        connection = self._connection
+        try:
+            identity = scheduler_identity_of(self.client)
+            if self.link is None or identity["id"] == self.link.scheduler_id:
+                return able_workers(identity, self.resources)
+        except SCHEDULER_ERRORS as error:
+            if self.link is None:
+                raise HostLost(f"the Dask scheduler cannot be reached: {one_line_cause(error)}") from None
+        self._reconnect(connection)  # lost, or replaced while Dask's client reconnected by itself
+        return able_workers(scheduler_identity_of(self.client), self.resources)
+
+    def _lost_with_its_scheduler(self, call: Call) -> bool:
+        """Whether `call` was lost with its scheduler (which is then replaced, waiting for one)."""
+        if self.link is None:
+            return False
+        if call.connection == self._connection and self.link.answers():
+            return False
+        self._reconnect(call.connection)
+        return True
+
+    def _reconnect(self, seen: int) -> None:
+        """Replace the scheduler lost on connection `seen` (unless another thread did already):
+        the link waits for one (raising past its wait), the hosts start anew on its workers, and
+        calls still out on the old one are settled as lost."""
+        with self._reconnecting:
+            if self._gone is not None:
+                raise self._gone
+            if self._connection != seen:
+                return
+            try:
+                client = self.link.reconnect()
+            except Exception as gone:
+                self._gone = gone
+                raise
+            with self._lock:
+                self.client = client
+                self._hosts.clear()
+                self._actors.clear()
+                self._lost.clear()
+                self._listed = (-math.inf, [])
+                self._connection += 1
+                unsettled, self._unsettled = self._unsettled, set()
+        for future in unsettled:
+            _lost(future, "its worker was lost with the Dask scheduler")
 
     def _forget(self, worker: str) -> None:
         with self._lock:
@@ -300,14 +381,25 @@ class HostPool:
             self._lost.add(worker)
             self._listed = (-math.inf, [])
         if host is not None:
-            self.client.cancel([host])
+            with suppress(Exception):  # its scheduler may be gone with it
+                self.client.cancel([host])
 
 
-def able_workers(client: Client, resources: dict[str, float] | None) -> list[str]:
-    """The workers offering every resource in `resources`, sorted by address."""
-    workers = client.scheduler_info(n_workers=-1)["workers"]
+def _lost(future: concurrent.futures.Future, why: str) -> None:
+    with suppress(InvalidStateError):  # settled already
+        future.set_exception(HostLost(why))
+
+
+def scheduler_identity_of(client: Client) -> dict:
+    from gymflow.tasks.cluster.scheduler_link import scheduler_identity  # Dask: imported by the runs that use it
+
+    return scheduler_identity(client)
+
+
+def able_workers(identity: dict, resources: dict[str, float] | None) -> list[str]:
+    """The workers in a scheduler's `identity` offering every resource in `resources`, sorted by address."""
     return sorted(
-        address for address, info in workers.items()
+        address for address, info in identity["workers"].items()
         if all(info.get("resources", {}).get(name, 0) >= amount for name, amount in (resources or {}).items())
     )
 

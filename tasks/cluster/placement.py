@@ -19,9 +19,9 @@ from gymflow.tasks.storage.objects import open_storage, storage_location
 
 
 @contextmanager
-def rollout_hosts(experiment: Experiment, logger: AnyLogger) -> Iterator[tuple[Hosts, str]]:
-    """Where the run's jobs run, and a few words saying where: the job hosts on its Dask cluster
-    (`dask_client`, `job_hosts`), or, with `distribution.mode: single`, this process."""
+def rollout_hosts(experiment: Experiment, logger: AnyLogger, run_id: str) -> Iterator[tuple[Hosts, str]]:
+    """Where run `run_id`'s jobs run, and a few words saying where: the job hosts on its Dask
+    cluster (`dask_client`, `job_hosts`), or, with `distribution.mode: single`, this process."""
     config = experiment.preset.distribution
     if config.mode == "single":
         helper = HelperProcess(instead=InProcessHosts())
@@ -38,7 +38,8 @@ def rollout_hosts(experiment: Experiment, logger: AnyLogger) -> Iterator[tuple[H
         logger.warning("%s", note)
     from gymflow.tasks.cluster.client import dask_client, job_hosts  # Dask: imported by the runs that use it
 
-    with dask_client(config) as client, job_hosts(client, experiment, logger) as hosts:
+    resume_hint = f"`gymflow resume {run_id} --root {experiment.preset.storage.root}` continues the run"
+    with dask_client(config) as client, job_hosts(client, experiment, logger, resume_hint) as hosts:
         yield hosts, f"Dask dashboard {client.dashboard_link}"
 
 

@@ -112,10 +112,17 @@ def code_shipped(client: Client, paths: Sequence[Path]) -> Iterator[None]:
     if not paths:
         yield
         return
-    modules = [path.stem if path.is_file() else path.name for path in paths]
-    client.register_plugin(ShippedCode(archive_of(paths), modules))
+    ship_code(client, paths)
     try:
         yield
     finally:
         with suppress(Exception):  # a cluster already gone keeps nothing
             client.unregister_worker_plugin(ShippedCode.name)
+
+
+def ship_code(client: Client, paths: Sequence[Path]) -> None:
+    """`paths` on every worker of `client`'s cluster and on every worker that joins it (a
+    scheduler's plugin: a new scheduler needs it again)."""
+    if paths:
+        modules = [path.stem if path.is_file() else path.name for path in paths]
+        client.register_plugin(ShippedCode(archive_of(paths), modules))

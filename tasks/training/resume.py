@@ -48,9 +48,11 @@ class Restored:
 
 def stored_experiment(storage: Storage, run_id: str, caller: Experiment) -> Experiment:
     """The run's own preset, with the caller's storage location (where the run was found, with
-    credentials the stored copy has redacted); its retention and checkpoint cadence stay its own."""
+    credentials the stored copy has redacted); its retention and checkpoint cadence stay its own,
+    and so does `shared` (a folder every worker mounts) unless the caller says otherwise."""
     data = read_stored_preset(storage, run_id)
-    location = caller.preset.storage.model_dump(mode="json", include={"root", "options", "shared"})
+    given = {"root", "options"} | ({"shared"} & caller.preset.storage.model_fields_set)
+    location = caller.preset.storage.model_dump(mode="json", include=given)
     data["storage"] = {**data.get("storage", {}), **location}
     return experiment_from(validate_preset_data(data))
 

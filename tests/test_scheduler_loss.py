@@ -1,0 +1,151 @@
+"""A Dask scheduler lost mid-run, as when its node dies: the scheduler and its workers SIGKILLed,
+then started again at the same address by a supervisor. A SYNC run waits for it, sends its jobs
+in flight again and ends with a clean run's weights; where none comes back within
+`distribution.scheduler_wait_s` it stops in one line naming the resume command, which then ends
+the run with the same weights. Real processes throughout: `dask scheduler`, `dask worker`, the
+`gymflow` command line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gymflow.flows.improve import improve
+from gymflow.tasks.storage.checkpoints import latest_version, read_policy
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage, StorageLocation
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.e2e
+DASK = str(Path(sys.executable).with_name("dask"))
+CLI = "import sys\nfrom gymflow.flows.cli import main\nsys.exit(main(sys.argv[1:]))"
+KILLED_AFTER = 4  # the scheduler and its workers die once this version is committed
+
+
+class Cluster:
+    """`dask scheduler` and two `dask worker` processes at one loopback address, each in a
+    session of its own (a worker's nanny and worker process die together)."""
+
+    def __init__(self, folder: Path):
+        self.port, self.folder = free_port(), folder
+        self.address = f"tcp://127.0.0.1:{self.port}"
+        self.processes: list[subprocess.Popen] = []
+
+    def start(self) -> None:
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "cwd": self.folder,
+                 "start_new_session": True}
+        self.processes = [subprocess.Popen([DASK, "scheduler", "--host", "127.0.0.1", "--port", str(self.port),
+                                            "--dashboard-address", ":0"], **quiet)]
+        self.processes += [subprocess.Popen([DASK, "worker", self.address, "--nthreads", "1", "--host", "127.0.0.1",
+                                             "--dashboard-address", ":0"], **quiet) for _ in range(2)]
+
+    def kill(self) -> None:
+        for process in self.processes:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            process.wait(timeout=30)
+
+
+@pytest.fixture
+def cluster(tmp_path_factory):
+    cluster = Cluster(tmp_path_factory.mktemp("cluster"))
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+def _overrides(workspace: Path, root: str, address: str) -> dict:
+    """32 SYNC rounds of 512 steps on the test corridor, evaluated every 8."""
+    return {"env.id": "gymflow.testing.envs:Corridor", "distribution.rollout_workers": 2,
+            "distribution.envs_per_worker": 4, "schedule.rollout_steps_per_env": 64,
+            "schedule.total_env_steps": 16384, "schedule.evaluate_every_env_steps": 4096,
+            "schedule.evaluation_episodes": 4, "schedule.target_return": None,
+            "storage.root": str(workspace / root), "storage.shared": True,
+            "tracking.tracking_uri": f"sqlite:///{workspace / 'mlflow.db'}", "distribution.scheduler_address": address}
+
+
+def _final_policy(root: Path) -> tuple[str, int, bytes]:
+    storage = Storage(StorageLocation(str(root)))
+    (run_id,) = [path.name for path in (root / "runs").iterdir()]
+    version = latest_version(storage, RunLayout(run_id))
+    return run_id, version, read_policy(storage, RunLayout(run_id), version)["policy.safetensors"]
+
+
+def _command(args: list[str], stderr: Path) -> subprocess.Popen:
+    from prefect.settings import PREFECT_API_URL
+
+    return subprocess.Popen([sys.executable, "-c", CLI, *args], stdout=subprocess.DEVNULL, stderr=stderr.open("w"),
+                            env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()})
+
+
+def _run_command(overrides: dict) -> list[str]:
+    sets = [item for key, value in overrides.items() for item in ("--set", f"{key}={'null' if value is None else value}")]
+    return ["run", "cartpole-ppo", "--quiet", *sets]
+
+
+def _lose_the_scheduler_once_committed(cluster: Cluster, root: Path, flow: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 120
+    while max((int(path.parent.name[1:]) for path in root.glob("runs/*/checkpoints/v*/manifest.json")),
+              default=-1) < KILLED_AFTER:
+        assert flow.poll() is None and time.monotonic() < deadline, "the run ended before its scheduler could be lost"
+        time.sleep(0.02)
+    cluster.kill()
+
+
+@pytest.fixture
+def clean_policy(prefect_api, workspace, cluster) -> bytes:
+    improve("cartpole-ppo", _overrides(workspace, "clean", cluster.address))
+    return _final_policy(workspace / "clean")[2]
+
+
+# Back after 2 s, Dask's client reconnects by itself (to a scheduler with another id); after 12 s
+# it has given up (10 s) and the run connects a client of its own.
+@pytest.mark.parametrize("down_s", [2, 12])
+def test_a_run_waits_for_its_lost_scheduler_and_ends_with_a_clean_runs_weights(clean_policy, workspace, cluster, down_s):
+    root, stderr = workspace / "lost", workspace / "stderr.txt"
+    flow = _command(_run_command(_overrides(workspace, "lost", cluster.address)), stderr)
+    _lose_the_scheduler_once_committed(cluster, root, flow)
+    time.sleep(down_s)
+    cluster.start()
+    assert flow.wait(timeout=180) == 0, stderr.read_text()[-3000:]
+
+    _, version, policy = _final_policy(root)
+    assert version == 32 and policy == clean_policy
+    said = stderr.read_text()
+    assert f"the Dask scheduler at {cluster.address} was lost; waiting up to 120 s" in said
+    assert f"a Dask scheduler answers at {cluster.address} again" in said
+    assert "Traceback" not in said and "Failed to reconnect" not in said
+
+
+def test_a_scheduler_that_does_not_come_back_stops_the_run_in_one_line_and_resume_ends_it(
+        clean_policy, workspace, cluster):
+    root, stderr = workspace / "gone", workspace / "stderr.txt"
+    overrides = {**_overrides(workspace, "gone", cluster.address), "distribution.scheduler_wait_s": 1}
+    flow = _command(_run_command(overrides), stderr)
+    _lose_the_scheduler_once_committed(cluster, root, flow)
+    assert flow.wait(timeout=120) == 2
+
+    run_id, version, _ = _final_policy(root)
+    lines = stderr.read_text().splitlines()
+    assert lines[-1] == (f"gymflow: error: distribution.scheduler_address: the Dask scheduler at {cluster.address} was "
+                         f"lost and none answered there in 10 s (distribution.scheduler_wait_s: 1); what was committed "
+                         f"stays: `gymflow resume {run_id} --root {root}` continues the run"), lines[-1]
+    assert "Traceback" not in "\n".join(lines)
+    assert KILLED_AFTER <= version < 32
+
+    cluster.start()
+    resumed = _command(["resume", run_id, "--root", str(root), "--quiet"], workspace / "resumed.txt")
+    assert resumed.wait(timeout=180) == 0, (workspace / "resumed.txt").read_text()[-3000:]
+    assert _final_policy(root)[1:] == (32, clean_policy)
