@@ -7,6 +7,7 @@ the run with the same weights. Real processes throughout: `dask scheduler`, `das
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -149,3 +150,41 @@ def test_a_scheduler_that_does_not_come_back_stops_the_run_in_one_line_and_resum
     resumed = _command(["resume", run_id, "--root", str(root), "--quiet"], workspace / "resumed.txt")
     assert resumed.wait(timeout=180) == 0, (workspace / "resumed.txt").read_text()[-3000:]
     assert _final_policy(root)[1:] == (32, clean_policy)
+
+
+IMPROVE = ("import json, sys\nfrom gymflow.flows.improve import improve\n"
+           "summary = improve(sys.argv[1], json.loads(sys.argv[2]))\n"
+           "open(sys.argv[3], 'w').write(json.dumps({'run_id': summary.run_id, 'lag_max': summary.policy_lag_max, "
+           "'env_steps': summary.env_steps, 'versions': summary.versions_committed}))")
+
+
+def test_an_async_run_through_a_lost_scheduler_accounts_for_every_chunk_once_within_its_lag_bound(
+        prefect_api, workspace, cluster):
+    from prefect.settings import PREFECT_API_URL
+
+    from gymflow.tasks.storage.checkpoints import committed_versions
+    from tests.stored import read_ledger
+
+    root, stderr, result = workspace / "async", workspace / "stderr.txt", workspace / "summary.json"
+    overrides = {**_overrides(workspace, "async", cluster.address), "distribution.mode": "async",
+                 "distribution.max_policy_lag": 2, "storage.keep_shards": "all"}
+    flow = subprocess.Popen([sys.executable, "-c", IMPROVE, "cartpole-appo", json.dumps(overrides), str(result)],
+                            stdout=subprocess.DEVNULL, stderr=stderr.open("w"),
+                            env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()})
+    _lose_the_scheduler_once_committed(cluster, root, flow)
+    time.sleep(12)
+    cluster.start()
+    assert flow.wait(timeout=180) == 0, stderr.read_text()[-3000:]
+
+    summary = json.loads(result.read_text())
+    assert summary["lag_max"] <= 2 and summary["env_steps"] >= 16384
+    storage, layout = Storage(StorageLocation(str(root))), RunLayout(summary["run_id"])
+    ledger = read_ledger(storage, summary["run_id"])
+    accounted = ledger.inserted + ledger.dropped + ledger.unused
+    assert len(set(accounted)) == len(accounted)  # the chunks lost with the scheduler landed once, when redone
+    assert sorted(accounted) == storage.list(f"{layout.prefix}/shards/async")
+    for worker in (0, 1):  # and no chunk number is missing
+        chunks = sorted(int(key.rsplit("/c", 1)[1][:6]) for key in accounted if f"/w{worker:03d}/" in key)
+        assert chunks == list(range(len(chunks)))
+    assert committed_versions(storage, layout)[-1] == summary["versions"] - 1
+    assert "was lost; waiting up to 120 s" in stderr.read_text() and "Traceback" not in stderr.read_text()

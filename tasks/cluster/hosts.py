@@ -193,12 +193,11 @@ class HostPool:
     def call(self, function: Callable[[Any], Any], spec: Any, slot: int, attempt: int = 1) -> Call:
         """Start `function(spec)` on the host of the worker for `slot`; returns at once."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        connection = self._connection
         try:
-            worker, actor, client = self._host_for(slot)
+            worker, actor, client, connection = self._host_for(slot)
         except HostLost as lost:
             future.set_exception(lost)
-            return Call(future, function, spec, slot, "", attempt, time.monotonic() + self.timeout_s, connection)
+            return Call(future, function, spec, slot, "", attempt, time.monotonic() + self.timeout_s, self._connection)
 
         job = cloudpickle.dumps((function, spec))
         where = f"{describe_job(function, spec, slot)} on the Dask worker {worker}"
@@ -234,7 +233,8 @@ class HostPool:
             lost = call.future.exception()
             if not isinstance(lost, HostLost):
                 return call
-            self._forget(call.worker)
+            if call.connection == self._connection:  # an address of an older scheduler's may be a new worker's
+                self._forget(call.worker)
             if self._lost_with_its_scheduler(call):  # waits for a new scheduler
                 return self._redo(call, f"{self._describe(call)} was lost with the Dask scheduler", logger,
                                   counted=False)
@@ -285,9 +285,14 @@ class HostPool:
     def _describe(call: Call) -> str:
         return describe_job(call.function, call.spec, call.slot)
 
-    def _host_for(self, slot: int) -> tuple[str, Any, Client]:
-        workers = self._able_workers()
-        client = self.client
+    def _host_for(self, slot: int) -> tuple[str, Any, Client, int]:
+        """The worker for `slot`, its host, and the client and connection they belong to."""
+        while True:  # the workers of the scheduler the client talks to
+            with self._lock:
+                client, connection = self.client, self._connection
+            workers = self._able_workers()  # may wait for a lost scheduler
+            if connection == self._connection:
+                break
         if not workers:  # none yet, or all being replaced: wait for one rather than fail
             try:
                 client.wait_for_workers(1, timeout=self.timeout_s)
@@ -303,16 +308,16 @@ class HostPool:
         if actor is None:
             try:
                 with client.as_current():  # the actor talks through the client it is read by
-                    actor = self._actors[worker] = self._host_future(worker).result(timeout=HOST_START_TIMEOUT_S)
+                    actor = self._actors[worker] = self._host_future(worker, client).result(HOST_START_TIMEOUT_S)
             except Exception as error:  # noqa: BLE001 (a worker gone or broken: the job goes elsewhere)
                 self._forget(worker)
                 raise HostLost(f"could not start a job host on {worker}: {error}") from None
-        return worker, actor, client
+        return worker, actor, client, connection
 
-    def _host_future(self, worker: str) -> Future:
+    def _host_future(self, worker: str, client: Client | None = None) -> Future:
         with self._lock:
             if worker not in self._hosts:
-                self._hosts[worker] = self.client.submit(JobHost, workers=[worker], actor=True, pure=False)
+                self._hosts[worker] = (client or self.client).submit(JobHost, workers=[worker], actor=True, pure=False)
             return self._hosts[worker]
 
     def _able_workers(self) -> list[str]:
