@@ -336,3 +336,24 @@ def test_shipped_code_reaches_a_worker_that_joins_later_and_leaves_with_the_run(
             joined.wait(timeout=30)
     with Client(address, timeout=30) as client:
         assert not any(client.run(lambda: "my_corridor" in sys.modules).values())
+
+
+def test_a_closing_worker_drops_only_the_heartbeat_failure_its_own_close_causes():
+    """A LocalCluster worker's preload: the heartbeat a worker cuts short by closing is not
+    logged; while it runs, a failed heartbeat is (tasks/cluster/local_worker.py)."""
+    import logging
+
+    from distributed import LocalCluster
+
+    from gymflow.tasks.cluster.local_worker import HEARTBEAT_CUT, HeartbeatCutByClose
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, message, None, None)
+
+    cluster = LocalCluster(n_workers=1, processes=False, dashboard_address=None)
+    (worker,) = cluster.workers.values()
+    cut = HeartbeatCutByClose(worker)
+    assert cut.filter(record(f"{HEARTBEAT_CUT}."))  # a running worker's failed heartbeat is news
+    cluster.close()
+    assert not cut.filter(record(f"{HEARTBEAT_CUT}."))
+    assert cut.filter(record("Heartbeat to scheduler failed"))  # anything else a closed worker says is kept
