@@ -1,0 +1,196 @@
+"""Many hosts on one machine (gymflow.testing.network): the S3 server, the Dask scheduler and two
+worker hosts each in a network namespace of its own, with its own address and folder; the flow
+in this machine's namespace, at the bridge's address. Nothing is shared but what the network
+carries: storage is the S3 server. A SYNC run through a fault ends with a clean run's weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gymflow.flows.improve import improve
+from gymflow.testing.network import Host, Network, unavailable
+from gymflow.tasks.storage.checkpoints import latest_version, read_policy
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage, StorageLocation
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
+DASK = str(Path(sys.executable).with_name("dask"))
+S3_PORT, SCHEDULER_PORT = 5000, 8786
+
+
+@dataclass
+class Hosts:
+    network: Network
+    s3: Host
+    scheduler: Host
+    workers: list[Host]
+    options: dict[str, str]  # the bucket's endpoint and key
+
+    @property
+    def scheduler_address(self) -> str:
+        return f"tcp://{self.scheduler.address}:{SCHEDULER_PORT}"
+
+
+def _answers(address: str, port: int, within_s: float = 60) -> None:
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            socket.create_connection((address, port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing answered at {address}:{port} within {within_s} s"
+            time.sleep(0.2)
+
+
+def _s3_with_a_key(host: Host) -> dict[str, str]:
+    """moto's S3 server on `host`, IAM on: a user with a key, and the bucket `gymflow`."""
+    import boto3
+
+    host.start([sys.executable, "-m", "moto.server", "-H", host.address, "-p", str(S3_PORT)],
+               env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "4"})
+    _answers(host.address, S3_PORT)
+    endpoint = f"http://{host.address}:{S3_PORT}"
+    admin = {"endpoint_url": endpoint, "region_name": "us-east-1", "aws_access_key_id": "setup",
+             "aws_secret_access_key": "setup"}
+    iam = boto3.client("iam", **admin)
+    iam.create_user(UserName="gymflow")
+    iam.put_user_policy(UserName="gymflow", PolicyName="everything", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+    key = iam.create_access_key(UserName="gymflow")["AccessKey"]
+    boto3.client("s3", **admin).create_bucket(Bucket="gymflow")
+    return {"endpoint_url": endpoint, "key": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
+
+
+def _start_dask(scheduler: Host, workers: list[Host]) -> None:
+    scheduler.start([DASK, "scheduler", "--host", scheduler.address, "--port", str(SCHEDULER_PORT),
+                     "--dashboard-address", ":0"])
+    _answers(scheduler.address, SCHEDULER_PORT)
+    for worker in workers:
+        worker.start([DASK, "worker", f"tcp://{scheduler.address}:{SCHEDULER_PORT}", "--host", worker.address,
+                      "--nthreads", "1", "--dashboard-address", ":0", "--local-directory", str(worker.folder)])
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory) -> Iterator[Hosts]:
+    network = Network(tmp_path_factory.mktemp("hosts"))
+    try:
+        s3, scheduler = network.host("s3"), network.host("scheduler")
+        workers = [network.host("worker1"), network.host("worker2")]
+        options = _s3_with_a_key(s3)
+        _start_dask(scheduler, workers)
+        yield Hosts(network, s3, scheduler, workers, options)
+    finally:
+        network.close()
+
+
+def _overrides(hosts: Hosts, workspace: Path, prefix: str) -> dict:
+    """32 SYNC rounds of 512 steps on the test corridor, evaluated every 8, stored on the S3 host."""
+    return {"env.id": "gymflow.testing.envs:Corridor", "distribution.rollout_workers": 2,
+            "distribution.envs_per_worker": 4, "schedule.rollout_steps_per_env": 64,
+            "schedule.total_env_steps": 16384, "schedule.evaluate_every_env_steps": 4096,
+            "schedule.evaluation_episodes": 4, "schedule.target_return": None,
+            "storage.root": f"s3://gymflow/{prefix}", "storage.options": hosts.options,
+            "tracking.tracking_uri": f"sqlite:///{workspace / 'mlflow.db'}",
+            "distribution.scheduler_address": hosts.scheduler_address}
+
+
+def _final_policy(hosts: Hosts, prefix: str, run_id: str) -> tuple[int, bytes]:
+    storage = Storage(StorageLocation(f"s3://gymflow/{prefix}", hosts.options))
+    version = latest_version(storage, RunLayout(run_id))
+    return version, read_policy(storage, RunLayout(run_id), version)["policy.safetensors"]
+
+
+def _newest_checkpoint(hosts: Hosts, prefix: str) -> int:
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=hosts.options["endpoint_url"], region_name="us-east-1",
+                      aws_access_key_id=hosts.options["key"], aws_secret_access_key=hosts.options["secret"])
+    listed = s3.list_objects_v2(Bucket="gymflow", Prefix=f"{prefix}/runs/").get("Contents", [])
+    versions = [int(item["Key"].split("/checkpoints/v")[1][:6]) for item in listed
+                if "/checkpoints/v" in item["Key"] and item["Key"].endswith("manifest.json")]
+    return max(versions, default=-1)
+
+
+def _during_the_run(fault, hosts: Hosts, prefix: str, after_version: int = 4) -> threading.Thread:
+    """Run `fault()` in a thread once the run under `prefix` has committed `after_version`."""
+    def watch() -> None:
+        deadline = time.monotonic() + 180
+        while _newest_checkpoint(hosts, prefix) < after_version and time.monotonic() < deadline:
+            time.sleep(0.1)
+        fault()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture(scope="module")
+def clean_policy(hosts, prefect_api, tmp_path_factory) -> tuple[int, bytes]:
+    summary = improve("cartpole-ppo", _overrides(hosts, tmp_path_factory.mktemp("clean"), "clean"))
+    return _final_policy(hosts, "clean", summary.run_id)
+
+
+class Partition:
+    """`host` cut off the network for `seconds`, the times noted."""
+
+    def __init__(self, host: Host, seconds: float = 20):
+        self.host, self.seconds = host, seconds
+        self.cut_at = self.mended_at = float("inf")
+
+    def __call__(self) -> None:
+        self.cut_at = time.monotonic()
+        self.host.cut()
+        time.sleep(self.seconds)
+        self.host.mend()
+        self.mended_at = time.monotonic()
+
+
+def _run_through(partition: Partition, hosts: Hosts, workspace: Path, prefix: str) -> tuple[int, bytes]:
+    """A run under `prefix`, its host cut off once it has committed version 4; its final policy."""
+    fault = _during_the_run(partition, hosts, prefix)
+    summary = improve("cartpole-ppo", _overrides(hosts, workspace, prefix))
+    ended = time.monotonic()
+    fault.join()
+    assert partition.cut_at < ended and partition.mended_at < ended, "the run did not go on across the partition"
+    return _final_policy(hosts, prefix, summary.run_id)
+
+
+def test_a_run_whose_worker_host_is_cut_off_for_20_s_ends_with_a_clean_runs_weights(hosts, clean_policy, workspace):
+    """The job on the cut-off host is waited for (its connections hold: TCP resends once the link is up)."""
+    assert _run_through(Partition(hosts.workers[0]), hosts, workspace, "cut") == clean_policy
+
+
+def test_a_run_whose_s3_host_is_cut_off_for_20_s_ends_with_a_clean_runs_weights(hosts, clean_policy, workspace):
+    """Writes and reads of the flow and the workers wait for the S3 host; nothing is committed unstored."""
+    assert _run_through(Partition(hosts.s3), hosts, workspace, "s3cut") == clean_policy
+
+
+def test_a_run_whose_scheduler_and_worker_hosts_die_and_come_back_ends_with_a_clean_runs_weights(
+        hosts, clean_policy, workspace):
+    """The scheduler's and workers' processes SIGKILLed, as when their machines die, and started
+    again at the same addresses 5 s later (tasks/cluster/scheduler_link.py)."""
+    dead: list[float] = []
+
+    def die_and_come_back() -> None:
+        for host in (hosts.scheduler, *hosts.workers):
+            host.kill()
+        dead.append(time.monotonic())
+        time.sleep(5)
+        _start_dask(hosts.scheduler, hosts.workers)
+
+    fault = _during_the_run(die_and_come_back, hosts, "died")
+    summary = improve("cartpole-ppo", _overrides(hosts, workspace, "died"))
+    ended = time.monotonic()
+    fault.join()
+    assert dead and dead[0] < ended, "the run ended before its cluster died"
+    assert _final_policy(hosts, "died", summary.run_id) == clean_policy
