@@ -67,3 +67,18 @@ def newest_published(root: Path) -> int:
     fast run retires old versions between two polls, so a wait for version N asks for "N or newer"."""
     versions = [int(manifest.parent.name[1:]) for manifest in root.glob("runs/*/policies/v*/manifest.json")]
     return max(versions, default=-1)
+
+
+def check_every_chunk_once(storage: Storage, run_id: str, workers: int, max_policy_lag: int) -> LedgerEntries:
+    """An ASYNC run's ledger: every chunk stored is accounted for once (admitted, dropped for lag
+    or unused), no chunk number of a worker is missing, and no admitted chunk lagged past the bound."""
+    layout = RunLayout(run_id)
+    ledger = read_ledger(storage, run_id)
+    accounted = ledger.inserted + ledger.dropped + ledger.unused
+    assert len(set(accounted)) == len(accounted), "a chunk was accounted for twice"
+    assert sorted(accounted) == storage.list(f"{layout.prefix}/shards/async")
+    for worker in range(workers):
+        chunks = sorted(int(key.rsplit("/c", 1)[1][:6]) for key in accounted if f"/w{worker:03d}/" in key)
+        assert chunks == list(range(len(chunks))), f"worker {worker}'s chunks: {chunks}"
+    assert all(ledger.lags[key] <= max_policy_lag for key in ledger.inserted)
+    return ledger

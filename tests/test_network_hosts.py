@@ -194,3 +194,70 @@ def test_a_run_whose_scheduler_and_worker_hosts_die_and_come_back_ends_with_a_cl
     fault.join()
     assert dead and dead[0] < ended, "the run ended before its cluster died"
     assert _final_policy(hosts, "died", summary.run_id) == clean_policy
+
+
+def _start_worker(host: Host, hosts: Hosts, *extra: str) -> None:
+    host.start([DASK, "worker", hosts.scheduler_address, "--host", host.address, "--nthreads", "1",
+                "--dashboard-address", ":0", "--local-directory", str(host.folder), *extra])
+
+
+def test_workers_added_preempted_and_retired_mid_run_leave_a_sync_run_as_a_clean_one(hosts, clean_policy, workspace):
+    """A third worker host joins after version 4; then the first is preempted (SIGTERM: Dask's
+    worker closes, its job is redone elsewhere); then the new one is retired through the
+    scheduler. Rounds go on, each job lands once, and the weights are a clean run's."""
+    from distributed import Client
+
+    joined = hosts.network.host(f"worker{len(hosts.network.hosts)}")
+    events: list[float] = []
+
+    def come_and_go() -> None:
+        _start_worker(joined, hosts)
+        with Client(hosts.scheduler_address, timeout=30) as client:
+            client.wait_for_workers(3, timeout=60)
+            events.append(time.monotonic())
+            time.sleep(1)
+            hosts.workers[0].stop()  # SIGTERM, as a spot instance's preemption notice
+            events.append(time.monotonic())
+            time.sleep(1)
+            client.retire_workers([f"tcp://{joined.address}:{port}" for port in _worker_ports(client, joined)])
+            events.append(time.monotonic())
+
+    try:
+        fault = _during_the_run(come_and_go, hosts, "churn")
+        summary = improve("cartpole-ppo", _overrides(hosts, workspace, "churn"))
+        ended = time.monotonic()
+        fault.join()
+        assert len(events) == 3 and events[-1] < ended, "the run ended before the workers came and went"
+        assert _final_policy(hosts, "churn", summary.run_id) == clean_policy
+    finally:
+        joined.stop()
+        if not hosts.workers[0].processes:
+            _start_worker(hosts.workers[0], hosts)
+
+
+def _worker_ports(client, host: Host) -> list[int]:
+    return [int(address.rsplit(":", 1)[1]) for address in client.scheduler_info(n_workers=-1)["workers"]
+            if address.startswith(f"tcp://{host.address}:")]
+
+
+def test_an_async_run_through_partitions_of_a_worker_host_and_the_s3_host_accounts_for_every_chunk_once(
+        hosts, workspace):
+    from tests.stored import check_every_chunk_once
+
+    worker, store = Partition(hosts.workers[1]), Partition(hosts.s3)
+
+    def partitions() -> None:
+        worker()
+        store()
+
+    overrides = {**_overrides(hosts, workspace, "async"), "distribution.mode": "async",
+                 "distribution.max_policy_lag": 2, "storage.keep_shards": "all"}
+    fault = _during_the_run(partitions, hosts, "async")
+    summary = improve("cartpole-appo", overrides)
+    ended = time.monotonic()
+    fault.join()
+    assert store.mended_at < ended, "the run did not go on across both partitions"
+    assert summary.env_steps >= 16384
+    storage = Storage(StorageLocation("s3://gymflow/async", hosts.options))
+    # the cut-off worker's chunk lands versions late, and is dropped (the summary's lag counts it)
+    check_every_chunk_once(storage, summary.run_id, workers=2, max_policy_lag=2)
