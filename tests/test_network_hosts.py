@@ -261,3 +261,20 @@ def test_an_async_run_through_partitions_of_a_worker_host_and_the_s3_host_accoun
     storage = Storage(StorageLocation("s3://gymflow/async", hosts.options))
     # the cut-off worker's chunk lands versions late, and is dropped (the summary's lag counts it)
     check_every_chunk_once(storage, summary.run_id, workers=2, max_policy_lag=2)
+
+
+def test_a_sync_run_on_workers_that_end_at_their_lifetime_ends_as_a_clean_one(hosts, clean_policy, workspace):
+    """dask-jobqueue's way: each worker retires after `--lifetime` (here 5 s, staggered) and its
+    nanny starts a new one; the run goes on with whichever workers are up."""
+    for host in hosts.workers:
+        host.stop()
+        _start_worker(host, hosts, "--lifetime", "5s", "--lifetime-stagger", "1s", "--lifetime-restart")
+    try:
+        began = time.monotonic()
+        summary = improve("cartpole-ppo", _overrides(hosts, workspace, "lifetime"))
+        assert time.monotonic() - began > 6, "no worker reached its lifetime during the run"
+        assert _final_policy(hosts, "lifetime", summary.run_id) == clean_policy
+    finally:
+        for host in hosts.workers:
+            host.stop()
+            _start_worker(host, hosts)
