@@ -155,14 +155,18 @@ class Partition:
         self.mended_at = time.monotonic()
 
 
-def _run_through(partition: Partition, hosts: Hosts, workspace: Path, prefix: str) -> tuple[int, bytes]:
+def _run_through(partition: Partition, hosts: Hosts, workspace: Path, prefix: str, **changes) -> tuple[int, bytes]:
     """A run under `prefix`, its host cut off once it has committed version 4; its final policy."""
+    return _final_policy(hosts, prefix, _summary_through(partition, hosts, workspace, prefix, **changes).run_id)
+
+
+def _summary_through(partition: Partition, hosts: Hosts, workspace: Path, prefix: str, **changes):
     fault = _during_the_run(partition, hosts, prefix)
-    summary = improve("cartpole-ppo", _overrides(hosts, workspace, prefix))
+    summary = improve("cartpole-ppo", {**_overrides(hosts, workspace, prefix), **changes})
     ended = time.monotonic()
     fault.join()
     assert partition.cut_at < ended and partition.mended_at < ended, "the run did not go on across the partition"
-    return _final_policy(hosts, prefix, summary.run_id)
+    return summary
 
 
 def test_a_run_whose_worker_host_is_cut_off_for_20_s_ends_with_a_clean_runs_weights(hosts, clean_policy, workspace):
@@ -278,3 +282,25 @@ def test_a_sync_run_on_workers_that_end_at_their_lifetime_ends_as_a_clean_one(ho
         for host in hosts.workers:
             host.stop()
             _start_worker(host, hosts)
+
+
+def test_a_run_whose_mlflow_host_is_cut_off_for_20_s_ends_finished_with_every_metric(hosts, clean_policy, workspace):
+    """MLflow's client retries its requests (with backoff, for minutes): the run waits, and its
+    MLflow run holds every evaluation and ends FINISHED."""
+    from mlflow.tracking import MlflowClient
+
+    tracking = hosts.network.host(f"mlflow{len(hosts.network.hosts)}")
+    tracking.start([str(Path(sys.executable).with_name("mlflow")), "server", "--host", tracking.address,
+                    "--port", "5001", "--workers", "1", "--backend-store-uri", f"sqlite:///{tracking.folder}/mlflow.db",
+                    "--artifacts-destination", str(tracking.folder / "artifacts")])
+    try:
+        _answers(tracking.address, 5001, within_s=120)
+        uri = f"http://{tracking.address}:5001"
+        summary = _summary_through(Partition(tracking), hosts, workspace, "mlcut", **{"tracking.tracking_uri": uri})
+        assert _final_policy(hosts, "mlcut", summary.run_id) == clean_policy
+        client = MlflowClient(uri)
+        assert client.get_run(summary.mlflow_run_id).info.status == "FINISHED"
+        history = client.get_metric_history(summary.mlflow_run_id, "eval/return_mean")
+        assert [int(metric.step) for metric in history] == [evaluation.env_steps for evaluation in summary.evaluations]
+    finally:
+        tracking.stop()
