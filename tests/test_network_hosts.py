@@ -304,3 +304,39 @@ def test_a_run_whose_mlflow_host_is_cut_off_for_20_s_ends_finished_with_every_me
         assert [int(metric.step) for metric in history] == [evaluation.env_steps for evaluation in summary.evaluations]
     finally:
         tracking.stop()
+
+
+def test_a_run_whose_prefect_server_is_cut_off_for_20_s_goes_on_and_ends_completed(hosts, clean_policy, workspace):
+    """`gymflow run` under a Prefect server on a host of its own: its requests wait for the
+    server (Prefect's client retries them), the run goes on, and its flow run ends Completed."""
+    import subprocess
+
+    server = hosts.network.host(f"prefect{len(hosts.network.hosts)}")
+    server.start([str(Path(sys.executable).with_name("prefect")), "server", "start", "--host", server.address,
+                  "--port", "4201"], env={**os.environ, "PREFECT_HOME": str(server.folder),
+                                          "PREFECT_UI_ENABLED": "0", "PREFECT_SERVER_ANALYTICS_ENABLED": "0"})
+    try:
+        _answers(server.address, 4201, within_s=120)
+        api = f"http://{server.address}:4201/api"
+        overrides = _overrides(hosts, workspace, "apicut")
+        sets = [f"--set={key}={json.dumps(value)}" for key, value in overrides.items()]
+        partition = Partition(server)
+        fault = _during_the_run(partition, hosts, "apicut")
+        flow = subprocess.run([str(Path(sys.executable).with_name("gymflow")), "run", "cartpole-ppo", "--quiet", *sets],
+                              env={**os.environ, "PREFECT_API_URL": api}, capture_output=True, text=True, timeout=300)
+        ended = time.monotonic()
+        fault.join()
+        assert flow.returncode == 0, flow.stderr[-3000:]
+        assert partition.mended_at < ended, "the run did not go on across the partition"
+        run_id = flow.stdout.split()[1]  # "run RUN_ID did not reach its target: ..."
+        assert _final_policy(hosts, "apicut", run_id) == clean_policy
+        assert _flow_run_states(api) == ["Completed"]
+    finally:
+        server.stop()
+
+
+def _flow_run_states(api: str) -> list[str]:
+    import httpx
+
+    runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=30).json()
+    return [run["state"]["name"] for run in runs]
