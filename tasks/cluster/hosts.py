@@ -376,7 +376,7 @@ class HostPool:
                 self._listed = (-math.inf, [])
                 self._connection += 1
                 unsettled, self._unsettled = self._unsettled, set()
-        for future in unsettled:
+        for future in list(unsettled):  # settling one runs its callbacks, which take it out of the set
             _lost(future, "its worker was lost with the Dask scheduler")
 
     def _forget(self, worker: str) -> None:
