@@ -257,6 +257,11 @@ def test_a_network_drawn_in_another_thread_waits_for_a_seeded_build_and_never_sh
     assert torch.equal(first, expected[0]) and torch.equal(second, expected[1])
 
 
+def _build_at_once(algo: str, seed: int, start: threading.Barrier, built: dict) -> None:
+    start.wait()
+    built[seed] = _initial_weights(algo, seed)
+
+
 @pytest.mark.parametrize("algo", ["ppo", "sac", "dqn"])
 def test_learners_built_at_once_in_two_threads_start_from_their_own_seeds(algo):
     alone = {seed: _initial_weights(algo, seed) for seed in (1, 2)}
@@ -264,11 +269,7 @@ def test_learners_built_at_once_in_two_threads_start_from_their_own_seeds(algo):
         built: dict[int, dict[str, torch.Tensor]] = {}
         start = threading.Barrier(2)
 
-        def build(seed: int) -> None:
-            start.wait()
-            built[seed] = _initial_weights(algo, seed)
-
-        threads = [threading.Thread(target=build, args=(seed,)) for seed in (1, 2)]
+        threads = [threading.Thread(target=_build_at_once, args=(algo, seed, start, built)) for seed in (1, 2)]
         for thread in threads:
             thread.start()
         for thread in threads:

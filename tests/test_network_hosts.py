@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from gymflow.flows.improve import improve
-from gymflow.testing.network import Host, Network, unavailable
 from gymflow.tasks.storage.checkpoints import latest_version, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
+from gymflow.testing.network import Host, Network, unavailable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 DASK = str(Path(sys.executable).with_name("dask"))

@@ -26,7 +26,7 @@ from gymflow.presets.model import DistributionConfig, TLSConfig
 from gymflow.presets.validate import Experiment
 from gymflow.tasks.cluster.hosts import HostPool
 from gymflow.tasks.cluster.rounds import AnyLogger, check_workers
-from gymflow.tasks.cluster.scheduler_link import SchedulerLink
+from gymflow.tasks.cluster.scheduler_link import SchedulerAddress, SchedulerLink
 from gymflow.tasks.cluster.shipping import code_shipped, code_to_ship, ship_code
 
 CONNECT_TIMEOUT_S = 10
@@ -153,8 +153,8 @@ def job_hosts(client: Client, experiment: Experiment, logger: AnyLogger, resume_
     with code_shipped(client, shipped):
         link = None
         if config.scheduler_address:
-            link = SchedulerLink(client, config.scheduler_address, _security(config.tls), config.scheduler_wait_s,
-                                 resume_hint, logger, on_new_scheduler=lambda new: ship_code(new, shipped))
+            at = SchedulerAddress(config.scheduler_address, _security(config.tls), config.scheduler_wait_s)
+            link = SchedulerLink(client, at, resume_hint, logger, on_new_scheduler=lambda new: ship_code(new, shipped))
         hosts = HostPool(client, config.rollout_resources, config.rollout_timeout_s, first_worker, link)
         hosts.start(config.rollout_workers)
         try:

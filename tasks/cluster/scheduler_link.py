@@ -5,11 +5,12 @@ address.
 Dask's client notices a closed connection at once and tries to reconnect for its connect timeout
 (10 s), then closes itself; its futures, the run's job hosts (actors) among them, are gone
 either way, and the workers of a new scheduler are new processes. The link waits up to
-`distribution.scheduler_wait_s` for a scheduler to answer at the address (Dask's own reconnect,
-which it lets end, then a client of its own: so at least Dask's 10 s), gives the new scheduler what the run registered on
-the old one (the shipped code), and hands the client to the job hosts, which start anew and send
-the jobs that were in flight again (tasks/cluster/hosts.py). Past the wait the run stops in one
-line naming the address and the `gymflow resume` command: what was committed stays.
+`distribution.scheduler_wait_s` for a scheduler to answer at the address: Dask's own reconnect,
+which it lets end, then clients of its own (so it waits at least Dask's 10 s). It gives a new
+scheduler what the run registered on the old one (the shipped code) and hands the client to the
+job hosts, which start anew and send the jobs that were in flight again (tasks/cluster/hosts.py).
+Past the wait the run stops in one line naming the address and the `gymflow resume` command:
+what was committed stays.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import dataclass
 
 from distributed import Client
 from distributed.client import ClosedClientError
@@ -45,13 +47,22 @@ class DasksReconnectVerdict(logging.Filter):
 _dasks_verdict = DasksReconnectVerdict()
 
 
-class SchedulerLink:
-    """A client of the scheduler at `address`, replaced when the scheduler is lost (see the module)."""
+@dataclass(frozen=True)
+class SchedulerAddress:
+    """Where a run's scheduler answers, how to talk to it, and how long to wait for it when lost."""
 
-    def __init__(self, client: Client, address: str, security: Security | None, wait_s: float, resume_hint: str,
-                 logger: AnyLogger, on_new_scheduler: Callable[[Client], None] = lambda client: None):
-        self.client, self.address, self.security = client, address, security
-        self.wait_s, self.resume_hint, self.logger = wait_s, resume_hint, logger
+    address: str
+    security: Security | None
+    wait_s: float
+
+
+class SchedulerLink:
+    """A client of the scheduler at an address, replaced when the scheduler is lost (see the module)."""
+
+    def __init__(self, client: Client, at: SchedulerAddress, resume_hint: str, logger: AnyLogger,
+                 on_new_scheduler: Callable[[Client], None] = lambda client: None):
+        self.client, self.address, self.security, self.wait_s = client, at.address, at.security, at.wait_s
+        self.resume_hint, self.logger = resume_hint, logger
         self.on_new_scheduler = on_new_scheduler
         self.scheduler_id = scheduler_id(client)
         self._made: list[Client] = []  # clients made here (the first is its owner's to close)
