@@ -152,6 +152,14 @@ class ScheduleConfig(_Strict):
     )
 
 
+class AdaptiveConfig(_Strict):
+    """A cluster class scaled by Dask's `cluster.adapt` between two sizes, instead of to rollout_workers."""
+
+    minimum: int = Field(default=1, ge=1, le=1024, description="Workers kept however idle (>= 1: the run's "
+                         "job hosts are actors, which Dask does not count as work to scale up for).")
+    maximum: int = Field(ge=1, le=1024, description="Workers at most.")
+
+
 class TLSConfig(_Strict):
     """Mutual TLS to a Dask scheduler that requires it (Dask's `Security`): files on the machine
     the flow runs on."""
@@ -216,6 +224,11 @@ class DistributionConfig(_Strict):
     )
     cluster_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for cluster_class."
+    )
+    adaptive: AdaptiveConfig | None = Field(
+        default=None, description="With a cluster_class: let Dask adapt it between {minimum, maximum} workers "
+        "(workers retired and added mid-run; a job on a retired one is sent again) instead of scaling it to "
+        "rollout_workers.",
     )
     rollout_resources: dict[str, float] = Field(
         default_factory=dict,

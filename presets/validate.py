@@ -14,7 +14,7 @@ from gymflow.envs.make import EnvSpecError, check_env, is_image, is_multi_agent,
 from gymflow.envs.parts import image_parts
 from gymflow.errors import InvalidPreset
 from gymflow.presets.load import load_preset
-from gymflow.presets.model import Preset
+from gymflow.presets.model import DistributionConfig, Preset
 
 
 def _is_local_folder(root: str) -> bool:
@@ -84,6 +84,7 @@ def experiment_from(config: Preset) -> Experiment:
     if config.distribution.mode not in algorithm.modes:
         raise InvalidPreset("distribution.mode", _mode_refused(algorithm, config.distribution.mode))
     _check_vtrace(config)
+    _check_adaptive(config.distribution)
     tls, address = config.distribution.tls, config.distribution.scheduler_address
     if tls is not None and not (address or "").startswith("tls://"):
         raise InvalidPreset("distribution.tls", f"needs a tls:// distribution.scheduler_address, not {address!r}")
@@ -237,3 +238,15 @@ def _off_policy() -> str:
 def _asynchronous() -> str:
     return ", ".join(name for name, algorithm in ALGORITHMS.items()
                      if "async" in algorithm.modes and not algorithm.offline_only)
+
+
+def _check_adaptive(distribution: DistributionConfig) -> None:
+    adaptive = distribution.adaptive
+    if adaptive is None:
+        return
+    if not distribution.cluster_class:
+        raise InvalidPreset("distribution.adaptive", "adapts a cluster the run starts: needs a "
+                                                     "distribution.cluster_class (e.g. dask_jobqueue.SLURMCluster)")
+    if adaptive.maximum < adaptive.minimum:
+        raise InvalidPreset("distribution.adaptive.maximum",
+                            f"{adaptive.maximum} is below minimum {adaptive.minimum}; allowed: >= {adaptive.minimum}")

@@ -357,3 +357,33 @@ def test_a_closing_worker_drops_only_the_heartbeat_failure_its_own_close_causes(
     cluster.close()
     assert not cut.filter(record(f"{HEARTBEAT_CUT}."))
     assert cut.filter(record("Heartbeat to scheduler failed"))  # anything else a closed worker says is kept
+
+
+def test_an_adaptive_cluster_class_runs_as_a_scaled_one(prefect_api, workspace, tiny_budget):
+    """`distribution.adaptive`: Dask adapts the cluster class between 1 and 2 workers (retiring
+    idle ones, whose jobs are sent again); the SYNC run ends with the same weights as on the
+    run's LocalCluster."""
+    from gymflow.tasks.storage.checkpoints import read_policy
+
+    run = {**tiny_budget, **local_overrides(workspace), "storage.shared": True, "schedule.total_env_steps": 2560}
+    clean = improve("cartpole-ppo", {**run, "storage.root": str(workspace / "clean")})
+    adaptive = improve("cartpole-ppo", {
+        **run, "storage.root": str(workspace / "adaptive"), "distribution.cluster_class": "distributed.LocalCluster",
+        "distribution.cluster_kwargs": {"n_workers": 0, "threads_per_worker": 1, "processes": True,
+                                        "dashboard_address": ":0"},
+        "distribution.adaptive": {"minimum": 1, "maximum": 2}})
+    assert 1 <= len(_pids(adaptive)) and adaptive.versions_committed == clean.versions_committed
+    final = clean.versions_committed - 1
+    policies = [read_policy(Storage(StorageLocation(str(workspace / name))), RunLayout(summary.run_id), final)
+                for name, summary in (("clean", clean), ("adaptive", adaptive))]
+    assert policies[0] == policies[1]
+
+
+def test_adaptive_without_a_cluster_class_is_refused_in_one_line(workspace):
+    with pytest.raises(InvalidPreset, match="^distribution.adaptive: adapts a cluster the run starts: needs a "
+                                            "distribution.cluster_class"):
+        resolve_experiment("cartpole-ppo", {"distribution.adaptive": {"maximum": 4}})
+    with pytest.raises(InvalidPreset, match="^distribution.adaptive.maximum: 1 is below minimum 2"):
+        resolve_experiment("cartpole-ppo", {"distribution.cluster_class": "distributed.LocalCluster",
+                                            "storage.shared": True,
+                                            "distribution.adaptive": {"minimum": 2, "maximum": 1}})

@@ -51,7 +51,10 @@ def dask_client(config: DistributionConfig) -> Iterator[Client]:
         return
     if config.cluster_class:
         cluster = _cluster_class(config.cluster_class)(**config.cluster_kwargs)
-        cluster.scale(config.rollout_workers)
+        if config.adaptive:  # workers come and go with Dask's load; a job on a retired one is sent again
+            cluster.adapt(minimum=config.adaptive.minimum, maximum=config.adaptive.maximum)
+        else:
+            cluster.scale(config.rollout_workers)
     else:
         cluster = _local_cluster(config, min(config.rollout_workers, os.cpu_count() or 1))
     # a LocalCluster's workers are reachable from here: job calls go to them directly, not
