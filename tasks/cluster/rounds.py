@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from logging import Logger, LoggerAdapter
 from typing import Any, Literal
@@ -21,9 +21,10 @@ from gymflow.envs.seeding import derive_seed
 from gymflow.errors import ClusterUnavailable
 from gymflow.presets.model import Preset
 from gymflow.presets.validate import Experiment
-from gymflow.tasks.cluster.hosts import Hosts, wait_first
+from gymflow.tasks.cluster.hosts import Call, Hosts, wait_first
 from gymflow.tasks.cluster.jobs import check_worker, run_evaluation, run_rollout, run_rollouts
 from gymflow.tasks.cluster.messages import EvaluationResult, EvaluationSpec, RolloutSpec, WorkerCheckSpec
+from gymflow.tasks.cluster.wire import describe_job
 from gymflow.tasks.storage.objects import storage_location
 from gymflow.tasks.storage.shards import ShardRef
 
@@ -130,7 +131,7 @@ def collect_round(hosts: Hosts, specs: Sequence[RolloutSpec], logger: AnyLogger)
     if hosts.one_process:
         [shards] = run_round(hosts, run_rollouts, [specs], logger)
         return shards
-    return run_round(hosts, run_rollout, specs, logger)
+    return run_round(hosts, run_rollout, specs, logger, name_stalls=True)
 
 
 def evaluate_version(hosts: Hosts, specs: Sequence[EvaluationSpec], logger: AnyLogger) -> EvaluationResult:
@@ -147,20 +148,54 @@ def evaluate_version(hosts: Hosts, specs: Sequence[EvaluationSpec], logger: AnyL
     )
 
 
-def run_round(hosts: Hosts, function: Callable, specs: Sequence[Any], logger: AnyLogger) -> list[Any]:
+def run_round(hosts: Hosts, function: Callable, specs: Sequence[Any], logger: AnyLogger,
+              name_stalls: bool = False) -> list[Any]:
     """Run one job per spec and return their results in spec order.
 
     Job i goes to worker i among those offering the rollout resources (so its live envs are
     found again). A job whose worker dies is sent to a live worker; a job still running at its
     deadline is treated as wedged: its worker process is restarted and the job sent again. Each
-    job has `hosts.ATTEMPTS` tries; waiting forever is not an outcome."""
+    job has `hosts.ATTEMPTS` tries; waiting forever is not an outcome. With `name_stalls` (rollouts,
+    which take as many steps each: evaluations' episodes differ in length), a job still running
+    `STALL_NOTICE_S` after the round's first one finished (a slow or cut-off worker) is named once."""
     calls = {index: hosts.call(function, spec, slot=index) for index, spec in enumerate(specs)}
     results: dict[int, Any] = {}
+    stalls = StallNotice(logger)
     while calls:
-        wait_first(calls.values(), min(call.deadline for call in calls.values()) - time.monotonic())
+        wait_s = min(call.deadline for call in calls.values()) - time.monotonic()
+        wait_first(calls.values(), min(wait_s, STALL_NOTICE_S))
         for index, call in list(calls.items()):
             call = calls[index] = hosts.settle(call, logger)
             if call.finished:
                 results[index] = call.future.result()  # a job that failed raises here
                 del calls[index]
+        stalls.name(calls.values(), finished=name_stalls and bool(results))
     return [results[index] for index in range(len(specs))]
+
+
+STALL_NOTICE_S = 10.0
+
+
+class StallNotice:
+    """Names, once each, the jobs of a round still running `STALL_NOTICE_S` after its first job
+    finished: a partition or a slow worker otherwise shows only as a round that takes longer."""
+
+    def __init__(self, logger: AnyLogger):
+        self.logger = logger
+        self.first_finished: float | None = None
+        self.named: set[int] = set()
+
+    def name(self, running: Iterable[Call], finished: bool) -> None:
+        if not finished:
+            return
+        now = time.monotonic()
+        self.first_finished = self.first_finished or now
+        if now - self.first_finished < STALL_NOTICE_S:
+            return
+        for call in running:
+            if id(call.future) not in self.named:
+                self.named.add(id(call.future))
+                self.logger.warning(
+                    "%s on the Dask worker %s is still running %.0f s after the round's first job finished; "
+                    "waiting for it (a slow or cut-off worker; it is sent again after distribution.rollout_timeout_s)",
+                    describe_job(call.function, call.spec, call.slot), call.worker or "?", now - self.first_finished)
