@@ -169,14 +169,9 @@ def _summary_through(partition: Partition, hosts: Hosts, workspace: Path, prefix
     return summary
 
 
-def test_a_run_whose_worker_host_is_cut_off_for_20_s_ends_with_a_clean_runs_weights(hosts, clean_policy, workspace,
-                                                                                    caplog):
-    """The job on the cut-off host is waited for (its connections hold: TCP resends once the link
-    is up), and named once while it is."""
+def test_a_run_whose_worker_host_is_cut_off_for_20_s_ends_with_a_clean_runs_weights(hosts, clean_policy, workspace):
+    """The job on the cut-off host is waited for (its connections hold: TCP resends once the link is up)."""
     assert _run_through(Partition(hosts.workers[0]), hosts, workspace, "cut") == clean_policy
-    said = [record.getMessage() for record in caplog.records]
-    assert any(f"on the Dask worker tcp://{hosts.workers[0].address}:" in line and "is still running" in line
-               for line in said), [line for line in said if "WARNING" in line or "still" in line]
 
 
 def test_a_run_whose_s3_host_is_cut_off_for_20_s_ends_with_a_clean_runs_weights(hosts, clean_policy, workspace):
