@@ -107,11 +107,36 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def s3_user_and_bucket(endpoint: str) -> tuple[str, str]:
+    """On a fresh moto server started with INITIAL_NO_AUTH_ACTION_COUNT=4: a user allowed
+    everything, its access key (returned: key, secret) and the bucket `gymflow`."""
+    import boto3
+
+    admin = {"endpoint_url": endpoint, "region_name": "us-east-1",
+             "aws_access_key_id": "setup", "aws_secret_access_key": "setup"}
+    iam = boto3.client("iam", **admin)
+    iam.create_user(UserName="gymflow")
+    iam.put_user_policy(UserName="gymflow", PolicyName="everything", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+    key = iam.create_access_key(UserName="gymflow")["AccessKey"]
+    boto3.client("s3", **admin).create_bucket(Bucket="gymflow")
+    return key["AccessKeyId"], key["SecretAccessKey"]
+
+
+def drill_run(workspace: Path) -> dict:
+    """32 SYNC rounds of 512 steps on the test corridor (2 workers x 4 envs x 64 steps), evaluated
+    every 8, MLflow in the workspace: long enough for a fault after version 4 to fall mid-run."""
+    return {"env.id": "gymflow.testing.envs:Corridor", "distribution.rollout_workers": 2,
+            "distribution.envs_per_worker": 4, "schedule.rollout_steps_per_env": 64,
+            "schedule.total_env_steps": 16384, "schedule.evaluate_every_env_steps": 4096,
+            "schedule.evaluation_episodes": 4, "schedule.target_return": None,
+            "tracking.tracking_uri": f"sqlite:///{workspace / 'mlflow.db'}"}
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     """A real S3 API server (moto's server mode) on loopback, with IAM authentication on: only
     the access key made here is accepted, in one bucket."""
-    import boto3
 
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
@@ -132,15 +157,8 @@ def s3_server():
                 if time.monotonic() > deadline or server.poll() is not None:
                     raise RuntimeError("moto server did not start") from None
                 time.sleep(0.1)
-        admin = {"endpoint_url": endpoint, "region_name": "us-east-1",
-                 "aws_access_key_id": "setup", "aws_secret_access_key": "setup"}
-        iam = boto3.client("iam", **admin)
-        iam.create_user(UserName="gymflow")
-        iam.put_user_policy(UserName="gymflow", PolicyName="everything", PolicyDocument=json.dumps(
-            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
-        key = iam.create_access_key(UserName="gymflow")["AccessKey"]
-        boto3.client("s3", **admin).create_bucket(Bucket="gymflow")
-        yield S3Server(endpoint, key["AccessKeyId"], key["SecretAccessKey"], "gymflow")
+        key, secret = s3_user_and_bucket(endpoint)
+        yield S3Server(endpoint, key, secret, "gymflow")
     finally:
         server.terminate()
         server.wait(timeout=10)

@@ -22,6 +22,7 @@ from gymflow.tasks.storage.checkpoints import latest_version, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from gymflow.testing.network import Host, Network, unavailable
+from tests.conftest import drill_run, s3_user_and_bucket
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 DASK = str(Path(sys.executable).with_name("dask"))
@@ -54,21 +55,12 @@ def _answers(address: str, port: int, within_s: float = 60) -> None:
 
 def _s3_with_a_key(host: Host) -> dict[str, str]:
     """moto's S3 server on `host`, IAM on: a user with a key, and the bucket `gymflow`."""
-    import boto3
-
     host.start([sys.executable, "-m", "moto.server", "-H", host.address, "-p", str(S3_PORT)],
                env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "4"})
     _answers(host.address, S3_PORT)
     endpoint = f"http://{host.address}:{S3_PORT}"
-    admin = {"endpoint_url": endpoint, "region_name": "us-east-1", "aws_access_key_id": "setup",
-             "aws_secret_access_key": "setup"}
-    iam = boto3.client("iam", **admin)
-    iam.create_user(UserName="gymflow")
-    iam.put_user_policy(UserName="gymflow", PolicyName="everything", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
-    key = iam.create_access_key(UserName="gymflow")["AccessKey"]
-    boto3.client("s3", **admin).create_bucket(Bucket="gymflow")
-    return {"endpoint_url": endpoint, "key": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
+    key, secret = s3_user_and_bucket(endpoint)
+    return {"endpoint_url": endpoint, "key": key, "secret": secret}
 
 
 def _start_dask(scheduler: Host, workers: list[Host]) -> None:
@@ -94,13 +86,8 @@ def hosts(tmp_path_factory) -> Iterator[Hosts]:
 
 
 def _overrides(hosts: Hosts, workspace: Path, prefix: str) -> dict:
-    """32 SYNC rounds of 512 steps on the test corridor, evaluated every 8, stored on the S3 host."""
-    return {"env.id": "gymflow.testing.envs:Corridor", "distribution.rollout_workers": 2,
-            "distribution.envs_per_worker": 4, "schedule.rollout_steps_per_env": 64,
-            "schedule.total_env_steps": 16384, "schedule.evaluate_every_env_steps": 4096,
-            "schedule.evaluation_episodes": 4, "schedule.target_return": None,
-            "storage.root": f"s3://gymflow/{prefix}", "storage.options": hosts.options,
-            "tracking.tracking_uri": f"sqlite:///{workspace / 'mlflow.db'}",
+    """The drill's run (tests/conftest.py), stored on the S3 host."""
+    return {**drill_run(workspace), "storage.root": f"s3://gymflow/{prefix}", "storage.options": hosts.options,
             "distribution.scheduler_address": hosts.scheduler_address}
 
 

@@ -21,7 +21,7 @@ from gymflow.flows.improve import improve
 from gymflow.tasks.storage.checkpoints import latest_version, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
-from tests.conftest import free_port
+from tests.conftest import drill_run, free_port
 
 pytestmark = pytest.mark.e2e
 DASK = str(Path(sys.executable).with_name("dask"))
@@ -68,13 +68,9 @@ def cluster(tmp_path_factory):
 
 
 def _overrides(workspace: Path, root: str, address: str) -> dict:
-    """32 SYNC rounds of 512 steps on the test corridor, evaluated every 8."""
-    return {"env.id": "gymflow.testing.envs:Corridor", "distribution.rollout_workers": 2,
-            "distribution.envs_per_worker": 4, "schedule.rollout_steps_per_env": 64,
-            "schedule.total_env_steps": 16384, "schedule.evaluate_every_env_steps": 4096,
-            "schedule.evaluation_episodes": 4, "schedule.target_return": None,
-            "storage.root": str(workspace / root), "storage.shared": True,
-            "tracking.tracking_uri": f"sqlite:///{workspace / 'mlflow.db'}", "distribution.scheduler_address": address}
+    """The drill's run (tests/conftest.py) in a folder every worker reaches (one machine)."""
+    return {**drill_run(workspace), "storage.root": str(workspace / root), "storage.shared": True,
+            "distribution.scheduler_address": address}
 
 
 def _final_policy(root: Path) -> tuple[str, int, bytes]:
