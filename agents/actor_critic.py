@@ -15,7 +15,14 @@ from gymnasium import spaces
 from torch import nn
 
 from gymflow.agents.batches import Rollout
-from gymflow.agents.networks import hidden_layers, mlp, observation_reader, on_device, orthogonal_init
+from gymflow.agents.networks import (
+    hidden_layers,
+    mlp,
+    network_input,
+    observation_reader,
+    on_device,
+    orthogonal_init,
+)
 from gymflow.envs.agents import actor_entries
 from gymflow.envs.make import reads_pixels
 
@@ -81,7 +88,7 @@ class PPOPolicy:
     @torch.inference_mode()
     def outputs(self, obs: np.ndarray) -> np.ndarray:
         """The actor's logits (Discrete) or Gaussian mean (Box), float64."""
-        return self.network.action_output(torch.from_numpy(obs)).numpy().astype(np.float64)
+        return self.network.action_output(network_input(obs, self.network)).cpu().numpy().astype(np.float64)
 
     def act_on(self, obs: np.ndarray, out: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
         log_std = None if self.network.discrete else self._log_std(obs)

@@ -48,6 +48,7 @@ class Algorithm:
     exploration: Callable[[Any, int], float] = no_exploration  # (config, env_steps) -> exploration parameter
     offline_only: bool = False  # learns from a dataset alone (presets' `dataset`), never collecting
     modes: tuple[str, ...] = ("single", "sync", "async")  # the distribution.mode values it learns in
+    acts_from_outputs: bool = False  # its (non-recurrent) policy acts on its network's outputs: ActsFromOutputs
 
     def parts(self) -> AlgorithmParts:
         return importlib.import_module(self.module).PARTS
@@ -71,13 +72,14 @@ class Algorithm:
 
 ALGORITHMS: dict[str, Algorithm] = {
     "ppo": Algorithm("ppo", PPOConfig, on_policy=True, action_spaces=(spaces.Discrete, spaces.Box),
-                     reads_images=True, module="gymflow.agents.ppo", modes=("single", "sync")),
+                     reads_images=True, module="gymflow.agents.ppo", acts_from_outputs=True, modes=("single", "sync")),
     "appo": Algorithm("appo", APPOConfig, on_policy=True, action_spaces=(spaces.Discrete, spaces.Box),
-                      reads_images=True, module="gymflow.agents.appo", modes=("async",)),
+                      reads_images=True, module="gymflow.agents.appo", acts_from_outputs=True, modes=("async",)),
     "impala": Algorithm("impala", IMPALAConfig, on_policy=True, action_spaces=(spaces.Discrete, spaces.Box),
-                        reads_images=True, module="gymflow.agents.impala", modes=("async",)),
+                        reads_images=True, module="gymflow.agents.impala", acts_from_outputs=True, modes=("async",)),
     "dqn": Algorithm("dqn", DQNConfig, on_policy=False, action_spaces=(spaces.Discrete,), reads_images=True,
-                     module="gymflow.agents.dqn", exploration=epsilon_at),
+                     module="gymflow.agents.dqn", exploration=epsilon_at,
+                     acts_from_outputs=True),
     "sac": Algorithm("sac", SACConfig, on_policy=False, action_spaces=(spaces.Box,), reads_images=True,
                      module="gymflow.agents.sac"),
     "td3": Algorithm("td3", TD3Config, on_policy=False, action_spaces=(spaces.Box,), reads_images=True,

@@ -39,6 +39,19 @@ class ActsFromOutputs(Protocol):
         ...
 
 
+class OutputsSource(Protocol):
+    """Where a policy's network outputs are computed away from its env-stepping process, in
+    order: each `receive` answers the oldest `request` not yet answered."""
+
+    def request(self, obs: np.ndarray) -> None:
+        """Ask for the outputs of a batch of observations (the array is read before the answer)."""
+        ...
+
+    def receive(self) -> np.ndarray:
+        """The outputs of the oldest batch asked for, a row each."""
+        ...
+
+
 class Learner(ABC):
     """The learning side of an agent: it owns networks, optimizers, counters and RNGs."""
 

@@ -21,7 +21,15 @@ from torch.nn import functional as F
 from gymflow.agents.batches import Sample
 from gymflow.agents.configs import DQNConfig
 from gymflow.agents.core import AlgorithmParts, ReplayLearner
-from gymflow.agents.networks import Adam, TransitionBatch, cpu_weights, mlp, observation_reader, seeded_init
+from gymflow.agents.networks import (
+    Adam,
+    TransitionBatch,
+    cpu_weights,
+    mlp,
+    network_input,
+    observation_reader,
+    seeded_init,
+)
 from gymflow.agents.normalization import share_normalizer
 from gymflow.agents.replay import make_replay, memory_spec
 from gymflow.agents.training_state import SavedWhole
@@ -66,7 +74,7 @@ class QPolicy:
 
     @torch.inference_mode()
     def outputs(self, obs: np.ndarray) -> np.ndarray:
-        return self.network(torch.from_numpy(obs)).numpy()
+        return self.network(network_input(obs, self.network)).cpu().numpy()
 
     def act_on(self, obs: np.ndarray, q_values: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
         actions = q_values.argmax(axis=1)

@@ -27,6 +27,13 @@ def on_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(array).to(device)
 
 
+def network_input(obs: np.ndarray, network: nn.Module) -> torch.Tensor:
+    """A batch of numpy observations on the device the network lives on (a view on the CPU)."""
+    device = next(network.parameters()).device
+    tensor = torch.from_numpy(obs)
+    return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
+
+
 def cpu_weights(network: nn.Module) -> dict[str, torch.Tensor]:
     """A network's weights on the CPU, where rollout workers, checkpoints and MLflow read them
     (the live tensors themselves when the learner is on the CPU)."""

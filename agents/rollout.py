@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from gymflow.agents.batches import Episodes, Rollout
-from gymflow.agents.core import Policy, VectorEnv
+from gymflow.agents.core import ActsFromOutputs, OutputsSource, Policy, VectorEnv
 
 
 def collect(policy: Policy, env: VectorEnv, steps: int, explore: bool = True,
@@ -64,6 +64,27 @@ def collect_together(policies: Sequence[Policy], envs: Sequence[VectorEnv], step
     return [recording.finish() for recording in recordings]
 
 
+def collect_in_halves(policy: ActsFromOutputs, env: VectorEnv, steps: int, source: OutputsSource,
+                      explore: bool = True) -> tuple[Rollout, Episodes]:
+    """`collect`, the network's outputs computed elsewhere (`source`: batched inference on a GPU)
+    while the envs step: the rows in two halves, one half steps while the other's outputs are on
+    their way. The rollout is `collect`'s wherever the outputs' bits are the policy's own forward's:
+    each step's actions are drawn for the first half, then the second, which draws the numbers
+    one draw for every row draws."""
+    recording, n = _Recording(env, steps), env.num_envs
+    halves = [slice(0, n // 2), slice(n // 2, n)] if n > 1 else [slice(0, n)]
+    recording.observe(0)
+    for half in halves:
+        source.request(recording.obs[0, half])
+    for t in range(steps):
+        for half in halves:
+            rows = recording.obs[t, half]
+            recording.step_rows(t, half, *policy.act_on(rows, source.receive(), explore))
+            if t + 1 < steps:
+                source.request(recording.observe_rows(t + 1, half))
+    return recording.finish()
+
+
 # (network's parameter shapes, rows of each batch) -> whether one forward of all the rows gives
 # each batch's rows the bits its own forward gives: a CPU's matrix kernels may be chosen by the
 # number of rows. Which kernel runs depends on the shapes, not on the values: one check a shape.
@@ -112,12 +133,26 @@ class _Recording:
             self.alive[t] = self.env.alive if self.learning is None else self.env.alive & self.learning
         return self.obs[t]
 
+    def observe_rows(self, t: int, rows: slice) -> np.ndarray:
+        """Step t's observations of `rows` (single-agent envs)."""
+        self.obs[t, rows] = self.env.obs[rows]
+        return self.obs[t, rows]
+
     def step(self, t: int, actions: np.ndarray, log_probs: np.ndarray) -> Any:
         """Step the envs with step t's actions (clipped to a Box's bounds); returns the step."""
         self.actions[t], self.log_probs[t] = actions, log_probs
         env_actions = self.actions[t] if self.low is None else np.clip(self.actions[t], self.low, self.high)
-        step = self.env.step(env_actions)
-        self.rewards[t], self.terminated[t], self.truncated[t] = step.rewards, step.terminated, step.truncated
+        return self._record(t, slice(None), self.env.step(env_actions))
+
+    def step_rows(self, t: int, rows: slice, actions: np.ndarray, log_probs: np.ndarray) -> Any:
+        """`step` of the envs of `rows` alone (single-agent envs)."""
+        self.actions[t, rows], self.log_probs[t, rows] = actions, log_probs
+        env_actions = self.actions[t, rows] if self.low is None else np.clip(self.actions[t, rows], self.low, self.high)
+        return self._record(t, rows, self.env.step_rows(rows, env_actions))
+
+    def _record(self, t: int, rows: slice, step: Any) -> Any:
+        self.rewards[t, rows], self.terminated[t, rows], self.truncated[t, rows] = (
+            step.rewards, step.terminated, step.truncated)
         self.done_index += [t * self.n + i for i in step.done_envs]
         self.done_obs += step.done_obs
         self.returns += step.episode_returns

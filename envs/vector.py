@@ -97,20 +97,27 @@ class SeededVectorEnv:
         return self.obs
 
     def step(self, actions: np.ndarray) -> VectorStep:
-        n = self.num_envs
-        obs = np.empty_like(self.obs)
+        return self.step_rows(slice(0, self.num_envs), actions)
+
+    def step_rows(self, rows: slice, actions: np.ndarray) -> VectorStep:
+        """Step the envs of `rows` alone (one action each); the others stand. The step's arrays are
+        the rows', its `done_envs` indices of the whole vector, as `step`'s are."""
+        indices = range(*rows.indices(self.num_envs))
+        n = len(indices)
+        obs = np.empty_like(self.obs) if n == self.num_envs else self.obs.copy()
         rewards = np.empty(n, dtype=np.float32)
         terminated = np.zeros(n, dtype=bool)
         truncated = np.zeros(n, dtype=bool)
         done_envs, done_obs, returns, lengths = [], [], [], []
-        for i, env in enumerate(self.envs):
-            action = int(actions[i]) if self._discrete else np.array(actions[i], dtype=np.float32)
+        for j, i in enumerate(indices):
+            env = self.envs[i]
+            action = int(actions[j]) if self._discrete else np.array(actions[j], dtype=np.float32)
             next_obs, reward, term, trunc, info = env.step(action)
             self._actions[i].append(action)
             self.episode_return[i] += reward
             self.episode_length[i] += 1
             # a lost life (Atari, training) is terminal for learning; the episode goes on
-            rewards[i], terminated[i], truncated[i] = reward, term or bool(info.get(LIFE_LOST)), trunc
+            rewards[j], terminated[j], truncated[j] = reward, term or bool(info.get(LIFE_LOST)), trunc
             if term or trunc:
                 done_envs.append(i)
                 done_obs.append(np.asarray(next_obs, dtype=self.obs.dtype))
@@ -121,7 +128,7 @@ class SeededVectorEnv:
                 next_obs = self.obs[i]
             obs[i] = next_obs
         self.obs = obs
-        return VectorStep(obs, rewards, terminated, truncated, done_envs, done_obs, returns, lengths)
+        return VectorStep(obs[rows], rewards, terminated, truncated, done_envs, done_obs, returns, lengths)
 
     def cursor(self) -> EnvCursor:
         counts = np.array([len(a) for a in self._actions], dtype=np.int64)

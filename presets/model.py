@@ -257,6 +257,16 @@ class DistributionConfig(_Strict):
         "or cuda:N. Rollout workers act on the CPU either way; checkpoints and the MLflow model are stored as CPU "
         "tensors.",
     )
+    inference: Literal["auto", "worker", "learner"] = Field(
+        default="auto",
+        description="Where rollout workers' policy networks run. worker: on each worker's CPU, beside its envs. "
+        "learner: one process beside the learner, on its device, computes the outputs for every worker on the "
+        "learner's machine in batches while their envs step (half a worker's envs step while the other half's "
+        "outputs are computed); workers elsewhere act on their CPU. auto: learner for async runs whose learner is "
+        "on a GPU, else worker. SYNC runs are reproduced bit for bit only with worker (a GPU's batched outputs "
+        "depend on which requests it batches); for ppo, appo, impala and dqn, single-agent envs, no recurrent "
+        "policy.",
+    )
     cluster_start_timeout_s: float = Field(
         default=120.0, gt=0, description="How long to wait for the cluster's first worker, and for one "
         "offering rollout_resources.",

@@ -84,6 +84,7 @@ def experiment_from(config: Preset) -> Experiment:
     if config.distribution.mode not in algorithm.modes:
         raise InvalidPreset("distribution.mode", _mode_refused(algorithm, config.distribution.mode))
     _check_vtrace(config)
+    _check_inference(config, algorithm)
     _check_adaptive(config.distribution)
     tls, address = config.distribution.tls, config.distribution.scheduler_address
     if tls is not None and not (address or "").startswith("tls://"):
@@ -229,6 +230,34 @@ def learner_device(config: Preset, observation_space: spaces.Space) -> str:
 
         return "cuda" if reads_pixels(observation_space) and torch.cuda.is_available() else "cpu"
     return wanted
+
+
+def inference_beside_learner(config: Preset, device: str) -> bool:
+    """Whether the run's rollout workers get their network's outputs from a server beside the
+    learner (distribution.inference; `device`: the learner's)."""
+    wanted, mode = config.distribution.inference, config.distribution.mode
+    if wanted == "worker" or mode == "single" or config.collect_only or config.offline:
+        return False
+    return wanted == "learner" or (mode == "async" and device.startswith("cuda") and _acts_from_outputs(config))
+
+
+def _acts_from_outputs(config: Preset) -> bool:
+    """A policy that acts on one network's outputs for single-agent envs: what a server can compute."""
+    algorithm = algorithm_of(config.agent)
+    return algorithm.acts_from_outputs and not getattr(config.agent, "recurrent", None) \
+        and not is_multi_agent(config.env.id)
+
+
+def _check_inference(config: Preset, algorithm: Algorithm) -> None:
+    if config.distribution.inference != "learner":
+        return
+    if config.distribution.mode == "single":
+        raise InvalidPreset("distribution.inference", "learner serves Dask rollout workers; single mode has none: "
+                                                      "allowed: auto or worker (or distribution.mode sync or async)")
+    if not _acts_from_outputs(config):
+        raise InvalidPreset("distribution.inference", f"learner computes the outputs of ppo, appo, impala and dqn "
+                            f"policies for single-agent envs, not recurrent ones; {algorithm.name} on "
+                            f"{config.env.id!r} acts on its workers: allowed: auto or worker")
 
 
 def _off_policy() -> str:

@@ -126,7 +126,9 @@ def test_reward_scaling_follows_each_worker_s_envs_whatever_order_their_chunks_l
 
 @pytest.mark.e2e
 def test_appo_learns_catch_from_pixels_with_workers_that_never_wait(prefect_api, workspace):
-    summary = improve("catch-appo", {**local_overrides(workspace), "storage.keep_shards": "all"})
+    # the workers' outputs computed beside the learner (on its CPU here, as on a GPU machine's GPU)
+    summary = improve("catch-appo", {**local_overrides(workspace), "storage.keep_shards": "all",
+                                     "distribution.inference": "learner"})
     assert summary.solved and summary.final_return >= 0.9
     assert summary.env_steps <= 40_000
     assert summary.shards_inserted > 0 and summary.policy_lag_max <= 4
@@ -135,6 +137,7 @@ def test_appo_learns_catch_from_pixels_with_workers_that_never_wait(prefect_api,
     for name in ("async/policy_lag_mean", "async/policy_lag_max", "train/importance_weight_mean",
                  "train/importance_weight_max", "train/importance_truncated_share", "train/clip_fraction"):
         assert name in metrics, name
+    assert metrics["inference/rows"] >= summary.env_steps  # every step acted on the server's outputs
     ledger = read_ledger(Storage(StorageLocation(str(workspace / "data"))), summary.run_id)
     keys = ledger.inserted + ledger.dropped + ledger.unused  # every chunk landed once: learned from, dropped or late
     assert sorted(keys) == Storage(StorageLocation(str(workspace / "data"))).list(

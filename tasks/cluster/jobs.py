@@ -22,12 +22,13 @@ import numpy as np
 from gymflow.agents.algorithms import ALGORITHMS, algorithm_of
 from gymflow.agents.core import Policy
 from gymflow.agents.match import Sides, first_rows, game_scores, play_games
-from gymflow.agents.rollout import RandomPolicy, collect, collect_together, evaluate
+from gymflow.agents.rollout import RandomPolicy, collect, collect_in_halves, collect_together, evaluate
 from gymflow.envs.make import EnvSpecError, check_env, is_multi_agent
 from gymflow.envs.seeding import derive_seed
 from gymflow.envs.vector import AnyVectorEnv, make_vector_env
 from gymflow.envs.video import CannotFilm, film_episode, film_game
 from gymflow.errors import GymflowError
+from gymflow.tasks.cluster.inference import RemoteOutputs, connect
 from gymflow.tasks.cluster.messages import (
     EvaluationResult,
     EvaluationSpec,
@@ -95,9 +96,26 @@ def run_rollout(spec: RolloutSpec) -> ShardRef:
     _one_thread()
     storage, env, version, policy, learning = _ready_to_collect(spec)
     started = time.perf_counter()
-    rollout, episodes = collect(policy, env, spec.steps_per_env, learning=learning)
+    source = _remote_outputs(spec, version, policy, env, learning)
+    if source is None:
+        rollout, episodes = collect(policy, env, spec.steps_per_env, learning=learning)
+    else:  # the envs step here, the network runs beside the learner
+        rollout, episodes = collect_in_halves(policy, env, spec.steps_per_env, source)
     seconds = time.perf_counter() - started
     return _land(spec, storage, version, env, Collected(rollout, episodes, env.cursor(), seconds))
+
+
+def _remote_outputs(spec: RolloutSpec, version: int | None, policy: Policy, env: AnyVectorEnv,
+                    learning: np.ndarray | None) -> RemoteOutputs | None:
+    """The run's inference server as this rollout's source of network outputs, where there is one
+    this worker reaches and the policy acts from one network's outputs (not a recurrent one, not
+    facing an opponent, not random)."""
+    acts_from_outputs = hasattr(policy, "act_on") and not hasattr(policy, "episodes_ended")
+    if spec.inference is None or version is None or learning is not None or not acts_from_outputs \
+            or not hasattr(env, "step_rows"):
+        return None
+    connection = connect(spec.inference)
+    return None if connection is None else RemoteOutputs(connection, version, policy)
 
 
 def run_rollouts(specs: Sequence[RolloutSpec]) -> list[ShardRef]:

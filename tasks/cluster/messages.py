@@ -17,6 +17,15 @@ from gymflow.tasks.storage.objects import StorageLocation
 
 
 @dataclass(frozen=True)
+class InferenceAddress:
+    """Where a run's inference server listens: only workers on its machine reach it."""
+
+    path: str  # the Unix socket
+    authkey: bytes
+    machine: str  # where it runs: host name and boot id (tasks/cluster/inference.py's `this_machine`)
+
+
+@dataclass(frozen=True)
 class RolloutSpec:
     """One worker's share of one round of collection."""
 
@@ -37,6 +46,7 @@ class RolloutSpec:
     resume_from: str | None  # the shard whose env cursor this round continues from
     chunk: int | None = None  # async: this worker's chunk number, which names its shard
     opponent_version: int | None = None  # two-player self-play: a past version playing one side of each game
+    inference: InferenceAddress | None = None  # a server beside the learner that computes the outputs it acts on
 
     @property
     def shard_key(self) -> str:

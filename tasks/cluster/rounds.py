@@ -23,7 +23,13 @@ from gymflow.presets.model import Preset
 from gymflow.presets.validate import Experiment
 from gymflow.tasks.cluster.hosts import Call, Hosts, wait_first
 from gymflow.tasks.cluster.jobs import check_worker, run_evaluation, run_rollout, run_rollouts
-from gymflow.tasks.cluster.messages import EvaluationResult, EvaluationSpec, RolloutSpec, WorkerCheckSpec
+from gymflow.tasks.cluster.messages import (
+    EvaluationResult,
+    EvaluationSpec,
+    InferenceAddress,
+    RolloutSpec,
+    WorkerCheckSpec,
+)
 from gymflow.tasks.cluster.wire import describe_job
 from gymflow.tasks.storage.objects import storage_location
 from gymflow.tasks.storage.shards import ShardRef
@@ -37,6 +43,7 @@ class RoundPlan:
 
     preset: Preset
     run_id: str
+    inference: InferenceAddress | None = None  # where workers that reach it get their network's outputs
 
     @property
     def workers(self) -> int:
@@ -103,7 +110,7 @@ class RoundPlan:
             policy_version=version, worker=worker,
             num_envs=preset.distribution.envs_per_worker, steps_per_env=steps,
             env_seed=derive_seed(preset.seed, "envs", worker), policy_seed=policy_seed,
-            exploration=exploration, resume_from=cursor,
+            exploration=exploration, resume_from=cursor, inference=self.inference,
         )
 
 

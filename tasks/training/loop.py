@@ -100,6 +100,10 @@ class Observer(Protocol):
         """A film of a version that was already evaluated (`scored.result.film`)."""
         ...
 
+    def served(self, metrics: dict[str, float]) -> None:
+        """Figures of what served the run's workers as it closes (inference beside the learner)."""
+        ...
+
 
 class ImproveLoop:
     """The train stage of one run: its learner, where experience comes from, when evaluations

@@ -18,8 +18,10 @@ from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.errors import InvalidPreset
 from gymflow.presets.load import flatten, is_secret, redacted
 from gymflow.presets.model import DatasetConfig, Preset
-from gymflow.presets.validate import Experiment
+from gymflow.presets.validate import Experiment, inference_beside_learner, learner_device
 from gymflow.tasks.cluster.hosts import Hosts
+from gymflow.tasks.cluster.inference import InferenceServer, InferenceUnavailable
+from gymflow.tasks.cluster.messages import InferenceAddress
 from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan
 from gymflow.tasks.lake.source import ExperienceDataset, open_dataset
 from gymflow.tasks.storage.checkpoints import committed_versions
@@ -193,25 +195,55 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
     """The run's loop: SYNC rounds or the ASYNC stream, evaluations beside the learner, commits,
     the stop rule (with an outside judge that may end it early, a sweep's pruner). On the way out
     the evaluation thread ends; on an error, what is in flight is given up."""
-    preset, plan, budget = run.preset, RoundPlan(run.preset, run.run_id), Budget.of(run.preset)
+    preset, budget = run.preset, Budget.of(run.preset)
     # a collect-only run's shards are what it makes: all kept
     keeping = preset.storage.model_copy(update={"keep_shards": "all"}) if preset.collect_only else preset.storage
-    evaluations = EvaluationSchedule(hosts.for_evaluations(), plan, budget,
-                                     blocking=preset.distribution.mode != "async", logger=logger)
-    loop = ImproveLoop(
-        run.learner, _collection(run, hosts, plan, logger), evaluations,
-        Commits(run.storage, run.run_id, keeping, policy_window=preset.distribution.max_policy_lag + 1,
-                budget=budget, pool=preset.schedule.opponent_pool),
-        StopRule(budget, preset.schedule.target_return, early_stop), observer,
-    )
+    with inference_for_workers(run, observer, logger) as inference:
+        plan = RoundPlan(preset, run.run_id, inference)
+        evaluations = EvaluationSchedule(hosts.for_evaluations(), plan, budget,
+                                         blocking=preset.distribution.mode != "async", logger=logger)
+        loop = ImproveLoop(
+            run.learner, _collection(run, hosts, plan, logger), evaluations,
+            Commits(run.storage, run.run_id, keeping, policy_window=preset.distribution.max_policy_lag + 1,
+                    budget=budget, pool=preset.schedule.opponent_pool),
+            StopRule(budget, preset.schedule.target_return, early_stop), observer,
+        )
+        try:
+            yield loop
+        except BaseException:
+            loop.collection.cancel()
+            raise
+        finally:
+            evaluations.close()
+            loop.commits.close()
+
+
+@contextmanager
+def inference_for_workers(run: PreparedRun, observer: Observer, logger: AnyLogger
+                          ) -> Iterator[InferenceAddress | None]:
+    """The server beside the learner that computes the rollout workers' network outputs
+    (distribution.inference), or None: the workers act on their CPU. What it served is logged as
+    it closes."""
+    preset, experiment = run.preset, run.experiment
+    device = learner_device(preset, experiment.observation_space)
+    if not inference_beside_learner(preset, device):
+        yield None
+        return
     try:
-        yield loop
-    except BaseException:
-        loop.collection.cancel()
-        raise
+        server = InferenceServer.start(storage_location(preset.storage), run.run_id, preset.agent,
+                                       (experiment.observation_space, experiment.action_space), device)
+    except InferenceUnavailable as error:
+        logger.warning("distribution.inference: %s; the rollout workers act on their CPU", error)
+        yield None
+        return
+    try:
+        yield server.address
     finally:
-        evaluations.close()
-        loop.commits.close()
+        served = server.close()
+        logger.info("inference beside the learner (%s): %s requests, %.1f rows a forward%s", device,
+                    f"{served.requests:,}", served.metrics()["inference/rows_per_forward"],
+                    f"; {served.problem}" if served.problem else "")
+        observer.served(served.metrics())
 
 
 def first_state(run: PreparedRun, hosts: Hosts, loop: ImproveLoop, logger: AnyLogger) -> LoopState:

@@ -81,6 +81,7 @@ class RunRecorder:
     processes: set[str] = field(default_factory=set)
     films: list[str] = field(default_factory=list)  # MLflow artifact paths of the evaluation films
     _episode_return: float = float("nan")
+    _step: int = 0  # the newest step logged
 
     @classmethod
     def resumed(cls, tracker: Tracker, progress: ProgressLog, budget: Budget, storage: Storage | None = None
@@ -92,7 +93,8 @@ class RunRecorder:
         return recorder
 
     def stepped(self, report: StepReport) -> None:
-        self.tracker.log_metrics(report.metrics, step=self.budget.spent(report.state))
+        self._step = self.budget.spent(report.state)
+        self.tracker.log_metrics(report.metrics, step=self._step)
         if report.checkpointed:  # what a resume from this version will not log again goes to MLflow now
             self.tracker.send()
         self._keep_for_curve(report.metrics)
@@ -111,6 +113,9 @@ class RunRecorder:
 
     def filmed(self, scored: Scored) -> None:
         self._log_film(scored)
+
+    def served(self, metrics: dict[str, float]) -> None:
+        self.tracker.log_metrics(metrics, step=self._step)
 
     def _log_film(self, scored: Scored) -> None:
         film, name = scored.result.film, f"evaluation-v{scored.version:06d}.mp4"

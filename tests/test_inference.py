@@ -1,0 +1,170 @@
+"""Inference beside the learner (distribution.inference: learner): envs stepped in two halves while
+the other half's outputs are computed elsewhere, the server process, and the worker's fallback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gymflow.agents.rollout import collect, collect_in_halves
+from gymflow.envs.vector import make_vector_env
+from gymflow.errors import InvalidPreset
+from gymflow.presets import load_preset
+from gymflow.presets.validate import experiment_from, inference_beside_learner, resolve_experiment
+from gymflow.tasks.cluster import jobs
+from gymflow.tasks.cluster.inference import InferenceServer, RemoteOutputs, connect
+from gymflow.tasks.cluster.rounds import RoundPlan
+from gymflow.tasks.storage.objects import open_storage, storage_location
+from gymflow.tasks.storage.shards import read_shard
+from gymflow.tasks.training.commits import Commits
+
+
+def _policy(experiment, seed: int):
+    """A freshly drawn PPO policy of the experiment (its network the seed's), acting with `seed`."""
+    import torch
+
+    torch.manual_seed(0)
+    algorithm, config = experiment.algorithm, experiment.preset
+    network = algorithm.network(config.agent, experiment.observation_space, experiment.action_space)
+    return algorithm.policy(network, config.agent, 0.0, seed)
+
+
+class HalfByHalf:
+    """The policy, its outputs computed for each half of the rows apart (as the halves are sent)."""
+
+    def __init__(self, policy):
+        self.policy, self.network = policy, policy.network
+
+    def outputs(self, obs: np.ndarray) -> np.ndarray:
+        half = len(obs) // 2
+        return np.concatenate([self.policy.outputs(obs[:half]), self.policy.outputs(obs[half:])])
+
+    def act_on(self, obs, out, explore):
+        return self.policy.act_on(obs, out, explore)
+
+    def act(self, obs, explore):
+        return self.act_on(obs, self.outputs(obs), explore)
+
+
+class ComputedHere:
+    """An OutputsSource in this process, answering in order."""
+
+    def __init__(self, policy):
+        self.policy, self.asked = policy, []
+
+    def request(self, obs: np.ndarray) -> None:
+        self.asked.append(obs.copy())
+
+    def receive(self) -> np.ndarray:
+        return self.policy.outputs(self.asked.pop(0))
+
+
+def test_collecting_in_halves_gives_collect_s_rollout_episode_ends_included():
+    experiment = resolve_experiment("cartpole-ppo")
+    rollouts = []
+    for halves in (False, True):
+        env = make_vector_env("CartPole-v1", {}, 7, seed=3)  # an odd count: halves of 3 and 4 rows
+        env.reset()
+        policy = _policy(experiment, seed=11)
+        if halves:
+            rollouts.append(collect_in_halves(policy, env, 120, ComputedHere(policy)))
+        else:
+            rollouts.append(collect(HalfByHalf(policy), env, 120))
+        rollouts[-1] = (*rollouts[-1], env.cursor())
+    (apart, episodes_apart, cursor_apart), (halved, episodes_halved, cursor_halved) = rollouts
+    assert len(episodes_apart.returns) > 7  # episodes ended mid-rollout, in both halves
+    for name in ("obs", "actions", "log_probs", "rewards", "terminated", "truncated", "done_index", "done_obs",
+                 "last_obs"):
+        np.testing.assert_array_equal(getattr(apart, name), getattr(halved, name), err_msg=name)
+    np.testing.assert_array_equal(episodes_apart.returns, episodes_halved.returns)
+    np.testing.assert_array_equal(cursor_apart.actions, cursor_halved.actions)
+
+
+@pytest.fixture
+def published(tmp_path):
+    """A Catch APPO experiment (pixels) with versions 0 and 1 in storage."""
+    experiment = resolve_experiment("catch-appo", {
+        "storage.root": str(tmp_path / "store"), "distribution.rollout_workers": 2,
+        "distribution.envs_per_worker": 4, "schedule.rollout_steps_per_env": 16, "distribution.inference": "learner"})
+    config = experiment.preset
+    storage = open_storage(storage_location(config.storage))
+    for version in (0, 1):
+        learner = experiment.algorithm.learner(config.agent, experiment.observation_space, experiment.action_space,
+                                               config.seed + version)
+        Commits(storage, "run", config.storage, policy_window=10).publish(learner, version)
+    return experiment
+
+
+def _server(experiment) -> InferenceServer:
+    config = experiment.preset
+    return InferenceServer.start(storage_location(config.storage), "run", config.agent,
+                                 (experiment.observation_space, experiment.action_space), "cpu")
+
+
+def _chunks(experiment, inference) -> list:
+    jobs._LIVE_ENVS.clear()
+    plan = RoundPlan(experiment.preset, "run", inference)
+    refs = [jobs.run_rollout(plan.chunk(worker, 0, 0.0, None)) for worker in range(2)]
+    storage = open_storage(storage_location(experiment.preset.storage))
+    return [read_shard(storage, ref) for ref in refs]
+
+
+def test_workers_act_on_the_server_s_outputs_of_the_version_they_name(published):
+    local = _chunks(published, None)
+    server = _server(published)
+    try:
+        remote = _chunks(published, server.address)
+    finally:
+        served = server.close()
+    assert served.problem == "" and served.rows == 2 * 4 * 16 and served.requests == 2 * 2 * 16
+    for here, there in zip(local, remote, strict=True):
+        # the server's forward batches other rows than the worker's own: equal up to float rounding
+        np.testing.assert_array_equal(here.actions, there.actions)
+        np.testing.assert_allclose(here.log_probs, there.log_probs, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(here.obs, there.obs)
+        np.testing.assert_array_equal(here.rewards, there.rewards)
+
+
+def test_a_worker_whose_server_is_gone_or_lacks_the_version_computes_the_outputs_itself(published):
+    server = _server(published)
+    connection = connect(server.address)
+    policy = _policy(published, seed=0)
+    obs = np.zeros((3, *published.observation_space.shape), np.uint8)
+    retired = RemoteOutputs(connection, 7, policy)  # never published there
+    retired.request(obs)
+    np.testing.assert_array_equal(retired.receive(), policy.outputs(obs))
+    assert retired.connection is None and retired.remote_rows == 0
+    served = RemoteOutputs(connect(server.address), 0, policy)
+    served.request(obs)
+    served.receive()
+    assert served.remote_rows == 3
+    server.close()
+    gone = RemoteOutputs(served.connection, 0, policy)
+    gone.request(obs)
+    gone.request(obs[:1])
+    np.testing.assert_array_equal(gone.receive(), policy.outputs(obs))
+    np.testing.assert_array_equal(gone.receive(), policy.outputs(obs[:1]))
+    assert gone.connection is None and gone.remote_rows == 0
+    assert connect(server.address) is None  # its socket went with it: later chunks act on their CPU
+
+
+def test_auto_serves_async_runs_whose_learner_is_on_a_gpu_and_nothing_else():
+    appo, ppo = load_preset("catch-appo"), load_preset("catch-ppo")
+    assert inference_beside_learner(appo, "cuda") and inference_beside_learner(appo, "cuda:1")
+    assert not inference_beside_learner(appo, "cpu")
+    assert not inference_beside_learner(ppo, "cuda")  # SYNC stays reproducible bit for bit
+    assert inference_beside_learner(load_preset("catch-ppo", {"distribution.inference": "learner"}), "cpu")
+    assert not inference_beside_learner(load_preset("catch-appo", {"distribution.inference": "worker"}), "cuda")
+
+
+@pytest.mark.parametrize(("preset", "overrides", "says"), [
+    ("cartpole-ppo", {"distribution.mode": "single"}, "single mode has none"),
+    ("cartpole-ppo", {"agent.recurrent": 16}, "not recurrent ones"),
+    ("pendulum-sac", {}, "sac"),
+    ("spread-ippo", {}, "acts on its workers"),
+])
+def test_inference_beside_the_learner_is_refused_for_what_it_cannot_serve(preset, overrides, says):
+    config = load_preset(preset, {**overrides, "distribution.inference": "learner"})
+    with pytest.raises(InvalidPreset) as refused:
+        experiment_from(config)
+    assert refused.value.field == "distribution.inference" and says in str(refused.value)
