@@ -14,7 +14,9 @@ What runs, `--repeats` times with the sides alternating (each training run `--st
   envs x steps per chunk: `improve` end to end (a LocalCluster, the temporary Prefect API, MLflow,
   storage), evaluations pushed past the run and films off. SYNC's learner takes every core used
   (the workers idle while it learns); APPO's takes one torch thread on the CPU (the workers
-  keep the other cores), or the GPU.
+  keep the other cores), or the GPU. In GPU mode APPO runs twice: with `distribution.inference`
+  auto (the workers' network outputs computed on the GPU beside the learner, the workers stepping
+  envs alone) and worker (each worker's CNN on its own CPU thread).
 - **SB3 PPO** with the same settings, envs (gymflow's own make_env: the same preprocessing) and
   network (gymflow's pixel encoder and hidden layer): in CPU mode the same envs in a DummyVecEnv,
   in GPU mode one SubprocVecEnv env (fork) a core, as the 1,904 env steps/s figure of the issue
@@ -196,7 +198,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="default: cpu 2, gpu 1 (8 minutes in all)")
     parser.add_argument("--epochs", type=int, default=None, help="every side's epochs (default: the presets')")
     parser.add_argument("--appo-threads", type=int, default=1, help="APPO's learner torch threads (cpu mode)")
-    parser.add_argument("--only", nargs="+", default=None, help="some sides: stepping sync sync-all-cores appo sb3")
+    parser.add_argument("--only", nargs="+", default=None, help="some sides: stepping sync sync-all-cores appo appo-worker-inference sb3")
     args = parser.parse_args()
     gpu = args.mode == "gpu"
     env = args.env or ("breakout" if gpu else "catch")
@@ -220,18 +222,26 @@ def main() -> None:
         name = f"gymflow SYNC PPO ({sync_preset}, {learner_threads} learner thread{'s' * (learner_threads > 1)})"
         return lambda: train_with_gymflow(sync_preset, overrides, tempfile.mkdtemp(), name)
 
+    def run_appo(inference: str) -> Callable[[], Measured]:
+        overrides = {**gymflow_overrides(workers, envs, total, args.appo_threads, gpu, args.epochs),
+                     "distribution.inference": inference}
+        acting = "inference beside the learner" if inference == "auto" and gpu else "inference on the workers"
+        name = f"gymflow APPO ({async_preset}, {acting})" if gpu else \
+            f"gymflow APPO ({async_preset}, {args.appo_threads} learner thread{'s' * (args.appo_threads > 1)})"
+        return lambda: train_with_gymflow(async_preset, overrides, tempfile.mkdtemp(), name)
+
     sides = {
         "stepping": lambda: step_envs_alone(sync_preset, workers, envs, seconds),
         "sync": run_sync(threads),
         "sync-all-cores": run_sync(used),
-        "appo": lambda: train_with_gymflow(
-            async_preset, gymflow_overrides(workers, envs, total, args.appo_threads, gpu, args.epochs),
-            tempfile.mkdtemp(), f"gymflow APPO ({async_preset}, {args.appo_threads} learner thread"
-                                f"{'s' * (args.appo_threads > 1)})"),
+        "appo": run_appo("auto"),
+        "appo-worker-inference": run_appo("worker"),
         "sb3": lambda: train_with_sb3(sync_preset, cores if gpu else workers * envs, total, gpu, args.epochs),
     }
     if threads == used or gpu:  # the preset's SYNC already learns on every core used (or on the GPU)
         del sides["sync-all-cores"]
+    if not gpu:  # without a GPU, auto is worker: the same run twice
+        del sides["appo-worker-inference"]
     sides = {key: side for key, side in sides.items() if key in (args.only or sides)}
     runs: dict[str, list[Measured]] = {}
     from prefect.testing.utilities import prefect_test_harness
@@ -266,6 +276,9 @@ def _report(runs: dict[str, list[Measured]], cores_used: int, atari: bool) -> No
     for sync in ("sync", "sync-all-cores"):
         if sync in medians and "appo" in medians:
             print(f"\nAPPO / {runs[sync][-1].name}: {medians['appo'] / medians[sync]:.2f}x env steps/s")
+    if "appo-worker-inference" in medians and "appo" in medians:
+        print(f"APPO, inference beside the learner / on the workers: "
+              f"{medians['appo'] / medians['appo-worker-inference']:.2f}x env steps/s")
     if "sb3" in medians and "appo" in medians:
         print(f"APPO / SB3 PPO: {medians['appo'] / medians['sb3']:.2f}x env steps/s")
 

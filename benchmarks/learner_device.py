@@ -37,6 +37,7 @@ SPACES: dict[str, tuple[spaces.Space, spaces.Space]] = {
     "hopper-ppo": (spaces.Box(-np.inf, np.inf, (11,), np.float32), spaces.Box(-1, 1, (3,), np.float32)),
     "breakout-ppo": (spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(4)),
     "breakout-dqn": (spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(4)),
+    "breakout-appo": (spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(4)),
     "hopper-iql": (spaces.Box(-np.inf, np.inf, (11,), np.float32), spaces.Box(-1, 1, (3,), np.float32)),
     # Pendulum's cos and sin of the angle, its velocity hidden; an LSTM policy
     "pendulum-po-ppo": (spaces.Box(-1, 1, (2,), np.float32), spaces.Box(-2, 2, (1,), np.float32)),
@@ -63,10 +64,11 @@ def random_rollout(observation_space: spaces.Space, action_space: spaces.Space, 
                    log_probs=np.full((steps, envs), -1.0, np.float32))
 
 
-def timed_work(preset: str, device: str, threads: int) -> tuple[str, Callable[[], float]]:
+def timed_work(preset: str, device: str, threads: int, overrides: dict | None = None
+               ) -> tuple[str, Callable[[], float]]:
     """The preset's learner on `device`, ready, and a function that does one measured piece of its
     work and returns its milliseconds (a gradient step's, or an on-policy update's)."""
-    config = load_preset(preset)
+    config = load_preset(preset, overrides)
     observation_space, action_space = SPACES[preset]
     algorithm = algorithm_of(config.agent)
     torch.set_num_threads(threads)
@@ -99,11 +101,12 @@ def timed_work(preset: str, device: str, threads: int) -> tuple[str, Callable[[]
     return "ms a gradient step", gradient_steps
 
 
-def compare(preset: str, rounds: int, cpu_threads: list[int], with_cuda: bool) -> tuple[str, dict[str, float]]:
+def compare(preset: str, rounds: int, cpu_threads: list[int], with_cuda: bool, overrides: dict | None = None
+            ) -> tuple[str, dict[str, float]]:
     """What is timed, and the median milliseconds of each side over `rounds` alternating rounds."""
-    sides = {f"cpu x{threads}": timed_work(preset, "cpu", threads) for threads in cpu_threads}
+    sides = {f"cpu x{threads}": timed_work(preset, "cpu", threads, overrides) for threads in cpu_threads}
     if with_cuda:
-        sides["cuda"] = timed_work(preset, "cuda", 1)
+        sides["cuda"] = timed_work(preset, "cuda", 1, overrides)
     unit = next(iter(sides.values()))[0]
     figures: dict[str, list[float]] = {name: [] for name in sides}
     for round_index in range(rounds):
@@ -116,20 +119,43 @@ def compare(preset: str, rounds: int, cpu_threads: list[int], with_cuda: bool) -
     return unit, {name: statistics.median(values) for name, values in figures.items()}
 
 
+def profile(preset: str, overrides: dict | None) -> None:
+    """One CUDA update under torch's profiler: the wall-clock, the GPU's kernel time within it, and
+    the operators that take the most of the CPU's time (launch overhead shows there)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    _, one_update = timed_work(preset, "cuda", 1, overrides)
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiled:
+        wall_ms = one_update()
+    events = profiled.key_averages()
+    kernel_ms = sum(event.self_device_time_total for event in events) / 1e3
+    print(f"{preset} profiled update: {wall_ms:.1f} ms wall, {kernel_ms:.1f} ms of GPU kernels "
+          f"({kernel_ms / wall_ms:.0%} busy)")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=50))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", nargs="+", default=list(SPACES), choices=list(SPACES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cpu-threads", nargs="+", type=int, default=None,
                         help="torch threads on the CPU side (default: each preset's learner_threads)")
+    parser.add_argument("--round", nargs=2, type=int, default=None, metavar=("WORKERS", "ENVS"),
+                        help="an on-policy update's round: rollout workers x envs per worker (default: the preset's)")
+    parser.add_argument("--profile", action="store_true", help="also profile one CUDA update: where its time goes")
     args = parser.parse_args()
+    overrides = {"distribution.rollout_workers": args.round[0], "distribution.envs_per_worker": args.round[1]} \
+        if args.round else None
     with_cuda = torch.cuda.is_available()
     device_name = torch.cuda.get_device_name() if with_cuda else "none"
     print(f"torch {torch.__version__}, CUDA device: {device_name}, {torch.get_num_threads()} CPU threads available")
     table = []
     for preset in args.presets:
         threads = args.cpu_threads or [load_preset(preset).distribution.learner_threads]
-        table.append((preset, *compare(preset, args.rounds, threads, with_cuda)))
+        table.append((preset, *compare(preset, args.rounds, threads, with_cuda, overrides)))
+        if args.profile and with_cuda:
+            profile(preset, overrides)
     print(f"\n{'preset':<16} " + "  ".join(f"{name:>10}" for name in table[0][2]) + "  cpu/cuda  unit")
     for preset, unit, medians in table:
         ratio = f"{min(v for n, v in medians.items() if n != 'cuda') / medians['cuda']:7.1f}x" if with_cuda else " " * 8
