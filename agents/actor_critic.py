@@ -16,6 +16,7 @@ from torch import nn
 
 from gymflow.agents.batches import Rollout
 from gymflow.agents.networks import (
+    action_distribution,
     hidden_layers,
     mlp,
     network_input,
@@ -71,8 +72,8 @@ class ActorCritic(nn.Module):
 
     def _distribution(self, out: torch.Tensor) -> torch.distributions.Distribution:
         if self.discrete:
-            return torch.distributions.Categorical(logits=out)
-        return torch.distributions.Independent(torch.distributions.Normal(out, self.log_std.exp()), 1)
+            return action_distribution(out, None)
+        return action_distribution(out, self.log_std.exp())
 
 
 class PPOPolicy:

@@ -26,11 +26,12 @@ class APPOLearner(IMPALALearner):
     """IMPALA's learning from landed batches, with the clipped surrogate (`ppo_loss` on V-trace's
     advantages and value targets, its ratio against the proximal policy)."""
 
-    def _loss(self, minibatch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def _loss(self, minibatch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return appo_loss(self.network, minibatch, self.config)
 
 
-def appo_loss(network: ActorCritic, minibatch: Batch, config: APPOConfig) -> tuple[torch.Tensor, dict[str, float]]:
+def appo_loss(network: ActorCritic, minibatch: Batch, config: APPOConfig
+              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped surrogate, value error and entropy (`ppo_loss`) with the ratio
     pi(a|s) / pi_proximal(a|s) and V-trace's advantages and targets. Pure: nothing is stepped."""
     terms: PPOLossTerms = ppo_loss(network, {**minibatch, "log_probs": minibatch["proximal_log_probs"]}, config)

@@ -29,7 +29,7 @@ from gymflow.agents.actor_critic import (
 from gymflow.agents.batches import Rollout
 from gymflow.agents.configs import IMPALAConfig, VTraceOptions
 from gymflow.agents.core import AlgorithmParts, Learner
-from gymflow.agents.networks import Adam, cpu_weights, on_device, seeded_init
+from gymflow.agents.networks import Adam, cpu_weights, mean_metrics, on_device, seeded_init
 from gymflow.agents.normalization import RewardScaler, share_normalizer
 from gymflow.agents.training_state import SavedWhole
 from gymflow.agents.vtrace import importance_metrics, vtrace_targets
@@ -47,9 +47,10 @@ class IMPALALossTerms:
     entropy: torch.Tensor
 
     @torch.no_grad()
-    def metrics(self) -> dict[str, float]:
-        return {"policy_loss": self.policy_loss.item(), "value_loss": self.value_loss.item(),
-                "entropy": self.entropy.item()}
+    def metrics(self) -> dict[str, torch.Tensor]:
+        """On the device, unread (networks.mean_metrics reads an update's at once)."""
+        return {"policy_loss": self.policy_loss.detach(), "value_loss": self.value_loss.detach(),
+                "entropy": self.entropy.detach()}
 
 
 def impala_loss(network: ActorCritic, minibatch: Batch, config: VTraceOptions) -> IMPALALossTerms:
@@ -101,8 +102,7 @@ class IMPALALearner(SavedWhole, Learner):
         self.train_steps += len(rows)
         if self.normalizer is not None:  # after the update: the batch's log-probabilities used these statistics
             self.normalizer.observe(rollout.obs for rollout in rollouts)
-        metrics = {key: sum(row[key] for row in rows) / len(rows) for key in rows[0]}
-        return metrics | importance_metrics(batch["rhos"], self.config.vtrace_rho_bar) | {
+        return mean_metrics(rows) | importance_metrics(batch["rhos"], self.config.vtrace_rho_bar) | {
             "explained_variance": explained_variance(batch["values"], batch["returns"]),
             "lr": lr, "train_steps": float(self.train_steps)}
 
@@ -142,7 +142,7 @@ class IMPALALearner(SavedWhole, Learner):
             index = order[start : start + step]
             yield {key: value[index] for key, value in batch.items()}
 
-    def _update(self, minibatch: Batch) -> dict[str, float]:
+    def _update(self, minibatch: Batch) -> dict[str, torch.Tensor]:
         loss, metrics = self._loss(minibatch)
         self.optimizer.zero_grad()
         loss.backward()
@@ -150,7 +150,7 @@ class IMPALALearner(SavedWhole, Learner):
         self.optimizer.step()
         return metrics
 
-    def _loss(self, minibatch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def _loss(self, minibatch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         terms = impala_loss(self.network, minibatch, self.config)
         return terms.loss, terms.metrics()
 

@@ -56,7 +56,7 @@ class GaussianActor(BoundedActions, nn.Module):
         return torch.tanh(self.net(self.obs_norm(obs)))
 
     def distribution(self, obs: torch.Tensor) -> torch.distributions.Normal:
-        return torch.distributions.Normal(self(obs), self.log_std.clamp(*LOG_STD_BOUNDS).exp())
+        return torch.distributions.Normal(self(obs), self.log_std.clamp(*LOG_STD_BOUNDS).exp(), validate_args=False)
 
 
 def make_actor(config: IQLConfig, observation_space: spaces.Box, action_space: spaces.Box) -> GaussianActor:

@@ -34,6 +34,24 @@ def network_input(obs: np.ndarray, network: nn.Module) -> torch.Tensor:
     return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
 
 
+def action_distribution(out: torch.Tensor, std: torch.Tensor | None) -> torch.distributions.Distribution:
+    """A Categorical over logits (`std` None), or a diagonal Gaussian, its arguments unchecked: torch's
+    checks compare on the device and wait for it, twice a minibatch on a GPU."""
+    if std is None:
+        return torch.distributions.Categorical(logits=out, validate_args=False)
+    return torch.distributions.Independent(torch.distributions.Normal(out, std, validate_args=False), 1,
+                                           validate_args=False)
+
+
+def mean_metrics(rows: Sequence[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """Each metric's mean over an update's minibatches, read from the device once: a value read
+    after every minibatch would make the CPU wait for the GPU there, instead of queueing the next
+    minibatch's kernels while the GPU runs this one's."""
+    keys = list(rows[0])
+    means = torch.stack([torch.stack([row[key].float() for row in rows]).mean() for key in keys])
+    return dict(zip(keys, means.tolist(), strict=True))
+
+
 def cpu_weights(network: nn.Module) -> dict[str, torch.Tensor]:
     """A network's weights on the CPU, where rollout workers, checkpoints and MLflow read them
     (the live tensors themselves when the learner is on the CPU)."""

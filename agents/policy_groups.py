@@ -14,6 +14,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from gymflow.agents.networks import action_distribution
+
 
 class PolicyGroups(nn.Module):
     """ActorCritic's interface over several of them; `policy_of_agent[k]` is the index (in
@@ -41,9 +43,8 @@ class PolicyGroups(nn.Module):
         out = self.action_output(obs)
         value = self.value(obs)
         if self.discrete:
-            return torch.distributions.Categorical(logits=out), value
-        std = self.log_std_for(obs).exp()
-        return torch.distributions.Independent(torch.distributions.Normal(out, std), 1), value
+            return action_distribution(out, None), value
+        return action_distribution(out, self.log_std_for(obs).exp()), value
 
     def _row_policy(self, obs: torch.Tensor) -> torch.Tensor:
         agent = obs[:, self.index_at : self.index_at + self.agents].argmax(1)

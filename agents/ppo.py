@@ -26,7 +26,7 @@ from gymflow.agents.actor_critic import (
 from gymflow.agents.batches import Rollout
 from gymflow.agents.configs import PPOConfig
 from gymflow.agents.core import AlgorithmParts, Learner
-from gymflow.agents.networks import Adam, cpu_weights, on_device, seeded_init
+from gymflow.agents.networks import Adam, cpu_weights, mean_metrics, on_device, seeded_init
 from gymflow.agents.normalization import RewardScaler, share_normalizer
 from gymflow.agents.policy_groups import PolicyGroups
 from gymflow.agents.training_state import SavedWhole
@@ -54,14 +54,15 @@ class PPOLossTerms:
     log_ratio: torch.Tensor  # [B] log pi_new(a|s) - log pi_acting(a|s)
 
     @torch.no_grad()
-    def metrics(self, clip_range: float) -> dict[str, float]:
+    def metrics(self, clip_range: float) -> dict[str, torch.Tensor]:
+        """On the device, unread (networks.mean_metrics reads an update's at once)."""
         ratio = self.log_ratio.exp()
         return {
-            "policy_loss": self.policy_loss.item(),
-            "value_loss": self.value_loss.item(),
-            "entropy": self.entropy.item(),
-            "approx_kl": ((ratio - 1) - self.log_ratio).mean().item(),  # Schulman's unbiased estimator
-            "clip_fraction": ((ratio - 1).abs() > clip_range).float().mean().item(),
+            "policy_loss": self.policy_loss.detach(),
+            "value_loss": self.value_loss.detach(),
+            "entropy": self.entropy.detach(),
+            "approx_kl": ((ratio - 1) - self.log_ratio).mean(),  # Schulman's unbiased estimator
+            "clip_fraction": ((ratio - 1).abs() > clip_range).float().mean(),
         }
 
 
@@ -137,19 +138,13 @@ class PPOLearner(SavedWhole, Learner):
             group["lr"] = max(lr, 1e-8)
         if self.config.anneal_clip_range:
             self.clip_range = max(self.config.clip_range * (1.0 - progress), 1e-8)
-        sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
-        updates = 0
-        for _ in range(self.config.epochs):
-            for minibatch in self._passes(batch):
-                for key, value in self._update(minibatch).items():
-                    sums[key] += value
-                updates += 1
-        self.train_steps += updates
+        rows = [self._update(minibatch) for _ in range(self.config.epochs) for minibatch in self._passes(batch)]
+        self.train_steps += len(rows)
         # Only now do the observation statistics move: the rollouts' log-probabilities and values
         # were computed with the statistics that acted, and so are this batch's (the ratio starts at 1)
         if self.normalizer is not None:
             self.normalizer.observe(live_observations(rollout) for rollout in rollouts)
-        metrics = {key: value / updates for key, value in sums.items()}
+        metrics = mean_metrics(rows)
         metrics["explained_variance"] = explained_variance(flat["values"], flat["returns"])
         metrics["lr"] = lr
         metrics["train_steps"] = float(self.train_steps)
@@ -171,7 +166,7 @@ class PPOLearner(SavedWhole, Learner):
     def _loss(self, minibatch: dict[str, torch.Tensor]) -> PPOLossTerms:
         return ppo_loss(self.network, minibatch, self.config, self.clip_range)
 
-    def _update(self, minibatch: dict[str, torch.Tensor]) -> dict[str, float]:
+    def _update(self, minibatch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         terms = self._loss(minibatch)
         self.optimizer.zero_grad()
         terms.loss.backward()

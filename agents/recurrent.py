@@ -20,7 +20,7 @@ from torch import nn
 from gymflow.agents.actor_critic import ACTIVATIONS, sample_actions
 from gymflow.agents.batches import Rollout
 from gymflow.agents.configs import PPOConfig
-from gymflow.agents.networks import hidden_layers, on_device, orthogonal_init
+from gymflow.agents.networks import action_distribution, hidden_layers, on_device, orthogonal_init
 from gymflow.agents.normalization import observation_normalizer
 from gymflow.agents.ppo import PPOLearner, PPOLossTerms, clipped_objective, generalized_advantages
 
@@ -75,8 +75,8 @@ class RecurrentActorCritic(nn.Module):
     def distribution(self, features: torch.Tensor) -> torch.distributions.Distribution:
         out = self.actor(features)
         if self.discrete:
-            return torch.distributions.Categorical(logits=out)
-        return torch.distributions.Independent(torch.distributions.Normal(out, self.log_std.exp()), 1)
+            return action_distribution(out, None)
+        return action_distribution(out, self.log_std.exp())
 
     def value(self, features: torch.Tensor) -> torch.Tensor:
         return self.critic(features).squeeze(-1)

@@ -56,6 +56,7 @@ class Measured:
     env_steps_per_second: float
     learner_busy: float | None = None  # the learner's update time over the window's wall-clock
     breakdown: dict[str, float] = field(default_factory=dict)  # seconds per 1,000 env steps, by part
+    workers_could: float | None = None  # ASYNC: every worker's own collecting rate, summed (env steps/s)
 
 
 def _step_share(env_id: str, kwargs: dict, preprocessing, envs: int, seed: int, seconds: float, queue) -> None:
@@ -90,7 +91,7 @@ def step_envs_alone(preset: str, workers: int, envs: int, seconds: float) -> Mea
     return Measured("stepping alone (random actions)", steps / seconds)
 
 
-def train_with_gymflow(preset: str, overrides: dict, folder: str, name: str) -> Measured:
+def train_with_gymflow(preset: str, overrides: dict, folder: str, name: str, workers: int) -> Measured:
     from mlflow.tracking import MlflowClient
 
     from gymflow.flows.improve import improve
@@ -107,8 +108,11 @@ def train_with_gymflow(preset: str, overrides: dict, folder: str, name: str) -> 
     done = window[-1].value - window[0].value
     parts = {key.removeprefix("time/").removesuffix("_seconds"): sum(m.value for m in history[key][first + 1:])
              for key in history if key != "time/env_steps"}
+    rates = [m.value for m in client.get_metric_history(summary.mlflow_run_id, "async/worker_env_steps_per_second")
+             if m.timestamp >= window[0].timestamp]
     return Measured(name, done / seconds, parts["learn"] / seconds,
-                    {part: 1e6 * value / done for part, value in parts.items()} | {"wall": 1e6 * seconds / done})
+                    {part: 1e6 * value / done for part, value in parts.items()} | {"wall": 1e6 * seconds / done},
+                    workers * statistics.median(rates) if rates else None)
 
 
 def train_with_sb3(preset: str, envs: int, total_steps: int, gpu: bool, epochs: int | None) -> Measured | str:
@@ -220,7 +224,7 @@ def main() -> None:
     def run_sync(learner_threads: int) -> Callable[[], Measured]:
         overrides = gymflow_overrides(workers, envs, total, learner_threads, gpu, args.epochs)
         name = f"gymflow SYNC PPO ({sync_preset}, {learner_threads} learner thread{'s' * (learner_threads > 1)})"
-        return lambda: train_with_gymflow(sync_preset, overrides, tempfile.mkdtemp(), name)
+        return lambda: train_with_gymflow(sync_preset, overrides, tempfile.mkdtemp(), name, workers)
 
     def run_appo(inference: str) -> Callable[[], Measured]:
         overrides = {**gymflow_overrides(workers, envs, total, args.appo_threads, gpu, args.epochs),
@@ -228,7 +232,7 @@ def main() -> None:
         acting = "inference beside the learner" if inference == "auto" and gpu else "inference on the workers"
         name = f"gymflow APPO ({async_preset}, {acting})" if gpu else \
             f"gymflow APPO ({async_preset}, {args.appo_threads} learner thread{'s' * (args.appo_threads > 1)})"
-        return lambda: train_with_gymflow(async_preset, overrides, tempfile.mkdtemp(), name)
+        return lambda: train_with_gymflow(async_preset, overrides, tempfile.mkdtemp(), name, workers)
 
     sides = {
         "stepping": lambda: step_envs_alone(sync_preset, workers, envs, seconds),
@@ -256,7 +260,9 @@ def main() -> None:
                     print(f"  SB3: {measured}")
                     continue
                 runs.setdefault(key, []).append(measured)
-                print(f"  [{repeat}] {measured.name}: {measured.env_steps_per_second:,.0f} env steps/s", flush=True)
+                could = f" (its workers collecting alone: {measured.workers_could:,.0f})" if measured.workers_could else ""
+                print(f"  [{repeat}] {measured.name}: {measured.env_steps_per_second:,.0f} env steps/s{could}",
+                      flush=True)
     _report(runs, used, preset.env.atari)
 
 

@@ -18,7 +18,7 @@ timeout "${TEST_S:-90}" python3 -m pytest -q -p no:cacheprovider -c "$ROOT/.devr
     > "$OUT/pytest.log" 2>&1
 echo "pytest: $(tail -1 "$OUT/pytest.log")"
 timeout "${LEARNER_S:-90}" python3 "$ROOT/benchmarks/learner_device.py" --presets breakout-appo --round 14 8 \
-    --rounds 1 --profile > "$OUT/learner.log" 2>&1
+    --rounds 2 --cuda-only --profile > "$OUT/learner.log" 2>&1
 grep -E "profiled update|breakout-appo " "$OUT/learner.log"
 ONLY=()
 [ $# -gt 0 ] && ONLY=(--only "$@")

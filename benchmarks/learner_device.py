@@ -144,6 +144,7 @@ def main() -> None:
     parser.add_argument("--round", nargs=2, type=int, default=None, metavar=("WORKERS", "ENVS"),
                         help="an on-policy update's round: rollout workers x envs per worker (default: the preset's)")
     parser.add_argument("--profile", action="store_true", help="also profile one CUDA update: where its time goes")
+    parser.add_argument("--cuda-only", action="store_true", help="no CPU side (a big round takes minutes there)")
     args = parser.parse_args()
     overrides = {"distribution.rollout_workers": args.round[0], "distribution.envs_per_worker": args.round[1]} \
         if args.round else None
@@ -152,13 +153,14 @@ def main() -> None:
     print(f"torch {torch.__version__}, CUDA device: {device_name}, {torch.get_num_threads()} CPU threads available")
     table = []
     for preset in args.presets:
-        threads = args.cpu_threads or [load_preset(preset).distribution.learner_threads]
+        threads = [] if args.cuda_only else args.cpu_threads or [load_preset(preset).distribution.learner_threads]
         table.append((preset, *compare(preset, args.rounds, threads, with_cuda, overrides)))
         if args.profile and with_cuda:
             profile(preset, overrides)
     print(f"\n{'preset':<16} " + "  ".join(f"{name:>10}" for name in table[0][2]) + "  cpu/cuda  unit")
     for preset, unit, medians in table:
-        ratio = f"{min(v for n, v in medians.items() if n != 'cuda') / medians['cuda']:7.1f}x" if with_cuda else " " * 8
+        cpu = [value for name, value in medians.items() if name != "cuda"]
+        ratio = f"{min(cpu) / medians['cuda']:7.1f}x" if with_cuda and cpu else " " * 8
         print(f"{preset:<16} " + "  ".join(f"{value:>10.2f}" for value in medians.values()) + f"  {ratio}  {unit}")
 
 

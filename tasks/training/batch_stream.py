@@ -27,7 +27,7 @@ from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan
 from gymflow.tasks.storage.shards import ShardRef, read_shard
 from gymflow.tasks.training.collection import Experience, Exploration
 from gymflow.tasks.training.state import LoopState, StreamPosition
-from gymflow.tasks.training.stream import AsyncStream, Batches
+from gymflow.tasks.training.stream import AsyncStream, Batches, collecting_rate
 
 TEND_POLL_S = 0.05  # how often the tending thread looks at the workers when nothing lands
 
@@ -166,4 +166,4 @@ class BatchStream(AsyncStream):
             metrics |= {"async/policy_lag_mean": float(np.mean(lags)), "async/policy_lag_max": float(max(lags))}
         if ages:
             metrics["async/shard_age_seconds"] = float(np.mean(ages))
-        return metrics
+        return metrics | collecting_rate(landed)

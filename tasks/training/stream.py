@@ -225,5 +225,11 @@ class AsyncStream:
             metrics |= {"async/policy_lag_mean": float(np.mean(lags)), "async/policy_lag_max": float(max(lags))}
         if ages:
             metrics["async/shard_age_seconds"] = float(np.mean(ages))
-        return metrics
+        return metrics | collecting_rate(landed)
 
+
+def collecting_rate(landed: list[ShardRef]) -> dict[str, float]:
+    """A worker's own env steps a second while it collects (the landed chunks' mean): what the
+    workers could give a learner that kept up with them."""
+    rates = [shard.env_steps / shard.collect_seconds for shard in landed if shard.collect_seconds > 0]
+    return {"async/worker_env_steps_per_second": float(np.mean(rates))} if rates else {}
