@@ -254,8 +254,8 @@ class DistributionConfig(_Strict):
         default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
         description="Where the learner's networks, optimisers and sampled batches live: auto (cuda where torch "
         "sees a GPU and the networks read images, else cpu: an MLP's update runs no faster on a GPU), cpu, cuda "
-        "or cuda:N. Rollout workers act on the CPU either way; checkpoints and the MLflow model are stored as CPU "
-        "tensors.",
+        "or cuda:N. Rollout workers act on their CPU unless distribution.inference computes their outputs beside the "
+        "learner; checkpoints and the MLflow model are stored as CPU tensors.",
     )
     inference: Literal["auto", "worker", "learner"] = Field(
         default="auto",

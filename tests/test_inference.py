@@ -3,6 +3,8 @@ the other half's outputs are computed elsewhere, the server process, and the wor
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
@@ -161,7 +163,8 @@ def test_auto_serves_async_runs_whose_learner_is_on_a_gpu_and_nothing_else():
     ("cartpole-ppo", {"distribution.mode": "single"}, "single mode has none"),
     ("cartpole-ppo", {"agent.recurrent": 16}, "not recurrent ones"),
     ("pendulum-sac", {}, "sac"),
-    ("spread-ippo", {}, "acts on its workers"),
+    pytest.param("spread-ippo", {}, "acts on its workers", marks=pytest.mark.skipif(
+        importlib.util.find_spec("pettingzoo") is None, reason="the multi-agent extra (pettingzoo) is not installed")),
 ])
 def test_inference_beside_the_learner_is_refused_for_what_it_cannot_serve(preset, overrides, says):
     config = load_preset(preset, {**overrides, "distribution.inference": "learner"})
