@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,6 +122,38 @@ def s3_user_and_bucket(endpoint: str) -> tuple[str, str]:
     key = iam.create_access_key(UserName="gymflow")["AccessKey"]
     boto3.client("s3", **admin).create_bucket(Bucket="gymflow")
     return key["AccessKeyId"], key["SecretAccessKey"]
+
+
+def processes_started_since(started: float, spared: Iterable[int]) -> list[str]:
+    """The processes started after `started` (time.time()), this one's descendants or orphans,
+    that are neither `spared` nor one of theirs (a drill's hosts): what a run left alive."""
+    import psutil
+
+    mine = {child.pid for child in psutil.Process().children(recursive=True)}
+    spared_tree: set[int] = set()
+    for pid in spared:
+        try:
+            spared_tree |= {pid} | {child.pid for child in psutil.Process(pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            continue
+    left = []
+    for process in psutil.process_iter(["pid", "ppid", "create_time", "cmdline"]):
+        info = process.info
+        if info["create_time"] is None or info["create_time"] < started or info["pid"] in spared_tree:
+            continue
+        if info["pid"] not in mine and info["ppid"] != 1:
+            continue
+        if process.status() != psutil.STATUS_ZOMBIE and psutil.pid_exists(info["pid"]):
+            left.append(f"{info['pid']} {' '.join((info['cmdline'] or [])[:4])}")
+    return left
+
+
+def nothing_left_within(started: float, spared: Callable[[], Iterable[int]], within_s: float = 10.0) -> None:
+    """Wait up to `within_s` for every process started since `started` (but `spared`'s) to end."""
+    deadline = time.monotonic() + within_s
+    while (left := processes_started_since(started, spared())) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"left alive {within_s:.0f} s after the run: " + "; ".join(left)
 
 
 def drill_run(workspace: Path) -> dict:

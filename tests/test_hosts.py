@@ -125,3 +125,50 @@ def test_closing_the_pool_leaves_no_host_on_the_workers(client):
     while sum(client.run(lambda dask_worker: len(dask_worker.state.actors)).values()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert sum(client.run(lambda dask_worker: len(dask_worker.state.actors)).values()) == 0
+
+
+class _HeldHosts:
+    """Hosts whose jobs finish when the test says: slot 0 at once, slot 1 after `late_s`."""
+
+    timeout_s, closed, one_process = 600.0, False, False
+
+    def __init__(self, late_s: float):
+        self.late_s = late_s
+
+    def call(self, function, spec, slot, attempt=1):
+        import concurrent.futures
+        import threading
+
+        from gymflow.tasks.cluster.hosts import Call
+
+        future = concurrent.futures.Future()
+        if slot == 0:
+            future.set_result(slot)
+        else:
+            threading.Timer(self.late_s, future.set_result, [slot]).start()
+        return Call(future, function, spec, slot, f"tcp://worker-{slot}", attempt, time.monotonic() + self.timeout_s)
+
+    def settle(self, call, logger):
+        return call
+
+
+def run_held_rollout(spec):  # a log line calls it `held_rollout job <its shard>`
+    return spec
+
+
+@pytest.mark.parametrize(("name_stalls", "named"), [(True, 1), (False, 0)])
+def test_a_rollout_still_running_after_its_round_s_first_finished_is_named_once(monkeypatch, caplog, name_stalls,
+                                                                                named):
+    from types import SimpleNamespace
+
+    from gymflow.tasks.cluster import rounds
+
+    monkeypatch.setattr(rounds, "STALL_NOTICE_S", 0.2)
+    specs = [SimpleNamespace(shard_key=f"runs/r/shards/v000003-w{worker}") for worker in range(2)]
+    with caplog.at_level(logging.WARNING):
+        assert run_round(_HeldHosts(late_s=2.0), run_held_rollout, specs, logging.getLogger("round"),
+                         name_stalls=name_stalls) == [0, 1]
+    warnings = [record.getMessage() for record in caplog.records if "still running" in record.getMessage()]
+    assert len(warnings) == named  # once, though the round looked at it ~10 times after the notice was due
+    if named:
+        assert "job runs/r/shards/v000003-w1 on the Dask worker tcp://worker-1" in warnings[0]

@@ -22,7 +22,7 @@ from gymflow.tasks.storage.checkpoints import latest_version, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from gymflow.testing.network import Host, Network, unavailable
-from tests.conftest import drill_run, s3_user_and_bucket
+from tests.conftest import drill_run, nothing_left_within, s3_user_and_bucket
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 DASK = str(Path(sys.executable).with_name("dask"))
@@ -83,6 +83,14 @@ def hosts(tmp_path_factory) -> Iterator[Hosts]:
         yield Hosts(network, s3, scheduler, workers, options)
     finally:
         network.close()
+
+
+@pytest.fixture(autouse=True)
+def nothing_of_the_run_left(hosts) -> Iterator[None]:
+    """Nothing a test's run started is alive 10 s after it ends but the drill's hosts."""
+    started = time.time()
+    yield
+    nothing_left_within(started, lambda: [process.pid for host in hosts.network.hosts for process in host.processes])
 
 
 def _overrides(hosts: Hosts, workspace: Path, prefix: str) -> dict:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from gymflow.flows.improve import improve
 from gymflow.tasks.storage.checkpoints import latest_version, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
-from tests.conftest import drill_run, free_port
+from tests.conftest import drill_run, free_port, nothing_left_within
 
 pytestmark = pytest.mark.e2e
 DASK = str(Path(sys.executable).with_name("dask"))
@@ -65,6 +66,14 @@ def cluster(tmp_path_factory):
     cluster.start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def nothing_of_the_run_left(cluster) -> Iterator[None]:
+    """Nothing a test's run started is alive 10 s after it ends but the scheduler and workers."""
+    started = time.time()
+    yield
+    nothing_left_within(started, lambda: [process.pid for process in cluster.processes])
 
 
 def _overrides(workspace: Path, root: str, address: str) -> dict:
