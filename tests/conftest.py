@@ -124,9 +124,17 @@ def s3_user_and_bucket(endpoint: str) -> tuple[str, str]:
     return key["AccessKeyId"], key["SecretAccessKey"]
 
 
-def processes_started_since(started: float, spared: Iterable[int]) -> list[str]:
-    """The processes started after `started` (time.time()), this one's descendants or orphans,
-    that are neither `spared` nor one of theirs (a drill's hosts): what a run left alive."""
+def running_processes() -> set[int]:
+    """The ids of every process now: what a later `processes_started_since` leaves out."""
+    import psutil
+
+    return set(psutil.pids())
+
+
+def processes_started_since(before: set[int], spared: Iterable[int]) -> list[str]:
+    """The processes not running at `before` (`running_processes()`), this one's descendants or
+    orphans, that are neither `spared` nor one of theirs (a drill's hosts): what a run left alive.
+    (psutil's start times count from a boot time in whole seconds: too coarse to tell them.)"""
     import psutil
 
     mine = {child.pid for child in psutil.Process().children(recursive=True)}
@@ -137,21 +145,19 @@ def processes_started_since(started: float, spared: Iterable[int]) -> list[str]:
         except psutil.NoSuchProcess:
             continue
     left = []
-    for process in psutil.process_iter(["pid", "ppid", "create_time", "cmdline"]):
+    for process in psutil.process_iter(["pid", "ppid", "cmdline", "status"]):
         info = process.info
-        if info["create_time"] is None or info["create_time"] < started or info["pid"] in spared_tree:
+        if info["pid"] in before or info["pid"] in spared_tree or info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        if info["pid"] not in mine and info["ppid"] != 1:
-            continue
-        if process.status() != psutil.STATUS_ZOMBIE and psutil.pid_exists(info["pid"]):
+        if info["pid"] in mine or info["ppid"] == 1:
             left.append(f"{info['pid']} {' '.join((info['cmdline'] or [])[:4])}")
     return left
 
 
-def nothing_left_within(started: float, spared: Callable[[], Iterable[int]], within_s: float = 10.0) -> None:
-    """Wait up to `within_s` for every process started since `started` (but `spared`'s) to end."""
+def nothing_left_within(before: set[int], spared: Callable[[], Iterable[int]], within_s: float = 10.0) -> None:
+    """Wait up to `within_s` for every process started since `before` (but `spared`'s) to end."""
     deadline = time.monotonic() + within_s
-    while (left := processes_started_since(started, spared())) and time.monotonic() < deadline:
+    while (left := processes_started_since(before, spared())) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, f"left alive {within_s:.0f} s after the run: " + "; ".join(left)
 

@@ -22,7 +22,7 @@ from gymflow.tasks.storage.checkpoints import latest_version, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from gymflow.testing.network import Host, Network, unavailable
-from tests.conftest import drill_run, nothing_left_within, s3_user_and_bucket
+from tests.conftest import drill_run, nothing_left_within, running_processes, s3_user_and_bucket
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 DASK = str(Path(sys.executable).with_name("dask"))
@@ -88,9 +88,9 @@ def hosts(tmp_path_factory) -> Iterator[Hosts]:
 @pytest.fixture(autouse=True)
 def nothing_of_the_run_left(hosts) -> Iterator[None]:
     """Nothing a test's run started is alive 10 s after it ends but the drill's hosts."""
-    started = time.time()
+    before = running_processes()
     yield
-    nothing_left_within(started, lambda: [process.pid for host in hosts.network.hosts for process in host.processes])
+    nothing_left_within(before, lambda: [process.pid for host in hosts.network.hosts for process in host.processes])
 
 
 def _overrides(hosts: Hosts, workspace: Path, prefix: str) -> dict:
@@ -200,38 +200,62 @@ def _start_worker(host: Host, hosts: Hosts, *extra: str) -> None:
                 "--dashboard-address", ":0", "--local-directory", str(host.folder), *extra])
 
 
-def test_workers_added_preempted_and_retired_mid_run_leave_a_sync_run_as_a_clean_one(hosts, clean_policy, workspace):
-    """A third worker host joins after version 4; then the first is preempted (SIGTERM: Dask's
-    worker closes, its job is redone elsewhere); then the new one is retired through the
-    scheduler. Rounds go on, each job lands once, and the weights are a clean run's."""
-    from distributed import Client
+class Churn:
+    """A third worker host joins once the run has committed version 4; then the first is
+    preempted (SIGTERM: Dask's worker closes, its job is redone elsewhere); then the new one is
+    retired through the scheduler. `events`: when each happened."""
 
-    joined = hosts.network.host(f"worker{len(hosts.network.hosts)}")
-    events: list[float] = []
+    def __init__(self, hosts: Hosts):
+        self.hosts, self.events = hosts, []
+        self.joined = hosts.network.host(f"worker{len(hosts.network.hosts)}")
 
-    def come_and_go() -> None:
+    def __call__(self) -> None:
+        from distributed import Client
+
+        hosts, joined = self.hosts, self.joined
         _start_worker(joined, hosts)
         with Client(hosts.scheduler_address, timeout=30) as client:
             client.wait_for_workers(3, timeout=60)
-            events.append(time.monotonic())
+            self.events.append(time.monotonic())
             time.sleep(1)
             hosts.workers[0].stop()  # SIGTERM, as a spot instance's preemption notice
-            events.append(time.monotonic())
+            self.events.append(time.monotonic())
             time.sleep(1)
             client.retire_workers([f"tcp://{joined.address}:{port}" for port in _worker_ports(client, joined)])
-            events.append(time.monotonic())
+            self.events.append(time.monotonic())
 
-    try:
-        fault = _during_the_run(come_and_go, hosts, "churn")
-        summary = improve("cartpole-ppo", _overrides(hosts, workspace, "churn"))
-        ended = time.monotonic()
-        fault.join()
-        assert len(events) == 3 and events[-1] < ended, "the run ended before the workers came and went"
-        assert _final_policy(hosts, "churn", summary.run_id) == clean_policy
-    finally:
-        joined.stop()
-        if not hosts.workers[0].processes:
-            _start_worker(hosts.workers[0], hosts)
+    def run_through(self, preset: str, overrides: dict, prefix: str):
+        """`preset`'s run under `prefix` through the churn; its summary. The hosts are as before after."""
+        try:
+            fault = _during_the_run(self, self.hosts, prefix)
+            summary = improve(preset, overrides)
+            ended = time.monotonic()
+            fault.join()
+            assert len(self.events) == 3 and self.events[-1] < ended, "the run ended before the workers came and went"
+            return summary
+        finally:
+            self.joined.stop()
+            if not self.hosts.workers[0].processes:
+                _start_worker(self.hosts.workers[0], self.hosts)
+
+
+def test_workers_added_preempted_and_retired_mid_run_leave_a_sync_run_as_a_clean_one(hosts, clean_policy, workspace):
+    """Rounds go on through the churn, each job lands once, and the weights are a clean run's."""
+    summary = Churn(hosts).run_through("cartpole-ppo", _overrides(hosts, workspace, "churn"), "churn")
+    assert _final_policy(hosts, "churn", summary.run_id) == clean_policy
+
+
+def test_an_async_run_through_workers_added_preempted_and_retired_accounts_for_every_chunk_once(hosts, workspace):
+    """APPO's chunks through the same churn: the preempted and the retired workers' chunks in
+    flight are collected again (by their keys), and each lands once within the lag bound."""
+    from tests.stored import check_every_chunk_once
+
+    overrides = {**_overrides(hosts, workspace, "async-churn"), "distribution.mode": "async",
+                 "distribution.max_policy_lag": 2, "storage.keep_shards": "all"}
+    summary = Churn(hosts).run_through("cartpole-appo", overrides, "async-churn")
+    assert summary.env_steps >= 16384
+    check_every_chunk_once(Storage(StorageLocation("s3://gymflow/async-churn", hosts.options)), summary.run_id,
+                           workers=2, max_policy_lag=2)
 
 
 def _worker_ports(client, host: Host) -> list[int]:

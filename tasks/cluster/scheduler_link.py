@@ -110,9 +110,8 @@ class SchedulerLink:
         if left <= 0:
             raise ClusterUnavailable(
                 "distribution.scheduler_address",
-                f"the Dask scheduler at {self.address} was lost and none answered there in "
-                f"{time.monotonic() - started:.0f} s (distribution.scheduler_wait_s: {self.wait_s:g}); what was "
-                f"committed stays: {self.resume_hint}")
+                f"the Dask scheduler at {self.address} was lost and none answered there within "
+                f"distribution.scheduler_wait_s ({self.wait_s:g} s); what was committed stays: {self.resume_hint}")
         try:
             # the process's default client, as the first one was: the hosts' actors talk through it
             client = Client(self.address, timeout=min(left, CONNECT_ATTEMPT_S), security=self.security)
