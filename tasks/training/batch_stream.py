@@ -37,7 +37,6 @@ class BatchStream(AsyncStream):
 
     def __init__(self, hosts: Hosts, plan: RoundPlan, batches: Batches, exploration: Exploration, logger: AnyLogger):
         super().__init__(hosts, plan, batches, exploration, logger, replay_window=0)
-        self.batches = batches
         self.waiting: list[ShardRef] = []  # landed, not yet handed to the learner, in landing order
         self.read_ahead: dict[str, Rollout] = {}  # the waiting shards' contents, read (and checked) on the thread
         self.reading: list[ShardRef] = []  # landed, being read: neither in flight nor waiting
@@ -45,6 +44,12 @@ class BatchStream(AsyncStream):
         self._stopping = threading.Event()
         self._tender: threading.Thread | None = None
         self._failure: BaseException | None = None  # a chunk that failed for good, raised by `collect`
+
+    @property
+    def batches(self) -> Batches:
+        """The stream's pacing (`AsyncStream.ratio`), as it is for on-policy learners."""
+        assert isinstance(self.ratio, Batches)
+        return self.ratio
 
     def _start_from(self, state: LoopState) -> None:
         if self.submitted_steps >= 0:

@@ -34,8 +34,18 @@ from gymflow.tasks.training.ledger import Ledger, LedgerBook, replay_tail, write
 from gymflow.tasks.training.state import LoopState, StreamPosition
 
 
+class LagBound:
+    """The lag bound both pacings keep: a shard is inserted or learned from only if its policy is
+    at most `max_policy_lag` versions behind the learner's newest committed one."""
+
+    max_policy_lag: int
+
+    def admits(self, shard_version: int, learner_version: int) -> bool:
+        return learner_version - shard_version <= self.max_policy_lag
+
+
 @dataclass(frozen=True)
-class Ratio:
+class Ratio(LagBound):
     """How fast the learner may train against what lands."""
 
     samples_per_insert: float
@@ -43,23 +53,13 @@ class Ratio:
     commit_every: int  # gradient steps between committed versions
     max_policy_lag: int
 
-    def admits(self, shard_version: int, learner_version: int) -> bool:
-        """The lag bound: a shard is inserted only if its policy is at most `max_policy_lag`
-        versions behind the learner's newest committed one."""
-        return learner_version - shard_version <= self.max_policy_lag
-
 
 @dataclass(frozen=True)
-class Batches:
+class Batches(LagBound):
     """How the on-policy learner is fed: a batch of at least `batch_steps` landed env steps."""
 
     batch_steps: int
     max_policy_lag: int
-
-    def admits(self, shard_version: int, learner_version: int) -> bool:
-        """The lag bound: a shard is learned from only if its policy is at most `max_policy_lag`
-        versions behind the learner's newest committed one."""
-        return learner_version - shard_version <= self.max_policy_lag
 
 
 class AsyncStream:
