@@ -32,7 +32,7 @@ from gymflow.agents.networks import (
 )
 from gymflow.agents.normalization import share_normalizer
 from gymflow.agents.replay import make_replay, memory_spec
-from gymflow.agents.training_state import SavedWhole
+from gymflow.agents.training_state import SavedWhole, Settings
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 
@@ -151,6 +151,13 @@ class SACLearner(SavedWhole, ReplayLearner):
 
     def policy_weights(self) -> dict[str, torch.Tensor]:
         return cpu_weights(self.actor)
+
+    def apply_settings(self, settings: Settings) -> None:
+        """And a fixed entropy coefficient (agent.entropy_coef) over the copied one; a learned one
+        goes on from where it was."""
+        super().apply_settings(settings)
+        if self.config.entropy_coef is not None:
+            self.log_entropy_coef.data.fill_(float(np.log(self.config.entropy_coef)))
 
     def load_policy_weights(self, weights: dict[str, torch.Tensor]) -> None:
         self.actor.load_state_dict(weights)

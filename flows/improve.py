@@ -52,8 +52,9 @@ def improve(
             pendulum-sac, lunarlander-ppo) or a preset YAML path.
         overrides: Preset fields to change, as a form or as dotted keys ({"agent.lr": 0.0003}).
         warm_start: Start from this policy: an MLflow model URI (models:/name@champion) or a
-            policy.safetensors path; or from a whole learner (critics and optimisers too): learner:RUN_ID,
-            a run in the same storage (an offline run continued online). Empty starts from scratch.
+            policy.safetensors path; or from a whole learner (critics and optimisers too): learner:RUN_ID
+            (or learner:RUN_ID@vN, a version of it), a run in the same storage (an offline run continued
+            online), trained on with this preset's learning rates. Empty starts from scratch.
         resume: The id of a run whose flow died: continue it from its last valid checkpoint to
             its original end, in the same MLflow run. Its preset comes from its storage; only
             storage settings (where to find it) are taken from preset and overrides.

@@ -244,24 +244,24 @@ def _fingerprint(value, seen: list | None = None):
     return value
 
 
-LEARNERS = {  # every learner, its training state as full as its config makes it
-    "ppo": lambda: ppo.PPOLearner(PPOConfig(minibatch_size=8, epochs=2), OBS, TWO_ACTIONS, 1),
-    "ppo-normalising": lambda: ppo.PPOLearner(
-        PPOConfig(minibatch_size=8, normalize_observations=True, normalize_rewards=True), OBS, ONE_DIMENSION, 1),
-    "appo-normalising": lambda: appo.APPOLearner(
-        APPOConfig(minibatch_size=8, epochs=2, normalize_observations=True, normalize_rewards=True), OBS, ONE_DIMENSION, 1),
-    "impala": lambda: impala.IMPALALearner(IMPALAConfig(hidden_sizes=[8]), OBS, TWO_ACTIONS, 1),
-    "dqn": lambda: dqn.DQNLearner(
+LEARNERS = {  # every learner, its training state as full as its config makes it (`changes`: to its config)
+    "ppo": lambda **changes: ppo.PPOLearner(PPOConfig(minibatch_size=8, epochs=2, **changes), OBS, TWO_ACTIONS, 1),
+    "ppo-normalising": lambda **changes: ppo.PPOLearner(
+        PPOConfig(minibatch_size=8, normalize_observations=True, normalize_rewards=True, **changes), OBS, ONE_DIMENSION, 1),
+    "appo-normalising": lambda **changes: appo.APPOLearner(
+        APPOConfig(minibatch_size=8, epochs=2, normalize_observations=True, normalize_rewards=True, **changes), OBS, ONE_DIMENSION, 1),
+    "impala": lambda **changes: impala.IMPALALearner(IMPALAConfig(hidden_sizes=[8], **changes), OBS, TWO_ACTIONS, 1),
+    "dqn": lambda **changes: dqn.DQNLearner(
         DQNConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3, replay="prioritized",
-                  normalize_observations=True, target_update_every_train_steps=2), OBS, TWO_ACTIONS, 1),
-    "sac": lambda: sac.SACLearner(SACConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
-                                            normalize_observations=True), OBS, ONE_DIMENSION, 1),
-    "td3": lambda: td3.TD3Learner(TD3Config(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
-                                            normalize_observations=True), OBS, ONE_DIMENSION, 1),
-    "bc": lambda: bc.BCLearner(BCConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
-                                        normalize_observations=True), OBS, TWO_ACTIONS, 1),
-    "iql": lambda: iql.IQLLearner(IQLConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
-                                            normalize_observations=True), OBS, ONE_DIMENSION, 1),
+                  normalize_observations=True, target_update_every_train_steps=2, **changes), OBS, TWO_ACTIONS, 1),
+    "sac": lambda **changes: sac.SACLearner(SACConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
+                                            normalize_observations=True, **changes), OBS, ONE_DIMENSION, 1),
+    "td3": lambda **changes: td3.TD3Learner(TD3Config(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
+                                            normalize_observations=True, **changes), OBS, ONE_DIMENSION, 1),
+    "bc": lambda **changes: bc.BCLearner(BCConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
+                                        normalize_observations=True, **changes), OBS, TWO_ACTIONS, 1),
+    "iql": lambda **changes: iql.IQLLearner(IQLConfig(hidden_sizes=[8], batch_size=4, train_steps_per_iteration=3,
+                                            normalize_observations=True, **changes), OBS, ONE_DIMENSION, 1),
 }
 
 
@@ -275,6 +275,26 @@ def test_a_learners_saved_state_holds_everything_training_changes(make):
     before, after = _fingerprint(trained), _fingerprint(fresh)
     missing = sorted(name for name in before if before[name] != after[name])
     assert missing == [], f"changed by training but not restored from the saved state: {missing}"
+
+
+@pytest.mark.parametrize("name", LEARNERS)
+def test_a_state_copied_from_another_run_trains_with_this_learner_s_own_settings(name):
+    """A warm start from a whole learner (and a population member's exploit) loads another run's
+    optimiser moments with their param groups: the new preset's learning rate must still apply,
+    and SAC's fixed entropy coefficient over the copied one."""
+    source = _trained(lambda: LEARNERS[name](lr=1e-3, **({"entropy_coef": None} if name == "sac" else {})))
+    copier = LEARNERS[name](lr=3e-5, **({"entropy_coef": 0.05} if name == "sac" else {}))
+    copier.load_copied_state(source.state_dict())
+    optimizers = [value for value in vars(copier).values() if isinstance(value, torch.optim.Optimizer)]
+    assert optimizers and all(group["lr"] == 3e-5 for optimizer in optimizers for group in optimizer.param_groups)
+    assert any(optimizer.state for optimizer in optimizers)  # the moments came with the copy
+    weights = {key: tensor for key, tensor in copier.policy_weights().items()}
+    assert all(torch.equal(weights[key], tensor) for key, tensor in source.policy_weights().items())
+    if name == "sac":
+        assert copier.log_entropy_coef.exp().item() == pytest.approx(0.05)
+        learned = LEARNERS["sac"](entropy_coef=None)
+        learned.load_copied_state(source.state_dict())  # a learned coefficient goes on from the copied one
+        assert torch.equal(learned.log_entropy_coef, source.log_entropy_coef)
 
 
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS.values()), ids=list(ALGORITHMS))
@@ -362,3 +382,27 @@ def test_no_learner_imports_torch_dynamo_to_train():
             "print(sorted(name for name in sys.modules if name.startswith('torch._dynamo')))")
     imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert imported.stdout.strip() == "[]"
+
+
+def test_a_warm_start_names_the_version_of_the_learner_it_copies(tmp_path):
+    from gymflow.errors import UnusableWarmStart
+    from gymflow.tasks.storage.checkpoints import LEARNER_TENSORS, LEARNER_TREE, commit_checkpoint
+    from gymflow.tasks.storage.layout import RunLayout
+    from gymflow.tasks.storage.objects import Storage, StorageLocation
+    from gymflow.tasks.training.resume import warm_start_learner
+
+    storage, source = Storage(StorageLocation(str(tmp_path))), LEARNERS["dqn"]()
+    weights = []
+    for version in (3, 4):  # two checkpoints of a run, the learner trained between them
+        source = _trained(lambda source=source: source)
+        tensors, tree = encode_state(source.state_dict())
+        commit_checkpoint(storage, RunLayout("src"), version, {LEARNER_TENSORS: tensors, LEARNER_TREE: tree})
+        weights.append({key: tensor.clone() for key, tensor in source.policy_weights().items()})
+    for named, expected in (("src@v3", weights[0]), ("src", weights[1]), ("src@v4", weights[1])):
+        copier = LEARNERS["dqn"](lr=2e-5)
+        warm_start_learner(copier, storage, named)
+        assert all(torch.equal(copier.policy_weights()[key], tensor) for key, tensor in expected.items()), named
+        assert copier.optimizer.param_groups[0]["lr"] == 2e-5
+    for named, says in (("src@v9", "no learner of run 'src'"), ("src@9", "the version after @ is vN")):
+        with pytest.raises(UnusableWarmStart, match=says):
+            warm_start_learner(LEARNERS["dqn"](), storage, named)

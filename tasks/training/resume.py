@@ -29,6 +29,7 @@ from gymflow.tasks.storage.checkpoints import (
     REPLAY_BLOB,
     REPLAY_POSITION,
     CheckpointError,
+    read_checkpoint,
     read_newest_valid_checkpoint,
 )
 from gymflow.tasks.storage.codec import decode_arrays, decode_state
@@ -133,14 +134,18 @@ LEARNER_WARM_START = "learner:"  # warm_start="learner:RUN_ID": a run's whole le
 _FRESH = ("rng", "generator", "train_steps")  # what a warm-started learner keeps of its own
 
 
-def warm_start_learner(learner: Learner, storage: Storage, run_id: str) -> None:
-    """Start `learner` from run `run_id`'s newest valid checkpoint in `storage`: its networks,
-    target networks, optimisers and observation statistics (an offline run's critics with its
-    policy); its RNGs and counters stay the new run's. Raises UnusableWarmStart where there is no
-    such checkpoint or the learners differ."""
+def warm_start_learner(learner: Learner, storage: Storage, source: str) -> None:
+    """Start `learner` from a run's checkpoint in `storage` (`source`: RUN_ID, its newest valid one,
+    or RUN_ID@vN): its networks, target networks, optimiser moments and observation statistics (an
+    offline run's critics with its policy); its RNGs and counters stay the new run's, and so do
+    its settings (learning rates, a fixed entropy coefficient: `load_copied_state`). Raises
+    UnusableWarmStart where there is no such checkpoint or the learners differ."""
+    run_id, version = learner_source(source)
+    names = [LEARNER_TENSORS, LEARNER_TREE]
     try:
-        loaded = read_newest_valid_checkpoint(storage, RunLayout(run_id), [LEARNER_TENSORS, LEARNER_TREE])
-        state = decode_state(loaded.blobs[LEARNER_TENSORS], loaded.blobs[LEARNER_TREE])
+        blobs = read_newest_valid_checkpoint(storage, RunLayout(run_id), names).blobs if version is None \
+            else read_checkpoint(storage, RunLayout(run_id), version, names)
+        state = decode_state(blobs[LEARNER_TENSORS], blobs[LEARNER_TREE])
     except CheckpointError as error:
         raise UnusableWarmStart("warm_start", f"no learner of run {run_id!r} to start from: {error}") from None
     own = learner.state_dict()
@@ -148,9 +153,19 @@ def warm_start_learner(learner: Learner, storage: Storage, run_id: str) -> None:
         raise UnusableWarmStart("warm_start", f"run {run_id!r}'s learner holds {sorted(state)}, this preset's "
                                               f"{sorted(own)}: allowed: a run of the same agent")
     try:
-        learner.load_state_dict({name: own[name] if name in _FRESH else value for name, value in state.items()})
+        learner.load_copied_state({name: own[name] if name in _FRESH else value for name, value in state.items()})
     except (RuntimeError, ValueError, KeyError) as error:
         first_line = str(error).strip().splitlines()[0]
         raise UnusableWarmStart("warm_start", f"run {run_id!r}'s learner does not fit this preset's "
                                               f"(agent.hidden_sizes?): {first_line}") from None
 
+
+def learner_source(source: str) -> tuple[str, int | None]:
+    """`RUN_ID` or `RUN_ID@vN` (learner:... warm starts): the run, and the version (None: newest)."""
+    run_id, at, version = source.partition("@")
+    if not at:
+        return run_id, None
+    if not (version.startswith("v") and version[1:].isdigit()):
+        raise UnusableWarmStart("warm_start", f"learner:{source}: the version after @ is vN (learner:{run_id}@v12); "
+                                              "allowed: learner:RUN_ID or learner:RUN_ID@vN")
+    return run_id, int(version[1:])

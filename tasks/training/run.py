@@ -47,6 +47,7 @@ from gymflow.tasks.training.loop import EarlyStop, ImproveLoop, Observer, StopRu
 from gymflow.tasks.training.resume import (
     LEARNER_WARM_START,
     Restored,
+    learner_source,
     restore,
     stored_experiment,
     warm_start_learner,
@@ -124,7 +125,8 @@ def dataset_seen_by_warm_start(storage: Storage, warm_start: str | None, preset:
     have seen it already (reading it again would count it twice)."""
     if preset.dataset is None or not (warm_start or "").startswith(LEARNER_WARM_START):
         return False
-    stored = read_stored_preset(storage, warm_start.removeprefix(LEARNER_WARM_START)).get("dataset")
+    run_id, _ = learner_source(warm_start.removeprefix(LEARNER_WARM_START))
+    stored = read_stored_preset(storage, run_id).get("dataset")
     return stored is not None and DatasetConfig.model_validate(stored) == preset.dataset
 
 
