@@ -360,3 +360,24 @@ def test_the_temporary_prefect_api_answers_without_nagle_s_delay():
                     return served.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
 
     assert accepted_no_delay(fixed=False) == 0 and accepted_no_delay(fixed=True) != 0
+
+
+@pytest.mark.parametrize(("summary", "says"), [
+    (RunSummary("cartpole-ppo-1", "abc", "file:///data/runs/cartpole-ppo-1", env_steps=20480, versions_committed=11,
+                delivered_version=10, model_uri="models:/m-1", final_return=500.0, best_return=500.0, solved=True,
+                wall_seconds=12.34, work_seconds=10.0, rollout_processes=frozenset({"vm:1", "vm:2"})),
+     "20,480 env steps in 12.3 s (19% orchestration); v10 delivered: evaluation return 500.0, best 500.0, target "
+     "reached; model models:/m-1; MLflow run abc; stored at file:///data/runs/cartpole-ppo-1"),
+    (RunSummary("appo-1", "def", "s3://b/runs/appo-1", env_steps=150528, delivered_version=8, model_uri="models:/m-2",
+                final_return=1.0, best_return=2.0, wall_seconds=22.5, work_seconds=22.2, shards_inserted=147,
+                policy_lag_mean=1.1836, policy_lag_max=2),
+     "150,528 env steps in 22.5 s (1% orchestration); v8 delivered: evaluation return 1.0, best 2.0; 147 chunks "
+     "learned from, 0 dropped past the lag bound, 0 after the stop (lag 1.18 on average, 2 at most); model "
+     "models:/m-2; MLflow run def; stored at s3://b/runs/appo-1"),
+    (RunSummary("iql-1", "ghi", "file:///d", gradient_steps=3000, wall_seconds=5.0, work_seconds=5.0),
+     "3,000 gradient steps in 5.0 s (0% orchestration); no model logged; MLflow run ghi; stored at file:///d"),
+])
+def test_the_done_line_says_the_outcome_in_words_not_a_python_repr(summary, says):
+    from gymflow.tasks.training.delivery import describe
+
+    assert describe(summary) == says

@@ -118,7 +118,20 @@ def summary_table(run: PreparedRun, summary: RunSummary, tracker: Tracker, films
 
 
 def describe(summary: RunSummary) -> str:
-    """One log line with the summary's figures (evaluations left out)."""
-    fields = {name: getattr(summary, name) for name in summary.__dataclass_fields__ if name != "evaluations"}
-    fields["orchestration_share"] = round(summary.orchestration_share, 3)
-    return ", ".join(f"{key}={value}" for key, value in fields.items())
+    """The run's outcome on one line, for a person (the summary's figures; evaluations left out)."""
+    clock = f"{summary.gradient_steps:,} gradient steps" if summary.gradient_steps is not None \
+        else f"{summary.env_steps:,} env steps"
+    parts = [f"{clock} in {summary.wall_seconds:.1f} s ({100 * summary.orchestration_share:.0f}% orchestration)"]
+    if summary.final_return is not None:
+        best = f", best {summary.best_return:.1f}" if summary.best_return is not None else ""
+        parts.append(f"v{summary.delivered_version} delivered: evaluation return {summary.final_return:.1f}{best}"
+                     + (", target reached" if summary.solved else ""))
+    if summary.stopped_early:
+        parts.append("pruned by the sweep")
+    if summary.shards_inserted or summary.shards_dropped or summary.shards_unused:
+        parts.append(f"{summary.shards_inserted:,} chunks learned from, {summary.shards_dropped:,} dropped past the "
+                     f"lag bound, {summary.shards_unused:,} after the stop (lag {summary.policy_lag_mean:.2f} on "
+                     f"average, {summary.policy_lag_max} at most)")
+    parts += [f"model {summary.model_uri}" if summary.model_uri else "no model logged",
+              f"MLflow run {summary.mlflow_run_id}", f"stored at {summary.storage_url}"]
+    return "; ".join(parts)
