@@ -184,7 +184,9 @@ def _run(preset: str, overrides: dict, quiet: bool, api_ready: Callable[[], None
                                    "run (its id is in the log above)", api_ready, distribution)
     if isinstance(summary, int):
         return summary
-    verdict = "reached its target" if summary.solved else "did not reach its target"
+    target = summary.target_return
+    verdict = "ended" if target is None else \
+        f"{'reached' if summary.solved else 'did not reach'} its target ({target:g})"
     spent = (f"{summary.env_steps:,} env steps" if summary.gradient_steps is None
              else f"{summary.gradient_steps:,} gradient steps offline")
     print(

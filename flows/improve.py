@@ -83,7 +83,7 @@ def improve(
             state, deciding = loop.finish(state)  # the deciding policy's film is made beside delivery
             identity = RunIdentity(run.run_id, tracker.run_id, storage_url(run))
             ending = RunEnding(loop.stop.target_reached(deciding), loop.stop.stopped_early(loop.latest),
-                               time.perf_counter() - started)
+                               time.perf_counter() - started, run.preset.schedule.target_return)
             summary = summarize(identity, state, recorder, deciding, ending)
             recorder.progress.update(recorder.budget.spent(state), f"done: eval {summary.final_return:.1f}", force=True)
             delivered = deliver(run, tracker, summary, recorder)  # artifacts, figures, the model

@@ -46,8 +46,8 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
                                     title=title, target_return=config.schedule.target_return)
         tracker.log_artifact(curve)
         curve_png = Path(curve).read_bytes()
-    tracker.set_tags({"gymflow.delivered_version": str(summary.delivered_version),
-                      "gymflow.solved": str(summary.solved)})
+    tracker.set_tags({"gymflow.delivered_version": str(summary.delivered_version)}
+                     | ({} if summary.target_return is None else {"gymflow.solved": str(summary.solved)}))
     tracker.log_metrics({
         "summary/wall_seconds": summary.wall_seconds,
         "summary/orchestration_share": summary.orchestration_share,
@@ -125,7 +125,7 @@ def describe(summary: RunSummary) -> str:
     if summary.final_return is not None:
         best = f", best {summary.best_return:.1f}" if summary.best_return is not None else ""
         parts.append(f"v{summary.delivered_version} delivered: evaluation return {summary.final_return:.1f}{best}"
-                     + (", target reached" if summary.solved else ""))
+                     + _against_target(summary))
     if summary.stopped_early:
         parts.append("pruned by the sweep")
     if summary.shards_inserted or summary.shards_dropped or summary.shards_unused:
@@ -135,3 +135,9 @@ def describe(summary: RunSummary) -> str:
     parts += [f"model {summary.model_uri}" if summary.model_uri else "no model logged",
               f"MLflow run {summary.mlflow_run_id}", f"stored at {summary.storage_url}"]
     return "; ".join(parts)
+
+
+def _against_target(summary: RunSummary) -> str:
+    if summary.target_return is None:
+        return ""
+    return f", target {summary.target_return:g} {'reached' if summary.solved else 'not reached'}"

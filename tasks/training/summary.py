@@ -48,6 +48,7 @@ class RunSummary:
     policy_lag_mean: float = 0.0  # async: learner version minus the shard's, over every landed shard
     policy_lag_max: int = 0
     gradient_steps: int | None = None  # an offline run's budget spent (it collects no env steps)
+    target_return: float | None = None  # the preset's schedule.target_return: None, a run without one
 
     @property
     def clock(self) -> int:
@@ -149,6 +150,7 @@ class RunEnding(NamedTuple):
     solved: bool  # the deciding evaluation reached the target return
     stopped_early: bool  # the early-stop judge (a sweep's pruner) ended it
     wall_seconds: float  # of the training loop
+    target_return: float | None = None  # what `solved` was judged against (None: no target)
 
 
 def summarize(identity: RunIdentity, state: LoopState, recorder: RunRecorder, delivered: Scored,
@@ -165,4 +167,5 @@ def summarize(identity: RunIdentity, state: LoopState, recorder: RunRecorder, de
         shards_dropped=ledger.shards_dropped, shards_unused=ledger.shards_unused,
         policy_lag_mean=ledger.lag_mean, policy_lag_max=ledger.lag_max,
         gradient_steps=recorder.budget.spent(state) if recorder.budget.offline else None,
+        target_return=ending.target_return,
     )
