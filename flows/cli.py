@@ -98,7 +98,7 @@ def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
             print(f"gymflow: error: {error}", file=sys.stderr)
             return 2
         return _run("cartpole-ppo", {"storage.root": args.root, "storage.options": options}, args.quiet, api_ready,
-                    start={"resume": args.run_id})
+                    start={"resume": args.run_id}, resume_with=f"gymflow resume {args.run_id} --root {args.root}")
     try:
         overrides = parse_assignments(args.set)
         from gymflow.presets.validate import resolve_experiment
@@ -109,8 +109,12 @@ def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
     except GymflowError as error:
         print(f"gymflow: error: {error}", file=sys.stderr)
         return 2
+    from gymflow.tasks.storage.layout import new_run_id
+
+    run_id = new_run_id(experiment.preset.name)  # named here, so a stopped run's line can say how to resume it
     return _run(args.preset, overrides, args.quiet, api_ready, experiment.preset.distribution,
-                {"warm_start": args.warm_start})
+                {"warm_start": args.warm_start, "run_id": run_id},
+                f"gymflow resume {run_id} --root {experiment.preset.storage.root}")
 
 
 def _show(preset: str, assignments: list[str]) -> int:
@@ -169,8 +173,10 @@ def _cluster_beside(distribution: DistributionConfig | None) -> AbstractContextM
 
 
 def _run(preset: str, overrides: dict, quiet: bool, api_ready: Callable[[], None],
-         distribution: DistributionConfig | None = None, start: Mapping[str, str | None] | None = None) -> int:
-    """Train, with a progress bar; `start` is improve's warm_start or resume."""
+         distribution: DistributionConfig | None = None, start: Mapping[str, str | None] | None = None,
+         resume_with: str = "gymflow resume RUN_ID --root ROOT") -> int:
+    """Train, with a progress bar; `start` is improve's warm_start and run_id, or resume;
+    `resume_with`, the command that continues the run if it is stopped."""
 
     def load() -> Callable[[], RunSummary]:
         from gymflow.flows.improve import improve
@@ -180,8 +186,8 @@ def _run(preset: str, overrides: dict, quiet: bool, api_ready: Callable[[], None
 
         return lambda: _with_progress_bar(lambda: improve(preset, overrides, **(start or {})), quiet)
 
-    summary = _under_prefect(load, "What was committed stays: `gymflow resume RUN_ID --root ROOT` continues the "
-                                   "run (its id is in the log above)", api_ready, distribution)
+    summary = _under_prefect(load, f"What was committed stays: `{resume_with}` continues the run", api_ready,
+                             distribution)
     if isinstance(summary, int):
         return summary
     target = summary.target_return

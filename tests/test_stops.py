@@ -88,6 +88,7 @@ def test_a_stopped_run_ends_within_10_s_leaves_nothing_running_and_resumes_to_th
     assert "Traceback" not in said, said[-4000:]  # a stop is no crash: not of the loop, nor of an evaluation it cut short
 
     (run_dir,) = (root / "runs").iterdir()
+    assert f"`gymflow resume {run_dir.name} --root {root}` continues the run" in said.splitlines()[-1], said[-2000:]
     record = json.loads((run_dir / "run.json").read_text())
     mlflow = MlflowClient(run["tracking.tracking_uri"])
     assert mlflow.get_run(record["mlflow_run_id"]).info.status == "KILLED"

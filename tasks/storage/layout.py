@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import re
+import time
+import uuid
 from dataclasses import dataclass
 
 _SHARD_KEY = re.compile(r"/shards/(?:heatup/w(?P<heatup>\d{3})|v(?P<round>\d{6})/w(?P<worker>\d{3})"
                         r"|async/w(?P<streamer>\d{3})/c(?P<chunk>\d{6}))\.npz$")
+
+
+def new_run_id(preset_name: str) -> str:
+    """A new run's id: its preset's name, the time and a random part."""
+    return f"{preset_name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
 @dataclass(frozen=True)

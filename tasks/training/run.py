@@ -4,8 +4,6 @@ restored), its MLflow run, and the parts of its loop; and its first state (heatu
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +23,7 @@ from gymflow.tasks.cluster.messages import InferenceAddress
 from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan
 from gymflow.tasks.lake.source import ExperienceDataset, open_dataset
 from gymflow.tasks.storage.checkpoints import committed_versions
-from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.layout import RunLayout, new_run_id
 from gymflow.tasks.storage.objects import Storage, ready_storage, storage_location
 from gymflow.tasks.storage.records import (
     RunRecord,
@@ -94,7 +92,7 @@ def prepare_run(experiment: Experiment, warm_start: str | None, resume: str | No
         if run_id is not None and has_run_record(storage, run_id):
             raise InvalidPreset("run_id", f"a run {run_id!r} is already under {storage.url('runs')}; "
                                 f"continue it with resume={run_id!r}")
-        run_id = run_id or f"{experiment.preset.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        run_id = run_id or new_run_id(experiment.preset.name)
         dataset = find_dataset(experiment)
         return PreparedRun(experiment, run_id, storage, warm_started(experiment, storage, warm_start), dataset=dataset,
                            dataset_observed=dataset_seen_by_warm_start(storage, warm_start, experiment.preset))
