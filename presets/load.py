@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -20,13 +21,25 @@ _BUILTIN = resources.files("gymflow.presets") / "builtin"
 
 
 def builtin_presets() -> dict[str, str]:
-    """Built-in preset names, each with the first line of its description."""
+    """Built-in preset names, each with the first sentence of its description (its leading comment)."""
     names = {}
     for item in sorted(_BUILTIN.iterdir(), key=lambda p: p.name.removesuffix(".yaml")):
         if item.name.endswith(".yaml"):
-            first_line = item.read_text().splitlines()[0].lstrip("# ").strip()
-            names[item.name.removesuffix(".yaml")] = first_line
+            names[item.name.removesuffix(".yaml")] = _first_sentence(item.read_text())
     return names
+
+
+def _first_sentence(text: str) -> str:
+    """The first sentence of a YAML file's leading comment lines: up to the first period that ends
+    a line or meets a space (not "e.g." or "i.e.")."""
+    comment = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        comment.append(line.lstrip("# ").strip())
+    joined = "\n".join(comment)
+    end = re.search(r"(?<!e\.g)(?<!i\.e)\.(?=\s|$)", joined)
+    return " ".join((joined[: end.end()] if end else joined).split())
 
 
 def read_preset_source(name_or_path: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -231,3 +231,12 @@ def test_a_mapping_setting_is_replaced_whole_by_an_override_and_by_a_preset_over
     preset = load_preset(str(own))
     assert preset.env.kwargs == {"max_cycles": 25} and preset.agent.lr == 0.001
     assert preset.agent.entropy_coef == load_preset("spread-ippo").agent.entropy_coef  # sections still merge
+
+
+def test_gymflow_presets_describes_each_preset_in_one_whole_sentence():
+    from gymflow.presets import builtin_presets
+
+    for name, description in builtin_presets().items():
+        assert description.endswith("."), (name, description)  # not cut at the end of a comment line
+        assert description.count("(") == description.count(")") and description.count("`") % 2 == 0, name
+        assert "\n" not in description and len(description) < 400, name
