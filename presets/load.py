@@ -31,14 +31,14 @@ def builtin_presets() -> dict[str, str]:
 
 def _first_sentence(text: str) -> str:
     """The first sentence of a YAML file's leading comment lines: up to the first period that ends
-    a line or meets a space (not "e.g." or "i.e.")."""
+    a line or meets a space (not "e.g.", "i.e." or "et al.")."""
     comment = []
     for line in text.splitlines():
         if not line.startswith("#"):
             break
         comment.append(line.lstrip("# ").strip())
     joined = "\n".join(comment)
-    end = re.search(r"(?<!e\.g)(?<!i\.e)\.(?=\s|$)", joined)
+    end = re.search(r"(?<!e\.g)(?<!i\.e)(?<! al)\.(?=\s|$)", joined)
     return " ".join((joined[: end.end()] if end else joined).split())
 
 
