@@ -207,10 +207,11 @@ def _run(preset: str, overrides: dict, quiet: bool, api_ready: Callable[[], None
 def _sweep(spec_path: str, sweep_id: str | None, api_ready: Callable[[], None]) -> int:
     """Run (or continue, with --id) a sweep; its runs log their progress, the sweep its runs'."""
     from gymflow.presets.sweep import check_sweep, read_sweep_spec
+    from gymflow.tasks.storage.layout import new_sweep_id
 
     try:
         spec = read_sweep_spec(spec_path)
-        check_sweep(spec)
+        sweep_id = sweep_id or new_sweep_id(check_sweep(spec).base.name)  # named here for the stop line
     except GymflowError as error:
         print(f"gymflow: error: {error}", file=sys.stderr)
         return 2
@@ -220,16 +221,16 @@ def _sweep(spec_path: str, sweep_id: str | None, api_ready: Callable[[], None]) 
 
         return lambda: sweep(spec, sweep_id)
 
-    result = _under_prefect(load, "`gymflow sweep SPEC --id SWEEP_ID` continues the sweep (its id is in the log "
-                                  "above); finished runs are kept, interrupted ones resume", api_ready)
+    result = _under_prefect(load, f"`gymflow sweep {spec_path} --id {sweep_id}` continues the sweep; finished runs "
+                                  "are kept, interrupted ones resume", api_ready)
     if isinstance(result, int):
         return result
     print(f"sweep {result.sweep_id}: {len(result.ranking)} configurations, {result.runs_trained} runs trained by "
           f"this start, {result.wall_seconds:.0f} s")
     if result.ranking:
         print(yaml.safe_dump(result.ranking, sort_keys=False), end="")
-    if result.best_preset_url:
-        print(f"best configuration as a preset: {result.best_preset_url}")
+    if result.best_preset_url:  # a local folder's as a path: `gymflow run` and `show` take either
+        print(f"best configuration as a preset: {result.best_preset_url.removeprefix('file://')}")
     return 0
 
 

@@ -28,6 +28,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from gymflow.flows.improve import improve
 from gymflow.presets.sweep import Sweep, SweepSpec, check_sweep, sweep_spec
 from gymflow.tasks.cluster.client import shared_local_cluster
+from gymflow.tasks.storage.layout import new_sweep_id
 from gymflow.tasks.storage.objects import check_storage, open_storage, storage_location
 from gymflow.tasks.storage.records import has_run_record
 from gymflow.tasks.sweep.report import mark_pruned, rank, report_sweep, sweep_parent_run
@@ -36,7 +37,6 @@ from gymflow.tasks.sweep.study import (
     SeedResult,
     configurations,
     finish_configuration,
-    new_sweep_id,
     next_wave,
     open_study,
     record_result,

@@ -57,6 +57,7 @@ def read_preset_source(name_or_path: str, _seen: tuple[str, ...] = ()) -> dict[s
 
 
 def _read_one(name_or_path: str) -> dict[str, Any]:
+    name_or_path = name_or_path.removeprefix("file://")  # a local file as a URL (a sweep's best configuration)
     builtin = _BUILTIN / f"{name_or_path}.yaml"
     if builtin.is_file():
         text = builtin.read_text()

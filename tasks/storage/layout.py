@@ -16,6 +16,11 @@ def new_run_id(preset_name: str) -> str:
     return f"{preset_name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
+def new_sweep_id(spec_name: str) -> str:
+    """A new sweep's id: its preset's name, the time and a random part."""
+    return f"{spec_name}-sweep-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
 @dataclass(frozen=True)
 class ShardKey:
     """What a shard's key says: the rollout worker that wrote it, and its round (SYNC: the policy

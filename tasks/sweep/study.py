@@ -14,8 +14,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -79,10 +77,6 @@ class Configuration:
     @property
     def pruned(self) -> bool:
         return self.pruned_at is not None or self.state == TrialState.PRUNED
-
-
-def new_sweep_id(spec_name: str) -> str:
-    return f"{spec_name}-sweep-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
 def open_study(sweep: Sweep, sweep_id: str) -> optuna.Study:
