@@ -106,6 +106,10 @@ def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
 
         experiment = resolve_experiment(args.preset, overrides)
         check_storage(storage_location(experiment.preset.storage))
+        if experiment.preset.dataset is not None:  # a dataset that is not there: refused before Prefect starts
+            from gymflow.tasks.training.run import find_dataset
+
+            find_dataset(experiment)
     except GymflowError as error:
         print(f"gymflow: error: {error}", file=sys.stderr)
         return 2

@@ -86,7 +86,14 @@ def test_behaviour_cloning_reaches_the_return_of_the_policy_that_collected_the_d
     ({"dataset.id": "gymflow/elsewhere-v0"}, "dataset.id: no Minari dataset 'gymflow/elsewhere-v0' under"),
     ({"agent.replay_capacity": 100}, "agent.replay_capacity: 100 transitions cannot hold dataset"),
 ], ids=["other-env", "missing", "too-big"])
-def test_an_unusable_dataset_is_refused_in_one_line_before_any_work(corridor_dataset, workspace, capsys, change, says):
+def test_an_unusable_dataset_is_refused_in_one_line_before_any_work(corridor_dataset, workspace, capsys, change, says,
+                                                                    monkeypatch):
+    from gymflow.flows import cli
+
+    def flow_started(*args, **kwargs):  # refused before Prefect: no flow run to fail, no second telling
+        raise AssertionError("the flow started: the dataset was not checked by the command line first")
+
+    monkeypatch.setattr(cli, "_under_prefect", flow_started)
     datasets, _ = corridor_dataset
     overrides = offline(datasets, workspace, **change)
     code = main(["run", "cartpole-bc", "--quiet", *(f"--set={key}={value}" for key, value in _as_text(overrides))])
