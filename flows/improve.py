@@ -78,6 +78,10 @@ def improve(
             logger.info("run %s: rollout workers ready, training", run.run_id)
             started = time.perf_counter()
             state = first_state(run, hosts, loop, logger)  # heatup and version 0, or where a resumed run stood
+            if run.restored is not None:  # said, and the bar starts where the run stood
+                spent, unit = recorder.budget.spent(state), recorder.budget.unit
+                logger.info("run %s continues from v%d at %s %s", run.run_id, state.version, f"{spent:,}", unit)
+                recorder.progress.update(spent, f"continues from v{state.version}", force=True)
             while not loop.stopped(state):
                 state = train(loop, state)  # ~2 s of collect -> learn -> commit -> maybe evaluate
             state, deciding = loop.finish(state)  # the deciding policy's film is made beside delivery

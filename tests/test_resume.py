@@ -4,6 +4,7 @@ exactly where an uninterrupted run of the same preset and seed ends."""
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import replace
 
 import pytest
@@ -55,7 +56,8 @@ NORMALIZED = {"agent.normalize_observations": True}  # the statistics resume wit
     ("race-ppo", {"env.id": "pettingzoo:gymflow.envs.race", "env.kwargs": {}, "agent.hidden_sizes": [16],
                   "schedule.opponent_pool": {"size": 2, "every": 2, "share": 0.5}}),  # past versions it plays
 ])
-def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, extra, prefect_api, workspace, tiny_budget):
+def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, extra, prefect_api, workspace, tiny_budget,
+                                                                         caplog):
     """SYNC (with normalisation): the same weights and statistics as the uninterrupted run. ASYNC (which version a chunk acts with
     depends on timing): the same env steps, every chunk landed once."""
 
@@ -71,7 +73,10 @@ def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, e
     (run_dir,) = (killed_root / "runs").iterdir()
     assert not (killed_root / "runs" / run_dir.name / "checkpoints" / f"v{clean.versions_committed - 1:06d}").exists()
 
-    assert main(["resume", run_dir.name, "--root", str(killed_root), "--quiet"]) == 0
+    with caplog.at_level(logging.INFO):
+        assert main(["resume", run_dir.name, "--root", str(killed_root), "--quiet"]) == 0
+    said = [r.getMessage() for r in caplog.records if f"run {run_dir.name} continues from v" in r.getMessage()]
+    assert len(said) == 1 and " env steps" in said[0], said  # where it stood, once
     storage = Storage(StorageLocation(str(killed_root)))
     record = json.loads(storage.read(f"runs/{run_dir.name}/run.json"))
     client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
