@@ -382,3 +382,18 @@ def test_the_done_line_says_the_outcome_in_words_not_a_python_repr(summary, says
     from gymflow.tasks.training.delivery import describe
 
     assert describe(summary) == says
+
+
+def test_the_progress_line_shows_a_training_return_only_where_it_means_something():
+    from gymflow.tasks.training.state import LoopState
+    from gymflow.tasks.training.summary import EvaluationRow, RunRecorder
+
+    state = LoopState.start(2, 100)
+    recorder = RunRecorder(tracker=None, progress=None, budget=None)
+    assert recorder._status(state) == "v0"  # no episode ended yet (an offline run never has one): not "return nan"
+    recorder._episode_return = 12.5
+    assert recorder._status(state) == "v0 return 12.5"
+    recorder.evaluations.append(EvaluationRow(0, 20.0, 10.0, 30.0, 0))
+    assert recorder._status(state) == "v0 return 12.5 eval 20.0"
+    recorder.shows_training_return = False  # a competitive game's sides cancel out: "return 0.0" says nothing
+    assert recorder._status(state) == "v0 eval 20.0"

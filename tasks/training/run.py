@@ -185,8 +185,10 @@ def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str]) 
 def run_recorder(run: PreparedRun, tracker: Tracker, logger: AnyLogger) -> RunRecorder:
     budget = Budget.of(run.preset)
     progress = ProgressLog(logger, budget.total, views=[ProgressArtifact(run.run_id)], unit=budget.unit)
-    recorder = RunRecorder.resumed if run.restored else RunRecorder
-    return recorder(tracker, progress, budget, run.storage)
+    recorder = (RunRecorder.resumed if run.restored else RunRecorder)(tracker, progress, budget, run.storage)
+    preset = run.preset
+    recorder.shows_training_return = not preset.offline and preset.schedule.evaluation_opponent != "random"
+    return recorder
 
 
 @contextmanager

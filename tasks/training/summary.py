@@ -81,6 +81,8 @@ class RunRecorder:
     work_seconds: float = 0.0
     processes: set[str] = field(default_factory=set)
     films: list[str] = field(default_factory=list)  # MLflow artifact paths of the evaluation films
+    # the progress line's training return: not offline (no episodes), not a competitive game's (sides cancel out)
+    shows_training_return: bool = True
     _episode_return: float = float("nan")
     _step: int = 0  # the newest step logged
 
@@ -135,7 +137,8 @@ class RunRecorder:
             self.history = self.history[::-2][::-1]  # the newest point stays
 
     def _status(self, state: LoopState) -> str:
-        status = f"v{state.version} return {self._episode_return:.1f}"
+        shown = self.shows_training_return and self._episode_return == self._episode_return  # not nan
+        status = f"v{state.version} return {self._episode_return:.1f}" if shown else f"v{state.version}"
         return f"{status} eval {self.evaluations[-1].mean:.1f}" if self.evaluations else status
 
 
