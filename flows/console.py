@@ -5,6 +5,12 @@ execution"), and its console handler prints it: dozens of lines of Prefect's and
 (and, for a job, the worker's) above the one line that says what is wrong. For gymflow's own
 errors, which say it in that line, the console shows the line without the traceback; the run's
 log in the Prefect API (its UI) keeps the traceback, the worker's included.
+
+A run stopped from the terminal (Ctrl-C, SIGTERM) is said by gymflow itself ("gymflow: stopping",
+then "gymflow: stopped." with the command that resumes it); Prefect's engine's "Crash detected!
+Execution was aborted by an interrupt signal." (or "a termination signal") ERROR lines for the task
+and the flow say it again,
+as if something had broken: the console leaves them out (`InterruptNotACrash`), the API keeps them.
 """
 
 from __future__ import annotations
@@ -29,8 +35,17 @@ class WithoutGymflowTracebacks(logging.Formatter):
         return self.inner.format(record)
 
 
+class InterruptNotACrash(logging.Filter):
+    """Leaves out Prefect's lines about a run aborted by an interrupt or termination signal (a stop
+    gymflow says itself)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return "aborted by an interrupt signal" not in message and "aborted by a termination signal" not in message
+
+
 def gymflow_errors_in_one_line_on_the_console() -> None:
-    """Wrap the formatter of each of Prefect's console handlers (once)."""
+    """Wrap the formatter of each of Prefect's console handlers, and filter them (once)."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
     for name in ("prefect", "prefect.flow_runs", "prefect.task_runs", ""):
@@ -38,3 +53,4 @@ def gymflow_errors_in_one_line_on_the_console() -> None:
             wrapped = isinstance(handler.formatter, WithoutGymflowTracebacks)
             if isinstance(handler, PrefectConsoleHandler) and not wrapped:
                 handler.setFormatter(WithoutGymflowTracebacks(handler.formatter or logging.Formatter()))
+                handler.addFilter(InterruptNotACrash())
