@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -187,6 +188,7 @@ def _run(preset: str, overrides: dict, quiet: bool, api_ready: Callable[[], None
         from gymflow.tasks.training.learning import import_run_machinery
 
         import_run_machinery()
+        _without_mlflow_chatter()
 
         return lambda: _with_progress_bar(lambda: improve(preset, overrides, **(start or {})), quiet)
 
@@ -206,6 +208,17 @@ def _run(preset: str, overrides: dict, quiet: bool, api_ready: Callable[[], None
         f"of it\n  checkpoints and shards: {summary.storage_url}\n  MLflow run: {summary.mlflow_run_id}"
     )
     return 0
+
+
+# MLflow's INFO lines of its own housekeeping in the run's terminal: a new tracking database's tables
+# ("Creating initial MLflow database tables...", "Updating database tables"), and the logged model's
+# input example checked against its signature: nothing a person acts on
+MLFLOW_CHATTER = ("mlflow.store.db.utils", "mlflow.pyfunc", "mlflow.models.model", "alembic.runtime.migration")
+
+
+def _without_mlflow_chatter() -> None:
+    for name in MLFLOW_CHATTER:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _sweep(spec_path: str, sweep_id: str | None, api_ready: Callable[[], None]) -> int:

@@ -228,6 +228,7 @@ def test_the_command_line_trains_an_env_from_the_working_folder_with_no_warnings
     output = done.stdout + done.stderr
     assert " ended: evaluation return " in output  # schedule.target_return: null, so neither reached nor missed
     assert "Warning" not in output and "WARNING" not in output and "warn(" not in output, output[-3000:]
+    assert "database tables" not in output and "Validating input example" not in output, output[-3000:]
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("gymflow").experiment_id])
     assert run.data.params["env.id"] == "my_corridor:MyCorridor"
