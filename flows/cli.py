@@ -236,6 +236,7 @@ def _sweep(spec_path: str, sweep_id: str | None, api_ready: Callable[[], None]) 
     def load() -> Callable[[], SweepResult]:
         from gymflow.flows.sweep import sweep
 
+        _without_mlflow_chatter()
         return lambda: sweep(spec, sweep_id)
 
     result = _under_prefect(load, f"`gymflow sweep {spec_path} --id {sweep_id}` continues the sweep; finished runs "

@@ -75,6 +75,7 @@ def shared_local_cluster(config: DistributionConfig, workers: int) -> Iterator[C
     if config.scheduler_address or config.cluster_class or config.mode == "single":
         yield None
         return
+    logging.getLogger("distributed").setLevel(logging.WARNING)  # as dask_client's: its start is no news
     cluster = _local_cluster(config, min(workers, os.cpu_count() or 1))
     with cluster, Client(cluster, direct_to_workers=True) as client:
         client.wait_for_workers(1, timeout=config.cluster_start_timeout_s)
