@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import yaml
@@ -99,7 +100,7 @@ def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
             print(f"gymflow: error: {error}", file=sys.stderr)
             return 2
         return _run("cartpole-ppo", {"storage.root": args.root, "storage.options": options}, args.quiet, api_ready,
-                    start={"resume": args.run_id}, resume_with=f"gymflow resume {args.run_id} --root {args.root}")
+                    Launch({"resume": args.run_id}, f"gymflow resume {args.run_id} --root {args.root}"))
     try:
         overrides = parse_assignments(args.set)
         from gymflow.presets.validate import resolve_experiment
@@ -117,9 +118,10 @@ def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
     from gymflow.tasks.storage.layout import new_run_id
 
     run_id = new_run_id(experiment.preset.name)  # named here, so a stopped run's line can say how to resume it
-    return _run(args.preset, overrides, args.quiet, api_ready, experiment.preset.distribution,
-                {"warm_start": args.warm_start, "run_id": run_id},
-                f"gymflow resume {run_id} --root {experiment.preset.storage.root}")
+    return _run(args.preset, overrides, args.quiet, api_ready,
+                Launch({"warm_start": args.warm_start, "run_id": run_id},
+                       f"gymflow resume {run_id} --root {experiment.preset.storage.root}"),
+                experiment.preset.distribution)
 
 
 def _show(preset: str, assignments: list[str]) -> int:
@@ -177,11 +179,18 @@ def _cluster_beside(distribution: DistributionConfig | None) -> AbstractContextM
     return local_cluster_started_beside(distribution)
 
 
-def _run(preset: str, overrides: dict, quiet: bool, api_ready: Callable[[], None],
-         distribution: DistributionConfig | None = None, start: Mapping[str, str | None] | None = None,
-         resume_with: str = "gymflow resume RUN_ID --root ROOT") -> int:
-    """Train, with a progress bar; `start` is improve's warm_start and run_id, or resume;
-    `resume_with`, the command that continues the run if it is stopped."""
+@dataclass(frozen=True)
+class Launch:
+    """How a command-line run starts (improve's warm_start and run_id, or resume), and the command
+    that continues it if it is stopped."""
+
+    start: Mapping[str, str | None]
+    resume_with: str
+
+
+def _run(preset: str, overrides: dict, quiet: bool, api_ready: Callable[[], None], launch: Launch,
+         distribution: DistributionConfig | None = None) -> int:
+    """Train, with a progress bar."""
 
     def load() -> Callable[[], RunSummary]:
         from gymflow.flows.improve import improve
@@ -190,10 +199,10 @@ def _run(preset: str, overrides: dict, quiet: bool, api_ready: Callable[[], None
         import_run_machinery()
         _without_mlflow_chatter()
 
-        return lambda: _with_progress_bar(lambda: improve(preset, overrides, **(start or {})), quiet)
+        return lambda: _with_progress_bar(lambda: improve(preset, overrides, **launch.start), quiet)
 
-    summary = _under_prefect(load, f"What was committed stays: `{resume_with}` continues the run", api_ready,
-                             distribution)
+    summary = _under_prefect(load, f"What was committed stays: `{launch.resume_with}` continues the run",
+                             api_ready, distribution)
     if isinstance(summary, int):
         return summary
     target = summary.target_return
