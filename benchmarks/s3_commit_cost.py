@@ -14,41 +14,26 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from gymflow.testing.s3 import moto_on_loopback
 
 S3_BUCKET = "bench"
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def start_moto() -> tuple[subprocess.Popen, dict[str, str]]:
+@contextmanager
+def moto_bucket() -> Iterator[dict[str, str]]:
+    """A moto S3 server on loopback with the benchmark's bucket; the storage options that reach it."""
     import boto3
 
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RuntimeError("moto server did not start") from None
-            time.sleep(0.1)
-    options = {"endpoint_url": f"http://127.0.0.1:{port}", "key": "bench", "secret": "bench"}
-    boto3.client("s3", endpoint_url=options["endpoint_url"], region_name="us-east-1", aws_access_key_id="bench",
-                 aws_secret_access_key="bench").create_bucket(Bucket=S3_BUCKET)
-    return server, options
+    with moto_on_loopback() as endpoint:
+        options = {"endpoint_url": endpoint, "key": "bench", "secret": "bench"}
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="bench",
+                     aws_secret_access_key="bench").create_bucket(Bucket=S3_BUCKET)
+        yield options
 
 
 def one_run(root: str, options: dict[str, str], steps: int) -> tuple[float, float, int]:
@@ -79,21 +64,16 @@ def main() -> None:
     from prefect.testing.utilities import prefect_test_harness
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "0")
-    server, options = start_moto()
     figures: dict[str, list[tuple[float, float, int]]] = {"local folder (writes behind)": [], "S3 (moto, loopback)": []}
-    try:
-        with prefect_test_harness(server_startup_timeout=120):
-            for repeat in range(args.repeats):
-                sides = list(figures) if repeat % 2 == 0 else list(figures)[::-1]
-                for side in sides:
-                    root = tempfile.mkdtemp() if side.startswith("local") else f"s3://{S3_BUCKET}/r{repeat}"
-                    figures[side].append(one_run(root, {} if side.startswith("local") else options, args.steps))
-                    commit, wall, rounds = figures[side][-1]
-                    print(f"  [{repeat}] {side}: commit {commit:.1f} ms a round of {wall:.1f} ms ({rounds} rounds)",
-                          flush=True)
-    finally:
-        server.terminate()
-        server.wait(10)
+    with moto_bucket() as options, prefect_test_harness(server_startup_timeout=120):
+        for repeat in range(args.repeats):
+            sides = list(figures) if repeat % 2 == 0 else list(figures)[::-1]
+            for side in sides:
+                root = tempfile.mkdtemp() if side.startswith("local") else f"s3://{S3_BUCKET}/r{repeat}"
+                figures[side].append(one_run(root, {} if side.startswith("local") else options, args.steps))
+                commit, wall, rounds = figures[side][-1]
+                print(f"  [{repeat}] {side}: commit {commit:.1f} ms a round of {wall:.1f} ms ({rounds} rounds)",
+                      flush=True)
     print(f"\n{'storage':32} {'commit ms/round':>16} {'round ms':>10} {'commit share':>13}")
     for side, runs in figures.items():
         commit, wall = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)

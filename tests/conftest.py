@@ -2,9 +2,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -12,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from gymflow.testing.s3 import free_port, moto_on_loopback  # noqa: F401 (free_port: the tests import it from here)
 
 # The tests' own Prefect home, before Prefect reads its settings: a test (or a command it starts)
 # that makes its own temporary API never touches the developer's ~/.prefect database, which
@@ -102,12 +101,6 @@ class S3Server:
         return {"endpoint_url": endpoint or self.endpoint, "key": self.key, "secret": self.secret}
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def s3_user_and_bucket(endpoint: str) -> tuple[str, str]:
     """On a fresh moto server started with INITIAL_NO_AUTH_ACTION_COUNT=4: a user allowed
     everything, its access key (returned: key, secret) and the bucket `gymflow`."""
@@ -177,27 +170,8 @@ def s3_server():
     """A real S3 API server (moto's server mode) on loopback, with IAM authentication on: only
     the access key made here is accepted, in one bucket."""
 
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
     # The first four requests (the set-up below) go unauthenticated; every later one must be signed
     # with a key the server knows.
-    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "4"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError("moto server did not start") from None
-                time.sleep(0.1)
+    with moto_on_loopback({"INITIAL_NO_AUTH_ACTION_COUNT": "4"}) as endpoint:
         key, secret = s3_user_and_bucket(endpoint)
         yield S3Server(endpoint, key, secret, "gymflow")
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
