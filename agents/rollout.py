@@ -91,9 +91,15 @@ def collect_in_halves(policy: ActsFromOutputs, env: VectorEnv, steps: int, sourc
 _ROWS_ALIKE: dict[tuple, bool] = {}
 
 
+def acts_from_outputs(policy: Policy) -> bool:
+    """Whether the policy's actions are a choice from its network's outputs alone (`ActsFromOutputs`,
+    not a recurrent policy with a memory of its own)."""
+    return hasattr(policy, "act_on") and not hasattr(policy, "episodes_ended")
+
+
 def _one_network(policies: Sequence[Policy]) -> Any:
     """The network every policy acts from, if they all act from its outputs."""
-    if len(policies) < 2 or not all(hasattr(p, "act_on") and not hasattr(p, "episodes_ended") for p in policies):
+    if len(policies) < 2 or not all(acts_from_outputs(policy) for policy in policies):
         return None
     network = policies[0].network
     return network if all(policy.network is network for policy in policies) else None

@@ -189,27 +189,28 @@ class RemoteOutputs:
 
     def _give_up(self) -> None:
         """The server is gone for this worker: every later output is its own."""
-        _CONNECTIONS.pop(self.connection, None)
+        for address, connection in list(_CONNECTIONS.items()):
+            if connection is self.connection:
+                del _CONNECTIONS[address]
         self.connection.close()  # replies still owed on it are not read: a later chunk connects anew
         self.connection = None
 
 
-_CONNECTIONS: dict[Any, InferenceAddress] = {}  # a worker process's open connection to each server
+_CONNECTIONS: dict[InferenceAddress, Connection] = {}  # a worker process's open connection to each server
 
 
 def connect(address: InferenceAddress) -> Connection | None:
     """This process's connection to the server at `address`; None where it cannot be reached (another
     machine, a server that has gone)."""
-    for connection, at in list(_CONNECTIONS.items()):
-        if at == address:
-            return connection
+    if address in _CONNECTIONS:
+        return _CONNECTIONS[address]
     if address.machine != this_machine() or not os.path.exists(address.path):
         return None
     try:
         connection = Client(address.path, family="AF_UNIX", authkey=address.authkey)
     except (OSError, EOFError):
         return None
-    _CONNECTIONS[connection] = address
+    _CONNECTIONS[address] = connection
     return connection
 
 

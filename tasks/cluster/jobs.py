@@ -22,7 +22,14 @@ import numpy as np
 from gymflow.agents.algorithms import ALGORITHMS, algorithm_of
 from gymflow.agents.core import Policy
 from gymflow.agents.match import Sides, first_rows, game_scores, play_games
-from gymflow.agents.rollout import RandomPolicy, collect, collect_in_halves, collect_together, evaluate
+from gymflow.agents.rollout import (
+    RandomPolicy,
+    acts_from_outputs,
+    collect,
+    collect_in_halves,
+    collect_together,
+    evaluate,
+)
 from gymflow.envs.make import EnvSpecError, check_env, is_multi_agent
 from gymflow.envs.seeding import derive_seed
 from gymflow.envs.vector import AnyVectorEnv, make_vector_env
@@ -110,8 +117,7 @@ def _remote_outputs(spec: RolloutSpec, version: int | None, policy: Policy, env:
     """The run's inference server as this rollout's source of network outputs, where there is one
     this worker reaches and the policy acts from one network's outputs (not a recurrent one, not
     facing an opponent, not random)."""
-    acts_from_outputs = hasattr(policy, "act_on") and not hasattr(policy, "episodes_ended")
-    if spec.inference is None or version is None or learning is not None or not acts_from_outputs \
+    if spec.inference is None or version is None or learning is not None or not acts_from_outputs(policy) \
             or not hasattr(env, "step_rows"):
         return None
     connection = connect(spec.inference)
