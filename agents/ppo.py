@@ -147,6 +147,7 @@ class PPOLearner(SavedWhole, Learner):
         metrics = mean_metrics(rows)
         metrics["explained_variance"] = explained_variance(flat["values"], flat["returns"])
         metrics["lr"] = lr
+        metrics["clip_range"] = self.clip_range
         metrics["train_steps"] = float(self.train_steps)
         return metrics
 

@@ -237,7 +237,12 @@ def _sweep(spec_path: str, sweep_id: str | None, api_ready: Callable[[], None]) 
 
     try:
         spec = read_sweep_spec(spec_path)
-        sweep_id = sweep_id or new_sweep_id(check_sweep(spec).base.name)  # named here for the stop line
+        checked = check_sweep(spec)
+        if spec.pbt is not None:  # builds the learners: torch, for this check alone
+            from gymflow.tasks.sweep.pbt import check_perturbable
+
+            check_perturbable(checked)
+        sweep_id = sweep_id or new_sweep_id(checked.base.name)  # named here for the stop line
     except GymflowError as error:
         print(f"gymflow: error: {error}", file=sys.stderr)
         return 2
@@ -252,8 +257,9 @@ def _sweep(spec_path: str, sweep_id: str | None, api_ready: Callable[[], None]) 
                                   "are kept, interrupted ones resume", api_ready)
     if isinstance(result, int):
         return result
-    print(f"sweep {result.sweep_id}: {len(result.ranking)} configurations, {result.runs_trained} runs trained by "
-          f"this start, {result.wall_seconds:.0f} s")
+    trained = "member intervals" if spec.pbt is not None else "runs"
+    print(f"sweep {result.sweep_id}: {len(result.ranking)} {'members' if spec.pbt else 'configurations'}, "
+          f"{result.runs_trained} {trained} trained by this start, {result.wall_seconds:.0f} s")
     if result.ranking:
         print(yaml.safe_dump(result.ranking, sort_keys=False), end="")
     if result.best_preset_url:  # a local folder's as a path: `gymflow run` and `show` take either

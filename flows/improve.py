@@ -17,7 +17,7 @@ from gymflow.flows.stopping import cancellable
 from gymflow.presets.overrides import PresetOverrides, as_dotted
 from gymflow.presets.validate import resolve_experiment
 from gymflow.tasks.cluster.placement import rollout_hosts
-from gymflow.tasks.sweep.trial import SweepTrial, TrialJudge
+from gymflow.tasks.sweep.trial import PbtMember, SweepTrial, TrialJudge
 from gymflow.tasks.tracking.artifacts import publish_evaluations
 from gymflow.tasks.training.delivery import deliver, describe, report_run
 from gymflow.tasks.training.loop import train
@@ -27,6 +27,7 @@ from gymflow.tasks.training.run import (
     prepare_run,
     run_recorder,
     run_tags,
+    say_where_it_starts,
     storage_url,
     tracked_run,
 )
@@ -42,7 +43,7 @@ def improve(
     warm_start: str | None = None,
     resume: str | None = None,
     run_id: RunId | None = None,
-    sweep_trial: SweepTrial | None = None,
+    sweep_trial: SweepTrial | PbtMember | None = None,
 ) -> RunSummary:
     """Train a preset: heatup, then rounds of collect -> learn -> evaluate until the step budget
     or the target return.
@@ -59,13 +60,15 @@ def improve(
             its original end, in the same MLflow run. Its preset comes from its storage; only
             storage settings (where to find it) are taken from preset and overrides.
         run_id: The new run's id (default: the preset's name and the time); refused if taken.
-        sweep_trial: Set by a sweep: the run's configuration and seed, whose pruner may stop it.
+        sweep_trial: Set by a sweep: the run's configuration and seed, whose pruner may stop it; or
+            a population member's interval: its values, where it pauses, the member it copies.
     """
     changed = as_dotted(overrides)
     experiment = resolve_experiment(preset, changed)  # bad input stops here; nothing written
-    run = prepare_run(experiment, warm_start, resume, run_id)  # so does an unusable storage root or warm start
+    member = sweep_trial if isinstance(sweep_trial, PbtMember) else None
+    run = prepare_run(experiment, warm_start, resume, run_id, member)  # so does an unusable storage root or warm start
     logger = get_run_logger()
-    judge = TrialJudge(sweep_trial) if sweep_trial else None
+    judge = TrialJudge(sweep_trial) if isinstance(sweep_trial, SweepTrial) else None
     with (
         cancellable(flow_run.id, _deployment_id()),  # a Prefect cancellation ends the run within seconds
         rollout_hosts(run.experiment, logger, run.run_id) as (hosts, where),  # an unreachable cluster stops here, and a
@@ -78,17 +81,19 @@ def improve(
             logger.info("run %s: rollout workers ready, training", run.run_id)
             started = time.perf_counter()
             state = first_state(run, hosts, loop, logger)  # heatup and version 0, or where a resumed run stood
-            if run.restored is not None:  # said, and the bar starts where the run stood
-                spent, unit = recorder.budget.spent(state), recorder.budget.unit
-                logger.info("run %s continues from v%d at %s %s", run.run_id, state.version, f"{spent:,}", unit)
-                recorder.progress.update(spent, f"continues from v{state.version}", force=True)
+            say_where_it_starts(run, state, recorder, logger)  # a resumed run's bar starts where it stood
             while not loop.stopped(state):
                 state = train(loop, state)  # ~2 s of collect -> learn -> commit -> maybe evaluate
             state, deciding = loop.finish(state)  # the deciding policy's film is made beside delivery
             identity = RunIdentity(run.run_id, tracker.run_id, storage_url(run))
             ending = RunEnding(loop.stop.target_reached(deciding), loop.stop.stopped_early(loop.latest),
-                               time.perf_counter() - started, run.preset.schedule.target_return)
+                               time.perf_counter() - started, run.preset.schedule.target_return,
+                               paused=loop.stop.paused(state) and not loop.stop.target_reached(deciding))
             summary = summarize(identity, state, recorder, deciding, ending)
+            if summary.paused:  # a population member at its interval's end: continued by the sweep
+                logger.info("run %s paused at %s %s: v%d scored %.1f; its sweep continues it", run.run_id,
+                            f"{summary.clock:,}", recorder.budget.unit, summary.delivered_version, summary.final_return)
+                return summary
             recorder.progress.update(recorder.budget.spent(state), f"done: eval {summary.final_return:.1f}", force=True)
             delivered = deliver(run, tracker, summary, recorder)  # artifacts, figures, the model
             loop.film_landed()

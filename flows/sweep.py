@@ -26,11 +26,14 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from gymflow.flows.improve import improve
+from gymflow.flows.population import train_population
 from gymflow.presets.sweep import Sweep, SweepSpec, check_sweep, sweep_spec
 from gymflow.tasks.cluster.client import shared_local_cluster
 from gymflow.tasks.storage.layout import new_sweep_id
 from gymflow.tasks.storage.objects import check_storage, open_storage, storage_location
 from gymflow.tasks.storage.records import has_run_record
+from gymflow.tasks.sweep.lineage import report_population
+from gymflow.tasks.sweep.pbt import MemberResult, check_perturbable, pause_points, recorded_results
 from gymflow.tasks.sweep.report import mark_pruned, rank, report_sweep, sweep_parent_run
 from gymflow.tasks.sweep.study import (
     Configuration,
@@ -43,6 +46,7 @@ from gymflow.tasks.sweep.study import (
     refreshed,
 )
 from gymflow.tasks.sweep.trial import SweepTrial
+from gymflow.tasks.tracking.tracker import Tracker
 
 MAX_CONCURRENCY = 64
 
@@ -95,6 +99,8 @@ def sweep(spec: SweepSpec, sweep_id: str | None = None) -> SweepResult:
             stopped (a crash, a kill): finished runs are kept, interrupted ones resume.
     """
     checked = check_sweep(sweep_spec(spec))  # bad input stops here; nothing written
+    if checked.spec.pbt is not None:
+        check_perturbable(checked)
     location = storage_location(checked.base.storage)
     check_storage(location)
     sweep_id = sweep_id or new_sweep_id(checked.base.name)
@@ -106,6 +112,8 @@ def sweep(spec: SweepSpec, sweep_id: str | None = None) -> SweepResult:
         shared_local_cluster(checked.base.distribution, checked.spec.concurrency * _workers(checked)),
         sweep_parent_run(checked, sweep_id, study, str(flow_run.id)) as parent,
     ):
+        if checked.spec.pbt is not None:
+            return _population(checked, sweep_id, study, parent, started)
         progress = Progress(checked.configurations * checked.spec.seeds)
         progress.done = sum(len(c.results) for c in configurations(study))
         progress.artifact_id = create_progress_artifact(_percent(progress), key="sweep-progress",
@@ -130,6 +138,32 @@ def sweep(spec: SweepSpec, sweep_id: str | None = None) -> SweepResult:
     rows = [ranked.row() for ranked in ranking]
     logger.info("sweep %s done: best %s", sweep_id, _in_words(rows[0]) if rows else "none")
     return SweepResult(sweep_id, rows, best_url, parent.run_id, trained, time.perf_counter() - started)
+
+
+def _population(sweep: Sweep, sweep_id: str, study: optuna.Study, parent: Tracker, started: float) -> SweepResult:
+    """`sampler: pbt`: the members trained interval by interval (flows/population.py), then
+    ranked, with their lineage."""
+    logger = get_run_logger()
+    intervals = len(pause_points(sweep))
+    progress = Progress(sweep.configurations * intervals)
+    progress.done = sum(len(recorded_results(study, interval)) for interval in range(intervals))
+    progress.artifact_id = create_progress_artifact(_percent(progress), key="sweep-progress",
+                                                    description=f"member intervals of sweep {sweep_id}")
+    logger.info("sweep %s: a population of %d members, %d intervals of %s steps; Optuna storage %s; MLflow parent "
+                "run %s", sweep_id, sweep.configurations, intervals, f"{sweep.spec.pbt.interval:,}",
+                sweep.spec.study_storage, parent.run_id)
+
+    def reached(result: MemberResult) -> None:
+        progress.done += 1
+        update_progress_artifact(progress.artifact_id, _percent(progress))
+        logger.info("member %d interval %d: %s at %s steps, score %.2f (%d of %d)", result.member, result.interval,
+                    "finished" if result.finished else "paused", f"{result.clock:,}", result.score, progress.done,
+                    progress.total)
+
+    population = train_population(sweep, sweep_id, study, parent.run_id, reached)
+    rows, best_url = report_population(sweep, sweep_id, population, parent, storage_location(sweep.base.storage))
+    logger.info("sweep %s done: best %s", sweep_id, _in_words(rows[0]) if rows else "none")
+    return SweepResult(sweep_id, rows, best_url, parent.run_id, population.trained, time.perf_counter() - started)
 
 
 def _workers(sweep: Sweep) -> int:
@@ -189,8 +223,10 @@ def _finish(study: optuna.Study, configuration: Configuration, sweep: Sweep) -> 
 
 
 def _in_words(row: dict) -> str:
-    """A ranking row as a log line: `configuration 0 (agent.lr=0.01): final return IQM 0.953 ...`."""
+    """A ranking row as a log line: `configuration 0 (agent.lr=0.01): final return IQM 0.953 ...`
+    (a population's: `member 2 (...): ...`)."""
+    named = "configuration" if "configuration" in row else "member"
     searched = ", ".join(f"{key}={value}" for key, value in row.items() if "." in key and " " not in key)
     figures = ", ".join(f"{key} {value}" for key, value in row.items()
-                        if key not in ("rank", "configuration") and not ("." in key and " " not in key))
-    return f"configuration {row['configuration']} ({searched}): {figures}"
+                        if key not in ("rank", named, "run") and not ("." in key and " " not in key))
+    return f"{named} {row[named]} ({searched}): {figures}"

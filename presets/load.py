@@ -117,6 +117,15 @@ def load_preset(name_or_path: str, overrides: Mapping[str, Any] | None = None) -
     return validate_preset_data(data)
 
 
+def with_settings(data: Mapping[str, Any], settings: Mapping[str, Any]) -> Preset:
+    """A stored preset's data with dotted `settings` laid over it (a population member's values
+    after an exploit), validated."""
+    data = dict(data)
+    for key, value in settings.items():
+        _assign(data, key, value)
+    return validate_preset_data(data)
+
+
 def validate_preset_data(data: Mapping[str, Any]) -> Preset:
     _refuse_replay_settings_for_on_policy(data.get("agent"))
     try:

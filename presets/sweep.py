@@ -12,6 +12,13 @@ budget; and its checks, all made before any trial starts (one line each, naming 
     seeds: 3              # runs per configuration: preset seed, +1, +2
     concurrency: 2        # improve runs at once, on one shared Dask cluster
     pruner: median        # none | median | halving
+
+Population-based training (`sampler: pbt`, docs/usage.md "Population-based training") trains a
+population at once and, every interval, copies the best members into the worst and perturbs the
+copies' values:
+
+    sampler: pbt
+    pbt: {population: 8, interval: 50000, quantile: 0.25, resample_probability: 0.25}
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gymflow.agents.algorithms import algorithm_of
 from gymflow.errors import GymflowError, InvalidPreset
 from gymflow.presets.load import load_preset
 from gymflow.presets.model import Preset
@@ -53,6 +61,29 @@ class Range(_Strict):
     integer: bool = False
 
 
+class PbtSettings(_Strict):
+    """How a population-based sweep exploits and explores (Jaderberg et al. 2017, as Ray Tune's PBT)."""
+
+    population: int = Field(default=4, ge=2, le=256, description="Members trained at once, each one improve run.")
+    interval: int = Field(ge=1, description="Env steps (an offline preset: gradient steps) between two decisions: "
+                          "every member pauses there, the worst copy the best and perturb their values.")
+    quantile: float = Field(default=0.25, gt=0.0, lt=0.5, description="The share of members that exploit "
+                            "(the worst) and that are copied (the best).")
+    resample_probability: float = Field(default=0.25, ge=0.0, le=1.0, description="A copied value is drawn anew "
+                                        "from its range or list with this probability, else perturbed.")
+    factors: tuple[float, float] = Field(default=(0.8, 1.2), description="A perturbed number is multiplied by "
+                                         "one of these (clamped to its range); a listed value moves to a neighbour.")
+    window: int = Field(default=1, ge=1, le=100, description="A member's score: the mean of its newest `window` "
+                        "evaluation returns at the interval's end.")
+
+    @field_validator("factors")
+    @classmethod
+    def _factors_positive(cls, factors: tuple[float, float]) -> tuple[float, float]:
+        if min(factors) <= 0:
+            raise ValueError(f"perturbation factors must be > 0, not {list(factors)}")
+        return factors
+
+
 class SweepSpec(_Strict):
     preset: str = Field(default="cartpole-ppo", description="A built-in preset name or a preset YAML path.")
     overrides: dict[str, Any] = Field(default_factory=dict,
@@ -60,9 +91,12 @@ class SweepSpec(_Strict):
     space: dict[str, Choice | Range] = Field(
         description="The preset fields to search, by dotted key: {values: [...]} or {low, high, log, integer}.",
     )
-    sampler: Literal["grid", "random", "tpe"] = Field(
-        default="tpe", description="grid: every combination of values; random; tpe: Optuna's TPE sampler."
+    sampler: Literal["grid", "random", "tpe", "pbt"] = Field(
+        default="tpe", description="grid: every combination of values; random; tpe: Optuna's TPE sampler; "
+        "pbt: population-based training (see `pbt`).",
     )
+    pbt: PbtSettings | None = Field(default=None, description="sampler pbt: the population, the interval, how "
+                                    "members exploit and explore.")
     trials: int | None = Field(default=None, ge=1, le=10_000,
                                description="Configurations to try (grid: all of them when empty; else 10).")
     seeds: int = Field(default=3, ge=1, le=100, description="Runs per configuration, seeds preset.seed + 0, 1, ...")
@@ -86,7 +120,8 @@ class SweepSpec(_Strict):
 
     def fingerprint(self) -> str:
         """The spec as a canonical string: a restarted sweep must be given the same one."""
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=True)
+        unset = {"pbt"} if self.pbt is None else set()  # a spec written before PBT existed keeps its print
+        return yaml.safe_dump(self.model_dump(mode="json", exclude=unset), sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -143,6 +178,8 @@ def check_sweep(spec: SweepSpec) -> Sweep:
     base = load_preset(spec.preset, spec.overrides)
     for key, param in spec.space.items():
         _check_param(spec, key, param)
+    if spec.sampler == "pbt" or spec.pbt is not None:
+        return Sweep(spec, base, _check_population(spec, base))
     sizes = [len(param.values) for param in spec.space.values() if isinstance(param, Choice)]
     if spec.sampler == "grid":
         ranged = [key for key, param in spec.space.items() if isinstance(param, Range)]
@@ -153,6 +190,39 @@ def check_sweep(spec: SweepSpec) -> Sweep:
             raise InvalidPreset("trials", f"{spec.trials} is more than the grid's {grid} configurations")
         return Sweep(spec, base, spec.trials or grid)
     return Sweep(spec, base, spec.trials or 10)
+
+
+def _check_population(spec: SweepSpec, base: Preset) -> int:
+    """A population-based sweep's own checks (what a member's learner can take after a copy is
+    checked by tasks/sweep/pbt.py, which builds learners); returns the population."""
+    if spec.pbt is None:
+        raise InvalidPreset("pbt", "sampler pbt needs its settings: pbt: {population: N, interval: STEPS}")
+    if spec.sampler != "pbt":
+        raise InvalidPreset("sampler", f"pbt settings are for sampler pbt, not {spec.sampler!r}")
+    if spec.trials is not None:
+        raise InvalidPreset("trials", "a pbt sweep's members are pbt.population; leave trials out")
+    if "seeds" in spec.model_fields_set and spec.seeds != 1:
+        raise InvalidPreset("seeds", "each member of a pbt sweep is one run (seed: the preset's seed + the member's "
+                            "number); allowed: 1, or repeat the sweep with another seed in overrides")
+    if spec.pruner != "none":
+        raise InvalidPreset("pruner", "a pbt sweep replaces its worst members by copies instead of pruning them; "
+                            "allowed: none")
+    total, unit = (base.schedule.total_train_steps, "gradient steps") if base.offline \
+        else (base.schedule.total_env_steps, "env steps")
+    if spec.pbt.interval >= total:
+        raise InvalidPreset("pbt.interval", f"{spec.pbt.interval:,} is not shorter than the budget ({total:,} {unit}); "
+                            f"allowed: below {total:,}, so members pause and copy at least once")
+    for key in spec.space:
+        if not key.startswith("agent."):
+            raise InvalidPreset(f"space.{key}", "cannot be perturbed: a member goes on with its envs, schedule and "
+                                "workers after a copy; allowed: agent.* fields")
+    if base.distribution.mode == "async":
+        raise InvalidPreset("distribution.mode", "a pbt sweep's members run in single or sync mode for now: an "
+                            "async member's copy would need its stream's position too")
+    if not algorithm_of(base.agent).on_policy:
+        raise InvalidPreset("preset", f"sampler pbt trains on-policy agents (ppo) for now, not "
+                            f"{base.agent.algo}: an off-policy member's copy needs its replay memory too")
+    return spec.pbt.population
 
 
 def _check_param(spec: SweepSpec, key: str, param: Choice | Range) -> None:

@@ -129,6 +129,20 @@ class RunLayout:
     def latest(self) -> str:
         return self.checkpoint_shelf.latest
 
+    @property
+    def pins(self) -> str:
+        """Checkpoints others still read (a population member's that another copies), kept
+        whatever the retention settings: one empty object a reader."""
+        return f"{self.prefix}/pins"
+
+    def pin(self, version: int, holder: str) -> str:
+        return f"{self.pins}/v{version:06d}-{holder}"
+
+
+def pinned_version(pin_key: str) -> int:
+    """The checkpoint version a `RunLayout.pin` key keeps."""
+    return int(pin_key.rsplit("/", 1)[-1][1:7])
+
 
 def sweep_best_preset(sweep_id: str) -> str:
     """A sweep's best configuration as a preset YAML (beside its runs' folders)."""

@@ -1,14 +1,19 @@
 """What an improve run needs to know when it is one seed of a sweep's configuration: where to
 report its evaluations (the configuration's first seed reports them to Optuna, whose pruner may
-end it), and which MLflow run is its parent."""
+end it), and which MLflow run is its parent; or when it is a member of a population-based sweep:
+where it pauses, the values it trains with, and the member it copies first."""
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from gymflow.tasks.training.evaluation import Scored
+
+if TYPE_CHECKING:
+    from gymflow.tasks.tracking.tracker import Tracker
 
 
 class SweepTrial(BaseModel):
@@ -29,6 +34,42 @@ class SweepTrial(BaseModel):
         """MLflow tags of the run: its parent (the MLflow UI nests it there) and its place."""
         tags = {"gymflow.sweep_id": self.sweep_id, "gymflow.sweep.configuration": str(self.configuration),
                 "gymflow.sweep.seed": str(self.seed)}
+        if self.mlflow_parent_run_id:
+            tags["mlflow.parentRunId"] = self.mlflow_parent_run_id
+        return tags
+
+
+class PbtCopy(BaseModel):
+    """An exploit: a member's learner replaced by another member's, as that one paused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: int = Field(ge=0, description="The member copied.")
+    source_run_id: str = Field(min_length=1)
+    version: int = Field(ge=0, description="The source's checkpoint where it paused.")
+    at_version: int = Field(ge=0, description="The copier's checkpoint where it paused: the copy is made only "
+                            "while that is its newest (a restarted sweep never copies twice).")
+    settings_before: dict[str, Any] = Field(default_factory=dict, description="The copier's values until now.")
+
+
+class PbtMember(BaseModel):
+    """An improve run's place in a population-based sweep, for one interval (a flow parameter of
+    `improve`): the values it trains with, where it pauses (None: the budget's end), and the copy
+    it starts the interval with."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sweep_id: str = Field(min_length=1)
+    member: int = Field(ge=0)
+    interval: int = Field(ge=0, description="The interval's number, from 0.")
+    pause_at: int | None = Field(default=None, ge=1, description="The run's clock (env steps; offline: gradient "
+                                 "steps) at which it pauses, checkpointed and scored, to be continued.")
+    settings: dict[str, Any] = Field(default_factory=dict, description="The searched fields' values, dotted.")
+    copy_from: PbtCopy | None = None
+    mlflow_parent_run_id: str | None = None
+
+    def tags(self) -> dict[str, str]:
+        tags = {"gymflow.sweep_id": self.sweep_id, "gymflow.pbt.member": str(self.member)}
         if self.mlflow_parent_run_id:
             tags["mlflow.parentRunId"] = self.mlflow_parent_run_id
         return tags
@@ -74,3 +115,21 @@ class TrialJudge:
         self.pruned_at = pruned_at
         return pruned_at is not None
 
+
+
+def log_member_interval(tracker: Tracker, member: PbtMember, step: int) -> None:
+    """A population member's values from this interval on, as metrics `pbt/FIELD` at the run's
+    clock (their schedule, plotted by the MLflow UI), and its copy as an event: the artifact
+    `pbt/interval-NNN.json` (the member and version copied, the values before and after)."""
+    numbers = {f"pbt/{key}": float(value) for key, value in member.settings.items()
+               if isinstance(value, int | float) and not isinstance(value, bool)}
+    numbers["pbt/interval"] = float(member.interval)
+    copy = member.copy_from
+    if copy is not None:
+        numbers["pbt/copied_from_member"] = float(copy.source)
+        event = {"interval": member.interval, "env_steps": step, "copied_member": copy.source,
+                 "copied_run_id": copy.source_run_id, "copied_version": copy.version,
+                 "replaced_version": copy.at_version, "settings_before": copy.settings_before,
+                 "settings_after": member.settings}
+        tracker.log_bytes(json.dumps(event, indent=1).encode(), "pbt", f"interval-{member.interval:03d}.json")
+    tracker.log_metrics(numbers, step=step)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, collect_round
+from gymflow.tasks.storage.layout import parse_shard_key
 from gymflow.tasks.storage.retention import ShardFloor
 from gymflow.tasks.storage.shards import ShardRef
 from gymflow.tasks.training.state import LoopState
@@ -96,12 +97,15 @@ class SyncRounds:
 
     def checkpointed(self, state: LoopState) -> ShardFloor:
         """Rounds are all the same size: a resume from `state` reads the last round (its envs
-        continue from it) and the rounds that cover the replay window, heatup's while the
-        window reaches back to it (or while version 0 continues heatup's envs)."""
+        continue from it: the env cursors', older than the version's round where a copied learner
+        took a version of its own) and the rounds that cover the replay window, heatup's while
+        the window reaches back to it (or while version 0 continues heatup's envs)."""
         per_round = self.plan.preset.env_steps_per_iteration
         rounds = max(math.ceil(self.replay_window / per_round), 1)
         heatup = state.version == 0 or state.version * per_round < self.replay_window
-        return ShardFloor(self.plan.workers, heatup, round=max(state.version - rounds, 0))
+        cursor_rounds = [shard.round for key in state.env_cursors if key and (shard := parse_shard_key(key))
+                         and shard.round is not None]
+        return ShardFloor(self.plan.workers, heatup, round=min([max(state.version - rounds, 0), *cursor_rounds]))
 
 
 class OfflineSteps:

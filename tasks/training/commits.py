@@ -37,7 +37,7 @@ from gymflow.tasks.storage.checkpoints import (
     versions_on,
 )
 from gymflow.tasks.storage.codec import encode_arrays, encode_state, encode_tensors
-from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.layout import RunLayout, pinned_version
 from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.storage.retention import ShardFloor, delete_below
 from gymflow.tasks.training.ledger import discard_segments_after
@@ -116,6 +116,7 @@ class Commits:
     def __init__(self, storage: Storage, run_id: str, config: StorageConfig, policy_window: int,
                  budget: Budget | None = None, pool: OpponentPool | None = None):
         self.storage, self.layout, self.config = storage, RunLayout(run_id), config
+        self.pinnable = False  # other runs may pin its checkpoints (population members): look before retiring
         self.policy_window = policy_window  # versions behind the newest a rollout may still act with
         self.pool = pool  # self-play's past versions: rounds act against them
         kept = committed_versions(storage, self.layout) if pool is not None else []  # a resumed run's, too
@@ -199,6 +200,7 @@ class Commits:
 
     def _retire_checkpoints(self, keep: set[int]) -> None:
         stored = committed_versions(self.storage, self.layout)
+        keep = keep | self._pinned() if self.pinnable else keep
         kept = set(stored[-self.config.keep_checkpoints:]) | (keep & set(stored))
         self._oldest_checkpoint = min(kept)
         for version in stored:
@@ -213,6 +215,10 @@ class Commits:
         floor = ShardFloor.from_json(blob)
         self.retirement.later(delete_below, self.storage, self.layout, floor, self._deleted_below)
         self._deleted_below = floor
+
+    def _pinned(self) -> set[int]:
+        """The versions another run still copies (`RunLayout.pin`)."""
+        return {pinned_version(key) for key in self.storage.list(self.layout.pins)}
 
     def close(self) -> None:
         """Wait for the deletions under way."""

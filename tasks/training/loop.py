@@ -47,15 +47,22 @@ class EarlyStop(Protocol):
 class StopRule:
     """Training stops once the budget is spent (env steps collected and learned from; an offline
     run's gradient steps), once an evaluation reaches the target return, or once the early-stop
-    judge says so."""
+    judge says so; it pauses at `pause_at` on the run's clock (a population member at its
+    interval's end, continued later as a resume)."""
 
     budget: Budget
     target_return: float | None
     early_stop: EarlyStop | None = None
+    pause_at: int | None = None
 
     def reached(self, state: LoopState, drained: bool, latest: Scored | None) -> bool:
         budget_spent = self.budget.spent(state) >= self.budget.total and drained
-        return budget_spent or self.target_reached(latest) or self.stopped_early(latest)
+        return budget_spent or self.target_reached(latest) or self.stopped_early(latest) or self.paused(state, drained)
+
+    def paused(self, state: LoopState, drained: bool = True) -> bool:
+        """At the pause, with the budget not spent: the run is to be continued."""
+        spent = self.budget.spent(state)
+        return self.pause_at is not None and self.pause_at <= spent < self.budget.total and drained
 
     def stopped_early(self, evaluation: Scored | None) -> bool:
         return self.early_stop is not None and evaluation is not None and self.early_stop.should_stop(evaluation)
@@ -135,12 +142,13 @@ class ImproveLoop:
             self.observer.evaluated(evaluation)
         return committed
 
-    def commit(self, state: LoopState) -> Commit:
-        """Commit `state.version` (tasks/training/commits.py), keeping what the run may still read."""
+    def commit(self, state: LoopState, checkpoint: bool = False) -> Commit:
+        """Commit `state.version` (tasks/training/commits.py), keeping what the run may still read;
+        checkpointed when due, at the end, or when asked (`checkpoint`)."""
         started = time.perf_counter()
         latest = self.latest.version if self.latest else None
         in_use = InUse(self.evaluations.scoring(), latest, latest if self.stop.target_reached(self.latest) else None)
-        checkpointed = self.commits.commit(self.learner, state, in_use, self.stopped(state),
+        checkpointed = self.commits.commit(self.learner, state, in_use, checkpoint or self.stopped(state),
                                            self.collection.checkpointed)
         return Commit(time.perf_counter() - started, checkpointed)
 
@@ -157,7 +165,8 @@ class ImproveLoop:
         if late is not None:
             self.observer.evaluated(late)
         deciding = self._deciding(state, late)
-        if deciding.result.film is None and self.evaluations.films_final:
+        paused = self.stop.paused(state) and not self.stop.target_reached(deciding)
+        if deciding.result.film is None and self.evaluations.films_final and not paused:
             self._film = (self.evaluations.film(deciding.version), deciding.step)
         return Finished(state, deciding)
 

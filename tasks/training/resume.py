@@ -12,14 +12,15 @@ prioritized replay restarts its priorities at the largest one.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from gymflow.agents.batches import Rollout
 from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.errors import UnusableWarmStart
-from gymflow.presets.load import validate_preset_data
+from gymflow.presets.load import with_settings
 from gymflow.presets.model import Preset
 from gymflow.presets.validate import Experiment, experiment_from
 from gymflow.tasks.lake.source import ExperienceDataset
@@ -47,15 +48,17 @@ class Restored:
     refused: tuple[str, ...]  # newer versions that could not be loaded, with why
 
 
-def stored_experiment(storage: Storage, run_id: str, caller: Experiment) -> Experiment:
+def stored_experiment(storage: Storage, run_id: str, caller: Experiment,
+                      settings: Mapping[str, Any] | None = None) -> Experiment:
     """The run's own preset, with the caller's storage location (where the run was found, with
     credentials the stored copy has redacted); its retention and checkpoint cadence stay its own,
-    and so does `shared` (a folder every worker mounts) unless the caller says otherwise."""
+    and so does `shared` (a folder every worker mounts) unless the caller says otherwise.
+    `settings`: dotted fields changed from here on (a population member's values)."""
     data = read_stored_preset(storage, run_id)
     given = {"root", "options"} | ({"shared"} & caller.preset.storage.model_fields_set)
     location = caller.preset.storage.model_dump(mode="json", include=given)
     data["storage"] = {**data.get("storage", {}), **location}
-    return experiment_from(validate_preset_data(data))
+    return experiment_from(with_settings(data, settings or {}))
 
 
 def restore(storage: Storage, run_id: str, learner: Learner, preset: Preset,

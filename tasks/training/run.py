@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -33,6 +33,7 @@ from gymflow.tasks.storage.records import (
     write_run_record,
     write_stored_preset,
 )
+from gymflow.tasks.sweep.trial import PbtCopy, PbtMember, log_member_interval
 from gymflow.tasks.tracking.artifacts import ProgressArtifact
 from gymflow.tasks.tracking.progress import ProgressLog
 from gymflow.tasks.tracking.tracker import Tracker, s3_artifact_environment, source_tags
@@ -67,6 +68,8 @@ class PreparedRun:
     record: RunRecord | None = None  # a resumed run's record: the MLflow run it continues
     dataset: ExperienceDataset | None = None  # the preset's dataset, found and checked
     dataset_observed: bool = False  # the learner's observation statistics have seen it (a warm start's run read it)
+    member: PbtMember | None = None  # a population member's interval: where it pauses
+    copy_from: PbtCopy | None = None  # the copy it starts with (an exploit not made yet)
 
     @property
     def preset(self) -> Preset:
@@ -81,12 +84,13 @@ class PreparedRun:
 
 
 def prepare_run(experiment: Experiment, warm_start: str | None, resume: str | None,
-                run_id: str | None = None) -> PreparedRun:
+                run_id: str | None = None, member: PbtMember | None = None) -> PreparedRun:
     """Check the storage (a missing bucket or refused credentials stop here), then make the
     learner: from scratch, from a warm-start policy, or restored from `resume`'s checkpoints
-    (with that run's own preset). A resumed run that died before its first checkpoint starts
-    over, in its own MLflow run. `run_id` names a new run (default: preset name and time). The
-    preset's dataset is found and checked here too."""
+    (with that run's own preset; a population `member` continued with its interval's values).
+    A resumed run that died before its first checkpoint starts over, in its own MLflow run.
+    `run_id` names a new run (default: preset name and time). The preset's dataset is found and
+    checked here too."""
     storage = ready_storage(storage_location(experiment.preset.storage))
     if resume is None:
         if run_id is not None and has_run_record(storage, run_id):
@@ -95,14 +99,20 @@ def prepare_run(experiment: Experiment, warm_start: str | None, resume: str | No
         run_id = run_id or new_run_id(experiment.preset.name)
         dataset = find_dataset(experiment)
         return PreparedRun(experiment, run_id, storage, warm_started(experiment, storage, warm_start), dataset=dataset,
-                           dataset_observed=dataset_seen_by_warm_start(storage, warm_start, experiment.preset))
+                           dataset_observed=dataset_seen_by_warm_start(storage, warm_start, experiment.preset),
+                           member=member)
     record = read_run_record(storage, resume)
-    experiment = stored_experiment(storage, resume, experiment)
+    experiment = stored_experiment(storage, resume, experiment, member.settings if member else None)
     dataset, learner = find_dataset(experiment), create_learner(experiment)
+    if member is not None:  # its values from here on, for a resume by hand too
+        write_stored_preset(storage, resume, PreparedRun(experiment, resume, storage, learner).preset_yaml())
     if not committed_versions(storage, RunLayout(resume)):
-        return PreparedRun(experiment, resume, storage, learner, record=record, dataset=dataset)
+        return PreparedRun(experiment, resume, storage, learner, record=record, dataset=dataset, member=member)
     restored = restore(storage, resume, learner, experiment.preset, dataset)
-    return PreparedRun(experiment, resume, storage, learner, restored, record, dataset)
+    copy = member.copy_from if member else None
+    copying = copy if copy is not None and restored.state.version == copy.at_version else None  # not made yet
+    return PreparedRun(experiment, resume, storage, learner, restored, record, dataset, member=member,
+                       copy_from=copying)
 
 
 def warm_started(experiment: Experiment, storage: Storage, warm_start: str | None) -> Learner:
@@ -208,8 +218,10 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
             run.learner, _collection(run, hosts, plan, logger), evaluations,
             Commits(run.storage, run.run_id, keeping, policy_window=preset.distribution.max_policy_lag + 1,
                     budget=budget, pool=preset.schedule.opponent_pool),
-            StopRule(budget, preset.schedule.target_return, early_stop), observer,
+            StopRule(budget, preset.schedule.target_return, early_stop, run.member.pause_at if run.member else None),
+            observer,
         )
+        loop.commits.pinnable = run.member is not None
         try:
             yield loop
         except BaseException:
@@ -253,7 +265,7 @@ def first_state(run: PreparedRun, hosts: Hosts, loop: ImproveLoop, logger: AnyLo
     memory (off-policy agents) and version 0."""
     if run.restored is not None:
         loop.commits.resumed(run.learner, run.restored.state)
-        return run.restored.state
+        return run.restored.state if run.copy_from is None else exploit(run, loop, logger)
     plan, learner = RoundPlan(run.preset, run.run_id), run.learner
     if run.dataset is not None:
         assert isinstance(learner, ReplayLearner)  # presets/validate.py refuses a dataset for on-policy agents
@@ -263,6 +275,31 @@ def first_state(run: PreparedRun, hosts: Hosts, loop: ImproveLoop, logger: AnyLo
     else:
         state = LoopState.start(plan.workers, Budget.of(run.preset).evaluate_every)
     loop.commit(state)
+    return state
+
+
+def say_where_it_starts(run: PreparedRun, state: LoopState, recorder: RunRecorder, logger: AnyLogger) -> None:
+    """A resumed run says from which version and env step it continues, and its bar starts there;
+    a population member's values for the interval are logged at that step."""
+    spent, unit = recorder.budget.spent(state), recorder.budget.unit
+    if run.restored is not None:
+        logger.info("run %s continues from v%d at %s %s", run.run_id, state.version, f"{spent:,}", unit)
+        recorder.progress.update(spent, f"continues from v{state.version}", force=True)
+    if run.member is not None:
+        log_member_interval(recorder.tracker, run.member, spent)
+
+
+def exploit(run: PreparedRun, loop: ImproveLoop, logger: AnyLogger) -> LoopState:
+    """A population member takes another's learner as that one paused (weights, optimiser moments,
+    observation statistics; its own RNG streams, counters and the values it now trains with), as
+    a version of its own, checkpointed at once; then the source's checkpoint is let go."""
+    copy, paused = run.copy_from, run.restored.state
+    warm_start_learner(run.learner, run.storage, f"{copy.source_run_id}@v{copy.version}")
+    state = replace(paused, version=paused.version + 1)  # the copy, at the env steps where the member paused
+    loop.commit(state, checkpoint=True)
+    run.storage.delete([RunLayout(copy.source_run_id).pin(copy.version, run.run_id)])
+    logger.info("run %s copies member %d's learner (%s v%d) as v%d", run.run_id, copy.source, copy.source_run_id,
+                copy.version, state.version)
     return state
 
 

@@ -49,6 +49,7 @@ class RunSummary:
     policy_lag_max: int = 0
     gradient_steps: int | None = None  # an offline run's budget spent (it collects no env steps)
     target_return: float | None = None  # the preset's schedule.target_return: None, a run without one
+    paused: bool = False  # a population member at its interval's end, checkpointed, to be continued
 
     @property
     def clock(self) -> int:
@@ -154,6 +155,7 @@ class RunEnding(NamedTuple):
     stopped_early: bool  # the early-stop judge (a sweep's pruner) ended it
     wall_seconds: float  # of the training loop
     target_return: float | None = None  # what `solved` was judged against (None: no target)
+    paused: bool = False  # at a population member's pause: to be continued
 
 
 def summarize(identity: RunIdentity, state: LoopState, recorder: RunRecorder, delivered: Scored,
@@ -170,5 +172,5 @@ def summarize(identity: RunIdentity, state: LoopState, recorder: RunRecorder, de
         shards_dropped=ledger.shards_dropped, shards_unused=ledger.shards_unused,
         policy_lag_mean=ledger.lag_mean, policy_lag_max=ledger.lag_max,
         gradient_steps=recorder.budget.spent(state) if recorder.budget.offline else None,
-        target_return=ending.target_return,
+        target_return=ending.target_return, paused=ending.paused,
     )
