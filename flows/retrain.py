@@ -20,6 +20,7 @@ from gymflow.flows.improve import improve
 from gymflow.presets.model import Preset
 from gymflow.presets.overrides import PresetOverrides, as_dotted
 from gymflow.presets.validate import resolve_experiment
+from gymflow.tasks.tracking.events import model_decided
 from gymflow.tasks.tracking.logged import find_logged_experience
 from gymflow.tasks.tracking.models import (
     ModelRef,
@@ -54,6 +55,14 @@ class RetrainDecision:
                     f"{high:.3f}]")
         champion = "-" if self.champion_return is None else f"{self.champion_return:.2f}"
         return f"challenger {self.challenger_return:.2f} vs champion {champion}"
+
+    def event_payload(self) -> dict:
+        """What `gymflow.model.promoted` / `kept` carry: both scores, the versions, the margin."""
+        return {"outcome": self.outcome, "challenger_return": self.challenger_return,
+                "champion_return": self.champion_return, "margin": self.margin,
+                "challenger_version": self.challenger.version,
+                "champion_version": self.champion.version if self.champion else None,
+                "match_score": self.match.score if self.match else None}
 
     @property
     def outcome(self) -> str:
@@ -135,6 +144,7 @@ def retrain(
     if decision.promoted:
         promote(tracking_uri, registered)
     _record(decision, tracking_uri, summary.mlflow_run_id)
+    model_decided(name, decision.promoted, decision.event_payload())
     logger.info("%s: %s", decision.outcome, decision.scores())
     return decision
 

@@ -46,6 +46,7 @@ from gymflow.tasks.sweep.study import (
     refreshed,
 )
 from gymflow.tasks.sweep.trial import SweepTrial
+from gymflow.tasks.tracking.events import sweep_finished
 from gymflow.tasks.tracking.tracker import Tracker
 
 MAX_CONCURRENCY = 64
@@ -137,6 +138,7 @@ def sweep(spec: SweepSpec, sweep_id: str | None = None) -> SweepResult:
         best_url = report_sweep(checked, sweep_id, ranking, parent, location)
     rows = [ranked.row() for ranked in ranking]
     logger.info("sweep %s done: best %s", sweep_id, _in_words(rows[0]) if rows else "none")
+    sweep_finished(sweep_id, rows[0] if rows else None, best_url)
     return SweepResult(sweep_id, rows, best_url, parent.run_id, trained, time.perf_counter() - started)
 
 
@@ -161,8 +163,10 @@ def _population(sweep: Sweep, sweep_id: str, study: optuna.Study, parent: Tracke
                     progress.total)
 
     population = train_population(sweep, sweep_id, study, parent.run_id, reached)
+    update_progress_artifact(progress.artifact_id, 100.0)  # members that reached their target ended early
     rows, best_url = report_population(sweep, sweep_id, population, parent, storage_location(sweep.base.storage))
     logger.info("sweep %s done: best %s", sweep_id, _in_words(rows[0]) if rows else "none")
+    sweep_finished(sweep_id, rows[0] if rows else None, best_url)
     return SweepResult(sweep_id, rows, best_url, parent.run_id, population.trained, time.perf_counter() - started)
 
 

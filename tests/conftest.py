@@ -83,6 +83,32 @@ def local_overrides(workspace: Path) -> dict[str, str]:
     }
 
 
+def prefect_events(resource_id: str, names: Iterable[str], seconds: float = 20.0, at_least: int = 0) -> list:
+    """The events about `resource_id` the Prefect API holds, oldest first, once each name in
+    `names` is among them and they are `at_least` many (events reach the API from the sender's
+    events thread, shortly after)."""
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventOccurredFilter, EventResourceFilter
+
+    wanted, deadline = set(names), time.monotonic() + seconds
+    while True:
+        with get_client(sync_client=True) as client:
+            page = client.read_events(EventFilter(occurred=EventOccurredFilter(since=_AN_HOUR_AGO()),
+                                                  resource=EventResourceFilter(id=[resource_id])), limit=50)
+        found = sorted(page.events, key=lambda event: event.occurred)
+        complete = wanted <= {event.event for event in found} and len(found) >= at_least
+        if complete or time.monotonic() > deadline:
+            assert complete, f"{resource_id}: {[e.event for e in found]}"
+            return found
+        time.sleep(0.25)
+
+
+def _AN_HOUR_AGO():  # noqa: N802 (read as a constant)
+    import datetime
+
+    return datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1)
+
+
 def written_files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 

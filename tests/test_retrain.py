@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 from gymflow.envs.vector import SeededVectorEnv
 from gymflow.errors import InvalidPreset
 from gymflow.flows.retrain import retrain
-from tests.conftest import local_overrides
+from tests.conftest import local_overrides, prefect_events
 
 pytestmark = pytest.mark.e2e
 
@@ -39,6 +39,12 @@ def test_first_run_registers_a_champion_then_better_challengers_win_and_worse_on
     assert run.data.tags["gymflow.retrain.episode_seeds"] == ",".join(map(str, third.episode_seeds))
     assert run.data.metrics["retrain/champion_return"] == pytest.approx(third.champion_return)
     assert len(client.search_model_versions("name='corridor'")) == 3
+    events = prefect_events("gymflow.model.corridor", ["gymflow.model.promoted", "gymflow.model.kept"], at_least=3)
+    decided = [(event.event, event.payload["challenger_version"]) for event in events]
+    assert decided == [(f"gymflow.model.{'promoted' if d.promoted else 'kept'}", d.challenger.version)
+                       for d in (first, second, third)]
+    assert events[-1].payload["champion_return"] == pytest.approx(third.champion_return)
+    assert events[-1].payload["challenger_return"] == pytest.approx(third.challenger_return)
 
 
 def test_a_worse_challenger_is_not_promoted(prefect_api, workspace):

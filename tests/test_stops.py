@@ -23,7 +23,7 @@ from gymflow.flows.improve import improve
 from gymflow.tasks.storage.checkpoints import read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
-from tests.conftest import local_overrides
+from tests.conftest import local_overrides, prefect_events
 from tests.stored import newest_published
 
 pytestmark = pytest.mark.e2e
@@ -95,6 +95,8 @@ def test_a_stopped_run_ends_within_10_s_leaves_nothing_running_and_resumes_to_th
     assert mlflow.get_run(record["mlflow_run_id"]).info.status == "KILLED"
     if how == "sigterm":
         assert _flow_run_state(mlflow.get_run(record["mlflow_run_id"]).data.tags["prefect.flow_run_id"]) == "CRASHED"
+        events = prefect_events(f"gymflow.run.{run_dir.name}", ["gymflow.run.stopped"])
+        assert "gymflow.run.finished" not in {event.event for event in events}
 
     assert main(["resume", run_dir.name, "--root", str(root), "--quiet"]) == 0
     final = f"v{clean.versions_committed - 1}"

@@ -25,7 +25,7 @@ from gymflow.flows.cli import main
 from gymflow.presets.load import load_preset
 from gymflow.presets.sweep import check_sweep, sweep_spec
 from gymflow.tasks.sweep.aggregate import area_under_curve, interquartile_mean, iqm_with_interval
-from tests.conftest import local_overrides
+from tests.conftest import local_overrides, prefect_events
 
 LEARNING_RATES = [0.01, 0.000001, 0.003]  # the second learns nothing by its first evaluation: pruned
 # Seeds 3 and 4: their initial greedy policies walk the corridor the wrong way (seeds 0 and 2 already walk it
@@ -167,6 +167,8 @@ def test_a_sweep_runs_each_configuration_over_seeds_and_reports_a_ranking(prefec
     assert best.agent.lr == first["agent.lr"] and best.schedule.total_env_steps == 10240
     table = Artifact.get("sweep-ranking")
     assert table is not None and str(first["agent.lr"]) in str(table.data)
+    (ended,) = prefect_events("gymflow.sweep.ranked", ["gymflow.sweep.finished"])
+    assert ended.payload["best"] == first and ended.payload["best_preset"] == result.best_preset_url
 
 
 def _killed_after_a_checkpoint_of_its_third_run(workspace: Path, spec: dict, sweep_id: str) -> None:

@@ -60,6 +60,11 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
                         run.params(), memory_size=getattr(run.preset.agent, "recurrent", None))
     model_uri = log_policy_model(tracker, model, step=summary.clock)
     _log_each_policy(run, tracker, model, summary.clock)
+    if recorder.events is not None:
+        recorder.events.finished({"final_return": summary.final_return, "solved": summary.solved,
+                                  "target_return": summary.target_return, "env_steps": summary.env_steps,
+                                  "delivered_version": summary.delivered_version, "model_uri": model_uri},
+                                 summary.solved)
     return Delivered(replace(summary, model_uri=model_uri), curve_png)
 
 

@@ -35,6 +35,7 @@ from gymflow.tasks.storage.records import (
 )
 from gymflow.tasks.sweep.trial import PbtCopy, PbtMember, log_member_interval
 from gymflow.tasks.tracking.artifacts import ProgressArtifact
+from gymflow.tasks.tracking.events import RunEvents
 from gymflow.tasks.tracking.progress import ProgressLog
 from gymflow.tasks.tracking.tracker import Tracker, s3_artifact_environment, source_tags
 from gymflow.tasks.training.batch_stream import BatchStream
@@ -187,6 +188,7 @@ def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str]) 
         yield tracker
     except BaseException as ended:  # KeyboardInterrupt, Prefect's TerminationSignal: a stop, not an error
         status = "FAILED" if isinstance(ended, Exception) else "KILLED"
+        RunEvents(run.run_id, run.preset.name, tracker.run_id).failed(ended)
         raise
     finally:
         tracker.finish(status)
@@ -198,6 +200,7 @@ def run_recorder(run: PreparedRun, tracker: Tracker, logger: AnyLogger) -> RunRe
     recorder = (RunRecorder.resumed if run.restored else RunRecorder)(tracker, progress, budget, run.storage)
     preset = run.preset
     recorder.shows_training_return = not preset.offline and preset.schedule.evaluation_opponent != "random"
+    recorder.events = RunEvents(run.run_id, preset.name, tracker.run_id)
     return recorder
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from gymflow.tasks.storage.objects import Storage
+from gymflow.tasks.tracking.events import RunEvents
 from gymflow.tasks.tracking.plots import PLOTTED_METRICS
 from gymflow.tasks.tracking.progress import ProgressLog
 from gymflow.tasks.tracking.tracker import Tracker
@@ -84,6 +85,7 @@ class RunRecorder:
     films: list[str] = field(default_factory=list)  # MLflow artifact paths of the evaluation films
     # the progress line's training return: not offline (no episodes), not a competitive game's (sides cancel out)
     shows_training_return: bool = True
+    events: RunEvents | None = None  # Prefect events of its evaluations and its end
     _episode_return: float = float("nan")
     _step: int = 0  # the newest step logged
 
@@ -112,6 +114,8 @@ class RunRecorder:
         returns = scored.result.returns
         self.evaluations.append(EvaluationRow(scored.step, scored.mean_return, min(returns), max(returns),
                                               scored.version))
+        if self.events is not None:
+            self.events.evaluated(scored.step, scored.version, scored.mean_return, min(returns), max(returns))
         self.work_seconds += scored.result.seconds if waited else 0.0
         self._log_film(scored)
 
