@@ -42,6 +42,7 @@ from gymflow.tasks.training.batch_stream import BatchStream
 from gymflow.tasks.training.collection import Collection, OfflineSteps, SyncRounds
 from gymflow.tasks.training.commits import Commits
 from gymflow.tasks.training.evaluation import EvaluationSchedule
+from gymflow.tasks.training.gpu_slot import gpu_slot
 from gymflow.tasks.training.learning import create_learner
 from gymflow.tasks.training.loop import EarlyStop, ImproveLoop, Observer, StopRule, heatup, read_dataset
 from gymflow.tasks.training.resume import (
@@ -213,7 +214,8 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
     preset, budget = run.preset, Budget.of(run.preset)
     # a collect-only run's shards are what it makes: all kept
     keeping = preset.storage.model_copy(update={"keep_shards": "all"}) if preset.collect_only else preset.storage
-    with inference_for_workers(run, observer, logger) as inference:
+    device = learner_device(preset, run.experiment.observation_space)
+    with gpu_slot(device, logger), inference_for_workers(run, observer, logger) as inference:
         plan = RoundPlan(preset, run.run_id, inference)
         evaluations = EvaluationSchedule(hosts.for_evaluations(), plan, budget,
                                          blocking=preset.distribution.mode != "async", logger=logger)
