@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 
 from prefect.client.orchestration import get_client
-from prefect.concurrency.sync import concurrency
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
 from gymflow.tasks.cluster.rounds import AnyLogger
