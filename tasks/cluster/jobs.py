@@ -15,6 +15,7 @@ import copy
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from gymflow.envs.seeding import derive_seed
 from gymflow.envs.vector import AnyVectorEnv, make_vector_env
 from gymflow.envs.video import CannotFilm, film_episode, film_game
 from gymflow.errors import GymflowError
+from gymflow.tasks.cluster.host_figures import sample_to_send
 from gymflow.tasks.cluster.inference import RemoteOutputs, connect
 from gymflow.tasks.cluster.messages import (
     EvaluationResult,
@@ -155,7 +157,7 @@ def _land(spec: RolloutSpec, storage: Storage, version: int | None, env: AnyVect
     """Write a rollout's shard, and keep its envs live for the worker's next round."""
     ref = write_shard(storage, spec.shard_key, version, spec.worker, collected, spec.chunk)
     _keep(_LIVE_ENVS, (spec.storage.root, spec.run_id, spec.worker), (spec.shard_key, env))
-    return ref
+    return replace(ref, host=sample_to_send())
 
 
 def run_evaluation(spec: EvaluationSpec) -> EvaluationResult:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -21,6 +21,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from gymflow.agents.core import Learner, ReplayLearner
+from gymflow.tasks.cluster.host_figures import HostFigures, node_id
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.messages import EvaluationResult
 from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, collect_round
@@ -82,6 +83,7 @@ class StepReport:
     work_seconds: float  # stepping envs, learning, an evaluation waited for: the step's critical path
     collected_by: frozenset[str]  # host:pid of the processes whose shards landed
     checkpointed: bool = False  # the step's version was checkpointed: a resume starts from here
+    hosts: dict[str, HostFigures] = field(default_factory=dict)  # worker node -> what its machine was doing
 
 
 class Commit(NamedTuple):
@@ -241,8 +243,9 @@ def _report(experience: Experience, learned: Learned, state: LoopState, evaluati
         "time/commit_seconds": commit.seconds,  # publishing the policy, and a checkpoint when one is due
     }
     work = experience.collect_seconds + max(learned.seconds, evaluation_seconds)
+    hosts = {node_id("worker", shard.collected_by): shard.host for shard in experience.landed if shard.host}
     return StepReport(state, metrics, work, frozenset(shard.collected_by for shard in experience.landed),
-                      commit.checkpointed)
+                      commit.checkpointed, hosts)
 
 
 def rollout_metrics(landed: tuple[ShardRef, ...]) -> dict[str, float]:

@@ -37,6 +37,7 @@ from gymflow.tasks.sweep.trial import PbtCopy, PbtMember, log_member_interval
 from gymflow.tasks.tracking.artifacts import ProgressArtifact
 from gymflow.tasks.tracking.events import RunEvents
 from gymflow.tasks.tracking.progress import ProgressLog
+from gymflow.tasks.tracking.system_metrics import SystemMetrics
 from gymflow.tasks.tracking.tracker import Tracker, s3_artifact_environment, source_tags
 from gymflow.tasks.training.batch_stream import BatchStream
 from gymflow.tasks.training.collection import Collection, OfflineSteps, SyncRounds
@@ -202,6 +203,7 @@ def run_recorder(run: PreparedRun, tracker: Tracker, logger: AnyLogger) -> RunRe
     preset = run.preset
     recorder.shows_training_return = not preset.offline and preset.schedule.evaluation_opponent != "random"
     recorder.events = RunEvents(run.run_id, preset.name, tracker.run_id)
+    recorder.system = SystemMetrics(tracker)
     return recorder
 
 

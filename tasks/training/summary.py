@@ -11,6 +11,7 @@ from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.tracking.events import RunEvents
 from gymflow.tasks.tracking.plots import PLOTTED_METRICS
 from gymflow.tasks.tracking.progress import ProgressLog
+from gymflow.tasks.tracking.system_metrics import SystemMetrics
 from gymflow.tasks.tracking.tracker import Tracker
 from gymflow.tasks.training.evaluation import Scored
 from gymflow.tasks.training.ledger import Ledger
@@ -86,6 +87,7 @@ class RunRecorder:
     # the progress line's training return: not offline (no episodes), not a competitive game's (sides cancel out)
     shows_training_return: bool = True
     events: RunEvents | None = None  # Prefect events of its evaluations and its end
+    system: SystemMetrics | None = None  # per node: CPU, memory, GPU
     _episode_return: float = float("nan")
     _step: int = 0  # the newest step logged
 
@@ -101,6 +103,8 @@ class RunRecorder:
     def stepped(self, report: StepReport) -> None:
         self._step = self.budget.spent(report.state)
         self.tracker.log_metrics(report.metrics, step=self._step)
+        if self.system is not None:
+            self.system.record(report.hosts, self._step)
         if report.checkpointed:  # what a resume from this version will not log again goes to MLflow now
             self.tracker.send()
         self._keep_for_curve(report.metrics)
