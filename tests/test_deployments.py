@@ -111,7 +111,8 @@ def test_deploy_and_run_a_preset_through_a_process_worker(deployed, worker, tmp_
     for name in ("improve/cartpole-ppo", "improve/cartpole-dqn", "improve/cartpole-dqn-async", "improve/pendulum-sac",
                  "improve/lunarlander-ppo", "improve/hopper-ppo", "improve/halfcheetah-ppo", "improve/hopper-td3",
                  "improve/halfcheetah-sac",
-                 "retrain/cartpole-ppo-nightly", "retrain/cartpole-dqn-weekly", "sweep/cartpole-ppo-sweep"):
+                 "retrain/cartpole-ppo-nightly", "retrain/cartpole-dqn-weekly", "sweep/cartpole-ppo-sweep",
+                 "monitor/cartpole-ppo-champion", "retrain/cartpole-ppo-on-degraded"):
         assert name.split("/")[1] in listed, listed
 
     overrides = _corridor_overrides(tmp_path, total_env_steps=512, evaluate_every_env_steps=256)
@@ -154,6 +155,46 @@ def test_the_weekly_retraining_learns_offline_from_the_runs_logged_through_the_w
                                             order_by=["attributes.start_time ASC"])
     assert learned.data.params["dataset.runs"] == str([collected.data.tags["gymflow.run_id"]])
     assert learned.data.tags["gymflow.retrain.outcome"] == "first champion registered"
+
+
+def _flow_runs_of(env: dict, deployment: str) -> list[dict]:
+    flow_name, name = deployment.split("/")
+    request = urllib.request.Request(f"{env['PREFECT_API_URL']}/deployments/name/{flow_name}/{name}")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        deployment_id = json.load(response)["id"]
+    body = json.dumps({"deployments": {"id": {"any_": [deployment_id]}}}).encode()
+    request = urllib.request.Request(f"{env['PREFECT_API_URL']}/flow_runs/filter", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def test_a_degraded_champion_starts_the_retraining_deployment_with_the_events_payload(deployed, worker, tmp_path):
+    """The automation as prefect.yaml declares it, under a real `prefect server` (its triggers
+    service on): a champion registered, the monitoring deployment scoring it below its threshold
+    emits gymflow.model.degraded, and the trigger starts retrain/cartpole-ppo-on-degraded with the
+    event's preset, overrides and model, which the worker runs to its end."""
+    overrides = _corridor_overrides(tmp_path, total_env_steps=512, evaluate_every_env_steps=256)
+    first = _prefect(deployed, "deployment", "run", "retrain/cartpole-ppo-nightly", "-p",
+                     f"overrides={json.dumps(overrides)}", "--watch", timeout=400)
+    assert first.returncode == 0 and "Completed" in first.stdout, first.stdout[-3000:] + first.stderr[-3000:]
+    assert not _flow_runs_of(deployed, "retrain/cartpole-ppo-on-degraded")
+    monitored = _prefect(deployed, "deployment", "run", "monitor/cartpole-ppo-champion", "-p",
+                         f"overrides={json.dumps(overrides)}", "-p", "threshold=1000", "--watch", timeout=400)
+    assert monitored.returncode == 0 and "Completed" in monitored.stdout, monitored.stdout[-3000:]
+
+    deadline = time.monotonic() + 300
+    while not (runs := _flow_runs_of(deployed, "retrain/cartpole-ppo-on-degraded")) \
+            or runs[0]["state_type"] not in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+        assert time.monotonic() < deadline, f"no retraining finished: {runs}; {(tmp_path / 'worker.log').read_text()[-3000:]}"
+        time.sleep(1)
+    (retraining,) = runs
+    assert retraining["state_type"] == "COMPLETED", (tmp_path / "worker.log").read_text()[-3000:]
+    assert retraining["parameters"]["overrides"] == overrides  # the event's payload, as a mapping
+    assert retraining["parameters"]["preset"] == "cartpole-ppo"
+    assert retraining["parameters"]["model_name"] == "gymflow-cartpole-ppo"
+    versions = MlflowClient(overrides["tracking.tracking_uri"]).search_model_versions("name='gymflow-cartpole-ppo'")
+    assert len(versions) == 2  # the first champion, and the challenger the automation trained
 
 
 def test_flow_parameters_show_as_a_form_with_the_preset_models_descriptions_and_bounds(deployed):

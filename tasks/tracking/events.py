@@ -11,6 +11,8 @@ thread: a run never waits for it.
     gymflow.run.stopped          stopped from outside (Ctrl-C, SIGTERM, a Prefect cancellation)
     gymflow.model.promoted       a challenger became champion: challenger_return, champion_return, margin
     gymflow.model.kept           the champion stayed: the same payload
+    gymflow.model.scored         a monitoring run scored the champion: mean_return, threshold, version, ...
+    gymflow.model.degraded       ... and it was below the threshold (with preset and overrides: a retraining's)
     gymflow.sweep.finished       a sweep ended: its best row and best preset
 """
 
@@ -58,6 +60,14 @@ def model_decided(name: str, promoted: bool, payload: dict[str, Any]) -> None:
     """A retrain's decision about the registered model `name`."""
     emit(f"gymflow.model.{'promoted' if promoted else 'kept'}",
          {"prefect.resource.id": f"gymflow.model.{name}", "prefect.resource.name": name}, payload)
+
+
+def model_scored(name: str, degraded: bool, payload: dict[str, Any]) -> None:
+    """A monitoring run scored the champion of `name`: `scored`, and `degraded` below its threshold."""
+    resource = {"prefect.resource.id": f"gymflow.model.{name}", "prefect.resource.name": name}
+    emit("gymflow.model.scored", resource, payload)
+    if degraded:
+        emit("gymflow.model.degraded", resource, payload)
 
 
 def sweep_finished(sweep_id: str, best: dict[str, Any] | None, best_preset: str | None) -> None:
