@@ -157,7 +157,8 @@ def _land(spec: RolloutSpec, storage: Storage, version: int | None, env: AnyVect
     """Write a rollout's shard, and keep its envs live for the worker's next round."""
     ref = write_shard(storage, spec.shard_key, version, spec.worker, collected, spec.chunk)
     _keep(_LIVE_ENVS, (spec.storage.root, spec.run_id, spec.worker), (spec.shard_key, env))
-    return replace(ref, host=sample_to_send())
+    sample = sample_to_send()
+    return ref if sample is None else replace(ref, host=tuple(sample.metrics().items()))
 
 
 def run_evaluation(spec: EvaluationSpec) -> EvaluationResult:

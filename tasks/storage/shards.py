@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,9 +29,6 @@ from gymflow.agents.frames import FRAMES, frames_to_stacks, is_frame_stacks, sta
 from gymflow.envs.vector import EnvCursor
 from gymflow.tasks.storage.codec import decode_arrays, encode_arrays
 from gymflow.tasks.storage.objects import Storage
-
-if TYPE_CHECKING:
-    from gymflow.tasks.cluster.host_figures import HostFigures
 
 _keeping: ContextVar[bool] = ContextVar("gymflow_shards_kept_in_process", default=False)
 _KEPT: OrderedDict[tuple[str, str], Rollout] = OrderedDict()  # (shard url, sha256) -> the rollout stored there
@@ -73,7 +69,8 @@ class ShardRef:
     collected_by: str  # host:pid of the process that collected it
     written_at: float = 0.0  # wall-clock (time.time()) when the shard was stored: its age is measured from here
     chunk: int | None = None  # async: its number in its worker's stream of chunks
-    host: HostFigures | None = None  # what the collecting process's machine was doing (system metrics)
+    # what the collecting process's machine was doing, by MLflow's system-metric names (cluster/host_figures.py)
+    host: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)

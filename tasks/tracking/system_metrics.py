@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from gymflow.tasks.cluster.host_figures import HostFigures, node_id, sample_host
+from gymflow.tasks.cluster.host_figures import node_id, sample_host
 from gymflow.tasks.tracking.tracker import Tracker
 
 EVERY_SECONDS = 10.0
@@ -22,13 +22,13 @@ class SystemMetrics:
         self.flow_node = node_id("flow")
         self._last: dict[str, float] = {}  # node -> when it was last logged
 
-    def record(self, workers: Mapping[str, HostFigures], step: int) -> None:
+    def record(self, workers: Mapping[str, Mapping[str, float]], step: int) -> None:
         """Log the workers' newest samples and the flow's own, those whose node is due."""
         now = time.monotonic()
         due = [node for node in (self.flow_node, *workers) if now - self._last.get(node, -1e9) >= self.every_seconds]
         if not due:
             return
-        figures = {**workers, self.flow_node: sample_host()} if self.flow_node in due else dict(workers)
-        metrics = {f"system/{node}/{name}": value for node in due for name, value in figures[node].metrics().items()}
+        figures = {**workers, self.flow_node: sample_host().metrics()} if self.flow_node in due else dict(workers)
+        metrics = {f"system/{node}/{name}": value for node in due for name, value in figures[node].items()}
         self.tracker.log_metrics(metrics, step=step)
         self._last.update(dict.fromkeys(due, now))

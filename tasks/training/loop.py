@@ -21,7 +21,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from gymflow.agents.core import Learner, ReplayLearner
-from gymflow.tasks.cluster.host_figures import HostFigures, node_id
+from gymflow.tasks.cluster.host_figures import node_id
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.messages import EvaluationResult
 from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, collect_round
@@ -83,7 +83,7 @@ class StepReport:
     work_seconds: float  # stepping envs, learning, an evaluation waited for: the step's critical path
     collected_by: frozenset[str]  # host:pid of the processes whose shards landed
     checkpointed: bool = False  # the step's version was checkpointed: a resume starts from here
-    hosts: dict[str, HostFigures] = field(default_factory=dict)  # worker node -> what its machine was doing
+    hosts: dict[str, dict[str, float]] = field(default_factory=dict)  # worker node -> its machine's figures
 
 
 class Commit(NamedTuple):
@@ -243,7 +243,7 @@ def _report(experience: Experience, learned: Learned, state: LoopState, evaluati
         "time/commit_seconds": commit.seconds,  # publishing the policy, and a checkpoint when one is due
     }
     work = experience.collect_seconds + max(learned.seconds, evaluation_seconds)
-    hosts = {node_id("worker", shard.collected_by): shard.host for shard in experience.landed if shard.host}
+    hosts = {node_id("worker", shard.collected_by): dict(shard.host) for shard in experience.landed if shard.host}
     return StepReport(state, metrics, work, frozenset(shard.collected_by for shard in experience.landed),
                       commit.checkpointed, hosts)
 
