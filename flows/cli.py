@@ -88,7 +88,7 @@ def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
     from gymflow.presets import parse_assignments
 
     if args.command == "sweep":
-        return _sweep(args.spec, args.id, api_ready)
+        return _sweep(args.spec, args.id, api_ready, Output(verbose=args.verbose))
     if args.command == "resume":
         from gymflow.tasks.storage.objects import Storage, StorageLocation
         from gymflow.tasks.storage.records import read_run_record
@@ -99,7 +99,8 @@ def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
         except GymflowError as error:
             print(f"gymflow: error: {error}", file=sys.stderr)
             return 2
-        return _run("cartpole-ppo", {"storage.root": args.root, "storage.options": options}, args.quiet, api_ready,
+        return _run("cartpole-ppo", {"storage.root": args.root, "storage.options": options},
+                    Output(args.quiet, args.verbose), api_ready,
                     Launch({"resume": args.run_id}, f"gymflow resume {args.run_id} --root {args.root}"))
     try:
         overrides = parse_assignments(args.set)
@@ -118,7 +119,7 @@ def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
     from gymflow.tasks.storage.layout import new_run_id
 
     run_id = new_run_id(experiment.preset.name)  # named here, so a stopped run's line can say how to resume it
-    return _run(args.preset, overrides, args.quiet, api_ready,
+    return _run(args.preset, overrides, Output(args.quiet, args.verbose), api_ready,
                 Launch({"warm_start": args.warm_start, "run_id": run_id},
                        f"gymflow resume {run_id} --root {experiment.preset.storage.root}"),
                 experiment.preset.distribution)
@@ -145,19 +146,31 @@ def _working_folder_importable() -> None:
         sys.path.insert(0, os.getcwd())
 
 
+@dataclass(frozen=True)
+class Output:
+    """What the terminal shows: the progress bar (not `quiet`); all log lines (`verbose`), or
+    gymflow's own, warnings and errors, the whole log going to `gymflow-logs/NAME.log`."""
+
+    quiet: bool = False
+    verbose: bool = False
+
+
 def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready: Callable[[], None],
-                   distribution: DistributionConfig | None = None) -> T | int:
+                   distribution: DistributionConfig | None = None, log: tuple[str, Output] | None = None) -> T | int:
     """Run a flow once the Prefect API answers (`api_ready` waits for this process's temporary
     one): `load()` imports it meanwhile and returns the call; the run's LocalCluster, where
     `distribution` asks for one, starts beside them. Ctrl-C or SIGTERM stops it within seconds
-    (flows/stopping.py). Returns what the flow returned, or an exit code."""
-    from gymflow.flows.console import gymflow_errors_in_one_line_on_the_console
+    (flows/stopping.py). `log`: the log file's name and what the console shows. Returns what the
+    flow returned, or an exit code."""
+    from gymflow.flows.console import gymflow_errors_in_one_line_on_the_console, log_to_file_and_console
     from gymflow.flows.stopping import stopping_cleanly
 
     with stopping_cleanly(), _cluster_beside(distribution) as cluster_ready:
         call = load()
         _collecting_again()
         gymflow_errors_in_one_line_on_the_console()
+        if log is not None:
+            print(f"gymflow: the whole log goes to {log_to_file_and_console(log[0], log[1].verbose)}", file=sys.stderr)
         try:
             api_ready()
             cluster_ready()
@@ -187,8 +200,12 @@ class Launch:
     start: Mapping[str, str | None]
     resume_with: str
 
+    @property
+    def run_id(self) -> str:
+        return str(self.start.get("run_id") or self.start.get("resume"))
 
-def _run(preset: str, overrides: dict, quiet: bool, api_ready: Callable[[], None], launch: Launch,
+
+def _run(preset: str, overrides: dict, output: Output, api_ready: Callable[[], None], launch: Launch,
          distribution: DistributionConfig | None = None) -> int:
     """Train, with a progress bar."""
 
@@ -199,10 +216,10 @@ def _run(preset: str, overrides: dict, quiet: bool, api_ready: Callable[[], None
         import_run_machinery()
         _without_mlflow_chatter()
 
-        return lambda: _with_progress_bar(lambda: improve(preset, overrides, **launch.start), quiet)
+        return lambda: _with_progress_bar(lambda: improve(preset, overrides, **launch.start), output.quiet)
 
     summary = _under_prefect(load, f"What was committed stays: `{launch.resume_with}` continues the run",
-                             api_ready, distribution)
+                             api_ready, distribution, (launch.run_id, output))
     if isinstance(summary, int):
         return summary
     target = summary.target_return
@@ -230,7 +247,7 @@ def _without_mlflow_chatter() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def _sweep(spec_path: str, sweep_id: str | None, api_ready: Callable[[], None]) -> int:
+def _sweep(spec_path: str, sweep_id: str | None, api_ready: Callable[[], None], output: Output) -> int:
     """Run (or continue, with --id) a sweep; its runs log their progress, the sweep its runs'."""
     from gymflow.presets.sweep import check_sweep, read_sweep_spec
     from gymflow.tasks.storage.layout import new_sweep_id
@@ -254,7 +271,7 @@ def _sweep(spec_path: str, sweep_id: str | None, api_ready: Callable[[], None]) 
         return lambda: sweep(spec, sweep_id)
 
     result = _under_prefect(load, f"`gymflow sweep {spec_path} --id {sweep_id}` continues the sweep; finished runs "
-                                  "are kept, interrupted ones resume", api_ready)
+                                  "are kept, interrupted ones resume", api_ready, log=(sweep_id, output))
     if isinstance(result, int):
         return result
     trained = "member intervals" if spec.pbt is not None else "runs"
@@ -362,6 +379,9 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+VERBOSE = "every log line in the terminal too (Prefect's task runs, libraries' INFO lines); always in gymflow-logs/"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gymflow", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -375,12 +395,14 @@ def _parser() -> argparse.ArgumentParser:
         )
         if name == "run":
             command.add_argument("--quiet", action="store_true", help="no progress bar")
+            command.add_argument("--verbose", action="store_true", help=VERBOSE)
             command.add_argument("--warm-start", metavar="POLICY", help=(
                 "start from this policy: an MLflow model URI (models:/NAME@champion), the path of a policy's "
                 "safetensors file, or learner:RUN_ID[@vN] (a run's whole learner, in the same storage)"))
     command = commands.add_parser("sweep", help="search preset fields over configurations x seeds, and rank them")
     command.add_argument("spec", help="a sweep spec YAML (docs/usage.md, Sweeps)")
     command.add_argument("--id", help="the sweep's id: continue that sweep where it stopped, or start it with this id")
+    command.add_argument("--verbose", action="store_true", help=VERBOSE)
     for name, help_text in (
         ("resume", "continue a run whose flow died, from its last valid checkpoint"),
         ("checkpoints", "verify a run's checkpoints against their manifests"),
@@ -392,6 +414,7 @@ def _parser() -> argparse.ArgumentParser:
                              help="a storage option, e.g. --option endpoint_url=http://127.0.0.1:9000")
         if name == "resume":
             command.add_argument("--quiet", action="store_true", help="no progress bar")
+            command.add_argument("--verbose", action="store_true", help=VERBOSE)
     _export_arguments(commands.add_parser("export", help="write a run's experience as a Minari dataset"))
     return parser
 

@@ -1,4 +1,9 @@
-"""What the terminal of `gymflow run` shows of an error: one line.
+"""What the terminal of `gymflow run` shows: gymflow's own lines, warnings and errors (one line).
+
+The whole log (Prefect's engine lines, task runs begun and finished, libraries' INFO lines,
+tracebacks) goes to the run's log file, `gymflow-logs/RUN_ID.log` in the working folder, and to
+the Prefect API; the console shows what a person reads (`OnlyWhatAPersonReads`), and all of it
+with `--verbose`.
 
 Prefect's engine logs a failed task or flow with its traceback ("Encountered exception during
 execution"), and its console handler prints it: dozens of lines of Prefect's and gymflow's frames
@@ -17,6 +22,9 @@ from __future__ import annotations
 
 import copy
 import logging
+from pathlib import Path
+
+import prefect
 
 from gymflow.errors import GymflowError
 
@@ -42,6 +50,39 @@ class InterruptNotACrash(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         return "aborted by an interrupt signal" not in message and "aborted by a termination signal" not in message
+
+
+class OnlyWhatAPersonReads(logging.Filter):
+    """Warnings and errors, and gymflow's own INFO lines (its stages, progress and summary); not
+    Prefect's engine lines (a task run begun, finished) nor libraries' INFO lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING or record.name.startswith("gymflow"):
+            return True
+        return record.name in RUN_LOGGERS and not record.pathname.startswith(_PREFECT_CODE)
+
+
+RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")  # what get_run_logger() gives gymflow's flows and tasks
+_PREFECT_CODE = str(Path(prefect.__file__).parent)
+LOG_FOLDER = "gymflow-logs"
+
+
+def log_to_file_and_console(name: str, verbose: bool) -> Path:
+    """The whole log into `gymflow-logs/NAME.log` (appended: a resumed run's continues its file),
+    the console filtered unless `verbose`. Returns the file's path."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    path = Path(LOG_FOLDER, f"{name}.log")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    if not any(isinstance(h, logging.FileHandler) and h.baseFilename == str(path.resolve()) for h in root.handlers):
+        handler = logging.FileHandler(path, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+    for handler in root.handlers:
+        if isinstance(handler, PrefectConsoleHandler) and not verbose:
+            handler.addFilter(OnlyWhatAPersonReads())
+    return path
 
 
 def gymflow_errors_in_one_line_on_the_console() -> None:

@@ -229,6 +229,11 @@ def test_the_command_line_trains_an_env_from_the_working_folder_with_no_warnings
     assert " ended: evaluation return " in output  # schedule.target_return: null, so neither reached nor missed
     assert "Warning" not in output and "WARNING" not in output and "warn(" not in output, output[-3000:]
     assert "database tables" not in output and "Validating input example" not in output, output[-3000:]
+    # Prefect's engine lines go to the run's log file (and the API), not to the terminal
+    assert "Finished in state" not in output and "Beginning flow run" not in output, output[-3000:]
+    (log,) = (tmp_path / "gymflow-logs").glob("cartpole-ppo-*.log")
+    assert f"the whole log goes to gymflow-logs/{log.name}" in done.stderr and log.stem in done.stdout
+    assert "Finished in state Completed()" in log.read_text() and " done: " in log.read_text()
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("gymflow").experiment_id])
     assert run.data.params["env.id"] == "my_corridor:MyCorridor"
@@ -361,6 +366,25 @@ def test_the_temporary_prefect_api_answers_without_nagle_s_delay():
                     return served.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
 
     assert accepted_no_delay(fixed=False) == 0 and accepted_no_delay(fixed=True) != 0
+
+
+def test_the_console_shows_gymflow_s_lines_warnings_and_errors_and_not_prefect_s_engine_lines():
+    import logging
+
+    import prefect
+
+    from gymflow.flows.console import OnlyWhatAPersonReads
+
+    def record(name: str, level: int, path: str) -> logging.LogRecord:
+        return logging.LogRecord(name, level, path, 1, "a line", None, None)
+
+    engine = str(Path(prefect.__file__).parent / "task_engine.py")
+    ours = str(Path(__file__).resolve().parents[1] / "tasks" / "training" / "run.py")
+    shown = OnlyWhatAPersonReads().filter
+    assert not shown(record("prefect.task_runs", logging.INFO, engine))  # "Finished in state Completed()"
+    assert shown(record("prefect.task_runs", logging.INFO, ours))  # a stage line gymflow logs through Prefect
+    assert shown(record("prefect.flow_runs", logging.WARNING, engine)) and shown(record("gymflow.x", logging.INFO, ours))
+    assert not shown(record("distributed.scheduler", logging.INFO, "/x/distributed/scheduler.py"))
 
 
 @pytest.mark.parametrize(("summary", "says"), [
