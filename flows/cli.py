@@ -108,7 +108,8 @@ def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
         from gymflow.tasks.storage.objects import check_storage, storage_location
 
         experiment = resolve_experiment(args.preset, overrides)
-        check_storage(storage_location(experiment.preset.storage))
+        if experiment.preset.storage.options_block is None:  # a block's credentials: checked once the API answers
+            check_storage(storage_location(experiment.preset.storage))
         if experiment.preset.dataset is not None:  # a dataset that is not there: refused before Prefect starts
             from gymflow.tasks.training.run import find_dataset
 

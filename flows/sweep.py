@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -46,6 +46,7 @@ from gymflow.tasks.sweep.study import (
     refreshed,
 )
 from gymflow.tasks.sweep.trial import SweepTrial
+from gymflow.tasks.tracking.blocks import preset_with_block_options
 from gymflow.tasks.tracking.events import sweep_finished
 from gymflow.tasks.tracking.tracker import Tracker
 
@@ -102,6 +103,7 @@ def sweep(spec: SweepSpec, sweep_id: str | None = None) -> SweepResult:
     checked = check_sweep(sweep_spec(spec))  # bad input stops here; nothing written
     if checked.spec.pbt is not None:
         check_perturbable(checked)
+    checked = replace(checked, base=preset_with_block_options(checked.base))  # its storage credentials, if in a block
     location = storage_location(checked.base.storage)
     check_storage(location)
     sweep_id = sweep_id or new_sweep_id(checked.base.name)

@@ -296,6 +296,12 @@ class StorageConfig(_Strict):
         default_factory=dict,
         description="fsspec/s3fs options, e.g. {'endpoint_url': 'http://127.0.0.1:9000'}.",
     )
+    options_block: str | None = Field(
+        default=None, pattern=r"^[a-z0-9-]+/[A-Za-z0-9_.-]+$",
+        description="A Prefect block holding storage options, credentials among them: secret/NAME (a Secret whose "
+        "value is a mapping such as {key: ..., secret: ..., endpoint_url: ...}) or aws-credentials/NAME (prefect-aws). "
+        "Read by the flow at its start and laid over `options`; its values are never stored, logged or parameters.",
+    )
     shared: bool = Field(
         default=False,
         description="The local-folder root is mounted at the same path on every Dask worker "

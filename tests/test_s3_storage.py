@@ -149,3 +149,34 @@ def test_the_usual_aws_environment_variables_configure_s3(s3_server, monkeypatch
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
     with pytest.raises(StorageRefused, match="^storage.options: .* refused the credentials"):
         check_storage(location)
+
+
+def test_credentials_kept_in_a_prefect_block_reach_s3_and_appear_nowhere_else(prefect_api, workspace, s3_server,
+                                                                              tiny_budget):
+    from prefect.blocks.system import Secret
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from gymflow.errors import InvalidPreset
+
+    Secret(value={"key": s3_server.key, "secret": s3_server.secret, "endpoint_url": s3_server.endpoint}).save(
+        "gymflow-test-s3", overwrite=True)
+    prefix = f"block-{uuid.uuid4().hex[:6]}"
+    overrides = {**tiny_budget, "storage.root": f"s3://{s3_server.bucket}/{prefix}",
+                 "storage.options_block": "secret/gymflow-test-s3", "tracking.tracking_uri": f"sqlite:///{workspace / 'mlflow.db'}"}
+    summary = improve("cartpole-ppo", overrides)
+    check_run_storage(_storage(s3_server, prefix), summary)  # IAM on: only the block's key could write them
+
+    client = MlflowClient(overrides["tracking.tracking_uri"])
+    run = client.get_run(summary.mlflow_run_id)
+    assert run.data.params["storage.options_block"] == "secret/gymflow-test-s3"
+    seen = [json.dumps(run.data.params), json.dumps(run.data.tags),
+            _storage(s3_server, prefix).read(RunLayout(summary.run_id).preset).decode()]
+    with get_client(sync_client=True) as prefect:
+        flow_run = prefect.read_flow_run(run.data.tags["prefect.flow_run_id"])
+        logs = prefect.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])))
+    seen += [json.dumps(flow_run.parameters, default=str), *(log.message for log in logs)]
+    assert logs and not [text for text in seen if s3_server.secret in text or s3_server.key in text]
+
+    with pytest.raises(InvalidPreset, match=r"^storage.options_block: cannot read Prefect block 'secret/none-such'"):
+        improve("cartpole-ppo", {**overrides, "storage.options_block": "secret/none-such"})

@@ -35,6 +35,7 @@ from gymflow.tasks.storage.records import (
 )
 from gymflow.tasks.sweep.trial import PbtCopy, PbtMember, log_member_interval
 from gymflow.tasks.tracking.artifacts import ProgressArtifact
+from gymflow.tasks.tracking.blocks import with_block_options
 from gymflow.tasks.tracking.events import RunEvents
 from gymflow.tasks.tracking.progress import ProgressLog
 from gymflow.tasks.tracking.system_metrics import SystemMetrics
@@ -94,6 +95,7 @@ def prepare_run(experiment: Experiment, warm_start: str | None, resume: str | No
     A resumed run that died before its first checkpoint starts over, in its own MLflow run.
     `run_id` names a new run (default: preset name and time). The preset's dataset is found and
     checked here too."""
+    experiment = with_block_options(experiment)  # credentials kept in a Prefect block, read here
     storage = ready_storage(storage_location(experiment.preset.storage))
     if resume is None:
         if run_id is not None and has_run_record(storage, run_id):
@@ -105,7 +107,7 @@ def prepare_run(experiment: Experiment, warm_start: str | None, resume: str | No
                            dataset_observed=dataset_seen_by_warm_start(storage, warm_start, experiment.preset),
                            member=member)
     record = read_run_record(storage, resume)
-    experiment = stored_experiment(storage, resume, experiment, member.settings if member else None)
+    experiment = with_block_options(stored_experiment(storage, resume, experiment, member.settings if member else None))
     dataset, learner = find_dataset(experiment), create_learner(experiment)
     if member is not None:  # its values from here on, for a resume by hand too
         write_stored_preset(storage, resume, PreparedRun(experiment, resume, storage, learner).preset_yaml())
