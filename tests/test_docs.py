@@ -1,0 +1,74 @@
+"""The docs work as written: every `gymflow ...` command in README.md and docs/ is one the command
+line takes (its subcommand and flags), and every YAML block that is a preset, a piece of one or a
+sweep spec validates (a piece laid over cartpole-ppo). Extracted from the markdown, so an example
+with a field or flag that does not exist fails here."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gymflow.flows.cli import _parser
+from gymflow.presets.load import load_preset, read_preset_source, validate_preset_data
+from gymflow.presets.model import Preset
+from gymflow.presets.sweep import check_sweep, sweep_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_BLOCK = re.compile(r"```(\w*)\n(.*?)```", re.S)
+
+
+def _blocks(language: str) -> list[tuple[str, str]]:
+    return [(f"{page.name}#{number}", body) for page in PAGES
+            for number, (lang, body) in enumerate(_BLOCK.findall(page.read_text())) if lang == language]
+
+
+def _commands() -> list[tuple[str, str]]:
+    """Each `gymflow` command line of the bash blocks, its continuation lines joined, its comment cut."""
+    found = []
+    for where, body in _blocks("bash"):
+        for line in body.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line.strip())
+            words = shlex.split(line, posix=True) if line and not line.startswith("#") else []
+            if words and Path(words[0]).name == "gymflow" and "|" not in words:
+                found.append((where, line))
+    return found
+
+
+@pytest.mark.parametrize(("where", "line"), _commands(), ids=[f"{w}:{line[:40]}" for w, line in _commands()])
+def test_each_gymflow_command_in_the_docs_is_one_the_command_line_takes(where, line):
+    words = shlex.split(line)[1:]
+    try:
+        _parser().parse_args(words)
+    except SystemExit:
+        pytest.fail(f"{where}: `{line}` is not a command gymflow takes")
+
+
+def _yaml_examples() -> list[tuple[str, dict]]:
+    examples = []
+    for where, body in _blocks("yaml"):
+        data = yaml.safe_load(body)
+        if isinstance(data, dict) and ("space" in data or set(data) - {"base"} <= set(Preset.model_fields)):
+            examples.append((where, data))
+    return examples
+
+
+@pytest.mark.parametrize(("where", "data"), _yaml_examples(), ids=[where for where, _ in _yaml_examples()])
+def test_each_preset_or_sweep_spec_in_the_docs_validates(where, data, tmp_path):
+    if "space" in data:
+        check_sweep(sweep_spec(data))
+        return
+    if "base" in data:  # a preset file of its own, over a built-in one
+        (tmp_path / "preset.yaml").write_text(yaml.safe_dump(data))
+        load_preset(str(tmp_path / "preset.yaml"))
+        return
+    base = read_preset_source("cartpole-ppo")
+    merged = {**base, **{key: {**base.get(key, {}), **value} if isinstance(value, dict) else value
+                         for key, value in data.items()}}
+    if "agent" in data and data["agent"].get("algo", base["agent"]["algo"]) != base["agent"]["algo"]:
+        merged["agent"] = data["agent"]  # another algorithm: its own settings alone
+    validate_preset_data(merged)
