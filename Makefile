@@ -17,5 +17,5 @@ train: setup
 
 # pytest's exit code 5 (no tests collected) counts as a failure.
 test: setup
-	$(PYTHON) -m pytest $(PYTEST_ARGS); status=$$?; \
+	$(PYTHON) -m pytest --durations=25 $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$status
