@@ -163,24 +163,28 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready:
     `distribution` asks for one, starts beside them. Ctrl-C or SIGTERM stops it within seconds
     (flows/stopping.py). `log`: the log file's name and what the console shows. Returns what the
     flow returned, or an exit code."""
-    from gymflow.flows.console import gymflow_errors_in_one_line_on_the_console, log_to_file_and_console
+    from gymflow.flows.console import forget_log, gymflow_errors_in_one_line_on_the_console, log_to_file_and_console
     from gymflow.flows.stopping import stopping_cleanly
 
     with stopping_cleanly(), _cluster_beside(distribution) as cluster_ready:
         call = load()
         _collecting_again()
         gymflow_errors_in_one_line_on_the_console()
-        if log is not None:
-            print(f"gymflow: the whole log goes to {log_to_file_and_console(log[0], log[1].verbose)}", file=sys.stderr)
+        log_file = log_to_file_and_console(log[0], log[1].verbose) if log is not None else None
+        said = f"gymflow: the whole log is in {log_file}\n" if log_file else ""
         try:
             api_ready()
             cluster_ready()
-            return call()
+            result = call()
+            print(said, end="", file=sys.stderr)
+            return result
         except GymflowError as error:
+            if log_file is not None:
+                forget_log(log_file)
             print(f"gymflow: error: {error}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
-            print(f"gymflow: stopped. {stopped}", file=sys.stderr)
+            print(f"{said}gymflow: stopped. {stopped}", file=sys.stderr)
             return 130
 
 

@@ -67,6 +67,19 @@ _PREFECT_CODE = str(Path(prefect.__file__).parent)
 LOG_FOLDER = "gymflow-logs"
 
 
+def forget_log(path: Path) -> None:
+    """A command refused in one line leaves nothing behind: its log file goes (the Prefect API
+    keeps the run's log, traceback and all)."""
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+        if handler.baseFilename == str(path.resolve()):
+            root.removeHandler(handler)
+            handler.close()
+    path.unlink(missing_ok=True)
+    if path.parent.is_dir() and not any(path.parent.iterdir()):
+        path.parent.rmdir()
+
+
 def log_to_file_and_console(name: str, verbose: bool) -> Path:
     """The whole log into `gymflow-logs/NAME.log` (appended: a resumed run's continues its file),
     the console filtered unless `verbose`. Returns the file's path."""

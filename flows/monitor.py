@@ -1,7 +1,7 @@
 """Watching a registered champion: its policy scored on episodes it has not seen (seeds drawn anew
 for each monitoring run), and a Prefect event either way — `gymflow.model.scored`, and
 `gymflow.model.degraded` when its mean return is below the threshold. A deployment trigger on
-`gymflow.model.degraded` (prefect.yaml: `retrain/cartpole-ppo-on-degraded`) starts the
+`gymflow.model.degraded` (prefect.yaml: `retrain/cartpole-ppo-degraded`) starts the
 retraining with the event's payload as its parameters (docs/deploy.md, "Automations")."""
 
 from __future__ import annotations

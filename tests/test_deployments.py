@@ -112,7 +112,7 @@ def test_deploy_and_run_a_preset_through_a_process_worker(deployed, worker, tmp_
                  "improve/lunarlander-ppo", "improve/hopper-ppo", "improve/halfcheetah-ppo", "improve/hopper-td3",
                  "improve/halfcheetah-sac",
                  "retrain/cartpole-ppo-nightly", "retrain/cartpole-dqn-weekly", "sweep/cartpole-ppo-sweep",
-                 "monitor/cartpole-ppo-champion", "retrain/cartpole-ppo-on-degraded"):
+                 "monitor/cartpole-ppo-champion", "retrain/cartpole-ppo-degraded"):
         assert name.split("/")[1] in listed, listed
 
     overrides = _corridor_overrides(tmp_path, total_env_steps=512, evaluate_every_env_steps=256)
@@ -172,19 +172,19 @@ def _flow_runs_of(env: dict, deployment: str) -> list[dict]:
 def test_a_degraded_champion_starts_the_retraining_deployment_with_the_events_payload(deployed, worker, tmp_path):
     """The automation as prefect.yaml declares it, under a real `prefect server` (its triggers
     service on): a champion registered, the monitoring deployment scoring it below its threshold
-    emits gymflow.model.degraded, and the trigger starts retrain/cartpole-ppo-on-degraded with the
+    emits gymflow.model.degraded, and the trigger starts retrain/cartpole-ppo-degraded with the
     event's preset, overrides and model, which the worker runs to its end."""
     overrides = _corridor_overrides(tmp_path, total_env_steps=512, evaluate_every_env_steps=256)
     first = _prefect(deployed, "deployment", "run", "retrain/cartpole-ppo-nightly", "-p",
                      f"overrides={json.dumps(overrides)}", "--watch", timeout=400)
     assert first.returncode == 0 and "Completed" in first.stdout, first.stdout[-3000:] + first.stderr[-3000:]
-    assert not _flow_runs_of(deployed, "retrain/cartpole-ppo-on-degraded")
+    assert not _flow_runs_of(deployed, "retrain/cartpole-ppo-degraded")
     monitored = _prefect(deployed, "deployment", "run", "monitor/cartpole-ppo-champion", "-p",
                          f"overrides={json.dumps(overrides)}", "-p", "threshold=1000", "--watch", timeout=400)
     assert monitored.returncode == 0 and "Completed" in monitored.stdout, monitored.stdout[-3000:]
 
     deadline = time.monotonic() + 300
-    while not (runs := _flow_runs_of(deployed, "retrain/cartpole-ppo-on-degraded")) \
+    while not (runs := _flow_runs_of(deployed, "retrain/cartpole-ppo-degraded")) \
             or runs[0]["state_type"] not in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
         assert time.monotonic() < deadline, f"no retraining finished: {runs}; {(tmp_path / 'worker.log').read_text()[-3000:]}"
         time.sleep(1)

@@ -232,7 +232,7 @@ def test_the_command_line_trains_an_env_from_the_working_folder_with_no_warnings
     # Prefect's engine lines go to the run's log file (and the API), not to the terminal
     assert "Finished in state" not in output and "Beginning flow run" not in output, output[-3000:]
     (log,) = (tmp_path / "gymflow-logs").glob("cartpole-ppo-*.log")
-    assert f"the whole log goes to gymflow-logs/{log.name}" in done.stderr and log.stem in done.stdout
+    assert f"the whole log is in gymflow-logs/{log.name}" in done.stderr and log.stem in done.stdout
     assert "Finished in state Completed()" in log.read_text() and " done: " in log.read_text()
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("gymflow").experiment_id])
