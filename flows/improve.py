@@ -88,7 +88,7 @@ def improve(
             identity = RunIdentity(run.run_id, tracker.run_id, storage_url(run))
             ending = RunEnding(loop.stop.target_reached(deciding), loop.stop.stopped_early(loop.latest),
                                time.perf_counter() - started, run.preset.schedule.target_return,
-                               paused=loop.stop.paused(state) and not loop.stop.target_reached(deciding))
+                               paused=loop.paused(state, deciding))
             summary = summarize(identity, state, recorder, deciding, ending)
             if summary.paused:  # a population member at its interval's end: continued by the sweep
                 logger.info("run %s paused at %s %s: v%d scored %.1f; its sweep continues it", run.run_id,

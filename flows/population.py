@@ -22,6 +22,7 @@ from gymflow.flows.improve import improve
 from gymflow.presets.sweep import Sweep
 from gymflow.tasks.storage.objects import Storage, open_storage, storage_location
 from gymflow.tasks.storage.records import has_run_record
+from gymflow.tasks.sweep.lineage import settings_in_words
 from gymflow.tasks.sweep.pbt import (
     MemberResult,
     first_plan,
@@ -86,12 +87,7 @@ def _announce_copies(plan: list[PbtMember]) -> None:
     for member in plan:
         if (copy := member.copy_from) is not None:
             logger.info("interval %d: member %d copies member %d (v%d), then trains with %s", member.interval,
-                        member.member, copy.source, copy.version, _in_words(member.settings))
-
-
-def _in_words(settings: dict) -> str:
-    return ", ".join(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
-                     for key, value in sorted(settings.items()))
+                        member.member, copy.source, copy.version, settings_in_words(member.settings))
 
 
 def _train_interval(sweep: Sweep, members: list[PbtMember], concurrency: int) -> Iterator[MemberResult]:

@@ -64,7 +64,7 @@ def lineage_markdown(sweep_id: str, lineage: Lineage) -> str:
                 continue
             copied = f"← m{entry.copy_from.source} v{entry.copy_from.version}; " if entry.copy_from else ""
             scored = f" → {results[member].score:.4g}" if member in results else ""
-            cells.append(f"{copied}{_in_words(entry.settings)}{scored}")
+            cells.append(f"{copied}{settings_in_words(entry.settings)}{scored}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -124,7 +124,7 @@ def best_schedule_yaml(sweep: Sweep, lineage: Lineage, best: MemberResult) -> by
         entry = next((m for m in plan if m.member == best.member), None)
         if entry is not None:
             copied = f" (copied m{entry.copy_from.source} v{entry.copy_from.version})" if entry.copy_from else ""
-            lines.append(f"#   interval {interval}: {_in_words(entry.settings)}{copied}")
+            lines.append(f"#   interval {interval}: {settings_in_words(entry.settings)}{copied}")
     body = yaml.safe_dump(redacted(preset.model_dump(mode="json")), sort_keys=False)
     return ("\n".join(lines) + "\n" + body).encode()
 
@@ -168,7 +168,8 @@ def _settings_by_member(lineage: Lineage) -> dict[int, list[dict[str, Any]]]:
     return schedules
 
 
-def _in_words(settings: dict[str, Any]) -> str:
+def settings_in_words(settings: dict[str, Any]) -> str:
+    """`lr=0.0003, clip_range=0.2`: a member's values, short."""
     return ", ".join(f"{key.removeprefix('agent.')}={_short(value)}" for key, value in sorted(settings.items()))
 
 

@@ -167,10 +167,13 @@ class ImproveLoop:
         if late is not None:
             self.observer.evaluated(late)
         deciding = self._deciding(state, late)
-        paused = self.stop.paused(state) and not self.stop.target_reached(deciding)
-        if deciding.result.film is None and self.evaluations.films_final and not paused:
+        if deciding.result.film is None and self.evaluations.films_final and not self.paused(state, deciding):
             self._film = (self.evaluations.film(deciding.version), deciding.step)
         return Finished(state, deciding)
+
+    def paused(self, state: LoopState, deciding: Scored) -> bool:
+        """Finished at a pause (a population member's interval's end), not at its target: to be continued."""
+        return self.stop.paused(state) and not self.stop.target_reached(deciding)
 
     def _deciding(self, state: LoopState, late: Scored | None) -> Scored:
         if self.stop.target_reached(self.latest):
