@@ -114,9 +114,9 @@ class Commits:
     retiring what nothing can ask for any more; see the module's docstring. Close it at the end."""
 
     def __init__(self, storage: Storage, run_id: str, config: StorageConfig, policy_window: int,
-                 budget: Budget | None = None, pool: OpponentPool | None = None, pinnable: bool = False):
+                 budget: Budget | None = None, pool: OpponentPool | None = None):
         self.storage, self.layout, self.config = storage, RunLayout(run_id), config
-        self.pinnable = pinnable  # other runs may pin its checkpoints (population members): look before retiring
+        self.pinnable = False  # other runs may pin its checkpoints (population members): look before retiring
         self.policy_window = policy_window  # versions behind the newest a rollout may still act with
         self.pool = pool  # self-play's past versions: rounds act against them
         kept = committed_versions(storage, self.layout) if pool is not None else []  # a resumed run's, too

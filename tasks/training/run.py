@@ -226,10 +226,11 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
         loop = ImproveLoop(
             run.learner, _collection(run, hosts, plan, logger), evaluations,
             Commits(run.storage, run.run_id, keeping, policy_window=preset.distribution.max_policy_lag + 1,
-                    budget=budget, pool=preset.schedule.opponent_pool, pinnable=run.member is not None),
+                    budget=budget, pool=preset.schedule.opponent_pool),
             StopRule(budget, preset.schedule.target_return, early_stop, run.member.pause_at if run.member else None),
             observer,
         )
+        loop.commits.pinnable = run.member is not None
         try:
             yield loop
         except BaseException:
