@@ -26,7 +26,8 @@ class APPOLearner(IMPALALearner):
     """IMPALA's learning from landed batches, with the clipped surrogate (`ppo_loss` on V-trace's
     advantages and value targets, its ratio against the proximal policy)."""
 
-    def _loss(self, minibatch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _loss(self, minibatch: Batch, scalars: dict[str, float | torch.Tensor]
+              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return appo_loss(self.network, minibatch, self.config)
 
 

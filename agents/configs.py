@@ -60,6 +60,10 @@ class PPOConfig(ObservationNormalization):
     value_coef: float = Field(default=0.5, ge=0, description="Weight of the value loss.")
     entropy_coef: float = Field(default=0.0, ge=0, description="Weight of the entropy bonus.")
     max_grad_norm: float = Field(default=0.5, gt=0, description="Gradient clipping norm.")
+    cuda_graph: bool = Field(
+        default=True, description="With the learner on a GPU: each minibatch update's loss, gradients and clipping "
+        "captured once as a CUDA graph and replayed (one launch instead of ~170 a minibatch). false: eager."
+    )
     normalize_advantages: bool = Field(default=True, description="Normalise per minibatch.")
     hidden_sizes: LayerWidths = Field(default=[64, 64], min_length=1, description="MLP widths.")
     activation: Literal["tanh", "relu"] = Field(default="tanh", description="Hidden-layer activation.")
@@ -114,6 +118,10 @@ class VTraceOptions(ObservationNormalization):
     value_coef: float = Field(default=0.5, ge=0, description="Weight of the value loss.")
     entropy_coef: float = Field(default=0.01, ge=0, description="Weight of the entropy bonus.")
     max_grad_norm: float = Field(default=0.5, gt=0, description="Gradient clipping norm.")
+    cuda_graph: bool = Field(
+        default=True, description="With the learner on a GPU: each minibatch update's loss, gradients and clipping "
+        "captured once as a CUDA graph and replayed (one launch instead of ~170 a minibatch). false: eager."
+    )
     hidden_sizes: LayerWidths = Field(default=[64, 64], min_length=1, description="MLP widths.")
     activation: Literal["tanh", "relu"] = Field(default="tanh", description="Hidden-layer activation.")
     log_std_init: float = Field(

@@ -29,6 +29,7 @@ from gymflow.agents.actor_critic import (
 from gymflow.agents.batches import Rollout
 from gymflow.agents.configs import IMPALAConfig, VTraceOptions
 from gymflow.agents.core import AlgorithmParts, Learner
+from gymflow.agents.graphed import MinibatchUpdate
 from gymflow.agents.networks import Adam, cpu_weights, mean_metrics, on_device, seeded_init
 from gymflow.agents.normalization import RewardScaler, share_normalizer
 from gymflow.agents.training_state import SavedWhole
@@ -81,6 +82,8 @@ class IMPALALearner(SavedWhole, Learner):
         self.train_steps = 0
         self.normalizer = share_normalizer(self.network)
         self.reward_scaler = RewardScaler(config.gamma, config.reward_clip) if config.normalize_rewards else None
+        self.updates = MinibatchUpdate(self.network, self.optimizer, config.max_grad_norm,
+                                       graphed=config.cuda_graph and self.device.type == "cuda")
 
     def policy_weights(self) -> dict[str, torch.Tensor]:
         return cpu_weights(self.network)
@@ -143,14 +146,10 @@ class IMPALALearner(SavedWhole, Learner):
             yield {key: value[index] for key, value in batch.items()}
 
     def _update(self, minibatch: Batch) -> dict[str, torch.Tensor]:
-        loss, metrics = self._loss(minibatch)
-        self.optimizer.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(self.network.parameters(), self.config.max_grad_norm)
-        self.optimizer.step()
-        return metrics
+        return self.updates.step(self._loss, minibatch, {})
 
-    def _loss(self, minibatch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _loss(self, minibatch: Batch, scalars: dict[str, float | torch.Tensor]
+              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         terms = impala_loss(self.network, minibatch, self.config)
         return terms.loss, terms.metrics()
 

@@ -26,6 +26,7 @@ from gymflow.agents.actor_critic import (
 from gymflow.agents.batches import Rollout
 from gymflow.agents.configs import PPOConfig
 from gymflow.agents.core import AlgorithmParts, Learner
+from gymflow.agents.graphed import MinibatchUpdate
 from gymflow.agents.networks import Adam, cpu_weights, mean_metrics, on_device, seeded_init
 from gymflow.agents.normalization import RewardScaler, share_normalizer
 from gymflow.agents.policy_groups import PolicyGroups
@@ -54,7 +55,7 @@ class PPOLossTerms:
     log_ratio: torch.Tensor  # [B] log pi_new(a|s) - log pi_acting(a|s)
 
     @torch.no_grad()
-    def metrics(self, clip_range: float) -> dict[str, torch.Tensor]:
+    def metrics(self, clip_range: float | torch.Tensor) -> dict[str, torch.Tensor]:
         """On the device, unread (networks.mean_metrics reads an update's at once)."""
         ratio = self.log_ratio.exp()
         return {
@@ -67,7 +68,7 @@ class PPOLossTerms:
 
 
 def ppo_loss(network: ActorCritic, minibatch: dict[str, torch.Tensor], config: PPOConfig,
-             clip_range: float | None = None) -> PPOLossTerms:
+             clip_range: float | torch.Tensor | None = None) -> PPOLossTerms:
     """Schulman et al. 2017, eq. 7 and 9: -min(r A, clip(r, 1-eps, 1+eps) A) + c1 (V - R)^2 - c2 H,
     with advantages normalised per minibatch; eps is `clip_range` (None: the config's). Pure:
     nothing is stepped."""
@@ -76,7 +77,7 @@ def ppo_loss(network: ActorCritic, minibatch: dict[str, torch.Tensor], config: P
 
 
 def clipped_objective(dist: torch.distributions.Distribution, value: torch.Tensor, minibatch: dict[str, torch.Tensor],
-                      config: PPOConfig, clip_range: float | None = None) -> PPOLossTerms:
+                      config: PPOConfig, clip_range: float | torch.Tensor | None = None) -> PPOLossTerms:
     """PPO's loss for a minibatch whose policy distribution and values the network has given."""
     epsilon = config.clip_range if clip_range is None else clip_range
     log_ratio = dist.log_prob(minibatch["actions"]) - minibatch["log_probs"]
@@ -116,6 +117,8 @@ class PPOLearner(SavedWhole, Learner):
         self.normalizer = share_normalizer(self.network)
         self.reward_scaler = RewardScaler(config.gamma, config.reward_clip) if config.normalize_rewards else None
         self.clip_range = config.clip_range  # this iteration's (agent.anneal_clip_range)
+        self.updates = MinibatchUpdate(self.network, self.optimizer, config.max_grad_norm,
+                                       graphed=self._graphable(config))
 
     def _make_network(self, config: PPOConfig, observation_space: spaces.Box, action_space: spaces.Space
                       ) -> nn.Module:
@@ -164,16 +167,20 @@ class PPOLearner(SavedWhole, Learner):
             index = order[start : start + self.config.minibatch_size]
             yield {key: value[index] for key, value in batch.items()}
 
-    def _loss(self, minibatch: dict[str, torch.Tensor]) -> PPOLossTerms:
-        return ppo_loss(self.network, minibatch, self.config, self.clip_range)
+    def _graphable(self, config: PPOConfig) -> bool:
+        """Whether the minibatch update is replayed as a CUDA graph (agent.cuda_graph, on a GPU)."""
+        return config.cuda_graph and self.device.type == "cuda"
+
+    def _loss(self, minibatch: dict[str, torch.Tensor], clip_range: float | torch.Tensor) -> PPOLossTerms:
+        return ppo_loss(self.network, minibatch, self.config, clip_range)
 
     def _update(self, minibatch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        terms = self._loss(minibatch)
-        self.optimizer.zero_grad()
-        terms.loss.backward()
-        nn.utils.clip_grad_norm_(self.network.parameters(), self.config.max_grad_norm)
-        self.optimizer.step()
-        return terms.metrics(self.clip_range)
+        return self.updates.step(self._loss_and_metrics, minibatch, {"clip_range": self.clip_range})
+
+    def _loss_and_metrics(self, minibatch: dict[str, torch.Tensor], scalars: dict[str, float | torch.Tensor]
+                          ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        terms = self._loss(minibatch, scalars["clip_range"])
+        return terms.loss, terms.metrics(scalars["clip_range"])
 
     @torch.no_grad()
     def _flatten(self, rollouts: Sequence[Rollout]) -> dict[str, torch.Tensor]:

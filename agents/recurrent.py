@@ -181,12 +181,15 @@ class RecurrentPPOLearner(PPOLearner):
             index, envs = groups[pick]
             yield {key: value[:, envs] for key, value in sequences[index].items()}  # memory: [2, N, H]
 
-    def _loss(self, minibatch: Batch) -> PPOLossTerms:
+    def _graphable(self, config: PPOConfig) -> bool:
+        return False  # sequences of each rollout's length, in groups of envs: shapes a graph would not hold
+
+    def _loss(self, minibatch: Batch, clip_range: float | torch.Tensor) -> PPOLossTerms:
         features, _ = self.network.sequence(minibatch["obs"], minibatch["starts"], minibatch["memory"])
         flat = {key: value.flatten(0, 1) for key, value in minibatch.items() if key not in ("memory", "starts", "obs")}
         actions = flat["actions"] if self.network.discrete else flat["actions"].float()
         dist, value = self.network.distribution(features.flatten(0, 1)), self.network.value(features).flatten()
-        return clipped_objective(dist, value, {**flat, "actions": actions}, self.config, self.clip_range)
+        return clipped_objective(dist, value, {**flat, "actions": actions}, self.config, clip_range)
 
     @torch.no_grad()
     def _sequences(self, rollout: Rollout) -> Batch:

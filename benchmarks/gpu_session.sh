@@ -2,8 +2,10 @@
 # What a session lent a GPU machine runs there in one call (../shared/device/README.md), logs under $OUT:
 #   ../shared/device/build-wheelhouse.sh --add stable-baselines3==2.9.2     # here, after committing
 #   run: bash benchmarks/gpu_session.sh [SIDES...]   with carry [".devrun"]
-# The CUDA tests, the learner's update profiled on the GPU (breakout-appo, a 14 x 8 round), then
-# benchmarks/atari_throughput.py --mode gpu with the SIDES given (default: every side).
+# The CUDA tests, the learner's update on the GPU replayed as CUDA graphs and eager, both profiled
+# (breakout-appo, a 14 x 8 round), then benchmarks/atari_throughput.py --mode gpu with the SIDES
+# given (default: every side), and with MORE_ENVS set, APPO and stepping alone again at that many
+# envs a worker.
 set -u
 OUT=${OUT:-/tmp/gymflow-gpu-session}
 mkdir -p "$OUT"
@@ -14,14 +16,20 @@ cd /tmp
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/machine.txt" 2>&1
 lscpu | grep -E "Model name|^CPU\(s\)" >> "$OUT/machine.txt"
 timeout "${TEST_S:-90}" python3 -m pytest -q -p no:cacheprovider -c "$ROOT/.devrun/pytest.ini" \
-    "$ROOT/.devrun/tests/test_agents.py" "$ROOT/.devrun/tests/test_inference.py" -k "gpu or cuda or inference or server" \
+    "$ROOT/.devrun/tests/test_agents.py" "$ROOT/.devrun/tests/test_inference.py" "$ROOT/.devrun/tests/test_graphed.py" \
+    -k "gpu or cuda or inference or server or graph" \
     > "$OUT/pytest.log" 2>&1
 echo "pytest: $(tail -1 "$OUT/pytest.log")"
 timeout "${LEARNER_S:-90}" python3 "$ROOT/benchmarks/learner_device.py" --presets breakout-appo --round 14 8 \
-    --rounds 2 --cuda-only --profile > "$OUT/learner.log" 2>&1
+    --rounds 3 --cuda-only --cuda-eager --profile > "$OUT/learner.log" 2>&1
 grep -E "profiled update|breakout-appo " "$OUT/learner.log"
 ONLY=()
 [ $# -gt 0 ] && ONLY=(--only "$@")
 timeout "${THROUGHPUT_S:-300}" python3 "$ROOT/benchmarks/atari_throughput.py" --mode gpu --steps "$STEPS" "${ONLY[@]}" \
     > "$OUT/throughput.log" 2>&1
 tail -15 "$OUT/throughput.log"
+if [ -n "${MORE_ENVS:-}" ]; then
+    timeout "${MORE_S:-120}" python3 "$ROOT/benchmarks/atari_throughput.py" --mode gpu --steps "$STEPS" \
+        --envs "$MORE_ENVS" --only stepping appo > "$OUT/throughput-more-envs.log" 2>&1
+    tail -6 "$OUT/throughput-more-envs.log"
+fi

@@ -27,8 +27,8 @@ import torch
 from gymnasium import spaces
 
 from gymflow.agents.algorithms import algorithm_of
-from gymflow.agents.batches import Rollout
 from gymflow.presets.load import load_preset
+from gymflow.testing.rollouts import random_rollout
 
 # each preset's env's observation and action spaces, written out so that no env need be made
 SPACES: dict[str, tuple[spaces.Space, spaces.Space]] = {
@@ -43,25 +43,6 @@ SPACES: dict[str, tuple[spaces.Space, spaces.Space]] = {
     "pendulum-po-ppo": (spaces.Box(-1, 1, (2,), np.float32), spaces.Box(-2, 2, (1,), np.float32)),
 }
 REPLAY_FILL = 20_000
-
-
-def random_rollout(observation_space: spaces.Space, action_space: spaces.Space, steps: int, envs: int,
-                   rng: np.random.Generator) -> Rollout:
-    """`steps` x `envs` random steps of these spaces, an episode ending every 500 steps."""
-    obs = rng.integers(0, 256, (steps, envs, *observation_space.shape), dtype=np.uint8) \
-        if observation_space.dtype == np.uint8 else rng.standard_normal((steps, envs, *observation_space.shape),
-                                                                        dtype=np.float32)
-    if isinstance(action_space, spaces.Discrete):
-        actions = rng.integers(0, action_space.n, (steps, envs), dtype=np.int64)
-    else:
-        actions = rng.uniform(-1, 1, (steps, envs, *action_space.shape)).astype(np.float32)
-    terminated = np.zeros((steps, envs), bool)
-    terminated[499::500] = True
-    done_index = np.flatnonzero(terminated).astype(np.int64)
-    return Rollout(obs=obs, actions=actions, rewards=rng.standard_normal((steps, envs), dtype=np.float32),
-                   terminated=terminated, truncated=np.zeros((steps, envs), bool), done_index=done_index,
-                   done_obs=obs.reshape(-1, *observation_space.shape)[done_index], last_obs=obs[-1],
-                   log_probs=np.full((steps, envs), -1.0, np.float32))
 
 
 def timed_work(preset: str, device: str, threads: int, overrides: dict | None = None
@@ -101,12 +82,13 @@ def timed_work(preset: str, device: str, threads: int, overrides: dict | None = 
     return "ms a gradient step", gradient_steps
 
 
-def compare(preset: str, rounds: int, cpu_threads: list[int], with_cuda: bool, overrides: dict | None = None
+def compare(preset: str, rounds: int, cpu_threads: list[int], cuda_sides: dict[str, dict], overrides: dict | None = None
             ) -> tuple[str, dict[str, float]]:
-    """What is timed, and the median milliseconds of each side over `rounds` alternating rounds."""
+    """What is timed, and the median milliseconds of each side over `rounds` alternating rounds
+    (`cuda_sides`: each CUDA side's name and the overrides it adds)."""
     sides = {f"cpu x{threads}": timed_work(preset, "cpu", threads, overrides) for threads in cpu_threads}
-    if with_cuda:
-        sides["cuda"] = timed_work(preset, "cuda", 1, overrides)
+    for name, own in cuda_sides.items():
+        sides[name] = timed_work(preset, "cuda", 1, {**(overrides or {}), **own})
     unit = next(iter(sides.values()))[0]
     figures: dict[str, list[float]] = {name: [] for name in sides}
     for round_index in range(rounds):
@@ -119,7 +101,7 @@ def compare(preset: str, rounds: int, cpu_threads: list[int], with_cuda: bool, o
     return unit, {name: statistics.median(values) for name, values in figures.items()}
 
 
-def profile(preset: str, overrides: dict | None) -> None:
+def profile(preset: str, overrides: dict | None, side: str) -> None:
     """One CUDA update under torch's profiler: the wall-clock, the GPU's kernel time within it, and
     the operators that take the most of the CPU's time (launch overhead shows there)."""
     from torch.profiler import ProfilerActivity
@@ -130,7 +112,7 @@ def profile(preset: str, overrides: dict | None) -> None:
         wall_ms = one_update()
     events = profiled.key_averages()
     kernel_ms = sum(event.self_device_time_total for event in events) / 1e3
-    print(f"{preset} profiled update: {wall_ms:.1f} ms wall, {kernel_ms:.1f} ms of GPU kernels "
+    print(f"{preset} ({side}) profiled update: {wall_ms:.1f} ms wall, {kernel_ms:.1f} ms of GPU kernels "
           f"({kernel_ms / wall_ms:.0%} busy)")
     print(events.table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=50))
 
@@ -145,23 +127,29 @@ def main() -> None:
                         help="an on-policy update's round: rollout workers x envs per worker (default: the preset's)")
     parser.add_argument("--profile", action="store_true", help="also profile one CUDA update: where its time goes")
     parser.add_argument("--cuda-only", action="store_true", help="no CPU side (a big round takes minutes there)")
+    parser.add_argument("--cuda-eager", action="store_true",
+                        help="also the CUDA side with agent.cuda_graph false: each minibatch's kernels launched one by one")
     args = parser.parse_args()
     overrides = {"distribution.rollout_workers": args.round[0], "distribution.envs_per_worker": args.round[1]} \
         if args.round else None
     with_cuda = torch.cuda.is_available()
+    cuda_sides = {"cuda": {}, **({"cuda eager": {"agent.cuda_graph": False}} if args.cuda_eager else {})} \
+        if with_cuda else {}
     device_name = torch.cuda.get_device_name() if with_cuda else "none"
     print(f"torch {torch.__version__}, CUDA device: {device_name}, {torch.get_num_threads()} CPU threads available")
     table = []
     for preset in args.presets:
         threads = [] if args.cuda_only else args.cpu_threads or [load_preset(preset).distribution.learner_threads]
-        table.append((preset, *compare(preset, args.rounds, threads, with_cuda, overrides)))
-        if args.profile and with_cuda:
-            profile(preset, overrides)
+        table.append((preset, *compare(preset, args.rounds, threads, cuda_sides, overrides)))
+        for side, own in cuda_sides.items() if args.profile else ():
+            profile(preset, {**(overrides or {}), **own}, side)
     print(f"\n{'preset':<16} " + "  ".join(f"{name:>10}" for name in table[0][2]) + "  cpu/cuda  unit")
     for preset, unit, medians in table:
-        cpu = [value for name, value in medians.items() if name != "cuda"]
+        cpu = [value for name, value in medians.items() if name.startswith("cpu")]
         ratio = f"{min(cpu) / medians['cuda']:7.1f}x" if with_cuda and cpu else " " * 8
         print(f"{preset:<16} " + "  ".join(f"{value:>10.2f}" for value in medians.values()) + f"  {ratio}  {unit}")
+        if "cuda eager" in medians:
+            print(f"{preset:<16} cuda eager / cuda graph: {medians['cuda eager'] / medians['cuda']:.2f}x")
 
 
 if __name__ == "__main__":
