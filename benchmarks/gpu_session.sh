@@ -15,14 +15,20 @@ source .devrun/install.sh > "$OUT/install.log" 2>&1 || { tail -5 "$OUT/install.l
 cd /tmp
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/machine.txt" 2>&1
 lscpu | grep -E "Model name|^CPU\(s\)" >> "$OUT/machine.txt"
+STAGES=${STAGES:-tests learner throughput}  # a first call may run "tests learner", a second "throughput"
+if [[ $STAGES == *tests* ]]; then
 timeout "${TEST_S:-90}" python3 -m pytest -q -p no:cacheprovider -c "$ROOT/.devrun/pytest.ini" \
     "$ROOT/.devrun/tests/test_agents.py" "$ROOT/.devrun/tests/test_inference.py" "$ROOT/.devrun/tests/test_graphed.py" \
     -k "gpu or cuda or inference or server or graph" \
     > "$OUT/pytest.log" 2>&1
 echo "pytest: $(tail -1 "$OUT/pytest.log")"
+fi
+if [[ $STAGES == *learner* ]]; then
 timeout "${LEARNER_S:-90}" python3 "$ROOT/benchmarks/learner_device.py" --presets breakout-appo --round 14 8 \
     --rounds 3 --cuda-only --cuda-eager --profile > "$OUT/learner.log" 2>&1
 grep -E "profiled update|breakout-appo " "$OUT/learner.log"
+fi
+[[ $STAGES == *throughput* ]] || exit 0
 ONLY=()
 [ $# -gt 0 ] && ONLY=(--only "$@")
 timeout "${THROUGHPUT_S:-300}" python3 "$ROOT/benchmarks/atari_throughput.py" --mode gpu --steps "$STEPS" "${ONLY[@]}" \
