@@ -30,6 +30,23 @@ CASES = {
 }
 
 
+@pytest.fixture(autouse=True)
+def exact_float32_kernels():
+    """Float32 convolutions and matmuls without TF32, and cuDNN's deterministic algorithms: by default
+    torch lets cuDNN round convolutions through TF32 (~1e-3 relative), and a captured graph and an
+    eager pass may pick different algorithms, so a CNN's numbers would differ by that much."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.deterministic,
+             torch.backends.cudnn.benchmark)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    yield
+    (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.deterministic,
+     torch.backends.cudnn.benchmark) = saved
+
+
 def _learner(case: str, graphed: bool, device: str = "cuda"):
     algo, settings, observation_space, action_space = CASES[case]
     algorithm = ALGORITHMS[algo]
