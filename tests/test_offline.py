@@ -123,7 +123,8 @@ def _as_text(overrides: dict) -> list[tuple[str, str]]:
     return [(key, value if isinstance(value, str) else json.dumps(value)) for key, value in overrides.items()]
 
 
-@pytest.mark.parametrize(("preset", "data"), [("cartpole-bc", "corridor_dataset"), ("hopper-iql", "continuous_dataset")])
+@pytest.mark.parametrize(("preset", "data"), [("cartpole-bc", "corridor_dataset"),
+                                             pytest.param("hopper-iql", "continuous_dataset", marks=pytest.mark.slow)])
 def test_a_killed_offline_run_resumes_to_the_same_weights(preset, data, request, workspace):
     """The memory a resume rebuilds is the dataset read again, slot for slot: the resumed run
     takes the same samples and ends with the uninterrupted run's learner state, byte for byte."""

@@ -9,7 +9,7 @@ import pytest
 
 from tests import reference_results
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e]
 
 
 @pytest.mark.parametrize("preset", reference_results.PRESETS)

@@ -118,7 +118,7 @@ def clean_policy(prefect_api, workspace, cluster) -> bytes:
 
 # Back after 2 s, Dask's client reconnects by itself (to a scheduler with another id); after 12 s
 # it has given up (10 s) and the run connects a client of its own.
-@pytest.mark.parametrize("down_s", [2, 12])
+@pytest.mark.parametrize("down_s", [2, pytest.param(12, marks=pytest.mark.slow)])
 def test_a_run_waits_for_its_lost_scheduler_and_ends_with_a_clean_runs_weights(clean_policy, workspace, cluster, down_s):
     root, stderr = workspace / "lost", workspace / "stderr.txt"
     flow = _command(_run_command(_overrides(workspace, "lost", cluster.address)), stderr)
