@@ -72,3 +72,42 @@ def test_each_preset_or_sweep_spec_in_the_docs_validates(where, data, tmp_path):
     if "agent" in data and data["agent"].get("algo", base["agent"]["algo"]) != base["agent"]["algo"]:
         merged["agent"] = data["agent"]  # another algorithm: its own settings alone
     validate_preset_data(merged)
+
+
+MY_ENV = """from gymnasium.envs.classic_control import CartPoleEnv
+
+
+class MyEnv(CartPoleEnv):
+    \"\"\"The docs' example of a user's env: a file in the working folder.\"\"\"
+"""
+
+
+def _runs() -> list[tuple[str, str]]:
+    """The `gymflow run` and `gymflow show` commands of the docs that name a built-in preset."""
+    from gymflow.presets import builtin_presets
+
+    names = set(builtin_presets())
+    return [(where, line) for where, line in _commands()
+            if shlex.split(line)[1:2] in (["run"], ["show"]) and shlex.split(line)[2:3][0:1] and
+            shlex.split(line)[2] in names]
+
+
+@pytest.mark.parametrize(("where", "line"), _runs(), ids=[f"{w}:{line[:60]}" for w, line in _runs()])
+def test_each_run_in_the_docs_resolves_to_an_experiment_gymflow_would_start(where, line, tmp_path, monkeypatch):
+    """Its preset with its `--set` overrides checked as `gymflow run` checks them before any work
+    (the fields exist, the values are allowed, the env, its spaces and the agent fit). The docs'
+    own env, `my_env:MyEnv`, is a file of the working folder beside its `helpers/` package, as they say."""
+    (tmp_path / "my_env.py").write_text(MY_ENV)
+    (tmp_path / "helpers").mkdir()
+    (tmp_path / "helpers" / "__init__.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from gymflow.errors import GymflowError
+    from gymflow.presets import parse_assignments
+    from gymflow.presets.validate import resolve_experiment
+
+    args = _parser().parse_args(shlex.split(line)[1:])
+    try:
+        resolve_experiment(args.preset, parse_assignments(args.set))
+    except GymflowError as error:
+        pytest.fail(f"{where}: `{line}`: {error}")
