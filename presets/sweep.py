@@ -219,9 +219,9 @@ def _check_population(spec: SweepSpec, base: Preset) -> int:
     if base.distribution.mode == "async":
         raise InvalidPreset("distribution.mode", "a pbt sweep's members run in single or sync mode for now: an "
                             "async member's copy would need its stream's position too")
-    if not algorithm_of(base.agent).on_policy:
-        raise InvalidPreset("preset", f"sampler pbt trains on-policy agents (ppo) for now, not "
-                            f"{base.agent.algo}: an off-policy member's copy needs its replay memory too")
+    if not algorithm_of(base.agent).on_policy and not base.storage.checkpoint_replay:
+        raise InvalidPreset("storage.checkpoint_replay", f"a {base.agent.algo} member's copy takes the source's "
+                            "replay memory from its checkpoint; allowed: true (in the sweep's overrides)")
     return spec.pbt.population
 
 

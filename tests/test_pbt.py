@@ -56,7 +56,8 @@ def _result(member: int, score: float, finished: bool = False, interval: int = 0
     ({"sampler": "tpe"}, "sampler", "pbt settings are for sampler pbt"),
     ({"pbt": None}, "pbt", "sampler pbt needs its settings"),
     ({"preset": "cartpole-appo"}, "distribution.mode", "single or sync mode"),
-    ({"preset": "cartpole-dqn", "space": {"agent.lr": {"low": 0.001, "high": 0.01}}}, "preset", "on-policy"),
+    ({"preset": "cartpole-dqn", "space": {"agent.lr": {"low": 0.001, "high": 0.01}}}, "storage.checkpoint_replay",
+     "takes the source's replay memory from its checkpoint"),
 ])
 def test_a_bad_pbt_spec_is_refused_with_one_line_naming_the_field(changes, field, says):
     with pytest.raises(InvalidPreset) as raised:
@@ -70,6 +71,16 @@ def test_a_field_that_changes_the_learners_tensors_cannot_be_perturbed():
         check_perturbable(check_sweep(sweep_spec(spec)))
     assert raised.value.field == "space.agent.recurrent" and "changes the learner's tensors" in raised.value.problem
     check_perturbable(check_sweep(sweep_spec(_spec())))  # lr and clip range: the same tensors
+
+
+def test_a_field_that_changes_an_off_policy_members_replay_memory_cannot_be_perturbed():
+    spec = {**_spec(preset="cartpole-dqn", space={"agent.replay_capacity": {"values": [5_000, 10_000]}}),
+            "overrides": {"schedule.total_env_steps": 10_000, "storage.checkpoint_replay": True}}
+    with pytest.raises(InvalidPreset) as raised:
+        check_perturbable(check_sweep(sweep_spec(spec)))
+    assert raised.value.field == "space.agent.replay_capacity" and "replay memory" in raised.value.problem
+    spec["space"] = {"agent.lr": {"low": 0.0001, "high": 0.01, "log": True}}
+    check_perturbable(check_sweep(sweep_spec(spec)))
 
 
 # --- the decisions ----------------------------------------------------------------------------
@@ -281,3 +292,29 @@ def test_a_population_copies_its_best_into_its_worst_and_a_killed_sweep_ends_the
     assert restarted.ranking == [{**row, "run": row["run"].replace("clean", "killed")} for row in clean.ranking]
     assert _without_ids(_lineage(spec, "killed"), "killed") == _without_ids(_lineage(spec, "clean"), "clean")
     assert _member_weights(workspace, "killed") == _member_weights(workspace, "clean")
+
+
+@pytest.mark.e2e
+def test_an_off_policy_member_copies_the_sources_replay_memory_with_its_learner(prefect_api, workspace, tiny_budget):
+    """DQN members: the copier's first version after a copy holds the source's policy and the
+    source's replay memory as the source checkpointed them where it paused."""
+    from gymflow.flows.sweep import sweep
+    from gymflow.tasks.storage.checkpoints import POLICY_BLOB, REPLAY_BLOB, read_checkpoint
+    from gymflow.tasks.storage.layout import RunLayout
+    from gymflow.tasks.storage.objects import Storage, StorageLocation
+
+    spec = {"preset": "cartpole-dqn", "sampler": "pbt", "concurrency": 2,
+            "overrides": {**tiny_budget, "schedule.total_env_steps": 1024, "schedule.heatup_env_steps": 128,
+                          "storage.checkpoint_replay": True, "storage.keep_checkpoints": 100, **local_overrides(workspace)},
+            "space": {"agent.lr": {"low": 0.00001, "high": 0.01, "log": True}},
+            "pbt": {"population": 2, "interval": 512, "quantile": 0.25},
+            "study_storage": f"sqlite:///{workspace / 'sweeps.db'}"}
+    done = sweep(spec, sweep_id="dqn")
+    (copier,) = [m for m in json.loads(dict(_lineage(spec, "dqn"))["pbt:plan:1"]) if m["copy_from"]]
+    copy, storage = copier["copy_from"], Storage(StorageLocation(str(workspace / "data")))
+    names = [POLICY_BLOB, REPLAY_BLOB]
+    copied = read_checkpoint(storage, RunLayout(f"dqn-m{copier['member']:03d}"), copy["at_version"] + 1, names)
+    assert copied == read_checkpoint(storage, RunLayout(copy["source_run_id"]), copy["version"], names)
+    own = read_checkpoint(storage, RunLayout(f"dqn-m{copier['member']:03d}"), copy["at_version"], [REPLAY_BLOB])
+    assert own[REPLAY_BLOB] != copied[REPLAY_BLOB]  # its own memory before the copy was another
+    assert [row["outcome"] for row in done.ranking] == ["complete"] * 2

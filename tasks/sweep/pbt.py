@@ -157,8 +157,8 @@ def check_perturbable(sweep: Sweep) -> None:
             shapes = _tensor_shapes(create_learner(resolve_experiment(spec.preset, {**spec.overrides, key: value})))
             if shapes != base:
                 raise InvalidPreset(f"space.{key}", f"cannot be perturbed: {value!r} changes the learner's tensors "
-                                    "(a copy loads one member's learner into another's); allowed: settings such as "
-                                    "learning rates, coefficients, epochs")
+                                    "or its replay memory (a copy loads one member's learner and memory into "
+                                    "another's); allowed: settings such as learning rates, coefficients, epochs")
 
 
 def _tensor_shapes(learner: Any) -> dict[str, Any]:
@@ -171,7 +171,9 @@ def _tensor_shapes(learner: Any) -> dict[str, Any]:
             return [shapes(item) for item in value]
         return None
 
-    return shapes(learner.state_dict())
+    replay = getattr(learner, "replay", None)  # an off-policy member's copy takes the memory as it is stored
+    memory = None if replay is None else (type(replay).__name__, replay.spec)
+    return {"learner": shapes(learner.state_dict()), "memory": memory}
 
 
 def recorded_plan(study: optuna.Study, interval: int) -> list[PbtMember] | None:

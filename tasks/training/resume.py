@@ -163,6 +163,16 @@ def warm_start_learner(learner: Learner, storage: Storage, source: str) -> None:
                                               f"(agent.hidden_sizes?): {first_line}") from None
 
 
+def copy_replay_memory(learner: ReplayLearner, storage: Storage, run_id: str, version: int) -> None:
+    """A population member's copy of another's replay memory as that one checkpointed it at
+    `version` (its sweep stores memories with checkpoints: storage.checkpoint_replay)."""
+    try:
+        blob = read_checkpoint(storage, RunLayout(run_id), version, [REPLAY_BLOB])[REPLAY_BLOB]
+    except CheckpointError as error:
+        raise CheckpointError(f"no replay memory of run {run_id!r} at v{version} to copy: {error}") from None
+    learner.replay.load_state_dict(decode_arrays(blob))
+
+
 def learner_source(source: str) -> tuple[str, int | None]:
     """`RUN_ID` or `RUN_ID@vN` (learner:... warm starts): the run, and the version (None: newest)."""
     run_id, at, version = source.partition("@")

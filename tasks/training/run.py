@@ -50,6 +50,7 @@ from gymflow.tasks.training.loop import EarlyStop, ImproveLoop, Observer, StopRu
 from gymflow.tasks.training.resume import (
     LEARNER_WARM_START,
     Restored,
+    copy_replay_memory,
     learner_source,
     restore,
     stored_experiment,
@@ -300,10 +301,13 @@ def say_where_it_starts(run: PreparedRun, state: LoopState, recorder: RunRecorde
 
 def exploit(run: PreparedRun, loop: ImproveLoop, logger: AnyLogger) -> LoopState:
     """A population member takes another's learner as that one paused (weights, optimiser moments,
-    observation statistics; its own RNG streams, counters and the values it now trains with), as
-    a version of its own, checkpointed at once; then the source's checkpoint is let go."""
+    observation statistics, an off-policy member's replay memory; its own RNG streams, counters and
+    the values it now trains with), as a version of its own, checkpointed at once; then the
+    source's checkpoint is let go."""
     copy, paused = run.copy_from, run.restored.state
     warm_start_learner(run.learner, run.storage, f"{copy.source_run_id}@v{copy.version}")
+    if isinstance(run.learner, ReplayLearner):
+        copy_replay_memory(run.learner, run.storage, copy.source_run_id, copy.version)
     state = replace(paused, version=paused.version + 1)  # the copy, at the env steps where the member paused
     loop.commit(state, checkpoint=True)
     run.storage.delete([RunLayout(copy.source_run_id).pin(copy.version, run.run_id)])
