@@ -105,7 +105,7 @@ def test_no_product_module_branches_on_whether_it_runs_under_a_test():
 
 def test_the_wheel_installs_everything_under_the_gymflow_namespace(tmp_path):
     source = tmp_path / "source"  # a copy, so that no earlier build/ folder leaks stale modules into the wheel
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv*", ".devrun", "build", "*.egg-info", "__pycache__",
                                                                  "gymflow-data", "mlruns", "mlartifacts", "*.db"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(tmp_path), str(source)], check=True, capture_output=True)

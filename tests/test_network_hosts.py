@@ -303,6 +303,7 @@ def test_a_sync_run_on_workers_that_end_at_their_lifetime_ends_as_a_clean_one(ho
             _start_worker(host, hosts)
 
 
+@pytest.mark.slow  # the twin of the worker and S3 host partitions, which stay in the default run
 def test_a_run_whose_mlflow_host_is_cut_off_for_20_s_ends_finished_with_every_metric(hosts, clean_policy, workspace):
     """MLflow's client retries its requests (with backoff, for minutes): the run waits, and its
     MLflow run holds every evaluation and ends FINISHED."""
@@ -325,6 +326,7 @@ def test_a_run_whose_mlflow_host_is_cut_off_for_20_s_ends_finished_with_every_me
         tracking.stop()
 
 
+@pytest.mark.slow  # the twin of the worker and S3 host partitions, which stay in the default run
 def test_a_run_whose_prefect_server_is_cut_off_for_20_s_goes_on_and_ends_completed(hosts, clean_policy, workspace):
     """`gymflow run` under a Prefect server on a host of its own: its requests wait for the
     server (Prefect's client retries them), the run goes on, and its flow run ends Completed."""

@@ -318,3 +318,22 @@ def test_an_off_policy_member_copies_the_sources_replay_memory_with_its_learner(
     own = read_checkpoint(storage, RunLayout(f"dqn-m{copier['member']:03d}"), copy["at_version"], [REPLAY_BLOB])
     assert own[REPLAY_BLOB] != copied[REPLAY_BLOB]  # its own memory before the copy was another
     assert [row["outcome"] for row in done.ranking] == ["complete"] * 2
+
+
+def test_an_evaluation_made_again_at_a_step_the_run_had_logged_before_a_kill_is_one_row(tmp_path):
+    """A member killed after its pause's evaluation was logged, before its result was recorded,
+    resumes at that step and is evaluated there again: its curve (and the window its score is the
+    mean of) holds the step once, as a run never killed does."""
+    from gymflow.tasks.cluster.messages import EvaluationResult
+    from gymflow.tasks.tracking.tracker import Tracker
+    from gymflow.tasks.training.evaluation import Scored
+    from gymflow.tasks.training.summary import EvaluationRow, RunRecorder
+
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "pbt", "member", {})
+    before_the_kill = RunRecorder(tracker, None, None)
+    for step in (384, 768):
+        before_the_kill.evaluated(Scored(step, EvaluationResult(6, (1.0, 3.0), (10, 10), 0.1)))
+    resumed = RunRecorder(tracker, None, None, evaluations=[EvaluationRow(*row) for row in tracker.evaluation_rows()])
+    resumed.evaluated(Scored(768, EvaluationResult(6, (1.0, 3.0), (10, 10), 0.1)))
+    assert [(row.env_steps, row.mean) for row in resumed.evaluations] == [(384, 2.0), (768, 2.0)]
+    tracker.finish("FINISHED")

@@ -116,6 +116,9 @@ class RunRecorder:
     def evaluated(self, scored: Scored, waited: bool = False) -> None:
         self.tracker.log_metrics(scored.metrics(), step=scored.step)
         returns = scored.result.returns
+        # a run killed after an evaluation was logged and resumed from the checkpoint at that step
+        # evaluates the same step again (the same version): one row, as MLflow keeps one value a step
+        self.evaluations = [row for row in self.evaluations if row.env_steps != scored.step]
         self.evaluations.append(EvaluationRow(scored.step, scored.mean_return, min(returns), max(returns),
                                               scored.version))
         if self.events is not None:
