@@ -45,13 +45,13 @@ class _Captured:
 
 class MinibatchUpdate:
     """Steps `optimizer` on a minibatch's loss, its gradients clipped to `max_grad_norm`; with
-    `graphed`, (a CUDA network) the gradient pass is a captured graph replayed."""
+    `graphed` (agent.cuda_graph) and the network on a GPU, the gradient pass is a captured graph replayed."""
 
     def __init__(self, network: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float, graphed: bool):
         self.parameters = list(network.parameters())
         self.optimizer = optimizer
         self.max_grad_norm = max_grad_norm
-        self.graphed = graphed
+        self.graphed = graphed and self.parameters[0].is_cuda
         self._captured: dict[tuple, _Captured] = {}
         self._seen: Counter[tuple] = Counter()
 

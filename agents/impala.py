@@ -83,7 +83,7 @@ class IMPALALearner(SavedWhole, Learner):
         self.normalizer = share_normalizer(self.network)
         self.reward_scaler = RewardScaler(config.gamma, config.reward_clip) if config.normalize_rewards else None
         self.updates = MinibatchUpdate(self.network, self.optimizer, config.max_grad_norm,
-                                       graphed=config.cuda_graph and self.device.type == "cuda")
+                                       graphed=config.cuda_graph)
 
     def policy_weights(self) -> dict[str, torch.Tensor]:
         return cpu_weights(self.network)

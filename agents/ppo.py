@@ -168,8 +168,8 @@ class PPOLearner(SavedWhole, Learner):
             yield {key: value[index] for key, value in batch.items()}
 
     def _graphable(self, config: PPOConfig) -> bool:
-        """Whether the minibatch update is replayed as a CUDA graph (agent.cuda_graph, on a GPU)."""
-        return config.cuda_graph and self.device.type == "cuda"
+        """Whether the minibatch update may be replayed as a CUDA graph (agent.cuda_graph; on a GPU only)."""
+        return config.cuda_graph
 
     def _loss(self, minibatch: dict[str, torch.Tensor], clip_range: float | torch.Tensor) -> PPOLossTerms:
         return ppo_loss(self.network, minibatch, self.config, clip_range)
