@@ -38,6 +38,8 @@ SPACES: dict[str, tuple[spaces.Space, spaces.Space]] = {
     "breakout-ppo": (spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(4)),
     "breakout-dqn": (spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(4)),
     "breakout-appo": (spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(4)),
+    "catch-ppo": (spaces.Box(0, 255, (2, 20, 10), np.uint8), spaces.Discrete(3)),
+    "catch-appo": (spaces.Box(0, 255, (2, 20, 10), np.uint8), spaces.Discrete(3)),
     "hopper-iql": (spaces.Box(-np.inf, np.inf, (11,), np.float32), spaces.Box(-1, 1, (3,), np.float32)),
     # Pendulum's cos and sin of the angle, its velocity hidden; an LSTM policy
     "pendulum-po-ppo": (spaces.Box(-1, 1, (2,), np.float32), spaces.Box(-2, 2, (1,), np.float32)),
