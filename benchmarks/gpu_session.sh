@@ -5,7 +5,9 @@
 # The CUDA tests, the learner's update on the GPU replayed as CUDA graphs and eager, both profiled
 # (breakout-appo, a 14 x 8 round), then benchmarks/atari_throughput.py --mode gpu with the SIDES
 # given (default: every side), and with MORE_ENVS set, APPO and stepping alone again at that many
-# envs a worker.
+# envs a worker. Stage `pong` (STAGES=pong, alone: ~9.5 minutes) trains pong-appo with 14 workers x 8
+# envs for PONG_S seconds and prints its evaluations (benchmarks/evaluation_history.py): when the
+# greedy return first reached 18, in env steps and in minutes from the run's start.
 set -u
 OUT=${OUT:-/tmp/gymflow-gpu-session}
 mkdir -p "$OUT"
@@ -27,6 +29,16 @@ if [[ $STAGES == *learner* ]]; then
 timeout "${LEARNER_S:-90}" python3 "$ROOT/benchmarks/learner_device.py" --presets breakout-appo --round 14 8 \
     --rounds 3 --cuda-only --cuda-eager --profile > "$OUT/learner.log" 2>&1
 grep -E "profiled update|breakout-appo " "$OUT/learner.log"
+fi
+if [[ $STAGES == *pong* ]]; then
+mkdir -p /tmp/pong && cd /tmp/pong
+timeout -s INT "${PONG_S:-520}" gymflow run pong-appo --quiet --set distribution.rollout_workers="${WORKERS:-14}" \
+    --set distribution.envs_per_worker=8 --set tracking.video=off \
+    --set schedule.evaluate_every_env_steps="${PONG_EVAL_EVERY:-250000}" > "$OUT/pong.log" 2>&1
+echo "pong-appo: exit $? (124: stopped at PONG_S)"; tail -3 "$OUT/pong.log"
+python3 "$ROOT/benchmarks/evaluation_history.py" --tracking-uri sqlite:////tmp/pong/mlflow.db --target 18 \
+    | tee "$OUT/pong-evaluations.txt" | tail -25
+cd /tmp
 fi
 [[ $STAGES == *throughput* ]] || exit 0
 ONLY=()
