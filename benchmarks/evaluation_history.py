@@ -6,6 +6,10 @@ stage `pong`).
 
     .venv/bin/python benchmarks/evaluation_history.py --tracking-uri sqlite:///mlflow.db --target 18
     .venv/bin/python benchmarks/evaluation_history.py --tracking-uri sqlite:///mlflow.db --run-id RUN_ID
+    ... --record benchmarks/records/pong-appo.jsonl --label "pong-appo seed 1, H100, 14 x 8"
+
+`--record` appends the run's evaluations as one JSON line (with `--label`, the date and the run's
+params: preset, seed), so seeds run in different sessions can be put side by side later.
 
 The minutes are wall-clock from the MLflow run's start (the flow's first step, after the cluster
 and the Prefect API are up) to the evaluation's logging: an ASYNC run evaluates a version while it
@@ -15,7 +19,9 @@ trains on, so the time counts the evaluation itself too.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import datetime
+import json
+from dataclasses import asdict, dataclass
 
 
 @dataclass(frozen=True)
@@ -49,14 +55,29 @@ def evaluations_of(tracking_uri: str, experiment: str, run_id: str | None) -> tu
     return run_id, rows
 
 
+def record(path: str, tracking_uri: str, run_id: str, rows: list[Evaluation], label: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    params = MlflowClient(tracking_uri).get_run(run_id).data.params
+    line = {"label": label, "date": datetime.date.today().isoformat(), "mlflow_run_id": run_id,
+            "preset": params.get("name"), "seed": params.get("seed"),
+            "evaluations": [asdict(row) for row in rows]}
+    with open(path, "a") as records:
+        records.write(json.dumps(line) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
     parser.add_argument("--experiment", default="gymflow")
     parser.add_argument("--run-id", default=None, help="default: the experiment's newest run")
     parser.add_argument("--target", type=float, default=None, help="say which evaluation first reached this return")
+    parser.add_argument("--record", default=None, help="append the run's evaluations to this JSON-lines file")
+    parser.add_argument("--label", default="", help="with --record: what the run was (machine, settings)")
     args = parser.parse_args()
     run_id, rows = evaluations_of(args.tracking_uri, args.experiment, args.run_id)
+    if args.record:
+        record(args.record, args.tracking_uri, run_id, rows, args.label)
     print(f"run {run_id}: {len(rows)} evaluations")
     print(f"{'env steps':>12} {'mean':>8} {'min':>8} {'max':>8} {'minutes':>8}")
     for row in rows:

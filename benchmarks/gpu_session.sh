@@ -7,7 +7,9 @@
 # given (default: every side), and with MORE_ENVS set, APPO and stepping alone again at that many
 # envs a worker. Stage `pong` (STAGES=pong, alone: ~9.5 minutes) trains pong-appo with 14 workers x 8
 # envs for PONG_S seconds and prints its evaluations (benchmarks/evaluation_history.py): when the
-# greedy return first reached 18, in env steps and in minutes from the run's start.
+# greedy return first reached 18, in env steps and in minutes from the run's start; $OUT/pong-appo.jsonl
+# holds them for benchmarks/records/pong-appo.jsonl (PONG_SEED: a seed a session, compared with
+# CleanRL's published PPO curve at the same env steps).
 set -u
 OUT=${OUT:-/tmp/gymflow-gpu-session}
 mkdir -p "$OUT"
@@ -32,12 +34,14 @@ grep -E "profiled update|breakout-appo " "$OUT/learner.log"
 fi
 if [[ $STAGES == *pong* ]]; then
 mkdir -p /tmp/pong && cd /tmp/pong
-timeout -s INT "${PONG_S:-520}" gymflow run pong-appo --quiet --set distribution.rollout_workers="${WORKERS:-14}" \
+timeout -s INT -k 30 "${PONG_S:-520}" gymflow run pong-appo --quiet --set distribution.rollout_workers="${WORKERS:-14}" \
     --set distribution.envs_per_worker=8 --set tracking.video=off \
-    --set schedule.evaluate_every_env_steps="${PONG_EVAL_EVERY:-250000}" > "$OUT/pong.log" 2>&1
+    --set schedule.evaluate_every_env_steps="${PONG_EVAL_EVERY:-250000}" --set seed="${PONG_SEED:-0}" \
+    > "$OUT/pong.log" 2>&1
 echo "pong-appo: exit $? (124: stopped at PONG_S)"; tail -3 "$OUT/pong.log"
 python3 "$ROOT/benchmarks/evaluation_history.py" --tracking-uri sqlite:////tmp/pong/mlflow.db --target 18 \
-    | tee "$OUT/pong-evaluations.txt" | tail -25
+    --record "$OUT/pong-appo.jsonl" --label "pong-appo seed ${PONG_SEED:-0}, ${WORKERS:-14} workers x 8 envs, $(head -2 \
+    "$OUT/machine.txt" | tail -1)" | tee "$OUT/pong-evaluations.txt" | tail -25
 cd /tmp
 fi
 [[ $STAGES == *throughput* ]] || exit 0
