@@ -7,8 +7,8 @@
 # given (default: every side), and with MORE_ENVS set, APPO and stepping alone again at that many
 # envs a worker. Stage `pong` (STAGES=pong, alone: ~9.5 minutes) trains pong-appo with 14 workers x 8
 # envs for PONG_S seconds and prints its evaluations (benchmarks/evaluation_history.py): when the
-# greedy return first reached 18, in env steps and in minutes from the run's start; $OUT/pong-appo.jsonl
-# holds them for benchmarks/records/pong-appo.jsonl (PONG_SEED: a seed a session, compared with
+# greedy return first reached 18, in env steps and in minutes from the run's start; $OUT/pong.jsonl
+# holds them for benchmarks/records/pong.jsonl (PONG_SEED: a seed a session, compared with
 # CleanRL's published PPO curve at the same env steps).
 set -u
 OUT=${OUT:-/tmp/gymflow-gpu-session}
@@ -33,15 +33,16 @@ timeout "${LEARNER_S:-90}" python3 "$ROOT/benchmarks/learner_device.py" --preset
 grep -E "profiled update|breakout-appo " "$OUT/learner.log"
 fi
 if [[ $STAGES == *pong* ]]; then
+PRESET=${PONG_PRESET:-pong-appo}  # PONG_PRESET=breakout-ppo PONG_EXTRA="--set env.id=ALE/Pong-v5": SYNC PPO on Pong
 mkdir -p /tmp/pong && cd /tmp/pong
-timeout -s INT -k 30 "${PONG_S:-520}" gymflow run pong-appo --quiet --set distribution.rollout_workers="${WORKERS:-14}" \
-    --set distribution.envs_per_worker=8 --set tracking.video=off \
-    --set schedule.evaluate_every_env_steps="${PONG_EVAL_EVERY:-250000}" --set seed="${PONG_SEED:-0}" \
-    > "$OUT/pong.log" 2>&1
-echo "pong-appo: exit $? (124: stopped at PONG_S)"; tail -3 "$OUT/pong.log"
+timeout -s INT -k 30 "${PONG_S:-520}" gymflow run "$PRESET" ${PONG_EXTRA:-} --quiet \
+    --set distribution.rollout_workers="${WORKERS:-14}" --set distribution.envs_per_worker=8 \
+    --set tracking.video=off --set schedule.evaluate_every_env_steps="${PONG_EVAL_EVERY:-250000}" \
+    --set seed="${PONG_SEED:-0}" > "$OUT/pong.log" 2>&1
+echo "$PRESET: exit $? (124: stopped at PONG_S)"; tail -3 "$OUT/pong.log"
+LABEL="$PRESET ${PONG_EXTRA:-} seed ${PONG_SEED:-0}, ${WORKERS:-14} workers x 8 envs, $(sed -n 2p "$OUT/machine.txt")"
 python3 "$ROOT/benchmarks/evaluation_history.py" --tracking-uri sqlite:////tmp/pong/mlflow.db --target 18 \
-    --record "$OUT/pong-appo.jsonl" --label "pong-appo seed ${PONG_SEED:-0}, ${WORKERS:-14} workers x 8 envs, $(head -2 \
-    "$OUT/machine.txt" | tail -1)" | tee "$OUT/pong-evaluations.txt" | tail -25
+    --record "$OUT/pong.jsonl" --label "$LABEL" | tee "$OUT/pong-evaluations.txt" | tail -25
 cd /tmp
 fi
 [[ $STAGES == *throughput* ]] || exit 0
