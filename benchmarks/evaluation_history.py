@@ -23,6 +23,8 @@ import datetime
 import json
 from dataclasses import asdict, dataclass
 
+from gymflow.tasks.tracking.tracker import evaluation_histories
+
 
 @dataclass(frozen=True)
 class Evaluation:
@@ -33,34 +35,28 @@ class Evaluation:
     minutes: float  # from the run's start to this result's logging
 
 
-def evaluations_of(tracking_uri: str, experiment: str, run_id: str | None) -> tuple[str, list[Evaluation]]:
-    """The run's id (the experiment's newest run without `run_id`) and its evaluations by env steps."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    if run_id is None:
-        found = client.get_experiment_by_name(experiment)
-        if found is None:
-            raise SystemExit(f"--experiment: no experiment {experiment!r} in {tracking_uri}")
-        newest = client.search_runs([found.experiment_id], order_by=["attributes.start_time DESC"], max_results=1)
-        if not newest:
-            raise SystemExit(f"--experiment: {experiment!r} has no runs in {tracking_uri}")
-        run_id = newest[0].info.run_id
-    started_ms = client.get_run(run_id).info.start_time
-    histories = {key: {m.step: m for m in client.get_metric_history(run_id, f"eval/return_{key}")}
-                 for key in ("mean", "min", "max")}
-    rows = [Evaluation(step, mean.value, histories["min"][step].value, histories["max"][step].value,
-                       (mean.timestamp - started_ms) / 60_000)
-            for step, mean in sorted(histories["mean"].items())]
-    return run_id, rows
+def newest_run_id(client, experiment: str, tracking_uri: str) -> str:
+    """The id of `experiment`'s newest run."""
+    found = client.get_experiment_by_name(experiment)
+    newest = client.search_runs([found.experiment_id], order_by=["attributes.start_time DESC"],
+                                max_results=1) if found else []
+    if not newest:
+        raise SystemExit(f"--experiment: no run of an experiment {experiment!r} in {tracking_uri}")
+    return newest[0].info.run_id
 
 
-def record(path: str, tracking_uri: str, run_id: str, rows: list[Evaluation], label: str) -> None:
-    from mlflow.tracking import MlflowClient
+def evaluations_of(client, run) -> list[Evaluation]:
+    """The MLflow `run`'s evaluations by env steps, with the minutes from its start to each."""
+    mean, low, high, _ = evaluation_histories(client, run.info.run_id)
+    return [Evaluation(step, metric.value, low[step].value, high[step].value,
+                       (metric.timestamp - run.info.start_time) / 60_000)
+            for step, metric in sorted(mean.items())]
 
-    params = MlflowClient(tracking_uri).get_run(run_id).data.params
-    line = {"label": label, "date": datetime.date.today().isoformat(), "mlflow_run_id": run_id,
-            "preset": params.get("name"), "seed": params.get("seed"),
+
+def record(path: str, run, rows: list[Evaluation], label: str) -> None:
+    """Append the run's evaluations to the JSON-lines file at `path`."""
+    line = {"label": label, "date": datetime.date.today().isoformat(), "mlflow_run_id": run.info.run_id,
+            "preset": run.data.params.get("name"), "seed": run.data.params.get("seed"),
             "evaluations": [asdict(row) for row in rows]}
     with open(path, "a") as records:
         records.write(json.dumps(line) + "\n")
@@ -75,10 +71,14 @@ def main() -> None:
     parser.add_argument("--record", default=None, help="append the run's evaluations to this JSON-lines file")
     parser.add_argument("--label", default="", help="with --record: what the run was (machine, settings)")
     args = parser.parse_args()
-    run_id, rows = evaluations_of(args.tracking_uri, args.experiment, args.run_id)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(args.tracking_uri)
+    run = client.get_run(args.run_id or newest_run_id(client, args.experiment, args.tracking_uri))
+    rows = evaluations_of(client, run)
     if args.record:
-        record(args.record, args.tracking_uri, run_id, rows, args.label)
-    print(f"run {run_id}: {len(rows)} evaluations")
+        record(args.record, run, rows, args.label)
+    print(f"run {run.info.run_id}: {len(rows)} evaluations")
     print(f"{'env steps':>12} {'mean':>8} {'min':>8} {'max':>8} {'minutes':>8}")
     for row in rows:
         print(f"{row.env_steps:>12,} {row.mean:>8.2f} {row.low:>8.2f} {row.high:>8.2f} {row.minutes:>8.2f}")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
 
 # MLflow (~1 s to import) is imported where a tracker is made or used: importing a flow costs none of it
 
@@ -113,10 +114,8 @@ class Tracker:
     def evaluation_rows(self) -> list[tuple[int, float, float, float, int | None]]:
         """(env steps, mean, min, max, policy version) of every evaluation logged so far."""
         self.flush()
-        mean, low, high, version = [
-            {m.step: m.value for m in self.client.get_metric_history(self.run_id, key)}
-            for key in ("eval/return_mean", "eval/return_min", "eval/return_max", "eval/policy_version")
-        ]
+        mean, low, high, version = ({step: m.value for step, m in history.items()}
+                                    for history in evaluation_histories(self.client, self.run_id))
         return [(step, mean[step], low[step], high[step], int(version[step]) if step in version else None)
                 for step in sorted(mean)]
 
@@ -196,3 +195,10 @@ def s3_artifact_environment(storage_options: Mapping[str, Any]) -> Iterator[None
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def evaluation_histories(client: MlflowClient, run_id: str) -> list[dict[int, Metric]]:
+    """The run's logged evaluations by env steps, as MLflow keeps them (value and timestamp): the
+    greedy return's mean, min and max, and the policy version scored, in that order."""
+    return [{metric.step: metric for metric in client.get_metric_history(run_id, key)}
+            for key in ("eval/return_mean", "eval/return_min", "eval/return_max", "eval/policy_version")]
