@@ -338,6 +338,9 @@ def test_a_logged_model_s_requirements_are_checked_as_mlflow_checks_them_without
     assert models.unsatisfied_requirements(requirements) == mlflows
     assert len(mlflows) == 3 and all(name in " ".join(mlflows) for name in ("numpy", "gymnasium", "no-such"))
     assert models.unsatisfied_requirements(models._REQUIREMENTS) == []  # gymflow's own hold here
+    # a model saved on the GPU machines' torch asks for that torch, not the CPU machines' pin
+    assert models.torch_requirement("2.11.0+cu130") == "torch==2.11.0"
+    assert models.torch_requirement("2.13.0") == "torch==2.13.0"
     # the names MLflow calls as it logs a model, replaced only inside
     checking, validating = environment.warn_dependency_requirement_mismatches, utils._validate_serving_input
     with models._logged_without_mlflows_slow_checks():

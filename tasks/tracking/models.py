@@ -15,6 +15,7 @@ from pathlib import Path
 
 import mlflow
 import numpy as np
+import torch
 from gymnasium import spaces
 from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
 from mlflow.exceptions import MlflowException
@@ -42,7 +43,16 @@ CHAMPION = "champion"
 _MODEL_CODE = str(Path(__file__).with_name("policy_model.py"))
 _GLOBAL_TRACKING_URI = threading.Lock()
 _logger = logging.getLogger(__name__)
-_REQUIREMENTS = ["torch==2.13.0", "gymnasium>=1.1", "numpy", "pydantic>=2.6", "pyyaml", "safetensors", "mlflow>=3"]
+
+
+def torch_requirement(version: str) -> str:
+    """The model's torch: the one that saved it, as the package index names it (a local build's
+    `+cu130` or `+cpu` dropped), not the version gymflow's CPU machines pin."""
+    return f"torch=={version.split('+')[0]}"
+
+
+_REQUIREMENTS = [torch_requirement(torch.__version__), "gymnasium>=1.1", "numpy", "pydantic>=2.6", "pyyaml",
+                 "safetensors", "mlflow>=3"]
 
 
 @dataclass(frozen=True)
