@@ -3,6 +3,7 @@ fixed evaluation seeds: what the retraining flow needs."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
 import shutil
@@ -15,7 +16,6 @@ from pathlib import Path
 
 import mlflow
 import numpy as np
-import torch
 from gymnasium import spaces
 from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
 from mlflow.exceptions import MlflowException
@@ -51,8 +51,9 @@ def torch_requirement(version: str) -> str:
     return f"torch=={version.split('+')[0]}"
 
 
-_REQUIREMENTS = [torch_requirement(torch.__version__), "gymnasium>=1.1", "numpy", "pydantic>=2.6", "pyyaml",
-                 "safetensors", "mlflow>=3"]
+# read from torch's metadata: importing torch here would load it with the flows (test_layering)
+_REQUIREMENTS = [torch_requirement(importlib.metadata.version("torch")), "gymnasium>=1.1", "numpy", "pydantic>=2.6",
+                 "pyyaml", "safetensors", "mlflow>=3"]
 
 
 @dataclass(frozen=True)
