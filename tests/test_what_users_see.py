@@ -332,12 +332,12 @@ def test_a_logged_model_s_requirements_are_checked_as_mlflow_checks_them_without
 
     from gymflow.tasks.tracking import models
 
-    requirements = [*models._REQUIREMENTS, "numpy<1", "gymnasium>=99", "no-such-distribution-gymflow==1.0",
+    requirements = [*models.model_requirements(), "numpy<1", "gymnasium>=99", "no-such-distribution-gymflow==1.0",
                     "-c constraints.txt", 'numpy<1; python_version < "3"']
     mlflows = [str(info) for line in requirements if (info := _check_requirement_satisfied(line)) is not None]
     assert models.unsatisfied_requirements(requirements) == mlflows
     assert len(mlflows) == 3 and all(name in " ".join(mlflows) for name in ("numpy", "gymnasium", "no-such"))
-    assert models.unsatisfied_requirements(models._REQUIREMENTS) == []  # gymflow's own hold here
+    assert models.unsatisfied_requirements(models.model_requirements()) == []  # gymflow's own hold here
     # a model saved on the GPU machines' torch asks for that torch, not the CPU machines' pin
     assert models.torch_requirement("2.11.0+cu130") == "torch==2.11.0"
     assert models.torch_requirement("2.13.0") == "torch==2.13.0"

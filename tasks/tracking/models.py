@@ -3,7 +3,6 @@ fixed evaluation seeds: what the retraining flow needs."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import os
 import shutil
@@ -51,9 +50,13 @@ def torch_requirement(version: str) -> str:
     return f"torch=={version.split('+')[0]}"
 
 
-# read from torch's metadata: importing torch here would load it with the flows (test_layering)
-_REQUIREMENTS = [torch_requirement(importlib.metadata.version("torch")), "gymnasium>=1.1", "numpy", "pydantic>=2.6",
-                 "pyyaml", "safetensors", "mlflow>=3"]
+def model_requirements() -> list[str]:
+    """A logged model's pip requirements; asked as it is logged, when torch is loaded already
+    (importing it with this module would load it with the flows: test_layering)."""
+    import torch
+
+    return [torch_requirement(torch.__version__), "gymnasium>=1.1", "numpy", "pydantic>=2.6", "pyyaml",
+            "safetensors", "mlflow>=3"]
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,7 @@ def log_policy_model(tracker: Tracker, model: PolicyModel, step: int) -> str:
             python_model=_MODEL_CODE,
             artifacts=artifacts,
             code_paths=[_model_code(folder)],
-            pip_requirements=_REQUIREMENTS,
+            pip_requirements=model_requirements(),
             signature=policy_signature(model.observation_space, model.action_space, model.memory_size),
             input_example=model.input_example(),
         )
