@@ -132,7 +132,7 @@ def sweep_spec(suite: Suite, entry: Entry) -> dict:
     root = Path(suite.root).resolve()
     tasks = entry.tasks or [load_preset(entry.preset).env.id]
     return {
-        "preset": entry.preset,
+        "preset": preset_reference(entry.preset),
         "overrides": {**entry.overrides, "schedule.total_env_steps": entry.env_steps,
                       "storage.root": str(root / "data"), "tracking.tracking_uri": f"sqlite:///{root / 'mlflow.db'}"},
         "space": {"env.id": {"values": tasks}},
@@ -141,6 +141,12 @@ def sweep_spec(suite: Suite, entry: Entry) -> dict:
         "concurrency": suite.concurrency,
         "study_storage": f"sqlite:///{root / 'sweeps.db'}",
     }
+
+
+def preset_reference(preset: str) -> str:
+    """A built-in preset's name as it is; a preset file's path made absolute, from where the suite
+    was started (its sweep runs from the suite's root)."""
+    return str(Path(preset).resolve()) if preset.endswith((".yaml", ".yml")) else preset
 
 
 def run_entry(suite: Suite, entry: Entry) -> int:

@@ -9,7 +9,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from benchmarks import results_suite
-from benchmarks.results_suite import Entry, TaskResult, results_markdown
+from benchmarks.results_suite import Entry, Suite, TaskResult, results_markdown, sweep_spec
 
 FAST = {"distribution.rollout_workers": 1, "distribution.envs_per_worker": 4, "schedule.rollout_steps_per_env": 32,
         "schedule.evaluate_every_env_steps": 128, "schedule.evaluation_episodes": 2, "tracking.video": "off"}
@@ -75,3 +75,16 @@ def test_a_bad_suite_file_is_one_line_naming_the_field(tmp_path, capsys, text, s
     error = capsys.readouterr().err
     assert error.startswith("results suite: error: ") and says in error and error.count("\n") == 1
     assert not (tmp_path / "docs").exists()
+
+
+def test_a_preset_file_given_by_a_relative_path_is_found_from_the_suites_root(tmp_path, monkeypatch):
+    from gymflow.presets.load import _BUILTIN
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "presets" / "mine.yaml").write_text((_BUILTIN / "cartpole-ppo.yaml").read_text())
+    suite = Suite(root=str(tmp_path / "results"), entries=[Entry(preset="presets/mine.yaml", env_steps=256)])
+    spec = sweep_spec(suite, suite.entries[0])
+    assert spec["preset"] == str(tmp_path / "presets" / "mine.yaml")  # the sweep runs from the suite's root
+    assert spec["space"] == {"env.id": {"values": ["CartPole-v1"]}}
+    assert sweep_spec(suite, Entry(preset="cartpole-ppo", env_steps=256))["preset"] == "cartpole-ppo"
