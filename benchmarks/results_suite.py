@@ -226,7 +226,7 @@ def plot_task(result: TaskResult, path: Path) -> None:
 
 def image_name(result: TaskResult) -> str:
     task = result.task.lower().replace("pettingzoo:", "").replace(":", "-").replace("/", "-")
-    return f"results-{task}-{result.entry.preset}.png"
+    return f"results-{task}-{Path(result.entry.preset).stem}.png"  # a preset file's name without its folder
 
 
 def algorithm_name(preset: Any) -> str:

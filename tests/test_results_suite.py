@@ -9,7 +9,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from benchmarks import results_suite
-from benchmarks.results_suite import Entry, Suite, TaskResult, results_markdown, sweep_spec
+from benchmarks.results_suite import Entry, Suite, TaskResult, image_name, results_markdown, sweep_spec
 
 FAST = {"distribution.rollout_workers": 1, "distribution.envs_per_worker": 4, "schedule.rollout_steps_per_env": 32,
         "schedule.evaluate_every_env_steps": 128, "schedule.evaluation_episodes": 2, "tracking.video": "off"}
@@ -77,7 +77,7 @@ def test_a_bad_suite_file_is_one_line_naming_the_field(tmp_path, capsys, text, s
     assert not (tmp_path / "docs").exists()
 
 
-def test_a_preset_file_given_by_a_relative_path_is_found_from_the_suites_root(tmp_path, monkeypatch):
+def test_a_preset_file_given_by_a_relative_path_is_found_from_the_suites_root_and_names_its_image(tmp_path, monkeypatch):
     from gymflow.presets.load import _BUILTIN
 
     monkeypatch.chdir(tmp_path)
@@ -88,3 +88,4 @@ def test_a_preset_file_given_by_a_relative_path_is_found_from_the_suites_root(tm
     assert spec["preset"] == str(tmp_path / "presets" / "mine.yaml")  # the sweep runs from the suite's root
     assert spec["space"] == {"env.id": {"values": ["CartPole-v1"]}}
     assert sweep_spec(suite, Entry(preset="cartpole-ppo", env_steps=256))["preset"] == "cartpole-ppo"
+    assert image_name(TaskResult(suite.entries[0], "ppo", "CartPole-v1")) == "results-cartpole-v1-mine.png"
