@@ -1,15 +1,16 @@
 """Results that a refactor must not move: the final weights of two short, fixed runs.
 
-    python tests/reference_results.py            # run both, compare with reference_results.json
-    python tests/reference_results.py --record   # run both, write reference_results.json
-    python tests/reference_results.py --same-here  # run both; if they match, list this machine too
+    python tests/reference_results.py            # run both, compare with this machine's kind's results
+    python tests/reference_results.py --record   # run both, record them as this machine's kind's
 
 Each run is `gymflow run PRESET --set seed=7 --set schedule.total_env_steps=20000
 --set schedule.target_return=null` in a temporary folder; its final checkpoint's
 `policy.safetensors` and `learner.safetensors` are hashed straight from the files (no gymflow
 import, so the check outlives any reorganisation of the code). Float results depend on the CPU's
-instruction set, so the file lists the machines on which these results were taken or found again
-(VMs of one kind show different flags: the tests check wherever the list names the machine).
+instruction set, so the file keeps them per kind: each kind's results with the machines that
+gave them (VMs of one kind show different flags). `--record` on a machine whose results are a
+kind's already lists it there; other results become a kind of their own. The tests check
+wherever a kind names the machine.
 """
 
 from __future__ import annotations
@@ -60,33 +61,51 @@ def final_weights(preset: str) -> dict[str, str]:
         return {"version": version} | {name: hashlib.sha256((final / name).read_bytes()).hexdigest() for name in BLOBS}
 
 
+Kind = dict  # {"machines": [machine(), ...], "results": {preset: final_weights(preset)}}
+
+
+def kinds() -> list[Kind]:
+    return json.loads(REFERENCE.read_text())["kinds"]
+
+
+def recorded_here(recorded: list[Kind], here: str) -> dict[str, dict[str, str]] | None:
+    """The results recorded for this machine's kind; None where no kind lists it."""
+    return next((kind["results"] for kind in recorded if here in kind["machines"]), None)
+
+
+def with_results(recorded: list[Kind], here: str, results: dict[str, dict[str, str]]) -> list[Kind]:
+    """The kinds after recording `results` on machine `here`: listed with the kind that has the
+    same results (or a new one), and with no other."""
+    others = [{**kind, "machines": [m for m in kind["machines"] if m != here]} for kind in recorded]
+    others = [kind for kind in others if kind["machines"]]
+    for kind in others:
+        if kind["results"] == results:
+            kind["machines"].append(here)
+            return others
+    return [*others, {"machines": [here], "results": results}]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--record", action="store_true", help="write reference_results.json instead of checking")
-    parser.add_argument("--same-here", action="store_true",
-                        help="where both results match, add this machine to those the tests check on")
+    parser.add_argument("--record", action="store_true",
+                        help="record the results as this machine's kind's (a new kind where they match none)")
     args = parser.parse_args()
     results = {preset: final_weights(preset) for preset in PRESETS}
+    here, recorded = machine(), kinds()
     if args.record:
-        write_reference([machine()], results)
-        print(f"recorded {REFERENCE}")
+        REFERENCE.write_text(json.dumps({"kinds": with_results(recorded, here, results)}, indent=1) + "\n")
+        print(f"recorded {REFERENCE} for {here}")
         return 0
-    reference = json.loads(REFERENCE.read_text())
-    if machine() not in reference["machines"]:
-        print(f"warning: recorded on {reference['machines']}, checking on {machine()}")
+    expected = recorded_here(recorded, here)
+    if expected is None:
+        print(f"no results recorded for {here}; `--record` records them")
+        return 1
     failed = False
     for preset, result in results.items():
-        same = result == reference["results"][preset]
+        same = result == expected[preset]
         failed |= not same
         print(f"{preset:14} {'same' if same else 'DIFFERENT'}  {json.dumps(result)}")
-    if args.same_here and not failed and machine() not in reference["machines"]:
-        write_reference([*reference["machines"], machine()], reference["results"])
-        print(f"added this machine to {REFERENCE}")
     return 1 if failed else 0
-
-
-def write_reference(machines: list[str], results: dict[str, dict[str, str]]) -> None:
-    REFERENCE.write_text(json.dumps({"machines": machines, "results": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
