@@ -90,16 +90,16 @@ def main() -> int:
     parser.add_argument("--record", action="store_true",
                         help="record the results as this machine's kind's (a new kind where they match none)")
     args = parser.parse_args()
-    results = {preset: final_weights(preset) for preset in PRESETS}
     here, recorded = machine(), kinds()
+    expected = recorded_here(recorded, here)
+    if expected is None and not args.record:  # said before the runs, not after them
+        print(f"no results recorded for {here}; `--record` records them")
+        return 1
+    results = {preset: final_weights(preset) for preset in PRESETS}
     if args.record:
         REFERENCE.write_text(json.dumps({"kinds": with_results(recorded, here, results)}, indent=1) + "\n")
         print(f"recorded {REFERENCE} for {here}")
         return 0
-    expected = recorded_here(recorded, here)
-    if expected is None:
-        print(f"no results recorded for {here}; `--record` records them")
-        return 1
     failed = False
     for preset, result in results.items():
         same = result == expected[preset]
