@@ -1,19 +1,21 @@
 """Job hosts on real Dask worker processes: a job's own error comes back at once as one line (of
 any exception type, one pickle cannot rebuild included), a worker that dies mid-job has the job
-redone elsewhere, and closing the pool leaves no host behind."""
+redone elsewhere, as is one whose worker leaves while its host starts, and closing the pool leaves no
+host behind."""
 
 from __future__ import annotations
 
 import logging
 import os
 import signal
+import threading
 import time
 
 import pytest
 from distributed import Client, LocalCluster
 
 from gymflow.errors import JobFailed
-from gymflow.tasks.cluster.hosts import HostPool
+from gymflow.tasks.cluster.hosts import HOST_START_TIMEOUT_S, HostPool
 from gymflow.tasks.cluster.rounds import run_round
 
 LOGGER = logging.getLogger("test")
@@ -114,6 +116,31 @@ def test_a_worker_killed_mid_job_has_the_job_redone_on_a_live_worker(client, tmp
     hosts.close()
     assert pid != int(once.read_text())  # another process finished it
     assert "was lost" in caplog.text
+
+
+def _close_as_at_its_lifetime(dask_worker) -> None:
+    dask_worker.loop.add_callback(dask_worker.close_gracefully, restart=True)  # what `--lifetime` calls
+
+
+def test_a_worker_that_leaves_while_its_host_starts_has_the_job_sent_elsewhere_within_seconds(caplog):
+    """Dask keeps a host's start waiting for its worker, which never comes back once it closed (its
+    nanny starts a new one, at a new address): the pool sees it gone and sends the job on."""
+    with (LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
+          Client(cluster) as client):  # its own: the closed worker is not replaced
+        client.wait_for_workers(2)
+        first = sorted(client.scheduler_info(n_workers=-1)["workers"])[0]
+        busy = client.submit(time.sleep, 60, workers=[first], pure=False)  # its one thread: the host waits
+        while not client.processing().get(first):
+            time.sleep(0.05)
+        threading.Timer(1, lambda: client.run(_close_as_at_its_lifetime, workers=[first])).start()
+        hosts = HostPool(client, None, 60)
+        started = time.monotonic()
+        run_round(hosts, whose_process, ["x"], LOGGER)
+        waited = time.monotonic() - started
+        hosts.close()
+        client.cancel(busy)
+    assert f"could not start a job host on {first}: the worker left while its host was starting" in caplog.text
+    assert waited < HOST_START_TIMEOUT_S / 2, waited
 
 
 def test_closing_the_pool_leaves_no_host_on_the_workers(client):

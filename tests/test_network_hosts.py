@@ -287,20 +287,31 @@ def test_an_async_run_through_partitions_of_a_worker_host_and_the_s3_host_accoun
 
 
 def test_a_sync_run_on_workers_that_end_at_their_lifetime_ends_as_a_clean_one(hosts, clean_policy, workspace):
-    """dask-jobqueue's way: each worker retires after `--lifetime` (here 5 s, staggered) and its
-    nanny starts a new one; the run goes on with whichever workers are up."""
+    """dask-jobqueue's way: each worker retires after `--lifetime` (here 10 s, staggered) and its
+    nanny starts a new one; the run goes on with whichever workers are up. (A worker's life must
+    outlast its start: ~5 s on the slowest machines here, its process and then its job host.)"""
     for host in hosts.workers:
         host.stop()
-        _start_worker(host, hosts, "--lifetime", "5s", "--lifetime-stagger", "1s", "--lifetime-restart")
+        _start_worker(host, hosts, "--lifetime", "10s", "--lifetime-stagger", "1s", "--lifetime-restart")
     try:
-        began = time.monotonic()
+        began_with = _workers_up(hosts, wait_for=len(hosts.workers))
         summary = improve("cartpole-ppo", _overrides(hosts, workspace, "lifetime"))
-        assert time.monotonic() - began > 6, "no worker reached its lifetime during the run"
+        assert began_with - _workers_up(hosts), "no worker reached its lifetime during the run"
         assert _final_policy(hosts, "lifetime", summary.run_id) == clean_policy
     finally:
         for host in hosts.workers:
             host.stop()
             _start_worker(host, hosts)
+
+
+def _workers_up(hosts: Hosts, wait_for: int = 0) -> set[str]:
+    """The addresses of the workers the scheduler lists, once it lists `wait_for` of them."""
+    from distributed import Client
+
+    with Client(hosts.scheduler_address, timeout=30) as client:
+        if wait_for:
+            client.wait_for_workers(wait_for, timeout=60)
+        return set(client.scheduler_info(n_workers=-1)["workers"])
 
 
 @pytest.mark.slow  # the twin of the worker and S3 host partitions, which stay in the default run

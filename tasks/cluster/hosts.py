@@ -43,6 +43,8 @@ if TYPE_CHECKING:  # Dask is imported by the runs that use it (tasks/cluster/pla
 
 ATTEMPTS = 3  # a job is tried this many times (worker deaths and deadlines together) before the run fails
 HOST_START_TIMEOUT_S = 30
+HOST_START_CHECK_S = 1.0  # while a host starts, whether its worker is still there is asked this often
+LEAVING = frozenset({"closing", "closing_gracefully", "closed", "failed"})  # a worker in these takes no new host
 WORKER_LIST_TTL_S = 1.0  # how long the list of able workers is trusted; a lost host refreshes it at once
 
 
@@ -308,11 +310,26 @@ class HostPool:
         if actor is None:
             try:
                 with client.as_current():  # the actor talks through the client it is read by
-                    actor = self._actors[worker] = self._host_future(worker, client).result(HOST_START_TIMEOUT_S)
+                    actor = self._actors[worker] = self._started_host(worker, client)
             except Exception as error:  # noqa: BLE001 (a worker gone or broken: the job goes elsewhere)
                 self._forget(worker)
                 raise HostLost(f"could not start a job host on {worker}: {error}") from None
         return worker, actor, client, connection
+
+    def _started_host(self, worker: str, client: Client) -> Any:
+        """`worker`'s host once it has started. Raises at once if the worker leaves meanwhile (it
+        retired, or died): Dask would keep the host's start waiting for that worker, which never
+        comes back (its nanny starts a new one at a new address)."""
+        future = self._host_future(worker, client)
+        give_up_at = time.monotonic() + HOST_START_TIMEOUT_S
+        while True:
+            try:
+                return future.result(min(HOST_START_CHECK_S, max(0.0, give_up_at - time.monotonic())))
+            except TimeoutError:
+                if time.monotonic() >= give_up_at:
+                    raise TimeoutError(f"timed out after {HOST_START_TIMEOUT_S} s") from None
+            if not _still_listed(worker, client):
+                raise HostLost("the worker left while its host was starting")
 
     def _host_future(self, worker: str, client: Client | None = None) -> Future:
         with self._lock:
@@ -395,6 +412,17 @@ def _lost(future: concurrent.futures.Future, why: str) -> None:
         future.set_exception(HostLost(why))
 
 
+def _still_listed(worker: str, client: Client) -> bool:
+    """Whether the scheduler still lists `worker`, leaving or not (a retirement Dask refuses, for
+    the actor it holds, leaves it working); True when the scheduler cannot tell."""
+    from gymflow.tasks.cluster.scheduler_link import SCHEDULER_ERRORS
+
+    try:
+        return worker in scheduler_identity_of(client)["workers"]
+    except SCHEDULER_ERRORS:
+        return True
+
+
 def scheduler_identity_of(client: Client) -> dict:
     from gymflow.tasks.cluster.scheduler_link import scheduler_identity  # Dask: imported by the runs that use it
 
@@ -402,10 +430,12 @@ def scheduler_identity_of(client: Client) -> dict:
 
 
 def able_workers(identity: dict, resources: dict[str, float] | None) -> list[str]:
-    """The workers in a scheduler's `identity` offering every resource in `resources`, sorted by address."""
+    """The workers in a scheduler's `identity` offering every resource in `resources`, sorted by
+    address; not those leaving (a retiring worker is `closing_gracefully` until it is gone)."""
     return sorted(
         address for address, info in identity["workers"].items()
         if all(info.get("resources", {}).get(name, 0) >= amount for name, amount in (resources or {}).items())
+        and info.get("status") not in LEAVING
     )
 
 
