@@ -297,14 +297,18 @@ class Broken(Corridor):
 """
 
 
-def test_a_job_raising_an_exception_pickle_cannot_rebuild_fails_the_run_in_one_line_within_30_s(tmp_path):
+def test_a_job_raising_an_exception_pickle_cannot_rebuild_fails_the_run_in_one_line_within_60_s(tmp_path):
+    """As the run's first jobs start, not after their deadline (rollout_timeout_s, 600 s, three
+    times): Dask's own reading of such an error would never answer the call. 60 s is the command's
+    start and more: 13 s on the slowest machines here, 22-26 s when it makes Prefect's database
+    (a new PREFECT_HOME's first run), 31 s seen in CI."""
     (tmp_path / "broken_env.py").write_text(BROKEN_ENV)
     env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_") or key == "PREFECT_HOME"}
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "gymflow.flows.cli", "run", "cartpole-ppo", "--quiet",
                            "--set", "env.id=broken_env:Broken", "--set", "distribution.rollout_workers=1"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and time.monotonic() - started < 30
+    assert done.returncode == 2 and time.monotonic() - started < 60
     output = done.stdout + done.stderr
     assert "Traceback" not in output and "Failed to deserialize" not in output, output[-3000:]
     assert re.search(r"^gymflow: error: rollout job \S+ on the Dask worker tcp://127\.0\.0\.1:\d+: Stubborn: the corridor "
