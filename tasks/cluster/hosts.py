@@ -292,19 +292,10 @@ class HostPool:
         while True:  # the workers of the scheduler the client talks to
             with self._lock:
                 client, connection = self.client, self._connection
-            workers = self._able_workers()  # may wait for a lost scheduler
+            # may wait for a lost scheduler; and for a worker while none is up (all being replaced or leaving)
+            workers = self._able_workers() or self._awaited_workers()
             if connection == self._connection:
                 break
-        if not workers:  # none yet, or all being replaced: wait for one rather than fail
-            try:
-                client.wait_for_workers(1, timeout=self.timeout_s)
-            except TimeoutError:
-                raise HostLost(f"no Dask worker came up within {self.timeout_s:.0f} s") from None
-            except Exception as error:  # noqa: BLE001 (its scheduler lost meanwhile: the call is sent again)
-                raise HostLost(f"no Dask worker: {one_line_cause(error)}") from None
-            workers = self._able_workers()
-        if not workers:
-            raise HostLost(f"no Dask worker offers {self.resources}")
         worker = workers[(slot + self.first_worker) % len(workers)]
         actor = self._actors.get(worker)
         if actor is None:
@@ -315,6 +306,16 @@ class HostPool:
                 self._forget(worker)
                 raise HostLost(f"could not start a job host on {worker}: {error}") from None
         return worker, actor, client, connection
+
+    def _awaited_workers(self) -> list[str]:
+        """The able workers once there is one, asked each second for up to `timeout_s`."""
+        give_up_at = time.monotonic() + self.timeout_s
+        while not (workers := self._able_workers()):
+            if time.monotonic() >= give_up_at:
+                offering = f" offering {self.resources}" if self.resources else ""
+                raise HostLost(f"no Dask worker{offering} came up within {self.timeout_s:.0f} s")
+            time.sleep(WORKER_LIST_TTL_S)
+        return workers
 
     def _started_host(self, worker: str, client: Client) -> Any:
         """`worker`'s host once it has started. Raises at once if the worker leaves meanwhile (it
