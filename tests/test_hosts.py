@@ -115,16 +115,18 @@ def test_a_worker_killed_mid_job_has_the_job_redone_on_a_live_worker(client, tmp
     [pid] = run_round(hosts, dies_once, [str(once)], LOGGER)
     hosts.close()
     assert pid != int(once.read_text())  # another process finished it
-    assert "was lost" in caplog.text
+    assert "was lost" in caplog.text and "(attempt 2 of 3)" in caplog.text  # a death counts
 
 
 def _close_as_at_its_lifetime(dask_worker) -> None:
-    dask_worker.loop.add_callback(dask_worker.close_gracefully, restart=True)  # what `--lifetime` calls
+    # what `--lifetime` calls (distributed/worker.py)
+    dask_worker.loop.add_callback(dask_worker.close_gracefully, restart=True, reason="worker-lifetime-reached")
 
 
 def test_a_worker_that_leaves_while_its_host_starts_has_the_job_sent_elsewhere_within_seconds(caplog):
     """Dask keeps a host's start waiting for its worker, which never comes back once it closed (its
-    nanny starts a new one, at a new address): the pool sees it gone and sends the job on."""
+    nanny starts a new one, at a new address): the pool sees it gone and sends the job on, counting
+    no attempt (the worker closed itself, as at its lifetime)."""
     with (LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
           Client(cluster) as client):  # its own: the closed worker is not replaced
         client.wait_for_workers(2)
@@ -139,7 +141,8 @@ def test_a_worker_that_leaves_while_its_host_starts_has_the_job_sent_elsewhere_w
         waited = time.monotonic() - started
         hosts.close()
         client.cancel(busy)
-    assert f"could not start a job host on {first}: the worker left while its host was starting" in caplog.text
+    assert (f"could not start a job host on {first}: the worker left while its host was starting (it closed itself: "
+            "not counted as an attempt) (attempt 1 of 3)") in caplog.text
     assert waited < HOST_START_TIMEOUT_S / 2, waited
 
 

@@ -41,15 +41,21 @@ if TYPE_CHECKING:  # Dask is imported by the runs that use it (tasks/cluster/pla
 
     from gymflow.tasks.cluster.scheduler_link import SchedulerLink
 
-ATTEMPTS = 3  # a job is tried this many times (worker deaths and deadlines together) before the run fails
+ATTEMPTS = 3  # a job is tried this many times (worker deaths and deadlines together) before the run fails;
+# a worker that closed itself (its lifetime, a retirement) costs its job no attempt
 HOST_START_TIMEOUT_S = 30
 HOST_START_CHECK_S = 1.0  # while a host starts, whether its worker is still there is asked this often
 LEAVING = frozenset({"closing", "closing_gracefully", "closed", "failed"})  # a worker in these takes no new host
+REMOVAL_WAIT_S = 2.0  # how long a lost call waits for the scheduler to log how its worker went
 WORKER_LIST_TTL_S = 1.0  # how long the list of able workers is trusted; a lost host refreshes it at once
 
 
 class HostLost(RuntimeError):
     """The worker process holding a host died or was restarted while (or before) running a call."""
+
+    def __init__(self, why: str, worker: str = ""):
+        super().__init__(why)
+        self.worker = worker  # the address lost, where known
 
 
 class JobHost:
@@ -199,7 +205,8 @@ class HostPool:
             worker, actor, client, connection = self._host_for(slot)
         except HostLost as lost:
             future.set_exception(lost)
-            return Call(future, function, spec, slot, "", attempt, time.monotonic() + self.timeout_s, self._connection)
+            return Call(future, function, spec, slot, lost.worker, attempt, time.monotonic() + self.timeout_s,
+                        self._connection)
 
         job = cloudpickle.dumps((function, spec))
         where = f"{describe_job(function, spec, slot)} on the Dask worker {worker}"
@@ -240,6 +247,9 @@ class HostPool:
             if self._lost_with_its_scheduler(call):  # waits for a new scheduler
                 return self._redo(call, f"{self._describe(call)} was lost with the Dask scheduler", logger,
                                   counted=False)
+            if self._closed_itself(call.worker):  # its lifetime or a retirement: not the job's doing
+                return self._redo(call, f"{self._describe(call)}: {lost} (it closed itself: not counted as an attempt)",
+                                  logger, counted=False)
             return self._redo(call, f"{self._describe(call)}: {lost}", logger)
         if time.monotonic() <= call.deadline:
             return call
@@ -304,8 +314,25 @@ class HostPool:
                     actor = self._actors[worker] = self._started_host(worker, client)
             except Exception as error:  # noqa: BLE001 (a worker gone or broken: the job goes elsewhere)
                 self._forget(worker)
-                raise HostLost(f"could not start a job host on {worker}: {error}") from None
+                raise HostLost(f"could not start a job host on {worker}: {error}", worker) from None
         return worker, actor, client, connection
+
+    def _closed_itself(self, worker: str) -> bool:
+        """Whether `worker` left as planned (its lifetime, a retirement), read from the scheduler's
+        events of it once they hold its removal (waited for up to REMOVAL_WAIT_S); False for one
+        that died (a crash, a kill, its nanny's memory limit), or when the scheduler cannot tell."""
+        give_up_at = time.monotonic() + REMOVAL_WAIT_S
+        while worker:
+            try:
+                events = self.client.get_events(worker)
+            except Exception:  # noqa: BLE001 (a scheduler gone: counted, as before)
+                return False
+            if any(event.get("action") == "remove-worker" for _, event in events):
+                return any(_closed_by_plan(event) for _, event in events)
+            if time.monotonic() >= give_up_at:
+                return False
+            time.sleep(0.1)
+        return False
 
     def _awaited_workers(self) -> list[str]:
         """The able workers once there is one, asked each second for up to `timeout_s`."""
@@ -406,6 +433,14 @@ class HostPool:
         if host is not None:
             with suppress(Exception):  # its scheduler may be gone with it
                 self.client.cancel([host])
+
+
+def _closed_by_plan(event: dict) -> bool:
+    """A scheduler event saying its worker left as planned: removed as `expected` (a retirement
+    Dask carried out), or closing at its `--lifetime` (which Dask's retirement refuses for a worker
+    holding an actor, as each with a job host does, so that its removal reads as unexpected)."""
+    return (event.get("action") == "remove-worker" and bool(event.get("expected"))) or (
+        event.get("action") == "closing-worker" and event.get("reason") == "worker-lifetime-reached")
 
 
 def _lost(future: concurrent.futures.Future, why: str) -> None:
