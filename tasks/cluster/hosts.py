@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # Dask is imported by the runs that use it (tasks/cluster/pla
     from gymflow.tasks.cluster.scheduler_link import SchedulerLink
 
 ATTEMPTS = 3  # a job is tried this many times (worker deaths and deadlines together) before the run fails;
-# a worker that closed itself (its lifetime, a retirement) costs its job no attempt
+# a worker that closed at its --lifetime costs its job no attempt
 HOST_START_TIMEOUT_S = 30
 HOST_START_CHECK_S = 1.0  # while a host starts, whether its worker is still there is asked this often
 LEAVING = frozenset({"closing", "closing_gracefully", "closed", "failed"})  # a worker in these takes no new host
@@ -247,7 +247,7 @@ class HostPool:
             if self._lost_with_its_scheduler(call):  # waits for a new scheduler
                 return self._redo(call, f"{self._describe(call)} was lost with the Dask scheduler", logger,
                                   counted=False)
-            if self._closed_itself(call.worker):  # its lifetime or a retirement: not the job's doing
+            if self._closed_itself(call.worker):  # at its lifetime: not the job's doing
                 return self._redo(call, f"{self._describe(call)}: {lost} (it closed itself: not counted as an attempt)",
                                   logger, counted=False)
             return self._redo(call, f"{self._describe(call)}: {lost}", logger)
@@ -318,9 +318,10 @@ class HostPool:
         return worker, actor, client, connection
 
     def _closed_itself(self, worker: str) -> bool:
-        """Whether `worker` left as planned (its lifetime, a retirement), read from the scheduler's
-        events of it once they hold its removal (waited for up to REMOVAL_WAIT_S); False for one
-        that died (a crash, a kill, its nanny's memory limit), or when the scheduler cannot tell."""
+        """Whether `worker` left as planned (its lifetime, a retirement Dask carried out), read from
+        the scheduler's events of it once they hold its removal (waited for up to REMOVAL_WAIT_S);
+        False for one that died (a crash, a kill, its nanny's memory limit), or when the scheduler
+        cannot tell."""
         give_up_at = time.monotonic() + REMOVAL_WAIT_S
         while worker:
             try:
