@@ -15,7 +15,8 @@ import pytest
 from distributed import Client, LocalCluster
 
 from gymflow.errors import JobFailed
-from gymflow.tasks.cluster.hosts import HOST_START_TIMEOUT_S, HostPool
+from gymflow.tasks.cluster import hosts as hosts_module
+from gymflow.tasks.cluster.hosts import HOST_START_TIMEOUT_S, MOVES, HostPool
 from gymflow.tasks.cluster.rounds import run_round
 
 LOGGER = logging.getLogger("test")
@@ -123,10 +124,14 @@ def _close_as_at_its_lifetime(dask_worker) -> None:
     dask_worker.loop.add_callback(dask_worker.close_gracefully, restart=True, reason="worker-lifetime-reached")
 
 
-def test_a_worker_that_leaves_while_its_host_starts_has_the_job_sent_elsewhere_within_seconds(caplog):
+@pytest.mark.parametrize("moves", [MOVES, 0])
+def test_a_worker_that_leaves_while_its_host_starts_has_the_job_sent_elsewhere_within_seconds(moves, caplog,
+                                                                                               monkeypatch):
     """Dask keeps a host's start waiting for its worker, which never comes back once it closed (its
     nanny starts a new one, at a new address): the pool sees it gone and sends the job on, counting
-    no attempt (the worker closed itself, as at its lifetime)."""
+    no attempt (the worker closed itself, as at its lifetime). Such moves are capped: with none
+    allowed, the run fails in one line saying why."""
+    monkeypatch.setattr(hosts_module, "MOVES", moves)
     with (LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
           Client(cluster) as client):  # its own: the closed worker is not replaced
         client.wait_for_workers(2)
@@ -137,12 +142,23 @@ def test_a_worker_that_leaves_while_its_host_starts_has_the_job_sent_elsewhere_w
         threading.Timer(1, lambda: client.run(_close_as_at_its_lifetime, workers=[first])).start()
         hosts = HostPool(client, None, 60)
         started = time.monotonic()
-        run_round(hosts, whose_process, ["x"], LOGGER)
+        try:
+            run_round(hosts, whose_process, ["x"], LOGGER)
+        except TimeoutError as error:
+            failed = str(error)
+        else:
+            failed = ""
         waited = time.monotonic() - started
         hosts.close()
         client.cancel(busy)
-    assert (f"could not start a job host on {first}: the worker left while its host was starting (it closed itself: "
-            "not counted as an attempt) (attempt 1 of 3)") in caplog.text
+    left = f"could not start a job host on {first}: the worker left while its host was starting"
+    if moves:
+        assert f"{left} (it closed itself: not counted as an attempt) (attempt 1 of 3)" in caplog.text
+        assert not failed
+    else:
+        assert failed.startswith("whose_process job of slot 0 did not complete: its worker left before it ended once "
+                                 "(is the workers' --lifetime shorter than a job?); the last: "), failed
+        assert left in failed and "\n" not in failed
     assert waited < HOST_START_TIMEOUT_S / 2, waited
 
 

@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # Dask is imported by the runs that use it (tasks/cluster/pla
 
 ATTEMPTS = 3  # a job is tried this many times (worker deaths and deadlines together) before the run fails;
 # a worker that closed at its --lifetime costs its job no attempt
+MOVES = 10  # ...but a job moved this many times by workers that left as planned (or with their scheduler) fails the run
 HOST_START_TIMEOUT_S = 30
 HOST_START_CHECK_S = 1.0  # while a host starts, whether its worker is still there is asked this often
 LEAVING = frozenset({"closing", "closing_gracefully", "closed", "failed"})  # a worker in these takes no new host
@@ -92,6 +93,7 @@ class Call:
     attempt: int
     deadline: float  # time.monotonic() after which the call counts as wedged
     connection: int = 0  # the pool's connection to its scheduler when sent (a new one after the scheduler was lost)
+    moves: int = 0  # times sent again without counting an attempt (its worker left as planned, its scheduler was lost)
 
     def done(self) -> bool:
         return self.future.done()
@@ -289,9 +291,16 @@ class HostPool:
     def _redo(self, call: Call, reason: str, logger, counted: bool = True) -> Call:
         if counted and call.attempt >= ATTEMPTS:
             raise TimeoutError(f"{self._describe(call)} did not complete in {ATTEMPTS} attempts; the last: {reason}")
+        moves = call.moves if counted else call.moves + 1
+        if moves > MOVES:  # workers that never live long enough for the job (a --lifetime shorter than it)
+            times = "once" if moves == 1 else f"{moves} times"
+            raise TimeoutError(f"{self._describe(call)} did not complete: its worker left before it ended {times} "
+                               f"(is the workers' --lifetime shorter than a job?); the last: {reason}")
         attempt = call.attempt + 1 if counted else call.attempt
         logger.warning("%s (attempt %d of %d); submitting the job again", reason, attempt, ATTEMPTS)
-        return self.call(call.function, call.spec, call.slot, attempt)
+        redone = self.call(call.function, call.spec, call.slot, attempt)
+        redone.moves = moves
+        return redone
 
     @staticmethod
     def _describe(call: Call) -> str:
