@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
-from mlflow.tracking import MlflowClient
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,6 +30,7 @@ from gymflow.tasks.tracking.models import (
     register_challenger,
     score_policy,
 )
+from gymflow.tasks.tracking.store import tracking_client
 
 
 @dataclass
@@ -190,7 +190,7 @@ def _offline_on_logged_runs(preset: str, config: Preset, changes: dict[str, Any]
 def _record(decision: RetrainDecision, tracking_uri: str, run_id: str) -> None:
     """The decision, both scores and the seeds: on the challenger's MLflow run and as a Prefect
     table artifact."""
-    client = MlflowClient(tracking_uri)
+    client = tracking_client(tracking_uri)
     client.log_metric(run_id, "retrain/challenger_return", decision.challenger_return)
     if decision.champion_return is not None:
         client.log_metric(run_id, "retrain/champion_return", decision.champion_return)

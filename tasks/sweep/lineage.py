@@ -15,7 +15,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import yaml
-from mlflow import MlflowClient
 from mlflow.entities import LoggedModelOutput
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
@@ -25,6 +24,7 @@ from gymflow.tasks.storage.layout import sweep_best_preset
 from gymflow.tasks.storage.objects import StorageLocation, open_storage
 from gymflow.tasks.sweep.pbt import MemberResult
 from gymflow.tasks.sweep.trial import PbtMember
+from gymflow.tasks.tracking.store import tracking_client
 from gymflow.tasks.tracking.tracker import Tracker
 
 
@@ -135,7 +135,7 @@ def report_population(sweep: Sweep, sweep_id: str, lineage: Lineage, parent: Tra
     run: ranking.json, lineage.md, lineage.png, the best member's model URI and schedule), and
     the schedule in storage. Returns the ranking rows and the schedule's URL."""
     rows = ranking_rows(lineage)
-    client = MlflowClient(sweep.base.tracking.tracking_uri)
+    client = tracking_client(sweep.base.tracking.tracking_uri)
     client.log_dict(parent.run_id, {"ranking": rows}, "ranking.json")
     markdown = lineage_markdown(sweep_id, lineage)
     client.log_text(parent.run_id, markdown, "lineage.md")

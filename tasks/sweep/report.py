@@ -19,7 +19,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import optuna
 import yaml
-from mlflow import MlflowClient
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from gymflow.presets.load import flatten, redacted
@@ -28,6 +27,7 @@ from gymflow.tasks.storage.layout import sweep_best_preset
 from gymflow.tasks.storage.objects import StorageLocation, open_storage
 from gymflow.tasks.sweep.aggregate import Estimate, curve_band, iqm_with_interval
 from gymflow.tasks.sweep.study import Configuration
+from gymflow.tasks.tracking.store import tracking_client
 from gymflow.tasks.tracking.tracker import Tracker
 
 PARENT_RUN_ATTR = "mlflow_parent_run_id"  # on the study: a restarted sweep reopens its MLflow run
@@ -176,7 +176,7 @@ def sweep_parent_run(sweep: Sweep, sweep_id: str, study: optuna.Study, flow_run_
 
 
 def mark_pruned(tracking_uri: str, mlflow_run_id: str) -> None:
-    MlflowClient(tracking_uri).set_tag(mlflow_run_id, "gymflow.sweep.pruned", "true")
+    tracking_client(tracking_uri).set_tag(mlflow_run_id, "gymflow.sweep.pruned", "true")
 
 
 def report_sweep(sweep: Sweep, sweep_id: str, ranking: list[RankedConfiguration], parent: Tracker,
@@ -184,7 +184,7 @@ def report_sweep(sweep: Sweep, sweep_id: str, ranking: list[RankedConfiguration]
     """The ranking (Prefect table artifact; MLflow table, markdown and plot on the parent run),
     and the best configuration as a preset YAML in storage and on the parent run."""
     rows = [ranked.row() for ranked in ranking]
-    client = MlflowClient(sweep.base.tracking.tracking_uri)
+    client = tracking_client(sweep.base.tracking.tracking_uri)
     client.log_dict(parent.run_id, {"ranking": rows}, "ranking.json")
     client.log_text(parent.run_id, ranking_markdown(sweep_id, ranking), "ranking.md")
     with tempfile.TemporaryDirectory() as folder:

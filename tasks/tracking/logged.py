@@ -17,6 +17,7 @@ from gymflow.tasks.lake.episodes import worker_streams
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import open_storage, storage_location
 from gymflow.tasks.tracking.models import ModelRef
+from gymflow.tasks.tracking.store import tracking_client
 
 RUN_ID_TAG = "gymflow.run_id"
 
@@ -34,7 +35,7 @@ def find_logged_experience(preset: Preset, champion: ModelRef | None) -> LoggedE
     """The runs of the preset's env that collected experience into its storage after `champion`'s
     version was registered (every such run when there is no champion yet), and are not running.
     Raises InvalidPreset (one line) when there is none to learn from."""
-    client = MlflowClient(preset.tracking.tracking_uri)
+    client = tracking_client(preset.tracking.tracking_uri)
     since = int(client.get_model_version(champion.name, champion.version).creation_timestamp) if champion else 0
     storage = open_storage(storage_location(preset.storage))
     run_ids, passed_over = [], {}

@@ -19,7 +19,6 @@ from gymnasium import spaces
 from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
 from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
-from mlflow.tracking import MlflowClient
 from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 from mlflow.types import Schema, TensorSpec
 from prefect import task
@@ -35,6 +34,7 @@ from gymflow.envs.parts import Part, lay_out, observation_parts, unflatten_parts
 from gymflow.envs.vector import make_vector_env, observation_dtype
 from gymflow.errors import UnusableWarmStart
 from gymflow.presets.model import EnvConfig
+from gymflow.tasks.tracking.store import tracking_client
 from gymflow.tasks.tracking.tracker import Tracker
 
 MODEL_ARTIFACT = "policy"
@@ -281,7 +281,7 @@ def read_warm_start(source: str, tracking_uri: str) -> dict:
 
 @task(name="find-champion", cache_policy=NO_CACHE)
 def find_champion(tracking_uri: str, name: str) -> ModelRef | None:
-    client = MlflowClient(tracking_uri)
+    client = tracking_client(tracking_uri)
     try:
         version = client.get_model_version_by_alias(name, CHAMPION)
     except MlflowException:
@@ -292,7 +292,7 @@ def find_champion(tracking_uri: str, name: str) -> ModelRef | None:
 @task(name="register-challenger", cache_policy=NO_CACHE)
 def register_challenger(tracking_uri: str, name: str, run_id: str, model_uri: str) -> ModelRef:
     """Register a run's logged policy model (models:/<model id>) as a new version of `name`."""
-    client = MlflowClient(tracking_uri)
+    client = tracking_client(tracking_uri)
     try:
         client.get_registered_model(name)
     except MlflowException:
@@ -343,7 +343,7 @@ def mean_return(returns: list[float]) -> float:
 
 @task(name="promote", cache_policy=NO_CACHE)
 def promote(tracking_uri: str, model: ModelRef) -> None:
-    MlflowClient(tracking_uri).set_registered_model_alias(model.name, CHAMPION, model.version)
+    tracking_client(tracking_uri).set_registered_model_alias(model.name, CHAMPION, model.version)
 
 
 class _PredictingPolicy:

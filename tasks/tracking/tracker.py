@@ -41,9 +41,9 @@ class Tracker:
         existing_run_id: str | None = None,
     ):
         """A new MLflow run, or `existing_run_id` reopened (a resumed run logs into its own)."""
-        from mlflow.tracking import MlflowClient
+        from gymflow.tasks.tracking.store import tracking_client
 
-        self.client, self.tracking_uri = MlflowClient(tracking_uri), tracking_uri
+        self.client, self.tracking_uri = tracking_client(tracking_uri), tracking_uri
         if existing_run_id is not None:
             run = self.client.get_run(existing_run_id)
             self.client.update_run(existing_run_id, status="RUNNING")
