@@ -169,11 +169,13 @@ def test_a_run_whose_worker_host_is_cut_off_for_20_s_ends_with_a_clean_runs_weig
     assert _run_through(Partition(hosts.workers[0]), hosts, workspace, "cut") == clean_policy
 
 
+@pytest.mark.slow  # the twin of the worker host's partition (SYNC) and the async run's S3 partition, which stay in
 def test_a_run_whose_s3_host_is_cut_off_for_20_s_ends_with_a_clean_runs_weights(hosts, clean_policy, workspace):
     """Writes and reads of the flow and the workers wait for the S3 host; nothing is committed unstored."""
     assert _run_through(Partition(hosts.s3), hosts, workspace, "s3cut") == clean_policy
 
 
+@pytest.mark.slow  # the twin of tests/test_scheduler_loss.py's scheduler and workers killed and back after 2 s
 def test_a_run_whose_scheduler_and_worker_hosts_die_and_come_back_ends_with_a_clean_runs_weights(
         hosts, clean_policy, workspace):
     """The scheduler's and workers' processes SIGKILLed, as when their machines die, and started
@@ -286,6 +288,8 @@ def test_an_async_run_through_partitions_of_a_worker_host_and_the_s3_host_accoun
     check_every_chunk_once(storage, summary.run_id, workers=2, max_policy_lag=2)
 
 
+@pytest.mark.slow  # 100-190 s; tests/test_hosts.py holds a worker closing at its lifetime (host starting), and the
+# churn test above a SYNC run through workers preempted and retired
 def test_a_sync_run_on_workers_that_end_at_their_lifetime_ends_as_a_clean_one(hosts, clean_policy, workspace):
     """dask-jobqueue's way: each worker retires after `--lifetime` (here 10 s, staggered) and its
     nanny starts a new one; the run goes on with whichever workers are up. (A worker's life must
