@@ -12,7 +12,9 @@ So here:
 - `stopping_cleanly()` takes SIGTERM as Ctrl-C (KeyboardInterrupt: the flow run is marked
   crashed, the Dask cluster closed, the MLflow run marked failed on the way out; what was
   committed stays, for `gymflow resume`), and a second signal, or a stop that takes more than
-  `STOP_GRACE_S`, ends the process at once with every process it started.
+  `STOP_GRACE_S`, ends the process at once with every process it started;
+- a stop raised where Python cannot raise (a gc callback, a `__del__`: "Exception ignored in")
+  is raised again (`StopRedelivery`).
 
 A deployment run is not gymflow's process: a Prefect worker cancels it by sending SIGTERM to
 its process group, and Prefect's engine raises TerminationSignal in the flow. The run's Dask
@@ -22,6 +24,7 @@ cluster, and `cancellable()` ends the rest within seconds (see there).
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import contextvars
 import gc
@@ -36,7 +39,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -102,6 +105,7 @@ class TemporaryApi:
                 self.errors.truncate()
                 time.sleep(random.uniform(0.5, 2.0))
                 self.process = self._start()
+                deadline = time.monotonic() + API_START_TIMEOUT_S  # each start migrates and imports anew
                 continue
             try:
                 if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
@@ -170,16 +174,86 @@ def temporary_api() -> Iterator[Callable[[], None]]:
         api.stop()
         yield lambda: None
         return
+    waited = threading.Event()
+
+    def wait_ready() -> None:
+        waited.set()
+        api.wait_ready()
+
     # No flow-run heartbeats: they tell a server that outlives a run whether the run is still alive,
     # and this one ends with the run; their thread, sleeping in 1 s steps, held each run's end up to 1 s
-    with temporary_settings(updates={PREFECT_API_URL: api.url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-        yield api.wait_ready
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: api.url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            yield wait_ready
+    finally:
+        if not waited.is_set():  # refused before any work (bad input): no flow's logs to send it at exit
+            api.stop(wait=False)
+
+
+# The signal a swallowed stop is raised again by: one no sender outside uses, so that a
+# redelivery is never read as the user's second Ctrl-C (which ends the run at once).
+REDELIVERY_SIGNAL = signal.SIGRTMIN + 1 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
+
+
+class StopRedelivery:
+    """A stop that a signal handler raised where Python swallows exceptions (a gc callback, a
+    `__del__`, a weakref callback: it prints "Exception ignored in" and goes on) is raised again.
+    `sys.unraisablehook` sees the handler's stop swallowed; a thread of its own then signals the
+    main thread with `REDELIVERY_SIGNAL` (a handler run inside the hook would be lost for good),
+    whose handler raises the stop again (`raise_stop`), until one is not swallowed. Seen for real:
+    Dask's GC diagnosis callback (in the flow's process, beside the scheduler) took a Ctrl-C in 1
+    of 13 runs of `gymflow run`, which went on until the grace period ended it uncleanly."""
+
+    def __init__(self, raise_stop: Callable[[], None], stops: tuple[type[BaseException], ...]) -> None:
+        self.raise_stop, self.stops = raise_stop, stops
+        self.raised = self.pending = self.in_hook = self.closed = False  # raised: by the signal handler
+        self.wanted = threading.Event()
+
+    def _hook(self, unraisable: Any) -> None:
+        self.in_hook = True
+        try:
+            if self.raised and isinstance(unraisable.exc_value, self.stops):  # the handler's stop, no other
+                self.pending = True
+                self.wanted.set()
+            else:
+                self._previous_hook(unraisable)
+        finally:
+            self.in_hook = False
+
+    def _redelivered(self, signum: int, frame: object) -> None:
+        if self.pending and self.in_hook:
+            self.wanted.set()
+        elif self.pending:
+            self.pending = False
+            self.raise_stop()
+
+    def _redeliver(self) -> None:
+        while self.wanted.wait() and not self.closed:
+            self.wanted.clear()
+            time.sleep(random.uniform(0.001, 0.02))  # out of the hook by then; never in step with a periodic callback
+            if self.pending:
+                _thread.interrupt_main(REDELIVERY_SIGNAL)  # its handler runs at the main thread's next step
+
+    @contextmanager
+    def watching(self) -> Iterator[StopRedelivery]:
+        """Watch for the stop swallowed while inside (main thread only: it sets a signal handler)."""
+        previous_handler = signal.signal(REDELIVERY_SIGNAL, self._redelivered)
+        self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._hook
+        threading.Thread(target=self._redeliver, name="gymflow-stop-redelivery", daemon=True).start()
+        try:
+            yield self
+        finally:
+            sys.unraisablehook = self._previous_hook
+            signal.signal(REDELIVERY_SIGNAL, previous_handler)
+            self.closed = True
+            self.wanted.set()
 
 
 @contextmanager
 def stopping_cleanly() -> Iterator[None]:
     """SIGTERM as Ctrl-C; a second signal or an overlong stop ends everything at once."""
     stopping = threading.Event()
+    redelivery = StopRedelivery(_raise_keyboard_interrupt, (KeyboardInterrupt,))
 
     def interrupt(signum: int, frame: object) -> None:
         if stopping.is_set():
@@ -190,14 +264,20 @@ def stopping_cleanly() -> Iterator[None]:
         watchdog.start()
         print("\ngymflow: stopping (again to stop at once)", file=sys.stderr)
         gc.freeze()  # the process ends after the stop: no collection of its whole heap at exit (1-3 s)
+        redelivery.raised = True
         raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        with redelivery.watching():
+            yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _raise_keyboard_interrupt() -> None:
+    raise KeyboardInterrupt
 
 
 def _exit_now(why: str) -> None:
@@ -236,14 +316,16 @@ def cancellable(flow_run_id: str, deployment_id: str | None) -> Iterator[None]:
 
     watching = threading.Event()
     engine_handler = signal.getsignal(signal.SIGTERM)
+    first_only = _FirstSigtermOnly(engine_handler)
     if deployment_id and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _first_sigterm_only(engine_handler))
+        signal.signal(signal.SIGTERM, first_only)
         watching.set()
         context = contextvars.copy_context()  # the flow's Prefect settings, for the thread's client
         threading.Thread(target=context.run, args=(_stop_when_cancelling, flow_run_id, watching),
                          name="gymflow-cancellation", daemon=True).start()
     try:
-        yield
+        with first_only.redelivery.watching() if watching.is_set() else nullcontext():
+            yield
     except TerminationSignal:
         watching.clear()
         _mark_cancelled_if_cancelling(flow_run_id)
@@ -255,19 +337,29 @@ def cancellable(flow_run_id: str, deployment_id: str | None) -> Iterator[None]:
             signal.signal(signal.SIGTERM, engine_handler)
 
 
-def _first_sigterm_only(engine_handler: Any) -> Callable[[int, Any], None]:
-    """Prefect's SIGTERM handling, once: the run stops on its own SIGTERM and the worker's comes
-    after it, which must not cut the flow's clean-up (cluster, MLflow run) short. A run that
-    hangs anyway is SIGKILLed by the worker 30 s later."""
+class _FirstSigtermOnly:
+    """Prefect's SIGTERM handling, once (and again only for a stop swallowed where Python cannot
+    raise, `redelivery`): the run stops on its own SIGTERM and the worker's comes after it, which
+    must not cut the flow's clean-up (cluster, MLflow run) short. A run that hangs anyway is
+    SIGKILLed by the worker 30 s later."""
 
-    def once(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if callable(engine_handler):
-            engine_handler(signum, frame)
+    def __init__(self, engine_handler: Any) -> None:
+        from prefect.exceptions import TerminationSignal
+
+        self.engine_handler = engine_handler
+        self.redelivery = StopRedelivery(self._stop, (TerminationSignal, SystemExit))
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.redelivery.raised:
+            return  # the worker's SIGTERM, after the run's own
+        self.redelivery.raised = True
+        self._stop()
+
+    def _stop(self) -> None:
+        if callable(self.engine_handler):
+            self.engine_handler(signal.SIGTERM, None)  # Prefect's raises TerminationSignal
         else:
-            raise SystemExit(128 + signum)
-
-    return once
+            raise SystemExit(128 + signal.SIGTERM)
 
 
 def _stop_when_cancelling(flow_run_id: str, watching: threading.Event) -> None:

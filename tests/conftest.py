@@ -15,7 +15,12 @@ from gymflow.testing.s3 import free_port, moto_on_loopback  # noqa: F401 (free_p
 # The tests' own Prefect home, before Prefect reads its settings: a test (or a command it starts)
 # that makes its own temporary API never touches the developer's ~/.prefect database, which
 # another Prefect version may have migrated beyond this one.
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="gymflow-tests-prefect-"))
+# Under pytest-xdist each worker has a home of its own: two temporary APIs on one SQLite database
+# wait on each other's locks.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=f"gymflow-tests-prefect-{os.environ['PYTEST_XDIST_WORKER']}-")
+else:
+    os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="gymflow-tests-prefect-"))
 
 
 @pytest.fixture(scope="session")
@@ -168,9 +173,35 @@ def processes_started_since(before: set[int], spared: Iterable[int]) -> list[str
         info = process.info
         if info["pid"] in before or info["pid"] in spared_tree or info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        if info["pid"] in mine or info["ppid"] == 1:
+        if info["pid"] in mine or (info["ppid"] == 1 and _started_by_this_worker(process)):
             left.append(f"{info['pid']} {' '.join((info['cmdline'] or [])[:4])}")
     return left
+
+
+def still_running(process) -> bool:
+    """Not ended, nor ended and waiting to be reaped: a process that outlived the run ends as an
+    orphan, and this machine's process 1 reaps orphans late (a zombie was seen after 10 s); a
+    busy parent reaps its own children late too."""
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _started_by_this_worker(process) -> bool:
+    """Whether an orphan comes from this pytest-xdist worker's tests (it inherited the worker's
+    name), not the other worker's: always, when the tests run in one process."""
+    import psutil
+
+    mine = os.environ.get("PYTEST_XDIST_WORKER")
+    if mine is None:
+        return True
+    try:
+        return process.environ().get("PYTEST_XDIST_WORKER") == mine
+    except psutil.Error:
+        return False
 
 
 def nothing_left_within(before: set[int], spared: Callable[[], Iterable[int]], within_s: float = 10.0) -> None:

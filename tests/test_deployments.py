@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -20,12 +21,13 @@ from gymflow.flows.improve import improve
 from gymflow.tasks.storage.checkpoints import latest_version, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
-from tests.conftest import free_port
+from tests.conftest import free_port, still_running
 from tests.stored import newest_published
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.alone]  # alone: its cancellation must end within 10 s (tests/suite.py)
 REPO = Path(__file__).resolve().parents[1]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
+WORKER_STOP_S = 15  # a Prefect worker asked to stop ends within ~2 s here, when it does
 
 
 def _wait_for(url: str, seconds: float) -> None:
@@ -80,20 +82,44 @@ def worker(deployed, tmp_path):
 
     log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 (closed below)
     process = subprocess.Popen([PREFECT, "worker", "start", "--pool", "gymflow"], env=deployed, cwd=tmp_path,
-                               stdout=log, stderr=subprocess.STDOUT)
+                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         yield process
     finally:
-        left = [" ".join(p.cmdline()[:4]) for p in psutil.Process(process.pid).children(recursive=True)]
+        left = _command_lines(psutil.Process(process.pid).children(recursive=True))
         process.terminate()
         try:
-            process.wait(timeout=30)
+            process.wait(timeout=WORKER_STOP_S)
         except subprocess.TimeoutExpired:  # Prefect's worker sometimes outlives SIGTERM
             process.kill()
             process.wait(timeout=30)
-            warnings.warn(f"the Prefect worker ignored SIGTERM for 30 s and was killed; its children then: {left}; "
-                          f"its log ends: {(tmp_path / 'worker.log').read_text()[-2000:]}", stacklevel=1)
-        log.close()
+            warnings.warn(f"the Prefect worker ignored SIGTERM for {WORKER_STOP_S} s and was killed; its children "
+                          f"then: {left}; its log ends: {(tmp_path / 'worker.log').read_text()[-2000:]}", stacklevel=1)
+        finally:
+            # What the worker left in its session ends too: a worker process of its own that outlived it
+            # (seen: one ignoring SIGTERM, orphaned) polls the module's pool and takes later tests' runs
+            _end_session(process.pid)
+            log.close()
+
+
+def _end_session(leader: int) -> None:
+    try:
+        os.killpg(leader, signal.SIGKILL)
+    except ProcessLookupError:  # nothing left in it
+        pass
+
+
+def _command_lines(processes: list) -> list[str]:
+    """What each of `processes` runs; one that has ended meanwhile, or waits to be reaped, is left out."""
+    import psutil
+
+    lines = []
+    for process in processes:
+        try:
+            lines.append(" ".join(process.cmdline()[:4]))
+        except psutil.Error:  # ended, or a zombie: its command line is gone
+            continue
+    return lines
 
 
 def _corridor_overrides(tmp_path: Path, total_env_steps: int, evaluate_every_env_steps: int) -> dict:
@@ -246,6 +272,7 @@ def test_a_cancelled_deployment_run_stops_within_10_s_leaves_nothing_running_and
     try:
         assert _wait_for_state(env, flow_run_id, {"CANCELLED", "CRASHED", "FAILED", "COMPLETED"}, 10) == "CANCELLED"
         _, alive = psutil.wait_procs(running, timeout=max(10 - (time.monotonic() - accepted), 0.1))
+        alive = [process for process in alive if still_running(process)]
         assert not alive, f"still running 10 s after the cancellation: {[p.cmdline()[:4] for p in alive]}"
     except AssertionError as failed:
         time.sleep(20)  # let the worker finish, so its log tells what took the time

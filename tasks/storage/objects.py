@@ -135,13 +135,19 @@ class Storage:
 
     def exists(self, key: str) -> bool:
         self.settled()
-        return self.fs.exists(self.path(key))
+        return self._exists(self.path(key))
+
+    def _exists(self, path: str) -> bool:
+        """A local path is asked of the OS: fsspec's own `exists` catches everything, so a Ctrl-C or
+        SIGTERM (KeyboardInterrupt, Prefect's TerminationSignal) arriving inside it turned into
+        "no such object" and the stop into a "shard is missing" failure."""
+        return os.path.exists(path) if self.local else self.fs.exists(path)
 
     def list(self, prefix: str) -> list[str]:
         """Keys of the objects under `prefix`, sorted."""
         self.settled()
         root = self.path(prefix)
-        if not self.fs.exists(root):
+        if not self._exists(root):
             return []
         found = self.fs.find(root)
         return sorted(path[len(self.base) + 1 :] for path in found if ".tmp-" not in path)

@@ -1,0 +1,65 @@
+"""The README's test command (`make test`): the suite in two pytest runs, one after the other.
+
+1. Every test not marked `alone`, in `--workers` processes (pytest-xdist; `--dist loadfile`
+   keeps a file's tests in one process, so a module's fixtures, such as a Prefect server, start
+   once).
+2. The tests marked `alone`, in one process: they bound how long a stop takes (10 s from a
+   Ctrl-C, a SIGTERM or a Prefect cancellation), and beside another test's load one missed its
+   bound (docs/benchmarks.md, session 38). Both runs: 44.5-47.6 min on the slow 2-core kind (sessions 39,
+   40), against 50 for the whole suite in one process.
+
+pytest's arguments pass through to both. A `-m EXPR` among them selects within both runs (the
+default is pyproject's `not slow`). The exit code is the first run's failure, else the second's;
+a run that collects nothing (pytest's 5) is not a failure unless neither collects anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+
+DEFAULT_MARKERS = "not slow"  # pyproject's addopts
+NOTHING_COLLECTED = 5
+
+
+def split_markers(args: list[str]) -> tuple[str, list[str]]:
+    """The `-m` expression among pytest's arguments (the last, as pytest takes it), and the rest."""
+    markers, rest, given = DEFAULT_MARKERS, [], iter(args)
+    for arg in given:
+        if arg == "-m":
+            markers = next(given, DEFAULT_MARKERS)
+        elif arg.startswith("-m") and not arg.startswith("--"):
+            markers = arg[2:].lstrip("=")
+        else:
+            rest.append(arg)
+    return markers, rest
+
+
+def pytest(args: list[str]) -> int:
+    print(f"$ pytest {shlex.join(args)}", flush=True)
+    return subprocess.call([sys.executable, "-m", "pytest", *args])
+
+
+def outcome(codes: list[int]) -> int:
+    """One exit code for the runs: the first failure; 1 where no run collected a test."""
+    if all(code == NOTHING_COLLECTED for code in codes):
+        print("pytest collected no tests", file=sys.stderr)
+        return 1
+    return next((code for code in codes if code not in (0, NOTHING_COLLECTED)), 0)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("--workers", type=int, default=2, help="test processes for the tests not marked alone")
+    options, pytest_args = parser.parse_known_args(argv)
+    markers, rest = split_markers(pytest_args)
+    together = ["-n", str(options.workers), "--dist", "loadfile"] if options.workers > 1 else []
+    codes = [pytest([*together, "-m", f"({markers}) and not alone", *rest]),
+             pytest(["-m", f"({markers}) and alone", *rest])]
+    return outcome(codes)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
