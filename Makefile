@@ -3,7 +3,7 @@ VENV   := .venv
 PYTHON := $(VENV)/bin/python
 PRESET ?= cartpole-ppo
 
-.PHONY: setup train test
+.PHONY: setup train test test-all
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -19,6 +19,10 @@ train: setup
 # processes (pytest-xdist, a file's tests in one), then the stop-within-10-s tests (`alone`) in one
 # process, where no other test's load slows them. PYTEST_ARGS go to both; its `-m` selects in both.
 # pytest's exit code 5 (no tests collected) counts as a failure where neither run collected one.
+# `test` is the default tier (CI's); `test-all` adds the long tier (`slow`): tests/README.md.
 PYTEST_WORKERS ?= 2
 test: setup
 	$(PYTHON) tests/suite.py --workers $(PYTEST_WORKERS) --durations=25 $(PYTEST_ARGS)
+
+test-all: setup
+	$(PYTHON) tests/suite.py --workers $(PYTEST_WORKERS) -m "slow or not slow" --durations=25 $(PYTEST_ARGS)

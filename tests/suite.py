@@ -54,11 +54,15 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--workers", type=int, default=2, help="test processes for the tests not marked alone")
     options, pytest_args = parser.parse_known_args(argv)
+    return outcome([pytest(args) for args in pytest_runs(options.workers, pytest_args)])
+
+
+def pytest_runs(workers: int, pytest_args: list[str]) -> list[list[str]]:
+    """The two runs' arguments: the tests not marked `alone` in `workers` processes (one where
+    `workers` < 2), then those marked `alone` in one."""
     markers, rest = split_markers(pytest_args)
-    together = ["-n", str(options.workers), "--dist", "loadfile"] if options.workers > 1 else []
-    codes = [pytest([*together, "-m", f"({markers}) and not alone", *rest]),
-             pytest(["-m", f"({markers}) and alone", *rest])]
-    return outcome(codes)
+    together = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
+    return [[*together, "-m", f"({markers}) and not alone", *rest], ["-m", f"({markers}) and alone", *rest]]
 
 
 if __name__ == "__main__":

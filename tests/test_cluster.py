@@ -255,6 +255,7 @@ def test_with_shipping_off_a_worker_without_the_env_module_is_refused_in_one_lin
 NO_MUJOCO = "import sys\n\nsys.modules['mujoco'] = None  # as on a worker installed without gymflow's mujoco extra\n"
 
 
+@pytest.mark.slow  # long tier: a worker's pre-flight refusal stays in (the env module shipping off)
 def test_a_worker_without_the_mujoco_extra_is_refused_before_heatup(prefect_api, workspace, tmp_path_factory):
     pytest.importorskip("mujoco")
     elsewhere = tmp_path_factory.mktemp("worker-without-mujoco")

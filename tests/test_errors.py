@@ -33,6 +33,7 @@ def test_a_storage_root_that_is_a_file_is_refused_storage(tmp_path):
     _one_line(caught.value, "storage.root")
 
 
+@pytest.mark.slow  # long tier (10 s of Dask's connect timeout): tests/test_improve_flow.py's unreachable scheduler is its twin
 def test_a_scheduler_nobody_runs_is_an_unavailable_cluster():
     config = DistributionConfig(scheduler_address=f"tcp://127.0.0.1:{free_port()}")
     with pytest.raises(ClusterUnavailable) as caught, dask_client(config):

@@ -86,6 +86,7 @@ def test_an_async_worker_sigkilled_mid_chunk_loses_no_shard_and_counts_none_twic
     assert committed_versions(storage, layout)[-1] == summary.versions_committed - 1
 
 
+@pytest.mark.slow  # long tier: a hanging job timed out and redone stays in (the SYNC rollout's)
 def test_an_async_chunk_that_hangs_is_timed_out_and_redone(prefect_api, workspace, async_budget):
     from tests.stored import read_ledger
     once = workspace / "hung.once"

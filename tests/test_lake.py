@@ -161,6 +161,7 @@ def test_a_run_in_object_storage_exports_to_object_storage(prefect_api, workspac
                                                                     run.run_id)) > 0
 
 
+@pytest.mark.slow  # long tier: exports stay in (each kind of observation); killed runs resumed in tests/test_resume.py
 def test_an_async_run_killed_and_resumed_exports_whole_consistent_streams(prefect_api, workspace, tiny_budget,
                                                                           monkeypatch):
     """The chunks a killed ASYNC run wrote after its last checkpoint are collected again by the

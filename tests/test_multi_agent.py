@@ -120,7 +120,8 @@ TINY_SPREAD = {"env.kwargs": {"max_cycles": 10}, "agent.minibatch_size": 64, "ag
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("preset", ["spread-ippo", "spread-mappo"])
+# long tier: spread-ippo (24 s); IPPO trains end to end in tests/test_lake.py's export of its groups
+@pytest.mark.parametrize("preset", [pytest.param("spread-ippo", marks=pytest.mark.slow), "spread-mappo"])
 def test_a_pettingzoo_env_trains_end_to_end_and_single_ends_as_sync_does(prefect_api, workspace, tiny_budget, preset):
     run = {**tiny_budget, **local_overrides(workspace), **TINY_SPREAD, "env.id": SPREAD}
     synced = improve(preset, {**run, "storage.root": str(workspace / "sync")})

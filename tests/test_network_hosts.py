@@ -209,6 +209,7 @@ def _summary_through(partition: Partition, hosts: Hosts, workspace: Path, prefix
     return summary
 
 
+@pytest.mark.slow  # long tier (70 s): the async run through a worker host's and the S3 host's partitions stays in
 def test_a_run_whose_worker_host_is_cut_off_for_20_s_ends_with_a_clean_runs_weights(hosts, clean_policy, workspace):
     """The job on the cut-off host is waited for (its connections hold: TCP resends once the link is up),
     or, where the resend comes after Dask's TCP timeout (a loaded machine), the worker closes and its
@@ -288,6 +289,7 @@ class Churn:
                 _start_worker(self.hosts.workers[0], self.hosts)
 
 
+@pytest.mark.slow  # long tier: the async run through workers added, preempted and retired stays in
 def test_workers_added_preempted_and_retired_mid_run_leave_a_sync_run_as_a_clean_one(hosts, clean_policy, workspace):
     """Rounds go on through the churn, each job lands once, and the weights are a clean run's."""
     summary = Churn(hosts).run_through("cartpole-ppo", _overrides(hosts, workspace, "churn"), "churn")

@@ -125,6 +125,7 @@ def _as_text(overrides: dict) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize(("preset", "data"), [("cartpole-bc", "corridor_dataset"),
                                              pytest.param("hopper-iql", "continuous_dataset", marks=pytest.mark.slow)])
+@pytest.mark.slow  # long tier: a killed run resumed stays in through tests/test_resume.py
 def test_a_killed_offline_run_resumes_to_the_same_weights(preset, data, request, workspace):
     """The memory a resume rebuilds is the dataset read again, slot for slot: the resumed run
     takes the same samples and ends with the uninterrupted run's learner state, byte for byte."""
@@ -215,6 +216,7 @@ def test_an_online_run_continues_an_offline_one_from_its_policy_with_the_dataset
     assert sizes[0] == steps + 128 and sizes[-1] == steps + 640  # the dataset first, then what it collected
 
 
+@pytest.mark.slow  # long tier: an online continuation from the offline policy stays in
 def test_an_online_run_continues_an_offline_run_s_whole_learner(continuous_dataset, workspace):
     """`learner:RUN_ID` carries the critics and value with the policy: the online run's first updates
     improve on the offline policy instead of following fresh critics away from it."""
@@ -301,6 +303,7 @@ def test_unusable_runs_are_refused_in_one_line_before_any_work(corridor_dataset,
     assert not (workspace / "data").exists() or written_files(workspace / "data") == []
 
 
+@pytest.mark.slow  # long tier (57 s): the retraining flow's offline challenger (test_the_retraining_flow_trains_its_challenger_offline...) stays in
 def test_the_retraining_flow_learns_offline_from_the_runs_logged_since_the_champion(prefect_api, workspace):
     from gymflow.errors import InvalidPreset
     from gymflow.flows.retrain import retrain
@@ -363,6 +366,7 @@ def test_a_collect_only_run_is_refused_where_it_cannot_be(workspace, capsys, cha
     assert code == 2 and error.startswith(f"gymflow: error: {says}") and "\n" not in error, error
 
 
+@pytest.mark.slow  # long tier: an online run from a dataset stays in (test_an_online_run_continues_an_offline_one_from_its_policy...)
 def test_an_async_run_starts_from_a_dataset_and_resumes_with_it_after_a_kill(corridor_dataset, workspace):
     """ASYNC after a dataset: the memory holds the dataset, then the streamed chunks; killed
     midway, the resumed run rebuilds that memory (dataset included, slot for slot: its position
@@ -389,6 +393,7 @@ def test_an_async_run_starts_from_a_dataset_and_resumes_with_it_after_a_kill(cor
     assert f"dataset {DATASET_ID}: " in (workspace / "killed-flow.log").read_text()  # read before the stream began
 
 
+@pytest.mark.slow  # long tier: the collect-only run stays in, and killed runs resumed in tests/test_resume.py
 def test_a_killed_collect_only_run_resumes_to_its_end_with_nothing_in_replay_but_heatup(prefect_api, workspace):
     """A collect-only DQN run learned from none of its rounds: a resume rebuilds its memory from
     heatup's shards alone (not from every round, which it never inserted), where the checkpoint

@@ -235,6 +235,7 @@ def _lineage_if_any(spec: dict, sweep_id: str) -> list:
         return []
 
 
+@pytest.mark.slow  # long tier (56 s): PBT's exploit step stays in through the off-policy member's copy
 @pytest.mark.e2e
 def test_a_population_copies_its_best_into_its_worst_and_a_killed_sweep_ends_the_same(
         prefect_api, workspace, tiny_budget):

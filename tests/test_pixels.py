@@ -116,7 +116,11 @@ def test_the_cnn_reads_uint8_stacks_and_the_atari_preset_uses_the_nature_network
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize(("preset", "mode"), [("catch-ppo", "sync"), ("catch-dqn", "async")])
+@pytest.mark.parametrize(("preset", "mode"), [
+    ("catch-ppo", "sync"),
+    # long tier (25 s): ASYNC DQN learns Catch from a picture in tests/test_dict_observations.py
+    pytest.param("catch-dqn", "async", marks=pytest.mark.slow),
+])
 def test_the_pixel_path_reaches_catchs_target_under_prefect_and_dask(preset, mode, prefect_api, workspace):
     overrides = {"distribution.mode": mode, **local_overrides(workspace)}
     state = improve(preset, overrides, return_state=True)

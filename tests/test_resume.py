@@ -39,22 +39,27 @@ TD3_ON_THE_CORRIDOR = {"env.id": "gymflow.testing.envs:ContinuousCorridor", "age
 NORMALIZED = {"agent.normalize_observations": True}  # the statistics resume with the learner, counted once
 
 
+# The default run keeps SYNC PPO (normalised observations and rewards) and ASYNC DQN: a SYNC and an
+# ASYNC run resumed; each other algorithm's whole state resumed is in the long tier (15-30 s each).
+LONG = pytest.mark.slow
+
+
 @pytest.mark.parametrize(("preset", "extra"), [
     ("cartpole-ppo", {**NORMALIZED, "agent.normalize_rewards": True}),
-    ("cartpole-ppo", {**NORMALIZED, "distribution.mode": "single"}),
-    ("cartpole-ppo", {**NORMALIZED, "agent.recurrent": 8, "agent.hidden_sizes": [16]}),  # memories in the shards
-    ("cartpole-dqn", {"agent.train_steps_per_iteration": 8, "agent.hidden_sizes": [16], "schedule.heatup_env_steps": 128,
-                      **NORMALIZED}),
+    pytest.param("cartpole-ppo", {**NORMALIZED, "distribution.mode": "single"}, marks=LONG),
+    pytest.param("cartpole-ppo", {**NORMALIZED, "agent.recurrent": 8, "agent.hidden_sizes": [16]}, marks=LONG),  # memories in the shards
+    pytest.param("cartpole-dqn", {"agent.train_steps_per_iteration": 8, "agent.hidden_sizes": [16],
+                                  "schedule.heatup_env_steps": 128, **NORMALIZED}, marks=LONG),
     ("cartpole-dqn", {**ASYNC, **NORMALIZED}),
-    ("cartpole-appo", {"distribution.mode": "async", "agent.minibatch_size": 64, "agent.epochs": 2,  # batches as they land
-                       "agent.hidden_sizes": [16], "agent.normalize_rewards": True, "storage.keep_shards": "all",
-                       **NORMALIZED}),
-    ("hopper-td3", {**TD3_ON_THE_CORRIDOR, **NORMALIZED}),
-    ("spread-ippo", {"env.id": "pettingzoo:gymflow.testing.agents:Exits", "env.kwargs": {},  # agents leaving games,
-                     "agent.policies": {"guide": "guides"},  # a policy for each of its two groups
-                     "agent.minibatch_size": 64, "agent.hidden_sizes": [16], **NORMALIZED}),
-    ("race-ppo", {"env.id": "pettingzoo:gymflow.envs.race", "env.kwargs": {}, "agent.hidden_sizes": [16],
-                  "schedule.opponent_pool": {"size": 2, "every": 2, "share": 0.5}}),  # past versions it plays
+    pytest.param("cartpole-appo", {"distribution.mode": "async", "agent.minibatch_size": 64, "agent.epochs": 2,  # batches as they land
+                                   "agent.hidden_sizes": [16], "agent.normalize_rewards": True, "storage.keep_shards": "all",
+                                   **NORMALIZED}, marks=LONG),
+    pytest.param("hopper-td3", {**TD3_ON_THE_CORRIDOR, **NORMALIZED}, marks=LONG),
+    pytest.param("spread-ippo", {"env.id": "pettingzoo:gymflow.testing.agents:Exits", "env.kwargs": {},  # agents leaving games,
+                                 "agent.policies": {"guide": "guides"},  # a policy for each of its two groups
+                                 "agent.minibatch_size": 64, "agent.hidden_sizes": [16], **NORMALIZED}, marks=LONG),
+    pytest.param("race-ppo", {"env.id": "pettingzoo:gymflow.envs.race", "env.kwargs": {}, "agent.hidden_sizes": [16],
+                              "schedule.opponent_pool": {"size": 2, "every": 2, "share": 0.5}}, marks=LONG),  # past versions it plays
 ])
 def test_a_killed_flow_resumes_to_the_same_end_as_an_uninterrupted_run(preset, extra, prefect_api, workspace, tiny_budget,
                                                                          caplog):

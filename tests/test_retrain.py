@@ -47,6 +47,7 @@ def test_first_run_registers_a_champion_then_better_challengers_win_and_worse_on
     assert events[-1].payload["challenger_return"] == pytest.approx(third.challenger_return)
 
 
+@pytest.mark.slow  # long tier: test_first_run_registers_a_champion... also holds a worse challenger back
 def test_a_worse_challenger_is_not_promoted(prefect_api, workspace):
     on_cartpole = {"schedule.target_return": None, "schedule.evaluate_every_env_steps": 100_000, **local_overrides(workspace)}
     first = retrain("cartpole-ppo", {**on_cartpole, "schedule.total_env_steps": 8192}, model_name="keep", evaluation_episodes=8)
@@ -71,6 +72,7 @@ def test_the_logged_policy_loads_as_an_mlflow_model_and_runs_on_a_gymnasium_env(
     assert decision.promoted
 
 
+@pytest.mark.slow  # long tier: self-play learning stays in (tests/test_multi_agent.py), promotion by returns here
 def test_a_self_play_league_promotes_a_challenger_only_when_it_wins_its_match(prefect_api, workspace):
     run = {**local_overrides(workspace), "distribution.mode": "single", "tracking.video": "off"}
     # a champion that has hardly trained: one round of 512 env steps

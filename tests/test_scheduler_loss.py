@@ -118,6 +118,7 @@ def clean_policy(prefect_api, workspace, cluster) -> bytes:
 
 # Back after 2 s, Dask's client reconnects by itself (to a scheduler with another id); after 12 s
 # it has given up (10 s) and the run connects a client of its own.
+@pytest.mark.slow  # long tier (53 s): the async run through a lost scheduler stays in
 @pytest.mark.parametrize("down_s", [2, pytest.param(12, marks=pytest.mark.slow)])
 def test_a_run_waits_for_its_lost_scheduler_and_ends_with_a_clean_runs_weights(clean_policy, workspace, cluster, down_s):
     root, stderr = workspace / "lost", workspace / "stderr.txt"
@@ -135,6 +136,7 @@ def test_a_run_waits_for_its_lost_scheduler_and_ends_with_a_clean_runs_weights(c
     assert "Traceback" not in said and "Failed to reconnect" not in said
 
 
+@pytest.mark.slow  # long tier (56 s): the async run through a lost scheduler stays in
 def test_a_scheduler_that_does_not_come_back_stops_the_run_in_one_line_and_resume_ends_it(
         clean_policy, workspace, cluster):
     root, stderr = workspace / "gone", workspace / "stderr.txt"

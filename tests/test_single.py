@@ -59,7 +59,10 @@ def _final_policy(root, summary) -> bytes:
                        summary.versions_committed - 1, [POLICY_BLOB])[POLICY_BLOB]
 
 
-@pytest.mark.parametrize("preset, extra", [("cartpole-ppo", {}), ("cartpole-dqn", DQN)])
+@pytest.mark.parametrize("preset, extra", [
+    ("cartpole-ppo", {}),
+    pytest.param("cartpole-dqn", DQN, marks=pytest.mark.slow),  # long tier: single mode is one loop for every algorithm
+])
 def test_a_single_run_starts_no_process_and_ends_byte_identical_to_a_sync_run(prefect_api, workspace, tiny_budget,
                                                                               preset, extra):
     run = {**tiny_budget, **local_overrides(workspace), **extra}

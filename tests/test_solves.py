@@ -10,7 +10,8 @@ from gymflow.flows.improve import improve
 from tests.conftest import local_overrides
 
 pytestmark = [pytest.mark.e2e]
-SLOW = {"cartpole-dqn", "cartpole-dqn-async", "pendulum-sac"}  # DQN and SAC learn in the default run elsewhere
+# DQN and SAC learn in the default run elsewhere (tests/test_dict_observations.py), APPO too (tests/test_appo.py's Catch)
+SLOW = {"cartpole-dqn", "cartpole-dqn-async", "pendulum-sac", "cartpole-appo"}
 
 TARGETS = {  # preset: (target return, env-step budget it must be reached within)
     "cartpole-ppo": (475, 100_000),

@@ -1,7 +1,14 @@
 """The README's test command (tests/suite.py): how it splits pytest's arguments and joins its two
 runs' exit codes."""
 
-from tests.suite import DEFAULT_MARKERS, outcome, split_markers
+import subprocess
+import sys
+import time
+
+import psutil
+
+from tests.conftest import still_running
+from tests.suite import DEFAULT_MARKERS, outcome, pytest_runs, split_markers
 
 
 def test_a_marker_expression_among_pytests_arguments_selects_in_both_runs():
@@ -17,3 +24,29 @@ def test_the_exit_code_is_the_first_failure_and_nothing_collected_fails_only_whe
     assert outcome([5, 0]) == 0 and outcome([0, 5]) == 0  # every selected test is in one of the runs
     assert outcome([1, 0]) == 1 and outcome([0, 2]) == 2 and outcome([1, 2]) == 1
     assert outcome([5, 5]) == 1  # pytest's "no tests collected" is a failure for CI
+
+
+def test_the_tests_not_marked_alone_run_in_two_processes_a_file_to_each_and_the_alone_ones_after_in_one():
+    together, alone = pytest_runs(2, ["-ra", "-m", "slow or not slow"])
+    assert together == ["-n", "2", "--dist", "loadfile", "-m", "(slow or not slow) and not alone", "-ra"]
+    assert alone == ["-m", "(slow or not slow) and alone", "-ra"]
+    assert pytest_runs(0, [])[0] == ["-m", f"({DEFAULT_MARKERS}) and not alone"]  # PYTEST_WORKERS=0: one process
+
+
+def test_a_process_that_ended_and_waits_to_be_reaped_is_not_still_running():
+    """The suite's checks for what a run left behind count a zombie as ended: its parent (a busy
+    test process, or process 1 for an orphan) may reap it seconds later."""
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    sleeping = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        process, deadline = psutil.Process(ended.pid), time.monotonic() + 30
+        while process.status() != psutil.STATUS_ZOMBIE:  # not reaped: nobody has waited for it yet
+            assert time.monotonic() < deadline, process.status()
+            time.sleep(0.05)
+        assert not still_running(process)
+        assert still_running(psutil.Process(sleeping.pid))
+    finally:
+        sleeping.kill()
+        sleeping.wait()
+        ended.wait()
+    assert not still_running(process)  # reaped: gone

@@ -171,6 +171,25 @@ def test_a_sweep_runs_each_configuration_over_seeds_and_reports_a_ranking(prefec
     assert ended.payload["best"] == first and ended.payload["best_preset"] == result.best_preset_url
 
 
+@pytest.mark.e2e
+def test_the_sweep_command_ranks_its_configurations_and_names_the_best_as_a_preset(prefect_api, workspace, tiny_budget,
+                                                                                   capfd):
+    """`gymflow sweep SPEC`, the verb itself (in this process: the long tier's concurrent sweeps run it as a
+    command): what it prints a person can use."""
+    spec = _spec(workspace, tiny_budget, space={"agent.lr": {"values": [0.01, 0.003]}}, seeds=1,
+                 overrides={**tiny_budget, "seed": FIRST_SEED, **local_overrides(workspace)})
+    (workspace / "spec.yaml").write_text(yaml.safe_dump(spec))
+    assert main(["sweep", str(workspace / "spec.yaml"), "--id", "verb"]) == 0
+    said = capfd.readouterr()
+    assert "sweep verb: 2 configurations, 2 runs trained by this start" in said.out, said.out[-3000:]
+    assert "distributed." not in said.err and "database tables" not in said.err, said.err[-3000:]
+    assert "{'rank'" not in said.out + said.err  # the best configuration in words, not a dict
+    best = said.out.split("best configuration as a preset: ")[1].split()[0]
+    assert load_preset(best).agent.lr in (0.01, 0.003)  # a path `gymflow run` and `show` take
+    finished = [run for run in _sweep_runs(workspace, "verb") if "mlflow.parentRunId" in run.data.tags]
+    assert len(finished) == 2 and {run.info.status for run in finished} == {"FINISHED"}
+
+
 def _killed_after_a_checkpoint_of_its_third_run(workspace: Path, spec: dict, sweep_id: str) -> None:
     """Start the sweep in its own process, SIGKILL it (and its Dask workers) once the third run
     of the sweep has committed a checkpoint."""
@@ -190,6 +209,7 @@ def _killed_after_a_checkpoint_of_its_third_run(workspace: Path, spec: dict, swe
     flow.wait()
 
 
+@pytest.mark.slow  # long tier: a sweep killed and restarted; the sweep ranking stays in
 @pytest.mark.e2e
 def test_a_killed_sweep_restarts_to_the_same_table_without_training_a_run_twice(prefect_api, workspace, tiny_budget):
     from prefect.client.orchestration import get_client
@@ -227,6 +247,7 @@ def test_a_killed_sweep_restarts_to_the_same_table_without_training_a_run_twice(
     assert asyncio.run(pruned_state()) == "Pruned"
 
 
+@pytest.mark.slow  # long tier: single mode's twin is tests/test_single.py (a run, byte-identical to SYNC)
 @pytest.mark.e2e
 def test_a_sweep_in_single_mode_ranks_as_the_same_sweep_on_a_cluster(prefect_api, workspace, tiny_budget):
     """Each trial's jobs run in the trial's own thread of the sweep's process, two trials at once,
@@ -259,6 +280,7 @@ def _final_policies(workspace: Path, sweep_id: str) -> dict[str, bytes]:
     return policies
 
 
+@pytest.mark.slow  # long tier (91 s): `gymflow sweep` itself stays in through test_the_sweep_command_ranks...
 @pytest.mark.e2e
 @pytest.mark.parametrize("attempts", [3, pytest.param(5, marks=pytest.mark.slow)])
 def test_the_same_concurrent_sweep_run_again_ends_with_the_same_weights_for_every_run(

@@ -244,6 +244,7 @@ def _yaml(value) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
+@pytest.mark.slow  # long tier: the command line's own temporary API stays in (test_the_command_line_trains_an_env...)
 def test_a_temporary_prefect_api_that_fails_to_start_is_started_again(tmp_path, monkeypatch):
     """What two runs started at once can meet: Prefect's SQLite database locked while the server
     migrates it, and the server exits (status 3). Made for real: the database is held locked by
