@@ -291,8 +291,19 @@ def _exit_now(why: str) -> None:
             child.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(children, timeout=2)
+    deadline = time.monotonic() + 2
+    while any(_running(child) for child in children) and time.monotonic() < deadline:
+        time.sleep(0.05)  # a killed child whose parent was killed too waits for process 1 to reap it: ended
     os._exit(130)
+
+
+def _running(process: Any) -> bool:
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 CANCEL_POLL_S = 1.0

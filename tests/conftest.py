@@ -42,20 +42,23 @@ def workspace(tmp_path: Path, monkeypatch) -> Path:
     return tmp_path
 
 
+# A SYNC run in a second: the test corridor, 2 workers x 4 envs x 16 steps = 128 env steps a round,
+# 640 in all, evaluated every 256.
+TINY_BUDGET = {
+    "env.id": "gymflow.testing.envs:Corridor",
+    "distribution.rollout_workers": 2,
+    "distribution.envs_per_worker": 4,
+    "schedule.rollout_steps_per_env": 16,
+    "schedule.total_env_steps": 640,
+    "schedule.evaluate_every_env_steps": 256,
+    "schedule.evaluation_episodes": 4,
+    "schedule.target_return": None,
+}
+
+
 @pytest.fixture
 def tiny_budget() -> dict:
-    """A SYNC run in a second: the test corridor, 2 workers x 4 envs x 16 steps = 128 env steps a
-    round, 640 in all, evaluated every 256."""
-    return {
-        "env.id": "gymflow.testing.envs:Corridor",
-        "distribution.rollout_workers": 2,
-        "distribution.envs_per_worker": 4,
-        "schedule.rollout_steps_per_env": 16,
-        "schedule.total_env_steps": 640,
-        "schedule.evaluate_every_env_steps": 256,
-        "schedule.evaluation_episodes": 4,
-        "schedule.target_return": None,
-    }
+    return dict(TINY_BUDGET)
 
 
 @pytest.fixture

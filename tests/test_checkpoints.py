@@ -177,3 +177,19 @@ def test_another_process_reads_what_was_written_behind_once_writes_are_settled(s
         settle_writes()  # what single mode's helper process is sent jobs after
         with open(storage.path("policies/v000001/policy"), "rb") as written:  # not through the storage
             assert written.read() == b"p" * 100_000
+
+
+def test_the_checkpoints_command_checks_each_version_and_names_the_one_a_resume_loads(tmp_path, capsys):
+    from gymflow.flows.cli import main
+
+    storage = Storage(StorageLocation(str(tmp_path / "store")))
+    for version in range(3):
+        commit_checkpoint(storage, LAYOUT, version, {"policy.safetensors": b"w" * (10 + version)})
+    storage.write(f"{LAYOUT.checkpoint(2)}/policy.safetensors", b"w" * 5)  # the newest, truncated
+    assert main(["checkpoints", LAYOUT.run_id, "--root", str(tmp_path / "store")]) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[0].startswith("v000000  ok") and said[1].startswith("v000001  ok") and "11 bytes in 1 blobs" in said[1]
+    assert said[2].startswith("v000002  REFUSED") and "does not match its manifest" in said[2]
+    assert said[3] == "newest loadable version: v000001"
+    assert main(["checkpoints", "no-such-run", "--root", str(tmp_path / "store")]) == 2
+    assert "no checkpoints under" in capsys.readouterr().err

@@ -12,6 +12,8 @@ import sys
 import time
 import urllib.request
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -41,9 +43,10 @@ def _wait_for(url: str, seconds: float) -> None:
     raise RuntimeError(f"{url} did not answer within {seconds:.0f} s")
 
 
-@pytest.fixture(scope="module")
-def deployed(tmp_path_factory):
-    """A Prefect server with the gymflow process work pool and every deployment of prefect.yaml."""
+@contextmanager
+def _server_with(tmp_path_factory, *deploy: str) -> Iterator[dict]:
+    """A Prefect server with the gymflow process work pool and the deployments `prefect deploy
+    *deploy` makes from prefect.yaml; the environment that reaches it."""
     home = tmp_path_factory.mktemp("prefect-home")
     port = free_port()
     env = {**os.environ, "PREFECT_HOME": str(home),
@@ -53,12 +56,27 @@ def deployed(tmp_path_factory):
     try:
         _wait_for(f"http://127.0.0.1:{port}/api/health", 120)
         assert _prefect(env, "work-pool", "create", "gymflow", "--type", "process").returncode == 0
-        deploy = _prefect(env, "--no-prompt", "deploy", "--all")
-        assert deploy.returncode == 0, deploy.stdout + deploy.stderr
+        deployed = _prefect(env, "--no-prompt", "deploy", *deploy)
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         yield env
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    """A Prefect server with every deployment of prefect.yaml."""
+    with _server_with(tmp_path_factory, "--all") as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def deployed_cartpole_ppo(tmp_path_factory):
+    """A Prefect server with improve/cartpole-ppo alone: all the cancelled run needs, in the suite's
+    run of the `alone` tests (`deploy --all` takes ~20 s more)."""
+    with _server_with(tmp_path_factory, "--name", "cartpole-ppo") as env:
+        yield env
 
 
 def _wait_for_no_children(pid: int, seconds: float) -> None:
@@ -75,13 +93,15 @@ def _prefect(env, *args: str, timeout: float = 120) -> subprocess.CompletedProce
     return subprocess.run([PREFECT, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-@pytest.fixture
-def worker(deployed, tmp_path):
-    """A `prefect worker` polling the gymflow pool; its log in worker.log."""
+@contextmanager
+def _worker_of(env: dict, tmp_path: Path) -> Iterator[subprocess.Popen]:
+    """A `prefect worker` polling the gymflow pool; its log in worker.log. It asks for new runs each
+    second (Prefect's default is every 10 s: up to 10 s of waiting before each run starts)."""
     import psutil
 
     log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 (closed below)
-    process = subprocess.Popen([PREFECT, "worker", "start", "--pool", "gymflow"], env=deployed, cwd=tmp_path,
+    process = subprocess.Popen([PREFECT, "worker", "start", "--pool", "gymflow"],
+                               env={**env, "PREFECT_WORKER_QUERY_SECONDS": "1"}, cwd=tmp_path,
                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         yield process
@@ -100,6 +120,18 @@ def worker(deployed, tmp_path):
             # (seen: one ignoring SIGTERM, orphaned) polls the module's pool and takes later tests' runs
             _end_session(process.pid)
             log.close()
+
+
+@pytest.fixture
+def worker(deployed, tmp_path):
+    with _worker_of(deployed, tmp_path) as process:
+        yield process
+
+
+@pytest.fixture
+def cartpole_ppo_worker(deployed_cartpole_ppo, tmp_path):
+    with _worker_of(deployed_cartpole_ppo, tmp_path) as process:
+        yield process
 
 
 def _end_session(leader: int) -> None:
@@ -131,16 +163,10 @@ def _corridor_overrides(tmp_path: Path, total_env_steps: int, evaluate_every_env
             "tracking.artifact_location": str(tmp_path / "mlartifacts")}
 
 
+# long tier: the cancelled run (alone) runs improve/cartpole-ppo through a worker, and resumed, to its end
+@pytest.mark.slow
 def test_deploy_and_run_a_preset_through_a_process_worker(deployed, worker, tmp_path):
     env = deployed
-    listed = _prefect(env, "deployment", "ls").stdout
-    for name in ("improve/cartpole-ppo", "improve/cartpole-dqn", "improve/cartpole-dqn-async", "improve/pendulum-sac",
-                 "improve/lunarlander-ppo", "improve/hopper-ppo", "improve/halfcheetah-ppo", "improve/hopper-td3",
-                 "improve/halfcheetah-sac",
-                 "retrain/cartpole-ppo-nightly", "retrain/cartpole-dqn-weekly", "sweep/cartpole-ppo-sweep",
-                 "monitor/cartpole-ppo-champion", "retrain/cartpole-ppo-degraded"):
-        assert name.split("/")[1] in listed, listed
-
     overrides = _corridor_overrides(tmp_path, total_env_steps=512, evaluate_every_env_steps=256)
     run = _prefect(env, "deployment", "run", "improve/cartpole-ppo", "-p", f"overrides={json.dumps(overrides)}",
                    "--watch", timeout=400)
@@ -157,7 +183,14 @@ def test_deploy_and_run_a_preset_through_a_process_worker(deployed, worker, tmp_
     assert "eval/return_mean" in mlflow_run.data.metrics
 
 
-def test_the_retraining_schedules_are_deployed_paused(deployed):
+def test_every_deployment_is_listed_and_the_retraining_schedules_are_deployed_paused(deployed):
+    listed = _prefect(deployed, "deployment", "ls").stdout
+    for name in ("improve/cartpole-ppo", "improve/cartpole-dqn", "improve/cartpole-dqn-async", "improve/pendulum-sac",
+                 "improve/lunarlander-ppo", "improve/hopper-ppo", "improve/halfcheetah-ppo", "improve/hopper-td3",
+                 "improve/halfcheetah-sac",
+                 "retrain/cartpole-ppo-nightly", "retrain/cartpole-dqn-weekly", "sweep/cartpole-ppo-sweep",
+                 "monitor/cartpole-ppo-champion", "retrain/cartpole-ppo-degraded"):
+        assert name.split("/")[1] in listed, listed
     inspected = _prefect(deployed, "deployment", "inspect", "retrain/cartpole-ppo-nightly").stdout
     assert "0 3 * * *" in inspected and "'active': False" in inspected, inspected
     inspected = _prefect(deployed, "deployment", "inspect", "retrain/cartpole-dqn-weekly").stdout
@@ -254,14 +287,14 @@ def _wait_for_state(env: dict, flow_run_id: str, states: set[str], seconds: floa
     return state
 
 
-# alone: its cancellation must end within 10 s, in a process of its own after the rest (tests/suite.py): the
-# module's server and deployments start again there (~30 s), against ~80 s for the whole file run alone
+# alone: its cancellation must end within 10 s, in a process of its own after the rest (tests/suite.py), with a
+# server of its own holding the one deployment it runs
 @pytest.mark.alone
 def test_a_cancelled_deployment_run_stops_within_10_s_leaves_nothing_running_and_resumes_to_the_same_end(
-        deployed, worker, prefect_api, tmp_path):
+        deployed_cartpole_ppo, cartpole_ppo_worker, prefect_api, tmp_path):
     import psutil
 
-    env, root = deployed, tmp_path / "data"
+    env, root, worker = deployed_cartpole_ppo, tmp_path / "data", cartpole_ppo_worker
     overrides = _corridor_overrides(tmp_path, total_env_steps=12_800, evaluate_every_env_steps=1280)
     clean = improve("cartpole-ppo", {**overrides, "storage.root": str(tmp_path / "clean")})
     flow_run_id = _deployment_run(env, overrides=overrides)

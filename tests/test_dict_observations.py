@@ -98,7 +98,11 @@ def test_a_policy_that_does_not_read_the_picture_wins_half_the_time():
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize(("preset", "mode"), [("picture-corridor-ppo", "sync"), ("catch-dqn", "async")])
+@pytest.mark.parametrize(("preset", "mode"), [
+    # long tier: PPO (SYNC) learns from pixels in tests/test_pixels.py; a Dict's parts by name stay in with DQN
+    pytest.param("picture-corridor-ppo", "sync", marks=pytest.mark.slow),
+    ("catch-dqn", "async"),
+])
 def test_ppo_and_dqn_learn_from_a_picture_and_a_clock_and_their_model_takes_the_parts_by_name(
         preset, mode, prefect_api, workspace):
     overrides = {**ON_PICTURES, "distribution.mode": mode, **local_overrides(workspace)}

@@ -195,6 +195,7 @@ def _iql_offline_then_online(datasets: Path, workspace: Path, evaluate_every_env
     return offline_run, online
 
 
+@pytest.mark.slow  # long tier: a run started from a policy (the collect-only run's --warm-start) stays in
 def test_an_online_run_continues_an_offline_one_from_its_policy_with_the_dataset_in_memory(continuous_dataset,
                                                                                             workspace):
     datasets, _ = continuous_dataset

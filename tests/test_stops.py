@@ -25,7 +25,7 @@ from gymflow.flows.improve import improve
 from gymflow.tasks.storage.checkpoints import read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
-from tests.conftest import local_overrides, prefect_events, still_running
+from tests.conftest import TINY_BUDGET, local_overrides, prefect_events, still_running
 from tests.stored import newest_published
 
 pytestmark = pytest.mark.e2e
@@ -51,22 +51,40 @@ def _started_run(root: Path, run: dict, env: dict) -> tuple[subprocess.Popen, li
 def _stopped_within(flow: subprocess.Popen, started: list[psutil.Process], seconds: float) -> float:
     """Seconds until the run and every process it had started were gone."""
     began = time.monotonic()
-    flow.wait(seconds)
+    try:
+        flow.wait(seconds)
+    except subprocess.TimeoutExpired:
+        os.killpg(flow.pid, signal.SIGKILL)
+        flow.wait(10)
+        said = flow.stderr.read().decode(errors="replace") if flow.stderr else ""
+        raise AssertionError(f"the run was still going {seconds} s after its stop; it said: {said[-4000:]}") from None
     _, alive = psutil.wait_procs(started, timeout=max(seconds - (time.monotonic() - began), 0.1))
     running = [process for process in alive if still_running(process)]
     assert not running, f"still running after {seconds} s: {[p.cmdline()[:4] for p in running]}"
     return time.monotonic() - began
 
 
+STOPPED_RUN = {**TINY_BUDGET, "schedule.total_env_steps": 25_600, "schedule.evaluate_every_env_steps": 2560}
+
+
+@pytest.fixture(scope="module")
+def clean_stopped_run(prefect_api, tmp_path_factory) -> tuple[Path, object]:
+    """The run the stop tests stop, run to its end without a stop (once for both): its storage root
+    and summary."""
+    folder = tmp_path_factory.mktemp("clean")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)  # what a run writes beside its store, in its own folder
+        return folder / "data", improve("cartpole-ppo", {**STOPPED_RUN, **local_overrides(folder)})
+
+
 @ALONE
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
-def test_a_stopped_run_ends_within_10_s_leaves_nothing_running_and_resumes_to_the_same_end(how, prefect_api, workspace,
-                                                                                           tiny_budget):
+def test_a_stopped_run_ends_within_10_s_leaves_nothing_running_and_resumes_to_the_same_end(how, clean_stopped_run,
+                                                                                           workspace):
     from prefect.settings import PREFECT_API_URL
 
-    run = {**tiny_budget, "schedule.total_env_steps": 25_600, "schedule.evaluate_every_env_steps": 2560,
-           **local_overrides(workspace)}
-    clean = improve("cartpole-ppo", {**run, "storage.root": str(workspace / "clean")})
+    run = {**STOPPED_RUN, **local_overrides(workspace)}
+    clean_root, clean = clean_stopped_run
     root = workspace / "stopped"
     env = dict(os.environ)
     if how == "sigterm":  # the test's Prefect API, so the flow run's last state can be read back
@@ -98,7 +116,7 @@ def test_a_stopped_run_ends_within_10_s_leaves_nothing_running_and_resumes_to_th
     assert main(["resume", run_dir.name, "--root", str(root), "--quiet"]) == 0
     final = f"v{clean.versions_committed - 1}"
     storage, layout = Storage(StorageLocation(str(root))), RunLayout(run_dir.name)
-    clean_policy = read_policy(Storage(StorageLocation(str(workspace / "clean"))), RunLayout(clean.run_id),
+    clean_policy = read_policy(Storage(StorageLocation(str(clean_root))), RunLayout(clean.run_id),
                                clean.versions_committed - 1, ["policy.safetensors"])
     assert read_policy(storage, layout, clean.versions_committed - 1, ["policy.safetensors"]) == clean_policy, final
     assert mlflow.get_run(record["mlflow_run_id"]).info.status == "FINISHED"

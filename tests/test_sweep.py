@@ -133,6 +133,7 @@ def _train_seed_spans(flow_run_id: str, runs: int) -> list[tuple]:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # long tier (48-67 s: 4 runs of 10,240 steps): the sweep command's test below ranks, logs and names the best
 def test_a_sweep_runs_each_configuration_over_seeds_and_reports_a_ranking(prefect_api, workspace, tiny_budget):
     from prefect.artifacts import Artifact
 
@@ -186,8 +187,16 @@ def test_the_sweep_command_ranks_its_configurations_and_names_the_best_as_a_pres
     assert "{'rank'" not in said.out + said.err  # the best configuration in words, not a dict
     best = said.out.split("best configuration as a preset: ")[1].split()[0]
     assert load_preset(best).agent.lr in (0.01, 0.003)  # a path `gymflow run` and `show` take
-    finished = [run for run in _sweep_runs(workspace, "verb") if "mlflow.parentRunId" in run.data.tags]
-    assert len(finished) == 2 and {run.info.status for run in finished} == {"FINISHED"}
+    runs = _sweep_runs(workspace, "verb")
+    (parent,) = [run for run in runs if run.data.tags.get("gymflow.sweep.role") == "parent"]
+    children = [run for run in runs if run.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 2 and {run.info.status for run in children} == {"FINISHED"}
+    client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
+    assert client.get_run(parent.info.run_id).info.status == "FINISHED"
+    artifacts = {item.path for item in client.list_artifacts(parent.info.run_id)}
+    assert {"ranking.json", "ranking.md", "sweep_curves.png", "best-preset.yaml"} <= artifacts
+    (ended,) = prefect_events("gymflow.sweep.verb", ["gymflow.sweep.finished"])
+    assert ended.payload["best_preset"].removeprefix("file://") == best
 
 
 def _killed_after_a_checkpoint_of_its_third_run(workspace: Path, spec: dict, sweep_id: str) -> None:
