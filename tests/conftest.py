@@ -23,6 +23,20 @@ else:
     os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="gymflow-tests-prefect-"))
 
 
+# The files that take longest in the default run (the sum of their tests' durations, in this order:
+# docs/benchmarks.md, "The test suite in two tiers"), first: pytest-xdist's `--dist loadfile` hands each
+# process the next file as it finishes one, so a long file started last would run on alone at the end.
+LONGEST_FILES = ("test_deployments.py", "test_offline.py", "test_cluster.py", "test_network_hosts.py",
+                 "test_solves.py", "test_pbt.py", "test_s3_storage.py", "test_resume.py", "test_multi_agent.py",
+                 "test_dict_observations.py", "test_lake.py", "test_scheduler_loss.py", "test_stops.py")
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    """The longest files first, the rest in their order (the same order in every xdist process)."""
+    rank = {name: index for index, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's tests keep their order
+
+
 @pytest.fixture(scope="session")
 def prefect_api():
     """A real Prefect API (a temporary server with its own SQLite database) for the session."""

@@ -27,7 +27,7 @@ def plot_learning_curve(
     mean, min, max, version) of each evaluation."""
     from matplotlib.figure import Figure  # here, and not pyplot: a figure drawn to a file needs no GUI machinery
 
-    figure = Figure(figsize=(9, 9))
+    figure = Figure(figsize=(9, 9), layout="constrained")  # laid out as it is drawn: one drawing, not two
     returns_ax, loss_ax, speed_ax = figure.subplots(3, 1, sharex=True, gridspec_kw={"height_ratios": [2.2, 1, 1]})
     offline = any(GRADIENT_STEPS in h for h in history)
     steps = np.array([h.get(GRADIENT_STEPS, np.nan) if offline else h["time/env_steps"] for h in history], float)
@@ -43,7 +43,6 @@ def plot_learning_curve(
     loss_ax.grid(alpha=0.3)
     _draw_speed(speed_ax, history, steps)
     speed_ax.set_xlabel("gradient steps (offline: no environment steps)" if offline else "environment steps")
-    figure.tight_layout()
     figure.savefig(path, dpi=110)
     return path
 
