@@ -124,6 +124,7 @@ def test_reward_scaling_follows_each_worker_s_envs_whatever_order_their_chunks_l
     assert interleaved.returns.var.item() == pytest.approx(in_rounds.returns.var.item())
 
 
+# default tier (one of its 25 slowest): APPO's learning test, with inference beside the learner
 @pytest.mark.e2e
 def test_appo_learns_catch_from_pixels_with_workers_that_never_wait(prefect_api, workspace):
     # the workers' outputs computed beside the learner (on its CPU here, as on a GPU machine's GPU)
@@ -145,6 +146,7 @@ def test_appo_learns_catch_from_pixels_with_workers_that_never_wait(prefect_api,
     assert len(set(keys)) == len(keys) and summary.shards_inserted == len(ledger.inserted)
 
 
+# default tier (one of its 25 slowest): IMPALA's one learning test
 @pytest.mark.e2e
 def test_impala_learns_catch_with_one_pass_over_each_batch(prefect_api, workspace):
     # the paper's one pass a batch: without APPO's clipping, more passes over a lagging batch diverge (4: best 0.2)

@@ -295,6 +295,7 @@ class Broken(Corridor):
 """
 
 
+# default tier (one of its 25 slowest): the one test of a job's exception Dask cannot rebuild (a command that would otherwise wait forever)
 def test_a_job_raising_an_exception_pickle_cannot_rebuild_fails_the_run_in_one_line_within_60_s(tmp_path):
     """As the run's first jobs start, not after their deadline (rollout_timeout_s, 600 s, three
     times): Dask's own reading of such an error would never answer the call. 60 s is the command's

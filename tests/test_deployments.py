@@ -183,6 +183,7 @@ def test_deploy_and_run_a_preset_through_a_process_worker(deployed, worker, tmp_
     assert "eval/return_mean" in mlflow_run.data.metrics
 
 
+# default tier (one of its 25 slowest): pays for the module's server and `prefect deploy --all`: every deployment of prefect.yaml deploys
 def test_every_deployment_is_listed_and_the_retraining_schedules_are_deployed_paused(deployed):
     listed = _prefect(deployed, "deployment", "ls").stdout
     for name in ("improve/cartpole-ppo", "improve/cartpole-dqn", "improve/cartpole-dqn-async", "improve/pendulum-sac",
@@ -229,6 +230,7 @@ def _flow_runs_of(env: dict, deployment: str) -> list[dict]:
         return json.load(response)
 
 
+# default tier (one of its 25 slowest): the one test of the monitor flow and of prefect.yaml's automation (an event starts a retraining), through a worker
 def test_a_degraded_champion_starts_the_retraining_deployment_with_the_events_payload(deployed, worker, tmp_path):
     """The automation as prefect.yaml declares it, under a real `prefect server` (its triggers
     service on): a champion registered, the monitoring deployment scoring it below its threshold
@@ -287,6 +289,7 @@ def _wait_for_state(env: dict, flow_run_id: str, states: set[str], seconds: floa
     return state
 
 
+# default tier (one of its 25 slowest): the Prefect-cancellation drill, and an improve deployment run through a worker, resumed to its end
 # alone: its cancellation must end within 10 s, in a process of its own after the rest (tests/suite.py), with a
 # server of its own holding the one deployment it runs
 @pytest.mark.alone

@@ -157,6 +157,7 @@ def test_sac_and_td3_read_each_image_part_with_a_cnn_in_their_actor_and_in_each_
     assert np.isfinite(metrics["critic_loss"]) and learner.train_steps == 32
 
 
+# default tier (one of its 25 slowest): SAC learning end to end (TD3's twin in the long tier)
 @pytest.mark.e2e
 @pytest.mark.parametrize(("preset", "changes"), [
     ("pendulum-sac", {"agent.entropy_coef": 0.01, "schedule.total_env_steps": 8000}),

@@ -52,6 +52,7 @@ def test_a_worker_sigkilled_mid_rollout_is_replaced_and_the_run_ends_as_a_clean_
     assert weights == clean_weights
 
 
+# default tier (one of its 25 slowest): the hanging-job drill kind
 def test_a_hanging_rollout_is_timed_out_and_redone(clean_run, workspace, drill):
     once = workspace / "hung.once"
     summary, weights = _run(drill, workspace, "hung", {"at_step": 300, "once_file": str(once), "fault": "hang"},

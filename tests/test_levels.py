@@ -116,6 +116,7 @@ def test_a_level_that_cannot_be_made_is_refused_in_one_line(tmp_path):
         "env.kwargs: policy: cannot load the lower level's weights from 'missing.safetensors'")
 
 
+# default tier (one of its 25 slowest): hierarchical levels' one test
 @pytest.mark.e2e
 def test_two_levels_trained_by_the_improve_loop_solve_what_a_flat_policy_does_not_at_a_small_budget(
         prefect_api, workspace):

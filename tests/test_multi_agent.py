@@ -119,6 +119,7 @@ def test_agents_of_other_action_spaces_cannot_share_one_policy():
 TINY_SPREAD = {"env.kwargs": {"max_cycles": 10}, "agent.minibatch_size": 64, "agent.hidden_sizes": [16]}
 
 
+# default tier (one of its 25 slowest): many agents end to end (MAPPO; single mode as SYNC)
 @pytest.mark.e2e
 # long tier: spread-ippo (24 s); IPPO trains end to end in tests/test_lake.py's export of its groups
 @pytest.mark.parametrize("preset", [pytest.param("spread-ippo", marks=pytest.mark.slow), "spread-mappo"])

@@ -296,6 +296,7 @@ def test_workers_added_preempted_and_retired_mid_run_leave_a_sync_run_as_a_clean
     assert _final_policy(hosts, "churn", summary.run_id) == clean_policy
 
 
+# default tier (one of its 25 slowest): the worker-churn drill kind (workers joining, preempted, retired)
 def test_an_async_run_through_workers_added_preempted_and_retired_accounts_for_every_chunk_once(hosts, workspace):
     """APPO's chunks through the same churn: the preempted and the retired workers' chunks in
     flight are collected again (by their keys), and each lands once within the lag bound."""
@@ -314,6 +315,7 @@ def _worker_ports(client, host: Host) -> list[int]:
             if address.startswith(f"tcp://{host.address}:")]
 
 
+# default tier (one of its 25 slowest): the network-partition drill kind (a worker host's and the S3 host's), on namespace hosts
 def test_an_async_run_through_partitions_of_a_worker_host_and_the_s3_host_accounts_for_every_chunk_once(
         hosts, workspace):
     from tests.stored import check_every_chunk_once

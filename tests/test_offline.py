@@ -69,6 +69,7 @@ def offline(datasets: Path, workspace: Path, **changes) -> dict:
             **changes}
 
 
+# default tier (one of its 25 slowest): BC learning offline, once (with the PPO run and export its dataset comes from)
 def test_behaviour_cloning_reaches_the_return_of_the_policy_that_collected_the_data(corridor_dataset, workspace):
     datasets, behaviour_return = corridor_dataset
     cloned = improve("cartpole-bc", offline(datasets, workspace))
@@ -143,6 +144,7 @@ def test_a_killed_offline_run_resumes_to_the_same_weights(preset, data, request,
     assert final_learner(killed_root, run_dir.name) == final_learner(workspace / "clean", clean.run_id)
 
 
+# default tier (one of its 25 slowest): IQL learning offline, once (with the SAC run and export its dataset comes from)
 def test_iql_learns_the_continuous_corridor_from_a_sac_run_s_experience(continuous_dataset, workspace):
     datasets, behaviour_return = continuous_dataset
     learned = improve("hopper-iql", offline(datasets, workspace, **{"env.id": "gymflow.testing.envs:ContinuousCorridor",
@@ -232,6 +234,7 @@ def test_an_online_run_continues_an_offline_run_s_whole_learner(continuous_datas
                 warm_start=f"learner:{offline_run.run_id}")
 
 
+# default tier (one of its 25 slowest): retraining from logged experience, once
 def test_the_retraining_flow_trains_its_challenger_offline_and_scores_it_against_the_champion(corridor_dataset,
                                                                                                workspace):
     from gymflow.flows.retrain import retrain

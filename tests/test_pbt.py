@@ -295,6 +295,7 @@ def test_a_population_copies_its_best_into_its_worst_and_a_killed_sweep_ends_the
     assert _member_weights(workspace, "killed") == _member_weights(workspace, "clean")
 
 
+# default tier (one of its 25 slowest): PBT's one test in the default run (it also pays for this process's Prefect API, ~16 s)
 @pytest.mark.e2e
 def test_an_off_policy_member_copies_the_sources_replay_memory_with_its_learner(prefect_api, workspace, tiny_budget):
     """DQN members: the copier's first version after a copy holds the source's policy and the

@@ -10,6 +10,7 @@ from tests import reference_results
 pytestmark = [pytest.mark.e2e]
 
 
+# default tier (one of its 25 slowest): guards this machine kind's floats: `gymflow run cartpole-ppo` ends with the recorded weights
 # long tier: cartpole-dqn (39 s); cartpole-ppo guards this machine's floats in the default run
 @pytest.mark.parametrize("preset", [pytest.param(preset, marks=pytest.mark.slow) if preset == "cartpole-dqn" else preset
                                     for preset in reference_results.PRESETS])

@@ -15,6 +15,7 @@ FAST = {"distribution.rollout_workers": 1, "distribution.envs_per_worker": 4, "s
         "schedule.evaluate_every_env_steps": 128, "schedule.evaluation_episodes": 2, "tracking.video": "off"}
 
 
+# default tier (one of its 25 slowest): the results suite's one test
 @pytest.mark.e2e
 def test_a_suite_runs_its_entries_over_tasks_and_seeds_writes_the_page_and_continues_without_retraining(
         prefect_api, workspace):

@@ -44,6 +44,7 @@ NORMALIZED = {"agent.normalize_observations": True}  # the statistics resume wit
 LONG = pytest.mark.slow
 
 
+# default tier (one of its 25 slowest): the killed-flow drill: a SYNC and an ASYNC run resumed (the other algorithms' in the long tier)
 @pytest.mark.parametrize(("preset", "extra"), [
     ("cartpole-ppo", {**NORMALIZED, "agent.normalize_rewards": True}),
     pytest.param("cartpole-ppo", {**NORMALIZED, "distribution.mode": "single"}, marks=LONG),

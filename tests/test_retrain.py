@@ -15,6 +15,7 @@ from tests.conftest import local_overrides, prefect_events
 pytestmark = pytest.mark.e2e
 
 
+# default tier (one of its 25 slowest): retraining's champion and challengers, in process
 def test_first_run_registers_a_champion_then_better_challengers_win_and_worse_ones_do_not(prefect_api, workspace, tiny_budget):
     weak = {**tiny_budget, "schedule.total_env_steps": 128, "schedule.evaluate_every_env_steps": 10_000, **local_overrides(workspace)}
     first = retrain("cartpole-ppo", weak, model_name="corridor", evaluation_episodes=8)

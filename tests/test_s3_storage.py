@@ -58,6 +58,7 @@ def test_improve_runs_on_s3_with_mlflow_artifacts_in_the_same_bucket(prefect_api
     assert written_files(workspace) == ["mlflow.db"]  # nothing else lands on the local disk
 
 
+# default tier (one of its 25 slowest): the S3-faults drill's one test (503s, resets, lost replies)
 def test_a_run_through_failing_storage_completes_with_exactly_its_shards_and_versions(prefect_api, workspace, s3_server, tiny_budget):
     prefix = f"faults-{uuid.uuid4().hex[:6]}"
     with FaultyProxy(s3_server.endpoint, fault_rate=0.15, seed=1) as proxy:

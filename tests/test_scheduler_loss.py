@@ -165,6 +165,7 @@ IMPROVE = ("import json, sys\nfrom gymflow.flows.improve import improve\n"
            "'env_steps': summary.env_steps, 'versions': summary.versions_committed}))")
 
 
+# default tier (one of its 25 slowest): the lost-scheduler drill kind
 def test_an_async_run_through_a_lost_scheduler_accounts_for_every_chunk_once_within_its_lag_bound(
         prefect_api, workspace, cluster):
     from prefect.settings import PREFECT_API_URL

@@ -28,7 +28,7 @@ DQN = {"agent.hidden_sizes": [32], "agent.batch_size": 16, "schedule.heatup_env_
 
 
 class NewProcesses:
-    """The command lines of the processes this one starts while inside, looked for every 20 ms."""
+    """The command lines of the processes this one starts while inside (the last each showed), looked at every 20 ms."""
 
     def __init__(self) -> None:
         self.before = {child.pid for child in psutil.Process().children(recursive=True)}
@@ -47,11 +47,12 @@ class NewProcesses:
     def _watch(self) -> None:
         while not self._done.wait(0.02):
             for child in psutil.Process().children(recursive=True):
-                if child.pid not in self.before and child.pid not in self.seen:
-                    try:
-                        self.seen[child.pid] = " ".join(child.cmdline())
-                    except psutil.Error:
-                        self.seen[child.pid] = "(gone before it was looked at)"
+                if child.pid in self.before:
+                    continue
+                try:  # looked at again each time: between its fork and its exec a child has this process's command line
+                    self.seen[child.pid] = " ".join(child.cmdline())
+                except psutil.Error:
+                    self.seen.setdefault(child.pid, "(gone before it was looked at)")
 
 
 def _final_policy(root, summary) -> bytes:

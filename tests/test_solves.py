@@ -24,6 +24,7 @@ TARGETS = {  # preset: (target return, env-step budget it must be reached within
 }
 
 
+# default tier (one of its 25 slowest): recurrent PPO's one learning test (cartpole-po-ppo); the other presets' targets are in the long tier
 @pytest.mark.parametrize("preset", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW else p for p in TARGETS])
 def test_preset_reaches_its_target(preset, prefect_api, workspace):
     target, budget = TARGETS[preset]

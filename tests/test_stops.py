@@ -78,6 +78,7 @@ def clean_stopped_run(prefect_api, tmp_path_factory) -> tuple[Path, object]:
         return folder / "data", improve("cartpole-ppo", {**STOPPED_RUN, **local_overrides(folder)})
 
 
+# default tier (one of its 25 slowest): the Ctrl-C and SIGTERM drills, each once
 @ALONE
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_a_stopped_run_ends_within_10_s_leaves_nothing_running_and_resumes_to_the_same_end(how, clean_stopped_run,

@@ -215,6 +215,7 @@ def test_a_registered_policy_served_by_mlflow_answers_with_the_flow_s_greedy_act
                                       _greedy_actions(finished_run, observations))
 
 
+# default tier (one of its 25 slowest): `gymflow run` as a command, with its own temporary Prefect API
 def test_the_command_line_trains_an_env_from_the_working_folder_with_no_warnings(tmp_path):
     (tmp_path / "my_corridor.py").write_text("from gymflow.testing.envs import Corridor\n\n\nclass MyCorridor(Corridor):\n"
                                             "    pass\n")
