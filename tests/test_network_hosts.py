@@ -341,6 +341,7 @@ def test_an_async_run_through_partitions_of_a_worker_host_and_the_s3_host_accoun
 
 @pytest.mark.slow  # 100-190 s; tests/test_hosts.py holds a worker closing at its lifetime (host starting), and the
 # churn test above a SYNC run through workers preempted and retired
+@pytest.mark.timeout(900)  # 144 s on the AVX-512 kind beside another test: past 300 s on the AVX2 kind
 def test_a_sync_run_on_workers_that_end_at_their_lifetime_ends_as_a_clean_one(hosts, clean_policy, workspace):
     """dask-jobqueue's way: each worker retires after `--lifetime` (here 10 s, staggered) and its
     nanny starts a new one; the run goes on with whichever workers are up. (A worker's life must

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import subprocess
 import threading
 
 import numpy as np
@@ -50,9 +51,24 @@ class NewProcesses:
                 if child.pid in self.before:
                     continue
                 try:  # looked at again each time: between its fork and its exec a child has this process's command line
-                    self.seen[child.pid] = " ".join(child.cmdline())
+                    command = " ".join(child.cmdline())
                 except psutil.Error:
-                    self.seen.setdefault(child.pid, "(gone before it was looked at)")
+                    command = ""
+                if command or child.pid not in self.seen:  # a child on its way out shows none: the last one stays
+                    self.seen[child.pid] = command or "(gone before it was looked at)"
+
+
+def _popened(monkeypatch) -> list[tuple[int, str]]:
+    """(pid, command line) of each process `subprocess.Popen` starts from now on in this process."""
+    popened: list[tuple[int, str]] = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, args, *rest, **options) -> None:
+            super().__init__(args, *rest, **options)
+            popened.append((self.pid, " ".join(map(str, args)) if isinstance(args, list | tuple) else str(args)))
+
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    return popened
 
 
 def _final_policy(root, summary) -> bytes:
@@ -65,17 +81,19 @@ def _final_policy(root, summary) -> bytes:
     pytest.param("cartpole-dqn", DQN, marks=pytest.mark.slow),  # long tier: single mode is one loop for every algorithm
 ])
 def test_a_single_run_starts_no_process_and_ends_byte_identical_to_a_sync_run(prefect_api, workspace, tiny_budget,
-                                                                              preset, extra):
+                                                                              preset, extra, monkeypatch):
     run = {**tiny_budget, **local_overrides(workspace), **extra}
     synced = improve(preset, {**run, "storage.root": str(workspace / "sync")})
+    popened = _popened(monkeypatch)
     with NewProcesses() as started:
         single = improve(preset, {**run, "storage.root": str(workspace / "single"), "distribution.mode": "single"})
     # no Dask worker, nanny or fork server (MLflow's model logging runs a Python of its own); the one
-    # helper process that evaluated beside the learner has ended with the run
+    # helper process that evaluated beside the learner has ended with the run (counted as it is started:
+    # a watch every 20 ms can miss a short-lived process on a loaded machine)
     assert not [command for command in started.seen.values() if "multiprocessing" in command or "dask" in command], \
         started.seen
-    helpers = [pid for pid, command in started.seen.items() if "gymflow.tasks.cluster.wire" in command]
-    assert len(helpers) == 1 and not psutil.pid_exists(helpers[0]), started.seen
+    helpers = [pid for pid, command in popened if "gymflow.tasks.cluster.wire" in command]
+    assert len(helpers) == 1 and not psutil.pid_exists(helpers[0]), (popened, started.seen)
     assert {process.split(":")[1] for process in single.rollout_processes} == {str(os.getpid())}
     assert single.versions_committed == synced.versions_committed
     assert _final_policy(workspace / "single", single) == _final_policy(workspace / "sync", synced)

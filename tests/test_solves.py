@@ -24,8 +24,12 @@ TARGETS = {  # preset: (target return, env-step budget it must be reached within
 }
 
 
+# a target within 100k steps: 84-223 s on the AVX-512 kind beside another test, past 300 s on the AVX2 kind
+LONG_TIER = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
 # default tier (one of its 25 slowest): recurrent PPO's one learning test (cartpole-po-ppo); the other presets' targets are in the long tier
-@pytest.mark.parametrize("preset", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW else p for p in TARGETS])
+@pytest.mark.parametrize("preset", [pytest.param(p, marks=LONG_TIER) if p in SLOW else p for p in TARGETS])
 def test_preset_reaches_its_target(preset, prefect_api, workspace):
     target, budget = TARGETS[preset]
     summary = improve(preset, local_overrides(workspace))
