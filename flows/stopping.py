@@ -292,12 +292,14 @@ def _exit_now(why: str) -> None:
         except psutil.NoSuchProcess:
             pass
     deadline = time.monotonic() + 2
-    while any(_running(child) for child in children) and time.monotonic() < deadline:
+    while any(still_running(child) for child in children) and time.monotonic() < deadline:
         time.sleep(0.05)  # a killed child whose parent was killed too waits for process 1 to reap it: ended
     os._exit(130)
 
 
-def _running(process: Any) -> bool:
+def still_running(process: Any) -> bool:
+    """Not ended, nor ended and waiting to be reaped (a zombie): a killed child whose parent was
+    killed too waits for process 1, which reaps orphans late here (a zombie was seen after 10 s)."""
     import psutil
 
     try:

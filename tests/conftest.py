@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gymflow.flows.stopping import still_running  # noqa: F401 (the tests import it from here)
 from gymflow.testing.s3 import free_port, moto_on_loopback  # noqa: F401 (free_port: the tests import it from here)
 
 # The tests' own Prefect home, before Prefect reads its settings: a test (or a command it starts)
@@ -193,18 +194,6 @@ def processes_started_since(before: set[int], spared: Iterable[int]) -> list[str
         if info["pid"] in mine or (info["ppid"] == 1 and _started_by_this_worker(process)):
             left.append(f"{info['pid']} {' '.join((info['cmdline'] or [])[:4])}")
     return left
-
-
-def still_running(process) -> bool:
-    """Not ended, nor ended and waiting to be reaped: a process that outlived the run ends as an
-    orphan, and this machine's process 1 reaps orphans late (a zombie was seen after 10 s); a
-    busy parent reaps its own children late too."""
-    import psutil
-
-    try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _started_by_this_worker(process) -> bool:
