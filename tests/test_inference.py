@@ -4,6 +4,14 @@ the other half's outputs are computed elsewhere, the server process, and the wor
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing import AuthenticationError, Pipe
+from multiprocessing.connection import Client, Listener
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +21,7 @@ from gymflow.envs.vector import make_vector_env
 from gymflow.errors import InvalidPreset
 from gymflow.presets import load_preset
 from gymflow.presets.validate import experiment_from, inference_beside_learner, resolve_experiment
-from gymflow.tasks.cluster import jobs
+from gymflow.tasks.cluster import inference, jobs
 from gymflow.tasks.cluster.inference import InferenceServer, RemoteOutputs, connect
 from gymflow.tasks.cluster.rounds import RoundPlan
 from gymflow.tasks.storage.objects import open_storage, storage_location
@@ -148,6 +156,153 @@ def test_a_worker_whose_server_is_gone_or_lacks_the_version_computes_the_outputs
     np.testing.assert_array_equal(gone.receive(), policy.outputs(obs[:1]))
     assert gone.connection is None and gone.remote_rows == 0
     assert connect(server.address) is None  # its socket went with it: later chunks act on their CPU
+
+
+def _within(seconds: float, call: Callable[[], Any]) -> Any:
+    """`call()`'s result (or its error), failing the test if it has none within `seconds`: the calls
+    here waited forever on a server that had stopped serving."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = call()
+        except BaseException as error:  # noqa: BLE001 (raised again in the test's thread)
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"no answer within {seconds:.0f} s"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
+
+
+def _served_remotely(address, policy, obs: np.ndarray) -> RemoteOutputs:
+    remote = RemoteOutputs(connect(address), 0, policy)
+    remote.request(obs)
+    np.testing.assert_allclose(remote.receive(), policy.outputs(obs), rtol=1e-5, atol=1e-6)
+    return remote
+
+
+def test_a_client_with_a_wrong_key_is_turned_away_and_the_others_are_still_served(published):
+    server = _server(published)
+    policy, obs = _policy(published, seed=0), np.zeros((3, *published.observation_space.shape), np.uint8)
+    try:
+        with pytest.raises(AuthenticationError):
+            _within(10, lambda: Client(server.address.path, family="AF_UNIX", authkey=b"not the run's key"))
+        assert _within(10, lambda: _served_remotely(server.address, policy, obs)).remote_rows == 3
+    finally:
+        served = server.close()
+    assert served.refused == 1 and served.problem == ""
+
+
+def test_a_malformed_request_is_answered_as_not_served_and_the_server_serves_on(published):
+    server = _server(published)
+    policy, obs = _policy(published, seed=0), np.zeros((3, *published.observation_space.shape), np.uint8)
+    try:
+        connection = connect(server.address)
+        connection.send_bytes(inference._REQUEST.pack(0, 5) + bytes(7))  # five rows said, seven bytes sent
+        assert connection.poll(10), "the server did not answer a malformed request"
+        assert connection.recv_bytes() == inference._NOT_SERVED
+        assert _within(10, lambda: _served_remotely(server.address, policy, obs)).remote_rows == 3
+    finally:
+        served = server.close()
+    assert served.failed == 1 and served.problem == "a malformed request (23 bytes)"
+
+
+def test_a_worker_waits_for_a_silent_server_a_bounded_time_then_acts_on_its_cpu(published, monkeypatch):
+    monkeypatch.setattr(inference, "REPLY_TIMEOUT_S", 1.0, raising=False)  # absent before its fix
+    policy, obs = _policy(published, seed=0), np.zeros((3, *published.observation_space.shape), np.uint8)
+    silent, killed = _server(published), _server(published)
+    try:
+        for server in (silent, killed):
+            _served_remotely(server.address, policy, obs)  # its version loaded there
+        os.kill(silent.process.pid, signal.SIGSTOP)
+        waiting = RemoteOutputs(connect(silent.address), 0, policy)
+        waiting.request(obs)
+        np.testing.assert_array_equal(_within(10, waiting.receive), policy.outputs(obs))
+        assert waiting.remote_rows == 0 and connect(silent.address) is None  # not asked again by this process
+
+        mid_round = RemoteOutputs(connect(killed.address), 0, policy)
+        mid_round.request(obs)
+        os.kill(killed.process.pid, signal.SIGKILL)
+        killed.process.wait()
+        mid_round.request(obs[:1])
+        np.testing.assert_array_equal(_within(10, mid_round.receive), policy.outputs(obs))
+        np.testing.assert_array_equal(_within(10, mid_round.receive), policy.outputs(obs[:1]))
+        assert mid_round.connection is None
+    finally:
+        os.kill(silent.process.pid, signal.SIGCONT)
+        silent.close()
+        killed.close()
+
+
+def test_two_threads_of_one_worker_each_get_their_own_replies(published):
+    """A job host runs rollouts on a pool of threads: each asks and is answered on its own connection."""
+    server = _server(published)
+    policy, shape = _policy(published, seed=0), published.observation_space.shape
+
+    def rollout(seed: int) -> int:
+        rng, served = np.random.default_rng(seed), 0
+        for _ in range(100):
+            remote = RemoteOutputs(connect(server.address), 0, policy)
+            halves = [rng.integers(0, 2, (rows, *shape), dtype=np.uint8) for rows in (3 + seed, 4 + seed)]
+            for obs in halves:
+                remote.request(obs)
+            for obs in halves:
+                np.testing.assert_allclose(remote.receive(), policy.outputs(obs), rtol=1e-5, atol=1e-6)
+            served += remote.remote_rows
+        return served
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            served_rows = list(pool.map(rollout, (0, 1)))
+    finally:
+        server.close()
+    assert served_rows == [100 * 7, 100 * 9]  # every row served there, none computed here after a mix-up
+
+
+def test_a_server_whose_forwards_keep_failing_answers_each_then_stops_serving(tmp_path, capfd):
+    """A forward that raises (out of memory, a CUDA error: not made for real on a CPU) is each
+    request's error; the third in a row ends serving, and every worker sees its connection end."""
+    experiment = resolve_experiment("cartpole-ppo")
+    address = inference.InferenceAddress(str(tmp_path / "socket"), b"key", inference.this_machine())
+    setup = inference.InferenceSetup(address, None, "run", experiment.preset.agent, experiment.observation_space,
+                                     experiment.action_space, "cpu")
+    serving = inference._Serving(setup, Listener(address.path, family="AF_UNIX"))
+
+    class OutOfMemory:
+        def outputs(self, obs):
+            raise RuntimeError("CUDA out of memory")
+
+    serving.versions.policies[0] = OutOfMemory()
+    worker, server_end = Pipe()
+    serving.connections.append(server_end)
+    obs = np.zeros((2, 4), np.float32)
+    for _ in range(inference.FAILURES_IN_A_ROW):
+        serving._answer({0: [(server_end, obs)]})
+        assert worker.recv_bytes() == inference._NOT_SERVED
+    assert serving.stopped.is_set() and not os.path.exists(address.path)
+    with pytest.raises(EOFError):
+        worker.recv_bytes()
+    served = serving.served()
+    assert served.failed == 3 and served.problem == (
+        "a forward raised RuntimeError: CUDA out of memory; stopped serving after 3 failed forwards in a row")
+    said = capfd.readouterr().err.splitlines()
+    assert len(said) == 2 and said[0].startswith("inference server: a forward raised RuntimeError")
+
+
+def test_a_worker_closes_its_connections_to_finished_runs_servers(published):
+    first = _server(published)
+    old = connect(first.address)
+    first.close()
+    second = _server(published)
+    try:
+        assert connect(second.address) is not None
+        assert old.closed
+    finally:
+        second.close()
 
 
 def test_auto_serves_async_runs_whose_learner_is_on_a_gpu_and_nothing_else():

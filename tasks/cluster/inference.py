@@ -10,7 +10,10 @@ counters of what it served (`InferenceServed`) when its stdin closes. Each reque
 worker's envs (agents.rollout.collect_in_halves): a version and a batch of observations; whatever
 requests are waiting when the server looks are computed in one forward per version. A worker on
 another machine, one that cannot connect, or one whose server has gone, computes its outputs
-itself (`RemoteOutputs`), so a run never depends on the server.
+itself (`RemoteOutputs`), so a run never depends on the server: a request the server cannot answer
+(a malformed one, a forward that raised) gets an error reply, a worker waits at most
+`REPLY_TIMEOUT_S` for a reply, a client with a wrong key is turned away without stopping the others,
+and a server that keeps failing stops serving, saying why once.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict, deque
+from contextlib import suppress
 from dataclasses import dataclass
-from multiprocessing.connection import Client, Connection, Listener, wait
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Connection, Listener, answer_challenge, deliver_challenge, wait
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +44,13 @@ from gymflow.tasks.cluster.wire import read_frame, write_frame
 from gymflow.tasks.storage.objects import StorageLocation
 
 _REQUEST = struct.Struct("!qq")  # policy version, rows; the observations' bytes follow
-_REPLY = struct.Struct("!8sq")  # the outputs' numpy dtype, columns (-1: the version cannot be served)
+_REPLY = struct.Struct("!8sq")  # the outputs' numpy dtype, columns (-1: not served, the worker computes them)
+_NOT_SERVED = _REPLY.pack(b"", -1)
 START_TIMEOUT_S = 60.0
+# the longest a worker waits for one reply: a forward takes milliseconds, a version's first load from
+# storage a second or two; past it the server counts as gone for this worker process
+REPLY_TIMEOUT_S = 30.0
+FAILURES_IN_A_ROW = 3  # forwards that raised one after another before the server stops serving
 VERSIONS_KEPT = 8  # networks kept on the device, the newest used: ASYNC chunks act with recent ones
 
 
@@ -65,7 +75,9 @@ class InferenceServed:
     rows: int = 0
     forwards: int = 0
     busy_seconds: float = 0.0
-    problem: str = ""  # why it stopped serving early, if it did
+    failed: int = 0  # requests answered with an error (the workers computed those outputs themselves)
+    refused: int = 0  # clients turned away: a wrong key, or gone during the handshake
+    problem: str = ""  # the first error it met while serving, and whether it stopped serving for it
 
     def metrics(self) -> dict[str, float]:
         return {"inference/requests": float(self.requests), "inference/rows": float(self.rows),
@@ -156,8 +168,9 @@ def _read_within(process: subprocess.Popen, seconds: float) -> bytes | None:
 
 class RemoteOutputs:
     """A worker's side (an `OutputsSource`): requests to its machine's server, answered in order;
-    once the server cannot answer (gone, or the version retired there), the outputs of everything
-    still asked for and everything after come from `policy.outputs`, on the worker's CPU."""
+    once the server cannot answer (gone, silent for `REPLY_TIMEOUT_S`, or it did not serve a
+    request), the outputs of everything still asked for and everything after come from
+    `policy.outputs`, on the worker's CPU."""
 
     def __init__(self, connection: Connection | None, version: int, policy: Any):
         self.connection, self.version, self.policy = connection, version, policy
@@ -170,12 +183,15 @@ class RemoteOutputs:
             try:
                 self.connection.send_bytes(_REQUEST.pack(self.version, len(obs)) + np.ascontiguousarray(obs).tobytes())
             except OSError:
-                self._give_up()
+                self._give_up(server_gone=True)
 
     def receive(self) -> np.ndarray:
         obs = self.asked.popleft()
         if self.connection is not None:
             try:
+                if not self.connection.poll(REPLY_TIMEOUT_S):
+                    self._give_up(server_gone=True)  # silent: hung, or stopped by a signal
+                    return self.policy.outputs(obs)
                 reply = self.connection.recv_bytes()
                 dtype, columns = _REPLY.unpack_from(reply)
                 if columns >= 0:
@@ -183,35 +199,60 @@ class RemoteOutputs:
                     body = np.frombuffer(reply, dtype=np.dtype(dtype.rstrip(b"\0").decode()), offset=_REPLY.size)
                     return body.reshape(len(obs), columns)
             except (OSError, EOFError):
-                pass
-            self._give_up()
+                self._give_up(server_gone=True)
+                return self.policy.outputs(obs)
+            self._give_up(server_gone=False)  # not served (a retired version, a failed forward)
         return self.policy.outputs(obs)
 
-    def _give_up(self) -> None:
-        """The server is gone for this worker: every later output is its own."""
-        for address, connection in list(_CONNECTIONS.items()):
-            if connection is self.connection:
-                del _CONNECTIONS[address]
-        self.connection.close()  # replies still owed on it are not read: a later chunk connects anew
+    def _give_up(self, server_gone: bool) -> None:
+        """The server answers no more of this rollout: every later output is its own. Where the
+        server is gone or silent, no later rollout of this process asks it again."""
+        _forget(self.connection, unreachable=server_gone)
         self.connection = None
 
 
-_CONNECTIONS: dict[InferenceAddress, Connection] = {}  # a worker process's open connection to each server
+# a worker process's open connections: one per server and thread, as a job host runs rollouts on a
+# pool of threads and a connection's replies come back in its requests' order
+_CONNECTIONS: dict[tuple[InferenceAddress, int], Connection] = {}
+_UNREACHABLE: set[InferenceAddress] = set()  # servers gone or silent for this process
+_CONNECTIONS_LOCK = threading.Lock()
 
 
 def connect(address: InferenceAddress) -> Connection | None:
-    """This process's connection to the server at `address`; None where it cannot be reached (another
-    machine, a server that has gone)."""
-    if address in _CONNECTIONS:
-        return _CONNECTIONS[address]
-    if address.machine != this_machine() or not os.path.exists(address.path):
-        return None
+    """This thread's connection to the server at `address`; None where it cannot be reached (another
+    machine, a server that has gone or stopped answering). Connections to servers that have gone
+    (a finished run's) are closed on the way."""
+    key = (address, threading.get_ident())
+    with _CONNECTIONS_LOCK:
+        _close_finished_runs_connections()
+        if key in _CONNECTIONS:
+            return _CONNECTIONS[key]
+        if address in _UNREACHABLE or address.machine != this_machine() or not os.path.exists(address.path):
+            return None
     try:
         connection = Client(address.path, family="AF_UNIX", authkey=address.authkey)
-    except (OSError, EOFError):
+    except (OSError, EOFError, AuthenticationError):
         return None
-    _CONNECTIONS[address] = connection
+    with _CONNECTIONS_LOCK:
+        _CONNECTIONS[key] = connection
     return connection
+
+
+def _close_finished_runs_connections() -> None:
+    """A finished run's server removed its socket: its connections here are closed."""
+    for key in [key for key in _CONNECTIONS if not os.path.exists(key[0].path)]:
+        _CONNECTIONS.pop(key).close()
+    _UNREACHABLE.intersection_update({address for address in _UNREACHABLE if os.path.exists(address.path)})
+
+
+def _forget(connection: Connection, unreachable: bool) -> None:
+    with _CONNECTIONS_LOCK:
+        for key, open_connection in list(_CONNECTIONS.items()):
+            if open_connection is connection:
+                del _CONNECTIONS[key]
+                if unreachable:
+                    _UNREACHABLE.add(key[0])
+    connection.close()  # replies still owed on it are not read: a later rollout connects anew
 
 
 class _Versions:
@@ -252,43 +293,66 @@ class _Versions:
 
 
 class _Serving:
-    """The server's loop: accept workers, answer what is waiting in one forward per version."""
+    """The server's loop: admit workers, answer what is waiting in one forward per version. A request
+    it cannot answer gets `_NOT_SERVED`; after `FAILURES_IN_A_ROW` forwards that raised, or an error
+    of the loop itself, it stops serving: its socket and connections close, so every worker computes
+    its own outputs from then on."""
 
     def __init__(self, setup: InferenceSetup, listener: Listener):
         from gymflow.envs.vector import observation_dtype
 
-        self.versions, self.listener = _Versions(setup), listener
+        self.versions, self.listener, self.authkey = _Versions(setup), listener, setup.address.authkey
+        self.path = setup.address.path
         self.obs_dtype = np.dtype(observation_dtype(setup.observation_space))
-        self.obs_shape = setup.observation_space.shape
+        self.obs_shape = tuple(setup.observation_space.shape)
+        self.obs_bytes = self.obs_dtype.itemsize * int(np.prod(self.obs_shape, dtype=np.int64))
         self.connections: list[Connection] = []
         self.joined: list[Connection] = []
         self.lock = threading.Lock()
         self.stopped = threading.Event()
-        self.counts = {"requests": 0, "rows": 0, "forwards": 0}
+        self.counts = {"requests": 0, "rows": 0, "forwards": 0, "failed": 0, "refused": 0}
+        self.failures_in_a_row = 0
         self.busy = 0.0
+        self.problem = ""
 
     def accept(self) -> None:
+        """Take each client's connection; its handshake runs on a thread of its own, so a client with
+        a wrong key, or one that never finishes the handshake, holds up no other."""
         while not self.stopped.is_set():
             try:
                 connection = self.listener.accept()
-            except (OSError, EOFError):  # a client that failed the handshake, or the listener closed
-                continue
+            except OSError:  # the listener closed
+                return
+            threading.Thread(target=self._admit, args=(connection,), name="inference-admit", daemon=True).start()
+
+    def _admit(self, connection: Connection) -> None:
+        try:
+            deliver_challenge(connection, self.authkey)
+            answer_challenge(connection, self.authkey)
+        except (OSError, EOFError, AuthenticationError):
+            connection.close()
             with self.lock:
-                self.joined.append(connection)
+                self.counts["refused"] += 1
+            return
+        with self.lock:
+            self.joined.append(connection)
 
     def serve(self) -> None:
-        while not self.stopped.is_set():
-            with self.lock:
-                self.connections += self.joined
-                self.joined.clear()
-            if not self.connections:
-                time.sleep(0.01)
-                continue
-            ready = wait(self.connections, timeout=0.05)
-            if ready:
-                started = time.perf_counter()
-                self._answer(self._requests(ready))
-                self.busy += time.perf_counter() - started
+        try:
+            while not self.stopped.is_set():
+                with self.lock:
+                    self.connections += self.joined
+                    self.joined.clear()
+                if not self.connections:
+                    time.sleep(0.01)
+                    continue
+                ready = wait(self.connections, timeout=0.05)
+                if ready:
+                    started = time.perf_counter()
+                    self._answer(self._requests(ready))
+                    self.busy += time.perf_counter() - started
+        except Exception as error:  # noqa: BLE001 (a fault of the loop: the workers carry on without it)
+            self._stop_serving(f"stopped serving: {type(error).__name__}: {error}")
 
     def _requests(self, ready: list[Any]) -> dict[int, list[tuple[Connection, np.ndarray]]]:
         by_version: dict[int, list[tuple[Connection, np.ndarray]]] = {}
@@ -298,18 +362,35 @@ class _Serving:
             except (OSError, EOFError):  # the worker closed or died
                 self.connections.remove(connection)
                 continue
-            version, rows = _REQUEST.unpack_from(message)
-            obs = np.frombuffer(message, self.obs_dtype, offset=_REQUEST.size).reshape(rows, *self.obs_shape)
+            obs = self._observations(message)
+            if obs is None:
+                self._not_served(connection, f"a malformed request ({len(message)} bytes)")
+                continue
+            version, _ = _REQUEST.unpack_from(message)
             by_version.setdefault(version, []).append((connection, obs))
         return by_version
+
+    def _observations(self, message: bytes) -> np.ndarray | None:
+        """A request's observations; None if its size does not match its row count."""
+        if len(message) < _REQUEST.size:
+            return None
+        _, rows = _REQUEST.unpack_from(message)
+        if rows < 1 or len(message) - _REQUEST.size != rows * self.obs_bytes:
+            return None
+        return np.frombuffer(message, self.obs_dtype, offset=_REQUEST.size).reshape(rows, *self.obs_shape)
 
     def _answer(self, by_version: dict[int, list[tuple[Connection, np.ndarray]]]) -> None:
         for version, asked in by_version.items():
             policy = self.versions.policy(version)
-            if policy is None:
-                replies = [_REPLY.pack(b"", -1)] * len(asked)
+            if policy is None:  # retired: the worker computes that version's outputs itself
+                replies = [_NOT_SERVED] * len(asked)
             else:
-                outputs = policy.outputs(np.concatenate([obs for _, obs in asked]))
+                try:
+                    outputs = policy.outputs(np.concatenate([obs for _, obs in asked]))
+                except Exception as error:  # noqa: BLE001 (out of memory, a CUDA error: answered, not fatal)
+                    self._forward_failed(asked, error)
+                    continue
+                self.failures_in_a_row = 0
                 self.counts["forwards"] += 1
                 bounds = np.cumsum([0] + [len(obs) for _, obs in asked])
                 replies = [_REPLY.pack(outputs.dtype.str.encode(), outputs.shape[1])
@@ -318,13 +399,52 @@ class _Serving:
             for (connection, obs), reply in zip(asked, replies, strict=True):
                 self.counts["requests"] += 1
                 self.counts["rows"] += len(obs)
-                try:
-                    connection.send_bytes(reply)
-                except OSError:
-                    self.connections.remove(connection)
+                self._send(connection, reply)
 
-    def served(self, problem: str = "") -> InferenceServed:
-        return InferenceServed(**self.counts, busy_seconds=self.busy, problem=problem)
+    def _forward_failed(self, asked: list[tuple[Connection, np.ndarray]], error: Exception) -> None:
+        self.failures_in_a_row += 1
+        for connection, _ in asked:
+            self._not_served(connection, f"a forward raised {type(error).__name__}: {error}")
+        if self.failures_in_a_row >= FAILURES_IN_A_ROW:
+            self._stop_serving(f"stopped serving after {FAILURES_IN_A_ROW} failed forwards in a row")
+
+    def _not_served(self, connection: Connection, why: str) -> None:
+        self.counts["failed"] += 1
+        self._note(why)
+        self._send(connection, _NOT_SERVED)
+
+    def _send(self, connection: Connection, reply: bytes) -> None:
+        try:
+            connection.send_bytes(reply)
+        except OSError:
+            if connection in self.connections:
+                self.connections.remove(connection)
+
+    def _note(self, problem: str, stopping: bool = False) -> None:
+        """Its first problem, and its stop, are each said once: on the run's terminal (this process's
+        stderr is the flow's) and in what it served."""
+        if stopping:
+            self.problem = f"{self.problem}; {problem}" if self.problem else problem
+            print(f"inference server: {problem}; the rollout workers act on their CPU from now on",
+                  file=sys.stderr, flush=True)
+        elif not self.problem:
+            self.problem = problem
+            print(f"inference server: {problem}; the workers compute the outputs it did not serve",
+                  file=sys.stderr, flush=True)
+
+    def _stop_serving(self, why: str) -> None:
+        self._note(why, stopping=True)
+        self.stopped.set()
+        with suppress(OSError):
+            self.listener.close()  # removes its socket: no worker connects again
+        with self.lock:
+            for connection in self.connections + self.joined:
+                connection.close()  # a worker waiting on it reads its end at once
+            self.connections.clear()
+            self.joined.clear()
+
+    def served(self) -> InferenceServed:
+        return InferenceServed(**self.counts, busy_seconds=self.busy, problem=self.problem)
 
 
 def serve() -> None:
@@ -337,7 +457,8 @@ def serve() -> None:
         import torch
 
         torch.set_num_threads(1)  # the worker cores step envs; a GPU's forward needs one thread to launch
-        listener = Listener(setup.address.path, family="AF_UNIX", authkey=setup.address.authkey)
+        # no authkey here: each client's handshake runs on its own thread (_Serving._admit)
+        listener = Listener(setup.address.path, family="AF_UNIX")
         serving = _Serving(setup, listener)
     except Exception as error:  # noqa: BLE001 (said to the flow in its start's one line)
         write_frame(replies, f"{type(error).__name__}: {error}".encode())
@@ -349,6 +470,8 @@ def serve() -> None:
     read_frame(sys.stdin.buffer)  # returns when the flow closes stdin (or exits)
     serving.stopped.set()
     server.join(5.0)
+    with suppress(OSError):
+        listener.close()
     write_frame(replies, cloudpickle.dumps(serving.served()))
 
 

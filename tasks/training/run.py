@@ -264,9 +264,11 @@ def inference_for_workers(run: PreparedRun, observer: Observer, logger: AnyLogge
         yield server.address
     finally:
         served = server.close()
-        logger.info("inference beside the learner (%s): %s requests, %.1f rows a forward%s", device,
-                    f"{served.requests:,}", served.metrics()["inference/rows_per_forward"],
-                    f"; {served.problem}" if served.problem else "")
+        log = logger.warning if served.problem else logger.info
+        log("inference beside the learner (%s): %s requests, %.1f rows a forward%s%s", device,
+            f"{served.requests:,}", served.metrics()["inference/rows_per_forward"],
+            f", {served.failed:,} not served, {served.refused} clients turned away" if served.failed or served.refused
+            else "", f"; {served.problem}" if served.problem else "")
         observer.served(served.metrics())
 
 
