@@ -2,7 +2,9 @@
 for each monitoring run), and a Prefect event either way — `gymflow.model.scored`, and
 `gymflow.model.degraded` when its mean return is below the threshold. A deployment trigger on
 `gymflow.model.degraded` (prefect.yaml: `retrain/cartpole-ppo-degraded`) starts the
-retraining with the event's payload as its parameters (docs/deploy.md, "Automations")."""
+retraining with the event's payload as its parameters (docs/deploy.md, "Automations"). The payload's
+overrides leave credentials out (keys and URI passwords): the retraining reads its own where the
+monitoring run did (a Secret block, its worker's environment), and Prefect stores none."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pydantic import Field
 
 from gymflow.errors import InvalidPreset
 from gymflow.presets.overrides import PresetOverrides, as_dotted
+from gymflow.presets.redaction import redacted_uri, without_credentials
 from gymflow.presets.validate import resolve_experiment
 from gymflow.tasks.tracking.events import model_scored
 from gymflow.tasks.tracking.models import find_champion, mean_return, score_policy
@@ -56,15 +59,16 @@ def monitor(
     name = model_name or f"gymflow-{config.name}"
     champion = find_champion(config.tracking.tracking_uri, name)
     if champion is None:
-        raise InvalidPreset("model_name", f"{name!r} has no champion at {config.tracking.tracking_uri}; allowed: a "
-                                          "registered model with a champion alias (gymflow retrain makes one)")
+        where = redacted_uri(config.tracking.tracking_uri)
+        raise InvalidPreset("model_name", f"{name!r} has no champion at {where}; allowed: a registered model with a "
+                                          "champion alias (gymflow retrain makes one)")
     seed = secrets.randbelow(2**31)  # episodes it has not been scored on before
     returns = score_policy(config.tracking.tracking_uri, champion, env=config.env, episodes=evaluation_episodes,
                            seed=seed)
     score = ChampionScore(name, champion.version, mean_return(returns), threshold, seed)
     model_scored(name, score.degraded, {"model": name, "version": champion.version, "mean_return": score.mean_return,
                                         "threshold": threshold, "episodes": evaluation_episodes, "seed": seed,
-                                        "preset": preset, "overrides": changes})
+                                        "preset": preset, "overrides": without_credentials(changes)})
     get_run_logger().info("champion %s v%s: mean return %.2f over %d fresh episodes, %s threshold %g", name,
                           champion.version, score.mean_return, evaluation_episodes,
                           "below its" if score.degraded else "at or above its", threshold)

@@ -162,24 +162,6 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-_SECRET_WORDS = ("secret", "key", "token", "password", "credential")
-
-
-def redacted(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A preset dump safe to log or store: credentials in storage.options become '***'."""
-    safe = copy.deepcopy(dict(data))
-    options = safe.get("storage", {}).get("options", {})
-    for name in list(options):
-        if is_secret(name):
-            options[name] = "***"
-    return safe
-
-
-def is_secret(field: str) -> bool:
-    """A field (or dotted key) whose value is a credential, never to be logged."""
-    return any(word in field.rpartition(".")[2].lower() for word in _SECRET_WORDS)
-
-
 def _switch_algorithm(data: dict[str, Any], algo: Any) -> None:
     """A preset's agent settings that the new algorithm does not have belong to the old one:
     drop them, keep the shared ones that fit (lr, gamma, batch_size, ...)."""

@@ -22,6 +22,7 @@ from gymflow.agents.configs import (
     TD3Config,
 )
 from gymflow.envs.make import Preprocessing
+from gymflow.presets.redaction import redacted_uri
 
 STORAGE_SCHEMES = ("file", "s3", "s3a")
 TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "file")
@@ -349,7 +350,7 @@ class TrackingConfig(_Strict):
         scheme = uri.partition(":")[0].lower() if ":" in uri and not _WINDOWS_DRIVE.match(uri) else ""
         if not uri.strip() or (scheme and scheme.split("+")[0] not in TRACKING_SCHEMES):
             allowed = ", ".join(f"{name}:" for name in TRACKING_SCHEMES)
-            raise ValueError(f"unsupported tracking URI {uri!r}; allowed: {allowed} or a local folder")
+            raise ValueError(f"unsupported tracking URI {redacted_uri(uri)!r}; allowed: {allowed} or a local folder")
         return uri
     artifact_location: str | None = Field(
         default=None,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import uuid
+
 import mlflow
 import numpy as np
 import pytest
@@ -46,6 +49,27 @@ def test_first_run_registers_a_champion_then_better_challengers_win_and_worse_on
                        for d in (first, second, third)]
     assert events[-1].payload["champion_return"] == pytest.approx(third.champion_return)
     assert events[-1].payload["challenger_return"] == pytest.approx(third.challenger_return)
+
+
+def test_a_degraded_champion_s_events_hand_on_its_overrides_without_credentials(prefect_api, workspace, tiny_budget):
+    """A monitoring run's overrides become a retraining's parameters through its events (prefect.yaml's
+    automation): credentials in them are left out, so Prefect stores none of them."""
+    from gymflow.flows.monitor import monitor
+
+    weak = {**tiny_budget, "schedule.total_env_steps": 128, "schedule.evaluate_every_env_steps": 10_000,
+            **local_overrides(workspace)}
+    retrain("cartpole-ppo", weak, model_name="watched", evaluation_episodes=2)
+    planted = f"planted-{uuid.uuid4().hex}"
+    score = monitor("cartpole-ppo", {**weak, "storage.options": {"secret": planted, "client_kwargs": {
+        "aws_session_token": planted, "region_name": "eu-west-1"}}}, model_name="watched", threshold=1e9,
+        evaluation_episodes=2)
+    assert score.degraded
+    events = prefect_events("gymflow.model.watched", ["gymflow.model.scored", "gymflow.model.degraded"])
+    scored = [event for event in events if event.event in ("gymflow.model.scored", "gymflow.model.degraded")]
+    assert len(scored) == 2
+    for event in scored:
+        assert planted not in json.dumps(event.payload)
+        assert event.payload["overrides"] == {**weak, "storage.options": {"client_kwargs": {"region_name": "eu-west-1"}}}
 
 
 @pytest.mark.slow  # long tier: test_first_run_registers_a_champion... also holds a worse challenger back

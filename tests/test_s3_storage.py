@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -22,7 +23,7 @@ from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from gymflow.tasks.tracking.tracker import s3_artifact_environment
 from gymflow.testing.faults import FaultyProxy
-from tests.conftest import free_port, written_files
+from tests.conftest import free_port, prefect_events, written_files
 from tests.stored import check_run_storage
 
 pytestmark = pytest.mark.e2e
@@ -154,14 +155,22 @@ def test_the_usual_aws_environment_variables_configure_s3(s3_server, monkeypatch
 
 def test_credentials_kept_in_a_prefect_block_reach_s3_and_appear_nowhere_else(prefect_api, workspace, s3_server,
                                                                               tiny_budget):
+    """The block's options hold an access key of this test's own, its id at the top (`key`) and its
+    secret nested (`client_kwargs.aws_secret_access_key`, as botocore takes it): neither is in
+    anything the run wrote (MLflow's store and artifacts, the bucket) nor in Prefect's database
+    (parameters, logs, events, artifacts; the block itself is kept encrypted there)."""
+    import boto3
     from prefect.blocks.system import Secret
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.settings import get_current_settings
 
     from gymflow.errors import InvalidPreset
 
-    Secret(value={"key": s3_server.key, "secret": s3_server.secret, "endpoint_url": s3_server.endpoint}).save(
-        "gymflow-test-s3", overwrite=True)
+    iam = boto3.client("iam", endpoint_url=s3_server.endpoint, region_name="us-east-1",
+                       aws_access_key_id=s3_server.key, aws_secret_access_key=s3_server.secret)
+    planted = iam.create_access_key(UserName="gymflow")["AccessKey"]  # only here: other tests pass the session's
+    key, secret = planted["AccessKeyId"], planted["SecretAccessKey"]
+    Secret(value={"key": key, "endpoint_url": s3_server.endpoint, "client_kwargs": {"aws_secret_access_key": secret}}
+           ).save("gymflow-test-s3", overwrite=True)
     prefix = f"block-{uuid.uuid4().hex[:6]}"
     overrides = {**tiny_budget, "storage.root": f"s3://{s3_server.bucket}/{prefix}",
                  "storage.options_block": "secret/gymflow-test-s3", "tracking.tracking_uri": f"sqlite:///{workspace / 'mlflow.db'}"}
@@ -171,13 +180,16 @@ def test_credentials_kept_in_a_prefect_block_reach_s3_and_appear_nowhere_else(pr
     client = MlflowClient(overrides["tracking.tracking_uri"])
     run = client.get_run(summary.mlflow_run_id)
     assert run.data.params["storage.options_block"] == "secret/gymflow-test-s3"
-    seen = [json.dumps(run.data.params), json.dumps(run.data.tags),
-            _storage(s3_server, prefix).read(RunLayout(summary.run_id).preset).decode()]
-    with get_client(sync_client=True) as prefect:
-        flow_run = prefect.read_flow_run(run.data.tags["prefect.flow_run_id"])
-        logs = prefect.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])))
-    seen += [json.dumps(flow_run.parameters, default=str), *(log.message for log in logs)]
-    assert logs and not [text for text in seen if s3_server.secret in text or s3_server.key in text]
+    assert run.data.params["storage.options.key"] == run.data.params["storage.options.client_kwargs.aws_secret_access_key"] == "***"
+    prefect_events(f"gymflow.run.{summary.run_id}", ["gymflow.run.finished"])  # Prefect holds the run's events
+    database = get_current_settings().server.database.connection_url.get_secret_value().split("///", 1)[1]
+    bucket = Storage(StorageLocation(f"s3://{s3_server.bucket}", s3_server.options()))
+    written = {**{str(path): path.read_bytes() for path in workspace.rglob("*") if path.is_file()},
+               **{f"s3://{key}": bucket.read(key) for key in bucket.list("")}}
+    assert f"s3://{prefix}/{RunLayout(summary.run_id).preset}" in written and any(".db" in where for where in written)
+    leaks = [where for where, data in written.items() if key.encode() in data or secret.encode() in data]
+    prefect_holds = b"".join(Path(f"{database}{end}").read_bytes() for end in ("", "-wal") if Path(f"{database}{end}").exists())
+    assert not leaks and key.encode() not in prefect_holds and secret.encode() not in prefect_holds, leaks
 
     with pytest.raises(InvalidPreset, match=r"^storage.options_block: cannot read Prefect block 'secret/none-such'"):
         improve("cartpole-ppo", {**overrides, "storage.options_block": "secret/none-such"})

@@ -323,7 +323,7 @@ def _env_spec(preset: Preset) -> gym.envs.registration.EnvSpec:
 def _preset_yaml(preset: Preset) -> str:
     import yaml
 
-    from gymflow.presets.load import redacted
+    from gymflow.presets.redaction import redacted
 
     return yaml.safe_dump(redacted(preset.model_dump(mode="json")), sort_keys=False)
 

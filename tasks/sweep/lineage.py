@@ -18,7 +18,7 @@ import yaml
 from mlflow.entities import LoggedModelOutput
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from gymflow.presets.load import redacted
+from gymflow.presets.redaction import redacted
 from gymflow.presets.sweep import Range, Sweep
 from gymflow.tasks.storage.layout import sweep_best_preset
 from gymflow.tasks.storage.objects import StorageLocation, open_storage

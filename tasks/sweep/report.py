@@ -21,7 +21,8 @@ import optuna
 import yaml
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from gymflow.presets.load import flatten, redacted
+from gymflow.presets.load import flatten
+from gymflow.presets.redaction import redacted
 from gymflow.presets.sweep import Sweep
 from gymflow.tasks.storage.layout import sweep_best_preset
 from gymflow.tasks.storage.objects import StorageLocation, open_storage
@@ -161,7 +162,7 @@ def sweep_parent_run(sweep: Sweep, sweep_id: str, study: optuna.Study, flow_run_
                             "prefect.flow_run_id": flow_run_id, "gymflow.preset": sweep.base.name},
                       artifact_location=tracking.artifact_location, existing_run_id=existing)
     if existing is None:
-        spec = sweep.spec.model_dump(mode="json")
+        spec = redacted(sweep.spec.model_dump(mode="json"))  # its overrides may name a password or key
         tracker.log_params(flatten({key: value for key, value in spec.items() if key != "space"}))
         tracker.log_params({f"space.{key}": value for key, value in spec["space"].items()})
         study.set_user_attr(PARENT_RUN_ATTR, tracker.run_id)

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from gymflow.presets.redaction import without_password
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, committed_versions, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.tracking.plots import plot_learning_curve
@@ -92,7 +93,7 @@ def report_run(run: PreparedRun, tracker: Tracker, delivered: Delivered, recorde
 
 def summary_table(run: PreparedRun, summary: RunSummary, tracker: Tracker, films: list[str]) -> str:
     """The run's summary as a Markdown table, with links into the MLflow UI where it is served."""
-    config, uri = run.preset, run.preset.tracking.tracking_uri
+    config, uri = run.preset, without_password(run.preset.tracking.tracking_uri)  # the table is a Prefect artifact
     # MLflow 3.17's UI shows every experiment in its GenAI view unless the link asks for model training
     page = f"#/experiments/{tracker.experiment_id}/runs/{summary.mlflow_run_id}?workflowType=machine_learning"
     served = uri.startswith(("http://", "https://"))

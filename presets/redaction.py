@@ -1,0 +1,61 @@
+"""What may leave the process: credentials masked wherever a preset, its overrides or a URI are
+logged, stored or sent (MLflow params, stored presets, Prefect events, flow-run parameters, log
+lines). A credential is a value under a key naming one (`secret`, `key`, `token`, `password`,
+`credential`), at any depth of a mapping, or the password of a URI (`http://user:PASSWORD@host`)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+MASK = "***"
+_SECRET_WORDS = ("secret", "key", "token", "password", "credential")
+# scheme://user:password@host...; the password is everything up to the last @ before the host
+_URI_PASSWORD = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]*:)(?P<password>[^/\s]*)(?P<at>@)")
+
+
+def is_secret(field: str) -> bool:
+    """A field (or dotted key) whose value is a credential, never to be logged."""
+    return any(word in field.rpartition(".")[2].lower() for word in _SECRET_WORDS)
+
+
+def redacted(data: Any) -> Any:
+    """`data` with every credential masked: values under secret keys at any depth (a mapping's
+    whole value too), and URI passwords in any string. Dotted keys ({"storage.options.key": ...})
+    count by their last part, so overrides are masked as nested presets are."""
+    if isinstance(data, Mapping):
+        return {key: MASK if is_secret(str(key)) and data[key] not in (None, "", {}) else redacted(data[key])
+                for key in data}
+    if isinstance(data, list | tuple):
+        return [redacted(item) for item in data]
+    if isinstance(data, str):
+        return redacted_uri(data)
+    return data
+
+
+def redacted_uri(text: str) -> str:
+    """A URI's password masked: `postgresql://alice:***@db/mlflow`."""
+    return _URI_PASSWORD.sub(lambda match: f"{match['head']}{MASK}{match['at']}", text)
+
+
+def without_password(text: str) -> str:
+    """A URI's password left out, its user kept: a link to open or a URI to hand on, the password
+    coming from where the reader keeps it (`http://alice@mlflow:5000`)."""
+    return _URI_PASSWORD.sub(lambda match: f"{match['head'][:-1]}{match['at']}", text)
+
+
+def without_credentials(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Overrides to hand on to another run (an event's payload that a deployment trigger passes as
+    its parameters): credentials left out rather than masked, so the run that receives them reads its
+    own (a Secret block, its worker's environment) instead of trying `***`."""
+    kept: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if is_secret(str(key)):
+            continue
+        if isinstance(value, Mapping):
+            value = without_credentials(value)
+        elif isinstance(value, str):
+            value = without_password(value)
+        kept[key] = value
+    return kept
