@@ -36,6 +36,11 @@ class StorageRefused(GymflowError):
     endpoint, a local path that is a file or not writable."""
 
 
+class StorageFull(StorageRefused):
+    """A write the storage root refused mid-run (no space left, over quota, read-only): the run
+    stops; what it committed stays, and the line says how to continue it."""
+
+
 class UnusableWarmStart(GymflowError):
     """The warm-start policy cannot be read, or does not fit the preset's network."""
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -146,3 +151,39 @@ def test_a_worker_that_does_not_see_the_flows_local_root_is_told_in_one_line(tmp
     assert not (tmp_path / "shared").exists()  # checking writes nothing
     ready_storage(location)  # the flow's side makes the (empty) root
     check_shared_root(location)
+
+
+@pytest.fixture
+def small_file_system(tmp_path):
+    """A 600 KB file system (tmpfs) of its own: a storage root that fills mid-run, for real."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"no small file system can be mounted here: {mounted.stderr.strip()}")
+    yield mount_point
+    subprocess.run(["umount", "--lazy", str(mount_point)], check=True)
+
+
+# default tier: the storage that fills (a run's writes refused mid-run), through the command line
+def test_a_storage_root_that_fills_mid_run_stops_it_in_one_line_and_the_run_resumes_once_there_is_room(
+        small_file_system, workspace):
+    gymflow, root = str(Path(sys.executable).with_name("gymflow")), str(small_file_system)
+    filled = subprocess.run([gymflow, "run", "cartpole-ppo", "--quiet", f"--set=storage.root={root}",
+                             "--set=schedule.total_env_steps=8192", "--set=schedule.target_return=null"],
+                            capture_output=True, text=True, timeout=240)
+    said = filled.stdout + filled.stderr
+    assert filled.returncode == 2, said[-3000:]
+    assert "Traceback" not in said and "Errno" not in said
+    (last,) = [line for line in filled.stderr.splitlines() if line.startswith("gymflow: error:")]
+    stopped = re.fullmatch(rf"gymflow: error: (.*: )?storage.root: {root} refused a write: No space left on device; "
+                           rf"free space there, then `gymflow resume (\S+) --root {root}` continues the run from what it "
+                           r"committed", last)
+    assert stopped, last
+    assert not list(small_file_system.rglob("*.tmp-*"))  # nothing half-written
+
+    subprocess.run(["mount", "-o", "remount,size=20m", root], check=True)
+    resumed = subprocess.run([gymflow, "resume", stopped[2], "--root", root, "--quiet"], capture_output=True, text=True,
+                             timeout=240)
+    assert resumed.returncode == 0 and "after 8,192 env steps" in resumed.stdout, resumed.stderr[-3000:]

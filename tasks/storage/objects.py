@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from gymflow.errors import StorageRefused
+from gymflow.errors import StorageFull, StorageRefused
 
 if TYPE_CHECKING:
     from gymflow.presets.model import StorageConfig
@@ -59,6 +60,10 @@ def filesystem_options(root: str, options: dict[str, Any]) -> dict[str, Any]:
 class StorageLocation:
     root: str
     options: dict[str, Any] = field(default_factory=dict)
+
+
+# what a file system says when it takes no more: full, over quota, read-only
+_REFUSED_WRITES = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 
 
 class Storage:
@@ -116,7 +121,23 @@ class Storage:
         if not self.local:
             self.fs.pipe_file(path, data)
             return
-        _appear_at_once(path, lambda temporary: Path(temporary).write_bytes(data))
+        with self._refused_writes_said(key):
+            _appear_at_once(path, lambda temporary: Path(temporary).write_bytes(data))
+
+    @contextlib.contextmanager
+    def _refused_writes_said(self, key: str) -> Iterator[None]:
+        """A write the file system refuses (full, over quota, read-only) as one line naming the root,
+        what to do, and, for a run's object, the command that continues the run."""
+        try:
+            yield
+        except OSError as error:
+            if error.errno not in _REFUSED_WRITES:
+                raise
+            root, parts = self.location.root, key.split("/")
+            then = (f", then `gymflow resume {parts[1]} --root {root}` continues the run from what it committed"
+                    if len(parts) > 2 and parts[0] == "runs" else " or set storage.root to another place")
+            raise StorageFull("storage.root", f"{root} refused a write: {os.strerror(error.errno)}; free space "
+                              f"there{then}") from None
 
     def upload(self, key: str, local_path: str) -> None:
         """Write a local file as a whole object without holding it in memory (S3: a multipart
@@ -126,7 +147,8 @@ class Storage:
         if not self.local:
             self.fs.put_file(local_path, path)
             return
-        _appear_at_once(path, lambda temporary: shutil.copyfile(local_path, temporary))
+        with self._refused_writes_said(key):
+            _appear_at_once(path, lambda temporary: shutil.copyfile(local_path, temporary))
 
     def read(self, key: str) -> bytes:
         self.settled()
@@ -233,8 +255,13 @@ def _appear_at_once(path: str, fill: Callable[[str], object]) -> None:
     """A local file written whole to a temporary name by `fill`, then renamed to `path`."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     temporary = f"{path}.tmp-{uuid.uuid4().hex}"
-    fill(temporary)
-    os.replace(temporary, path)
+    try:
+        fill(temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)  # nothing half-written stays
+        raise
 
 
 def read_kind(key: str) -> str:

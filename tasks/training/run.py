@@ -16,7 +16,7 @@ from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.errors import InvalidPreset
 from gymflow.presets.load import flatten
 from gymflow.presets.model import DatasetConfig, Preset
-from gymflow.presets.redaction import redacted
+from gymflow.presets.redaction import MASK, is_secret, redacted
 from gymflow.presets.validate import Experiment, inference_beside_learner, learner_device
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.inference import InferenceServer, InferenceUnavailable
@@ -171,8 +171,9 @@ def tracked_run(run: PreparedRun, flow_run_id: str, tags: Mapping[str, str] | No
 def run_tags(overrides: Mapping[str, Any], extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """Tags that tell a run apart in MLflow's run list: the preset fields it overrode (as
     `key=value` pairs), and `extra` (a sweep trial's)."""
-    flat = redacted(flatten(overrides))
-    changed = " ".join(f"{key}={json.dumps(value, default=str)}" for key, value in sorted(flat.items()))
+    flat = flatten(overrides)
+    changed = " ".join(f"{key}={MASK if is_secret(key) else json.dumps(redacted(value), default=str)}"
+                       for key, value in sorted(flat.items()))
     return {"gymflow.overrides": changed[:5000] or "(none)", **(extra or {})}
 
 
