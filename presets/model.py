@@ -276,6 +276,11 @@ class DistributionConfig(_Strict):
         default=600.0, gt=0, description="A rollout or evaluation job still running after this many seconds is "
         "taken as wedged: its worker is restarted and the job sent again (3 attempts in all, then the run fails)."
     )
+    gpu_wait_s: float = Field(
+        default=3600.0, gt=0, description="A learner on a GPU whose slots other runs hold (one per GPU unless an "
+        "administrator gives it more: docs/deploy.md) waits this many seconds for one, saying who holds it, then the "
+        "run stops."
+    )
 
 
 class StorageConfig(_Strict):

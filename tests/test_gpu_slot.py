@@ -1,14 +1,23 @@
-"""A learner on a GPU holds that GPU's Prefect global concurrency slot: under a real Prefect API,
-a second holder of the same device waits (and says so) until the first lets go; another GPU or a
-CPU learner does not wait. The slot is a name; no GPU is needed to hold it."""
+"""A learner on a GPU holds one of that GPU's slots: under a real Prefect API, a second holder of
+the same device waits (saying who holds it) until the first lets go, for a bounded time; another GPU
+or a CPU learner does not wait; a holder killed outright gives its slot back. The slot is a name; no
+GPU is needed to hold it."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
+import uuid
 
+import pytest
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+from prefect.settings import PREFECT_API_URL
 
+from gymflow.errors import ClusterUnavailable
 from gymflow.tasks.training.gpu_slot import gpu_slot, slot_name
 
 
@@ -34,7 +43,7 @@ def test_a_second_run_on_the_same_gpu_waits_for_the_first_and_says_so(prefect_ap
         with gpu_slot("cuda:0", said, host="testhost") as name:
             order.append(("second holds", name, time.monotonic()))
 
-    with gpu_slot("cuda:0", _Said(), host="testhost") as name:
+    with gpu_slot("cuda:0", _Said(), host="testhost", run="first") as name:
         assert name == "gpu-testhost-0"
         waiting = threading.Thread(target=second)
         waiting.start()
@@ -45,7 +54,57 @@ def test_a_second_run_on_the_same_gpu_waits_for_the_first_and_says_so(prefect_ap
         released = time.monotonic()
     waiting.join(timeout=30)
     assert order and order[0][2] >= released
-    assert said.lines[0].startswith("waiting for gpu-testhost-0: another run trains on this GPU")
+    assert said.lines[0].startswith(f"waiting for gpu-testhost-0: run first (pid {os.getpid()}, for ")
     with get_client(sync_client=True) as client:
         limit = client.read_global_concurrency_limit_by_name("gpu-testhost-0")
     assert limit.limit == 1 and limit.active_slots == 0
+
+
+HOLDS_A_SLOT = """
+import logging, sys, time
+from gymflow.tasks.training.gpu_slot import gpu_slot
+with gpu_slot("cuda:0", logging.getLogger("holder"), host=sys.argv[1], run="killed-run"):
+    print("holding", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_slot_held_by_a_run_killed_outright_comes_back_and_a_wait_for_a_held_one_is_bounded(prefect_api):
+    """SIGKILL, as the OOM killer does: the command's temporary Prefect API dies with the run and
+    its lease with it, leaving the limit's count taken; the next run takes the slot at once."""
+    host = f"killed-{uuid.uuid4().hex[:6]}"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDS_A_SLOT, host], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()})
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        said = _Said()
+        with pytest.raises(ClusterUnavailable, match=rf"^distribution.gpu_wait_s: gpu-{host}-0 was still held after "
+                                                     rf"1 s, by run killed-run \(pid {holder.pid}, for \d+ s\)"):
+            with gpu_slot("cuda:0", said, host=host, run="impatient", wait_s=1.0):
+                pass
+        (waiting,) = said.lines
+        assert waiting.startswith(f"waiting for gpu-{host}-0: run killed-run (pid {holder.pid}, for ")
+    finally:
+        holder.kill()
+        holder.wait()
+    said, started = _Said(), time.monotonic()
+    with gpu_slot("cuda:0", said, host=host, run="next", wait_s=30.0) as name, get_client(sync_client=True) as client:
+        waited = time.monotonic() - started
+        assert client.read_global_concurrency_limit_by_name(name).active_slots == 1
+    assert waited < 15, f"the slot came back after {waited:.1f} s"
+    assert said.lines == [f"{name}: a run that held it ended without letting go; its slot is given back"]
+    with get_client(sync_client=True) as client:
+        assert client.read_global_concurrency_limit_by_name(name).active_slots == 0
+
+
+def test_a_gpu_given_no_slots_is_refused_in_one_line(prefect_api):
+    name = slot_name("cuda:0", host := f"none-{uuid.uuid4().hex[:6]}")
+    with gpu_slot("cuda:0", _Said(), host=host):
+        pass  # the limit made, with one slot
+    with get_client(sync_client=True) as client:
+        client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=0))
+    with pytest.raises(ClusterUnavailable, match=rf"^distribution.learner_device: the Prefect limit {name} has 0 "
+                                                 rf"slots, so no run may train on that GPU; allowed: `prefect gcl "
+                                                 rf"update {name} --limit 1`$"):
+        with gpu_slot("cuda:0", _Said(), host=host):
+            pass

@@ -1,25 +1,40 @@
-"""A learner on a GPU holds that GPU's Prefect global concurrency slot for as long as it trains,
-so two runs (two deployments, a run and a sweep) never share one GPU unknowingly: the second
-waits, saying so, until the first lets go. One limit per GPU of each host, `gpu-HOST-N`, made
-with one slot the first time it is asked for (an administrator may give it more, e.g. for MIG
-slices: `prefect gcl update gpu-HOST-0 --limit 2`). The slot is a lease that Prefect renews while
-the run lives; a run killed outright frees it when the lease runs out (5 minutes)."""
+"""A learner on a GPU holds one of that GPU's slots for as long as it trains, so two runs (two
+deployments, a run and a sweep) never share one GPU unknowingly: the second waits, saying who holds
+it, until the first lets go, or until `distribution.gpu_wait_s` has passed, then stops in one line.
+
+A GPU's slots are its Prefect global concurrency limit `gpu-HOST-N` (made with one slot the first
+time it is asked for; an administrator may give it more, e.g. for MIG slices: `prefect gcl update
+gpu-HOST-0 --limit 2`), which the Prefect UI shows, and one lock file per slot on the host
+(`SLOTS_FOLDER`), which the operating system lets go of when its holder dies however it dies
+(SIGKILL, the OOM killer). A lease in Prefect does not: the command's temporary Prefect API keeps
+its leases in memory and dies with the run, leaving the limit's count taken for good. So the lock is
+what decides; the limit follows it, and a count that no live holder's lock backs is given back."""
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 import re
 import socket
+import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
 
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
+from gymflow.errors import ClusterUnavailable
 from gymflow.tasks.cluster.rounds import AnyLogger
 
 FIRST_TRY_SECONDS = 2.0  # a free slot is taken within this; past it, the run says it waits
+POLL_SECONDS = 2.0  # how often a waiting run tries the slots again
+SLOTS_FOLDER = Path(tempfile.gettempdir()) / "gymflow-gpu-slots"  # every user's runs on this host meet here
 
 
 def slot_name(device: str, host: str | None = None) -> str | None:
@@ -31,29 +46,121 @@ def slot_name(device: str, host: str | None = None) -> str | None:
     return f"gpu-{host}-{index}"
 
 
+@dataclass(frozen=True)
+class SlotHolder:
+    """Who holds a slot, as its lock file says."""
+
+    run: str
+    pid: int
+    since: float  # time.time() when it took the slot
+
+    def describe(self) -> str:
+        return f"run {self.run or '(unnamed)'} (pid {self.pid}, for {time.time() - self.since:.0f} s)"
+
+
 @contextmanager
-def gpu_slot(device: str, logger: AnyLogger, host: str | None = None) -> Iterator[str | None]:
-    """Hold the slot of `device` (nothing for a CPU) while inside; yields its name."""
+def gpu_slot(device: str, logger: AnyLogger, host: str | None = None, run: str = "",
+             wait_s: float = 3600.0) -> Iterator[str | None]:
+    """Hold a slot of `device` (nothing for a CPU) while inside; yields its name. Raises
+    `ClusterUnavailable` naming the holders if none comes free within `wait_s`."""
     name = slot_name(device, host)
     if name is None:
         yield None
         return
-    _limit_exists(name)
-    stack = ExitStack()
-    try:
-        stack.enter_context(concurrency(name, occupy=1, timeout_seconds=FIRST_TRY_SECONDS, strict=True))
-    except TimeoutError:
-        logger.warning("waiting for %s: another run trains on this GPU (Prefect UI: Concurrency)", name)
-        stack.enter_context(concurrency(name, occupy=1, strict=True))
-        logger.info("%s is this run's now", name)
-    with stack:
+    limit = _limit(name)
+    with ExitStack() as stack:
+        stack.enter_context(_slot_lock(name, limit, logger, run, wait_s))
+        _occupy_limit(stack, name, limit, logger)
         yield name
 
 
-def _limit_exists(name: str) -> None:
+@contextmanager
+def _slot_lock(name: str, limit: int, logger: AnyLogger, run: str, wait_s: float) -> Iterator[None]:
+    """One of the limit's lock files, held (and naming this run) while inside."""
+    SLOTS_FOLDER.mkdir(exist_ok=True)
+    with suppress(PermissionError):
+        SLOTS_FOLDER.chmod(0o1777)  # another user's runs on this host share the GPU too
+    deadline, said = time.monotonic() + wait_s, False
+    while True:
+        held = _try_lock(name, limit, run)
+        if held is not None:
+            break
+        holders = _holders(name, limit)
+        if time.monotonic() >= deadline:
+            raise ClusterUnavailable("distribution.gpu_wait_s", f"{name} was still held after {wait_s:g} s, by "
+                                     f"{_described(holders)}; allowed: a longer wait, or another "
+                                     f"distribution.learner_device")
+        if not said:
+            logger.warning("waiting for %s: %s trains on this GPU (up to distribution.gpu_wait_s, %g s)", name,
+                           _described(holders), wait_s)
+            said = True
+        time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+    descriptor, holder_file = held
+    if said:
+        logger.info("%s is this run's now", name)
+    try:
+        yield
+    finally:
+        with suppress(OSError):
+            holder_file.unlink()
+        os.close(descriptor)  # the lock goes with it
+
+
+def _try_lock(name: str, limit: int, run: str) -> tuple[int, Path] | None:
+    """The first free slot's lock file, locked (its descriptor), and the file naming its holder."""
+    for index in range(limit):
+        path = SLOTS_FOLDER / f"{name}.{index}.lock"
+        # read-only: another user's lock file locks as well; no child process inherits it
+        descriptor = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            continue
+        holder_file = path.with_suffix(".holder")
+        with suppress(OSError):
+            holder_file.write_text(json.dumps({"run": run, "pid": os.getpid(), "since": time.time()}))
+        return descriptor, holder_file
+    return None
+
+
+def _holders(name: str, limit: int) -> list[SlotHolder]:
+    holders = []
+    for index in range(limit):
+        with suppress(OSError, ValueError, TypeError, KeyError):
+            holders.append(SlotHolder(**json.loads((SLOTS_FOLDER / f"{name}.{index}.holder").read_text())))
+    return holders
+
+
+def _described(holders: list[SlotHolder]) -> str:
+    return ", ".join(holder.describe() for holder in holders) or "another run"
+
+
+def _occupy_limit(stack: ExitStack, name: str, limit: int, logger: AnyLogger) -> None:
+    """Take a slot of the Prefect limit too (what the UI shows). With a lock held, a limit that is
+    full counts a holder that died without letting go: its count is given back, once per slot."""
+    for _ in range(limit + 1):
+        try:
+            stack.enter_context(concurrency(name, occupy=1, timeout_seconds=FIRST_TRY_SECONDS, strict=True))
+            return
+        except TimeoutError:
+            logger.warning("%s: a run that held it ended without letting go; its slot is given back", name)
+            with get_client(sync_client=True) as client:
+                client.release_concurrency_slots(names=[name], slots=1, occupancy_seconds=0.001)  # must be > 0
+    raise ClusterUnavailable("distribution.learner_device", f"the Prefect limit {name} stays full though no run "
+                             f"holds it; allowed: `prefect gcl update {name} --active-slots 0` first")
+
+
+def _limit(name: str) -> int:
+    """The limit's slots, making it with one the first time; raises if an administrator set none."""
     with get_client(sync_client=True) as client:
         try:
-            client.read_global_concurrency_limit_by_name(name)
+            limit = client.read_global_concurrency_limit_by_name(name).limit
         except ObjectNotFound:
             with suppress(ObjectAlreadyExists):  # another run made it in the same instant
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+            limit = client.read_global_concurrency_limit_by_name(name).limit
+    if limit < 1:
+        raise ClusterUnavailable("distribution.learner_device", f"the Prefect limit {name} has {limit} slots, so no "
+                                 f"run may train on that GPU; allowed: `prefect gcl update {name} --limit 1`")
+    return limit

@@ -221,7 +221,8 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
     # a collect-only run's shards are what it makes: all kept
     keeping = preset.storage.model_copy(update={"keep_shards": "all"}) if preset.collect_only else preset.storage
     device = learner_device(preset, run.experiment.observation_space)
-    with gpu_slot(device, logger), inference_for_workers(run, observer, logger) as inference:
+    with gpu_slot(device, logger, run=run.run_id, wait_s=preset.distribution.gpu_wait_s), \
+            inference_for_workers(run, observer, logger) as inference:
         plan = RoundPlan(preset, run.run_id, inference)
         evaluations = EvaluationSchedule(hosts.for_evaluations(), plan, budget,
                                          blocking=preset.distribution.mode != "async", logger=logger)
