@@ -118,4 +118,4 @@ def train_member(sweep: Sweep, member: PbtMember) -> MemberResult:
     named = improve.with_options(flow_run_name=f"{run_id} interval {member.interval}")
     summary = named(sweep.spec.preset, overrides, resume=run_id if going_on else None,
                     run_id=None if going_on else run_id, sweep_trial=member)
-    return MemberResult.of(member, summary, sweep.spec.pbt.window)
+    return MemberResult.of(member, summary, sweep.spec.pbt.window, storage)

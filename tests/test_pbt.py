@@ -119,6 +119,28 @@ def test_a_quantile_never_makes_a_member_both_source_and_copier_and_a_finished_m
     assert [m.member for m in finished] == [1, 2] and not any(m.copy_from for m in finished)
 
 
+def test_a_member_that_ended_is_copied_from_a_checkpoint_it_kept(tmp_path):
+    """A member that finished at its target delivers the version its deciding evaluation scored,
+    whose checkpoint exists only where the cadence landed on it: a copier takes that one where it
+    does, else the run's newest checkpoint (its end); a paused member's own checkpoint is its pause."""
+    from gymflow.tasks.storage.checkpoints import commit_checkpoint
+    from gymflow.tasks.storage.layout import RunLayout
+    from gymflow.tasks.storage.objects import Storage, StorageLocation
+    from gymflow.tasks.training.summary import RunSummary
+
+    storage, layout = Storage(StorageLocation(str(tmp_path))), RunLayout("s-m000")
+    for version in (0, 2, 6):  # the cadence's and the end's
+        commit_checkpoint(storage, layout, version, {"learner.safetensors": bytes([version])})
+    member = first_plan(check_sweep(sweep_spec(_spec(pbt={"population": 2, "interval": 2_000}))), "s")[0]
+
+    def ended_at(delivered: int, paused: bool = False) -> int:
+        summary = RunSummary("s-m000", "mlflow", "file:///", delivered_version=delivered, final_return=1.0, paused=paused)
+        return MemberResult.of(member, summary, 2, storage).version
+
+    assert ended_at(4) == 6 and ended_at(2) == 2 and ended_at(6) == 6
+    assert ended_at(4, paused=True) == 4  # never asked: a pause is checkpointed where it pauses
+
+
 def test_explored_values_stay_inside_their_ranges_and_lists():
     sweep = check_sweep(sweep_spec(_spec(space={"agent.lr": {"low": 0.001, "high": 0.002},
                                                 "agent.epochs": {"low": 1, "high": 4, "integer": True},

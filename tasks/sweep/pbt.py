@@ -23,6 +23,7 @@ from gymflow.envs.seeding import derive_seed
 from gymflow.errors import InvalidPreset
 from gymflow.presets.sweep import Choice, Range, Sweep
 from gymflow.presets.validate import resolve_experiment
+from gymflow.tasks.storage.checkpoints import MANIFEST, latest_version
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.sweep.trial import PbtCopy, PbtMember
@@ -50,17 +51,28 @@ class MemberResult:
     model_uri: str = ""  # the delivered policy, once finished
 
     @classmethod
-    def of(cls, member: PbtMember, summary: RunSummary, window: int) -> MemberResult:
+    def of(cls, member: PbtMember, summary: RunSummary, window: int, storage: Storage) -> MemberResult:
         curve = tuple((row.env_steps, row.mean) for row in summary.evaluations)
         newest = [value for _, value in curve[-window:]] or [float(summary.final_return)]
+        version = summary.delivered_version if summary.paused else \
+            copyable_version(storage, summary.run_id, summary.delivered_version)
         return cls(member.member, member.interval, summary.run_id, summary.mlflow_run_id, float(np.mean(newest)),
-                   summary.delivered_version, summary.clock, not summary.paused, float(summary.final_return),
-                   curve, summary.model_uri)
+                   version, summary.clock, not summary.paused, float(summary.final_return), curve, summary.model_uri)
 
     @classmethod
     def from_json(cls, text: str) -> MemberResult:
         data = json.loads(text)
         return cls(**{**data, "curve": tuple((int(clock), float(value)) for clock, value in data["curve"])})
+
+
+def copyable_version(storage: Storage, run_id: str, delivered: int) -> int:
+    """The version a copier takes of a member that ended (at its target or its budget): the
+    delivered one where the checkpoint cadence kept it, else the run's newest checkpoint, its end (a
+    paused member's delivered version is the checkpoint of its pause)."""
+    layout = RunLayout(run_id)
+    if storage.exists(f"{layout.checkpoint(delivered)}/{MANIFEST}"):
+        return delivered
+    return latest_version(storage, layout)
 
 
 def member_run_id(sweep_id: str, member: int) -> str:
