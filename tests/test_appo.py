@@ -196,3 +196,73 @@ def test_an_appo_worker_sigkilled_mid_chunk_is_replaced_from_the_tending_thread_
         chunks = sorted(int(key.rsplit("/c", 1)[1][:6]) for key in accounted if f"/w{worker:03d}/" in key)
         assert chunks == list(range(len(chunks)))
     assert summary.env_steps >= 1024
+
+
+class _SchedulerLost:
+    """In-process hosts whose `settle`, once `lost` is set, waits as a HostPool's does while its
+    scheduler is away (up to 120 s), until `back` is set: the wait the batch stream's thread makes."""
+
+    def __init__(self) -> None:
+        import threading
+
+        from gymflow.tasks.cluster.hosts import InProcessHosts
+
+        self.runs = InProcessHosts()
+        self.timeout_s, self.closed, self.one_process = 600.0, False, False
+        self.lost, self.waiting, self.back = threading.Event(), threading.Event(), threading.Event()
+
+    def call(self, function, spec, slot, attempt=1):
+        return self.runs.call(function, spec, slot, attempt)
+
+    def settle(self, call, logger):
+        if self.lost.is_set():
+            self.waiting.set()
+            self.back.wait(60)
+        return call
+
+
+def test_the_batch_stream_answers_and_a_cancel_returns_while_its_thread_waits_for_the_cluster(tmp_path):
+    """The learner's side (what has landed, whether anything is coming) and a Prefect cancellation
+    do not wait for the tending thread's cluster waits: it holds the stream's lock only to count."""
+    import logging
+    import threading
+    from functools import partial
+
+    from gymflow.presets.validate import resolve_experiment
+    from gymflow.tasks.cluster import jobs
+    from gymflow.tasks.cluster.rounds import RoundPlan
+    from gymflow.tasks.training.batch_stream import BatchStream
+    from gymflow.tasks.training.commits import Commits
+    from gymflow.tasks.training.state import LoopState
+    from gymflow.tasks.training.stream import Batches
+
+    experiment = resolve_experiment("cartpole-appo", {
+        "storage.root": str(tmp_path), "distribution.rollout_workers": 2, "distribution.envs_per_worker": 2,
+        "schedule.rollout_steps_per_env": 8, "schedule.total_env_steps": 1024})
+    config = experiment.preset
+    learner = experiment.algorithm.learner(config.agent, experiment.observation_space, experiment.action_space, 0)
+    Commits(Storage(StorageLocation(str(tmp_path))), "run", config.storage, policy_window=4).publish(learner, 0)
+    jobs._LIVE_ENVS.clear()
+    hosts = _SchedulerLost()
+    stream = BatchStream(hosts, RoundPlan(config, "run"), Batches(config.env_steps_per_iteration,
+                                                                  config.distribution.max_policy_lag),
+                         partial(experiment.algorithm.exploration, config.agent), logging.getLogger("test"))
+    state = LoopState.start(2, 10_000)
+    first = stream.collect(state)
+    assert sum(shard.env_steps for shard in first.landed) >= config.env_steps_per_iteration
+
+    hosts.lost.set()
+    assert hosts.waiting.wait(10), "the tending thread never settled a call"
+    answered: list[bool] = []
+    asking = threading.Thread(target=lambda: answered.append(stream.drained()), daemon=True)
+    asking.start()
+    asking.join(10)
+    cancelling = threading.Thread(target=stream.cancel, daemon=True)
+    cancelling.start()
+    cancelling.join(10)
+    held = asking.is_alive() or cancelling.is_alive()
+    hosts.back.set()  # the scheduler back: the tending thread sees the stop and ends
+    assert not held, "the stream waited for its thread's wait for the cluster"
+    assert answered == [False] and not stream.in_flight
+    stream._tender.join(10)
+    assert not stream._tender.is_alive()

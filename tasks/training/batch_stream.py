@@ -30,6 +30,9 @@ from gymflow.tasks.training.state import LoopState, StreamPosition
 from gymflow.tasks.training.stream import AsyncStream, Batches, collecting_rate
 
 TEND_POLL_S = 0.05  # how often the tending thread looks at the workers when nothing lands
+# how long a cancel waits for the tending thread; one inside a cluster wait (a lost scheduler: up to
+# 120 s) is left to end by itself, touching nothing once it sees the stop
+CANCEL_WAIT_S = 2.0
 
 
 class BatchStream(AsyncStream):
@@ -40,6 +43,7 @@ class BatchStream(AsyncStream):
         self.waiting: list[ShardRef] = []  # landed, not yet handed to the learner, in landing order
         self.read_ahead: dict[str, Rollout] = {}  # the waiting shards' contents, read (and checked) on the thread
         self.reading: list[ShardRef] = []  # landed, being read: neither in flight nor waiting
+        self.submitting: set[int] = set()  # workers whose next chunk is being sent: not yet in flight
         self._lock = threading.Condition()  # the tending thread and the loop's share the stream's counters
         self._stopping = threading.Event()
         self._tender: threading.Thread | None = None
@@ -84,46 +88,61 @@ class BatchStream(AsyncStream):
     def drained(self) -> bool:
         with self._lock:
             budget_collected = self.submitted_steps >= self.total_env_steps
-            nothing_left = not (self.in_flight or self.reading or self.waiting)
+            nothing_left = not (self.in_flight or self.submitting or self.reading or self.waiting)
             return self.submitted_steps >= 0 and budget_collected and nothing_left
 
     def cancel(self) -> None:
-        self._stop_tending()
-        super().cancel()
+        """Within seconds, as a Prefect cancellation wants: the tending thread is not waited for
+        past `CANCEL_WAIT_S` (it may be inside a wait for the cluster)."""
+        self._stop_tending(CANCEL_WAIT_S)
+        with self._lock:
+            super().cancel()
 
     def _stop_collecting(self) -> list[ShardRef]:
-        self._stop_tending()
+        self._stop_tending(None)  # the run's end: `finish` settles what is in flight after it
         late, self.waiting = self.waiting, []
         self.read_ahead.clear()
         return late
 
-    def _stop_tending(self) -> None:
+    def _stop_tending(self, wait_s: float | None) -> None:
         self._stopping.set()
         with self._lock:
             self._lock.notify_all()
         if self._tender is not None and self._tender is not threading.current_thread():
-            self._tender.join()
+            self._tender.join(wait_s)
 
     def _tend(self) -> None:
         """The tending thread: whatever lands is read (its sha256 checked) and put aside for the
         learner, and its worker gets its next chunk at once (while less than a batch waits and
-        the budget lasts). The reading happens outside the lock, beside the learner's update."""
+        the budget lasts). The lock is held only for the bookkeeping: what can wait (settling a
+        call, which waits for a lost scheduler or for workers; sending a chunk, which may wait for a
+        host to start; reading a shard) happens outside it, so the learner takes what has landed
+        and a cancel returns meanwhile."""
         while not self._stopping.is_set():
             with self._lock:
-                calls = list(self.in_flight.values())
+                calls = dict(self.in_flight)
                 if not calls:  # every worker paused: woken as soon as the learner takes a batch
                     self._lock.wait(TEND_POLL_S)
             if calls:
-                wait_first(calls, TEND_POLL_S)
+                wait_first(calls.values(), TEND_POLL_S)
             try:
+                settled = self._settled(calls)
                 with self._lock:
                     if self._stopping.is_set():
                         return
-                    arrived = self.reading = self._landed(wait_s=0.0)
-                    self._feed(self.submitted_steps)
+                    arrived = self.reading = self._take_landed(settled)
+                    chunks = self._next_chunks(self.submitted_steps)
+                    self.submitting = set(chunks)
+                sent = self._submitted(chunks)
+                with self._lock:
+                    self.submitting = set()
+                    if self._stopping.is_set():
+                        return  # sent after the stop: they finish on their workers, never read
+                    self.in_flight |= sent
                 contents = {shard.key: read_shard(self.storage, shard) for shard in arrived}
             except BaseException as failure:  # noqa: BLE001 (handed to the loop's thread, raised there)
                 with self._lock:
+                    self.submitting = set()
                     self._failure = failure
                     self._lock.notify_all()
                 return
@@ -135,7 +154,7 @@ class BatchStream(AsyncStream):
 
     def _batch_ready(self) -> bool:
         waiting = sum(shard.env_steps for shard in self.waiting)
-        nothing_coming = not self.in_flight and not self.reading
+        nothing_coming = not self.in_flight and not self.submitting and not self.reading
         return waiting >= self.batches.batch_steps or (nothing_coming and self._budget_submitted())
 
     def _budget_submitted(self) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -177,24 +178,48 @@ class AsyncStream:
 
     def _feed(self, env_steps: int) -> None:
         """Send each idle worker its next chunk, while collection may run."""
+        self.in_flight |= self._submitted(self._next_chunks(env_steps))
+
+    def _next_chunks(self, env_steps: int) -> dict[int, Any]:
+        """The next chunk of each idle worker, while collection may run, counted as submitted
+        (the bookkeeping half of `_feed`, quick)."""
+        chunks: dict[int, Any] = {}
         for worker in range(self.plan.workers):
-            if worker in self.in_flight:
+            if worker in self.in_flight or worker in chunks:
                 continue
             if not self._may_collect():
-                return
-            spec = self.plan.chunk(worker, self.next_chunk[worker], self.exploration(env_steps), self.cursors[worker])
-            self.in_flight[worker] = self.hosts.call(run_rollout, spec, slot=worker)
+                break
+            chunks[worker] = self.plan.chunk(worker, self.next_chunk[worker], self.exploration(env_steps),
+                                             self.cursors[worker])
             self.next_chunk[worker] += 1
             self.submitted_steps += self.plan.preset.steps_per_chunk
+        return chunks
+
+    def _submitted(self, chunks: dict[int, Any]) -> dict[int, Call]:
+        """Each chunk sent to its worker's host (the half of `_feed` that may wait: for a host to start)."""
+        return {worker: self.hosts.call(run_rollout, spec, slot=worker) for worker, spec in chunks.items()}
 
     def _landed(self, wait_s: float) -> list[ShardRef]:
         """The chunks that finished, waiting up to `wait_s` for the first one. A failed chunk
         raises; a lost or wedged one is sent again."""
         if not any(call.done() for call in self.in_flight.values()):
             wait_first(self.in_flight.values(), wait_s)
+        return self._take_landed(self._settled(dict(self.in_flight)))
+
+    def _settled(self, calls: dict[int, Call]) -> dict[int, Call]:
+        """Each call settled (the half of `_landed` that may wait: for a lost scheduler, for
+        workers), the soonest due first."""
+        return {worker: self.hosts.settle(call, self.logger)
+                for worker, call in sorted(calls.items(), key=lambda item: item[1].deadline)}
+
+    def _take_landed(self, settled: dict[int, Call]) -> list[ShardRef]:
+        """The settled calls in place of their workers' (a resent one's new call); the finished
+        ones' shards, their workers idle again (the bookkeeping half of `_landed`, quick)."""
         shards = []
-        for worker, call in sorted(self.in_flight.items(), key=lambda item: item[1].deadline):
-            call = self.in_flight[worker] = self.hosts.settle(call, self.logger)
+        for worker, call in settled.items():
+            if worker not in self.in_flight:  # given up meanwhile (a cancel)
+                continue
+            self.in_flight[worker] = call
             if call.finished:
                 shard = call.future.result()  # a chunk that failed for good raises here
                 del self.in_flight[worker]
