@@ -316,7 +316,7 @@ def test_a_job_raising_an_exception_pickle_cannot_rebuild_fails_the_run_in_one_l
 
 def test_shipped_code_reaches_a_worker_that_joins_later_and_leaves_with_the_run(dask_cluster, workspace,
                                                                                  working_folder_env):
-    from gymflow.tasks.cluster.shipping import code_shipped
+    from gymflow.tasks.cluster.shipping import ShippedCode, code_shipped
 
     def _imports_my_corridor() -> bool:  # local: travels by value (the workers cannot import tests/)
         import importlib
@@ -324,7 +324,9 @@ def test_shipped_code_reaches_a_worker_that_joins_later_and_leaves_with_the_run(
         return importlib.import_module("my_corridor").MyCorridor.__name__ == "MyCorridor"
 
     address, workers = dask_cluster
-    with Client(address, timeout=30) as client, code_shipped(client, [workspace / "my_corridor.py"]):
+    clients = [Client(address, timeout=30)]
+    with code_shipped(lambda: clients[-1], [workspace / "my_corridor.py"]):
+        client = clients[0]
         assert all(client.run(_imports_my_corridor).values())
         joined = subprocess.Popen([DASK, "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
                                    "--dashboard-address", ":0", "--name", "joined-later"],
@@ -337,8 +339,14 @@ def test_shipped_code_reaches_a_worker_that_joins_later_and_leaves_with_the_run(
         finally:
             joined.terminate()
             joined.wait(timeout=30)
+        # a run's scheduler link made a new client (the scheduler was lost and came back): the old one
+        # is closed, and the code leaves through the new one
+        clients.append(Client(address, timeout=30))
+        client.close()
+    clients[-1].close()
     with Client(address, timeout=30) as client:
         assert not any(client.run(lambda: "my_corridor" in sys.modules).values())
+        assert ShippedCode.name not in client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.worker_plugins))
 
 
 def test_a_closing_worker_drops_only_the_heartbeat_failure_its_own_close_causes():

@@ -154,20 +154,22 @@ def job_hosts(client: Client, experiment: Experiment, logger: AnyLogger, resume_
     config = experiment.preset.distribution
     first_worker = next(_runs_on_shared_cluster) if client is _shared_client else 0
     shipped = code_to_ship(experiment.preset)
-    with code_shipped(client, shipped):
-        link = None
-        if config.scheduler_address:
-            at = SchedulerAddress(config.scheduler_address, _security(config.tls), config.scheduler_wait_s)
-            link = SchedulerLink(client, at, resume_hint, logger, on_new_scheduler=lambda new: ship_code(new, shipped))
-        hosts = HostPool(client, config.rollout_resources, config.rollout_timeout_s, first_worker, link)
-        hosts.start(config.rollout_workers)
-        try:
-            check_workers(hosts, experiment, logger)
-            yield hosts
-        finally:
-            hosts.close()
-            if link is not None:
-                link.close()
+    link = None
+    if config.scheduler_address:
+        at = SchedulerAddress(config.scheduler_address, _security(config.tls), config.scheduler_wait_s)
+        link = SchedulerLink(client, at, resume_hint, logger, on_new_scheduler=lambda new: ship_code(new, shipped))
+    try:
+        with code_shipped(lambda: link.client if link is not None else client, shipped):
+            hosts = HostPool(client, config.rollout_resources, config.rollout_timeout_s, first_worker, link)
+            hosts.start(config.rollout_workers)
+            try:
+                check_workers(hosts, experiment, logger)
+                yield hosts
+            finally:
+                hosts.close()
+    finally:
+        if link is not None:
+            link.close()  # after the shipped code is taken off through its client
 
 
 def _drop_dasks_malloc_trim_threshold() -> None:

@@ -15,7 +15,7 @@ import io
 import shutil
 import sys
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -106,18 +106,20 @@ def archive_of(paths: Sequence[Path]) -> bytes:
 
 
 @contextmanager
-def code_shipped(client: Client, paths: Sequence[Path]) -> Iterator[None]:
-    """`paths` on every worker of `client`'s cluster, and on every worker that joins, while inside;
-    taken off the workers (import path, modules, files) on the way out."""
+def code_shipped(current_client: Callable[[], Client], paths: Sequence[Path]) -> Iterator[None]:
+    """`paths` on every worker of the cluster, and on every worker that joins, while inside;
+    taken off the workers (import path, modules, files) on the way out, through the client of the
+    moment (`current_client()`: a run's scheduler link makes a new one when its scheduler was
+    lost and another answers, and the old one is closed)."""
     if not paths:
         yield
         return
-    ship_code(client, paths)
+    ship_code(current_client(), paths)
     try:
         yield
     finally:
         with suppress(Exception):  # a cluster already gone keeps nothing
-            client.unregister_worker_plugin(ShippedCode.name)
+            current_client().unregister_worker_plugin(ShippedCode.name)
 
 
 def ship_code(client: Client, paths: Sequence[Path]) -> None:
