@@ -143,8 +143,13 @@ class APPOConfig(VTraceOptions):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     algo: Literal["appo"] = "appo"
+    # the surrogate's ratio is against the proximal policy (agents/appo.py): 1 on a batch's first update,
+    # so the clip acts only from its second (IMPALA's one pass is IMPALAConfig's default)
+    epochs: int = Field(default=4, ge=1, le=1000, description="Passes over each batch as it lands; the clip "
+                        "acts from the second update of a batch on (the first's ratio is 1).")
     clip_range: float = Field(default=0.2, gt=0, le=1, description="Surrogate clipping epsilon, on the ratio of "
-                              "the learning policy to the acting one.")
+                              "the learning policy to the proximal one (the learner's as the batch landed, not the "
+                              "acting version: V-trace corrects for that lag).")
     normalize_advantages: bool = Field(default=True, description="Normalise per minibatch.")
 
 

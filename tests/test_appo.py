@@ -109,6 +109,16 @@ def test_a_learner_reports_how_far_the_acting_versions_were():
     assert learner.train_steps == 1  # one epoch, the whole batch in one step
 
 
+def test_appo_s_defaults_update_a_batch_more_than_once_so_that_its_clip_acts():
+    """The ratio is against the proximal policy: 1 throughout a batch's first update, so one pass
+    (IMPALA's default) would never clip; APPO's default passes make the clip act."""
+    learner = appo.APPOLearner(APPOConfig(hidden_sizes=[8], lr=0.05), OBS, TWO_ACTIONS, seed=0)
+    rng = np.random.default_rng(0)
+    metrics = learner.learn([_rollout_of(rng, rng.integers(0, 2, (16, 2)))], 0.0)
+    assert learner.train_steps == APPOConfig().epochs > 1 and IMPALAConfig().epochs == 1
+    assert metrics["clip_fraction"] > 0
+
+
 def test_reward_scaling_follows_each_worker_s_envs_whatever_order_their_chunks_land_in():
     rng = np.random.default_rng(0)
     chunks = {worker: [rng.normal(size=(4, 2)) for _ in range(3)] for worker in (0, 1)}

@@ -190,3 +190,22 @@ def test_an_async_run_through_a_lost_scheduler_accounts_for_every_chunk_once_wit
     check_every_chunk_once(storage, summary["run_id"], workers=2, max_policy_lag=2)  # those lost with the scheduler once
     assert committed_versions(storage, layout)[-1] == summary["versions"] - 1
     assert "was lost; waiting up to 120 s" in stderr.read_text() and "Traceback" not in stderr.read_text()
+
+
+def test_dasks_reconnect_verdict_stays_dropped_while_any_run_s_link_is_open():
+    """Two runs of one process (a sweep's members) each hold a link: the first to close leaves the
+    other's terminal as it was (Dask's "Failed to reconnect ..." dropped, the run saying it waits)."""
+    import logging
+
+    from distributed import Client, LocalCluster
+
+    from gymflow.tasks.cluster.scheduler_link import SchedulerAddress, SchedulerLink, _dasks_verdict
+
+    client_log = logging.getLogger("distributed.client")
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster, Client(cluster) as client:
+        at = SchedulerAddress(cluster.scheduler_address, None, 10.0)
+        first, second = (SchedulerLink(client, at, "", logging.getLogger("test")) for _ in range(2))
+        first.close()
+        assert _dasks_verdict in client_log.filters
+        second.close()
+        assert _dasks_verdict not in client_log.filters

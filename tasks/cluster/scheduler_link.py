@@ -16,6 +16,7 @@ what was committed stays.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from contextlib import suppress
@@ -45,6 +46,20 @@ class DasksReconnectVerdict(logging.Filter):
 
 
 _dasks_verdict = DasksReconnectVerdict()
+_links_open = 0  # the links that want the verdict dropped: two sweep members' runs share the filter
+_links_lock = threading.Lock()
+
+
+def _drop_dasks_verdict(links: int) -> None:
+    """Count `links` (1: one more open, -1: one closed); the filter is on while any is open."""
+    global _links_open
+    with _links_lock:
+        _links_open += links
+        client_log = logging.getLogger("distributed.client")
+        if _links_open > 0:
+            client_log.addFilter(_dasks_verdict)  # once: a logger keeps one of each filter
+        else:
+            client_log.removeFilter(_dasks_verdict)
 
 
 @dataclass(frozen=True)
@@ -66,7 +81,7 @@ class SchedulerLink:
         self.on_new_scheduler = on_new_scheduler
         self.scheduler_id = scheduler_id(client)
         self._made: list[Client] = []  # clients made here (the first is its owner's to close)
-        logging.getLogger("distributed.client").addFilter(_dasks_verdict)
+        _drop_dasks_verdict(+1)
 
     def answers(self) -> bool:
         """The client is connected to the scheduler it started with."""
@@ -94,7 +109,7 @@ class SchedulerLink:
         for client in self._made:
             with suppress(Exception):  # its scheduler may be gone for good
                 client.close(timeout=5)
-        logging.getLogger("distributed.client").removeFilter(_dasks_verdict)
+        _drop_dasks_verdict(-1)
 
     def _connected(self, started: float) -> Client | None:
         """The current client if Dask reconnected it, else a new one; None while none answers."""
