@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,16 @@ def mean_metrics(rows: Sequence[dict[str, torch.Tensor]]) -> dict[str, float]:
     keys = list(rows[0])
     means = torch.stack([torch.stack([row[key].float() for row in rows]).mean() for key in keys])
     return dict(zip(keys, means.tolist(), strict=True))
+
+
+def network_of_version(weights: dict[str, torch.Tensor], like: nn.Module | None,
+                       fresh: Callable[[], nn.Module]) -> nn.Module:
+    """A network holding a version's `weights`, for acting: a copy of `like` (a cached network of the
+    same run) where there is one, else `fresh()`. A copy costs a few milliseconds where drawing a
+    network's initial weights (orthogonal, for the CNN policies) can cost a hundred."""
+    network = copy.deepcopy(like) if like is not None else fresh()
+    network.load_state_dict(weights)
+    return network.eval()
 
 
 def cpu_weights(network: nn.Module) -> dict[str, torch.Tensor]:

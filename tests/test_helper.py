@@ -50,7 +50,7 @@ def test_jobs_sent_while_the_helper_starts_wait_for_it_unless_a_waiting_caller_r
 
 
 def test_the_helper_yields_a_core_to_the_learner(helper):
-    from gymflow.tasks.cluster.wire import HELPER_NICENESS
+    from gymflow.tasks.cluster.helper import HELPER_NICENESS
 
     _ready(helper)
     assert run_round(helper, _niceness, [None], LOGGER) == [min(os.nice(0) + HELPER_NICENESS, 19)]
@@ -59,7 +59,7 @@ def test_the_helper_yields_a_core_to_the_learner(helper):
 def test_a_helper_that_does_not_start_in_time_is_ended_and_its_queued_jobs_run_in_this_process(monkeypatch):
     from gymflow.tasks.cluster import helper as helper_module
 
-    monkeypatch.setattr(helper_module, "START_TIMEOUT_S", 0.2)  # far less than its imports take
+    monkeypatch.setattr(helper_module, "CHILD_START_TIMEOUT_S", 0.2)  # far less than its imports take
     helper = HelperProcess(InProcessHosts())
     try:
         assert run_round(helper, _pid, [None], LOGGER) == [os.getpid()]

@@ -21,8 +21,10 @@ from gymflow.envs.vector import make_vector_env
 from gymflow.errors import InvalidPreset
 from gymflow.presets import load_preset
 from gymflow.presets.validate import experiment_from, inference_beside_learner, resolve_experiment
-from gymflow.tasks.cluster import inference, jobs
-from gymflow.tasks.cluster.inference import InferenceServer, RemoteOutputs, connect
+from gymflow.tasks.cluster import inference, inference_client, jobs
+from gymflow.tasks.cluster.inference import InferenceServer
+from gymflow.tasks.cluster.inference_client import RemoteOutputs, connect
+from gymflow.tasks.cluster.messages import InferenceAddress
 from gymflow.tasks.cluster.rounds import RoundPlan
 from gymflow.tasks.storage.objects import open_storage, storage_location
 from gymflow.tasks.storage.shards import read_shard
@@ -202,9 +204,9 @@ def test_a_malformed_request_is_answered_as_not_served_and_the_server_serves_on(
     policy, obs = _policy(published, seed=0), np.zeros((3, *published.observation_space.shape), np.uint8)
     try:
         connection = connect(server.address)
-        connection.send_bytes(inference._REQUEST.pack(0, 5) + bytes(7))  # five rows said, seven bytes sent
+        connection.send_bytes(inference_client.REQUEST.pack(0, 5) + bytes(7))  # five rows said, seven bytes sent
         assert connection.poll(10), "the server did not answer a malformed request"
-        assert connection.recv_bytes() == inference._NOT_SERVED
+        assert connection.recv_bytes() == inference_client.NOT_SERVED
         assert _within(10, lambda: _served_remotely(server.address, policy, obs)).remote_rows == 3
     finally:
         served = server.close()
@@ -212,7 +214,7 @@ def test_a_malformed_request_is_answered_as_not_served_and_the_server_serves_on(
 
 
 def test_a_worker_waits_for_a_silent_server_a_bounded_time_then_acts_on_its_cpu(published, monkeypatch):
-    monkeypatch.setattr(inference, "REPLY_TIMEOUT_S", 1.0, raising=False)  # absent before its fix
+    monkeypatch.setattr(inference_client, "REPLY_TIMEOUT_S", 1.0)  # absent before its fix
     policy, obs = _policy(published, seed=0), np.zeros((3, *published.observation_space.shape), np.uint8)
     silent, killed = _server(published), _server(published)
     try:
@@ -267,7 +269,7 @@ def test_a_server_whose_forwards_keep_failing_answers_each_then_stops_serving(tm
     """A forward that raises (out of memory, a CUDA error: not made for real on a CPU) is each
     request's error; the third in a row ends serving, and every worker sees its connection end."""
     experiment = resolve_experiment("cartpole-ppo")
-    address = inference.InferenceAddress(str(tmp_path / "socket"), b"key", inference.this_machine())
+    address = InferenceAddress(str(tmp_path / "socket"), b"key", inference_client.this_machine())
     setup = inference.InferenceSetup(address, None, "run", experiment.preset.agent, experiment.observation_space,
                                      experiment.action_space, "cpu")
     serving = inference._Serving(setup, Listener(address.path, family="AF_UNIX"))
@@ -282,7 +284,7 @@ def test_a_server_whose_forwards_keep_failing_answers_each_then_stops_serving(tm
     obs = np.zeros((2, 4), np.float32)
     for _ in range(inference.FAILURES_IN_A_ROW):
         serving._answer({0: [(server_end, obs)]})
-        assert worker.recv_bytes() == inference._NOT_SERVED
+        assert worker.recv_bytes() == inference_client.NOT_SERVED
     assert serving.stopped.is_set() and not os.path.exists(address.path)
     with pytest.raises(EOFError):
         worker.recv_bytes()

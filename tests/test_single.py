@@ -92,7 +92,7 @@ def test_a_single_run_starts_no_process_and_ends_byte_identical_to_a_sync_run(pr
     # a watch every 20 ms can miss a short-lived process on a loaded machine)
     assert not [command for command in started.seen.values() if "multiprocessing" in command or "dask" in command], \
         started.seen
-    helpers = [pid for pid, command in popened if "gymflow.tasks.cluster.wire" in command]
+    helpers = [pid for pid, command in popened if "gymflow.tasks.cluster.helper" in command]
     assert len(helpers) == 1 and not psutil.pid_exists(helpers[0]), (popened, started.seen)
     assert {process.split(":")[1] for process in single.rollout_processes} == {str(os.getpid())}
     assert single.versions_committed == synced.versions_committed

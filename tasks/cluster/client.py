@@ -22,10 +22,11 @@ from distributed.utils import get_mp_context
 
 from gymflow.agents.algorithms import ALGORITHMS
 from gymflow.errors import ClusterUnavailable, InvalidPreset
+from gymflow.logs import AnyLogger
 from gymflow.presets.model import DistributionConfig, TLSConfig
 from gymflow.presets.validate import Experiment
 from gymflow.tasks.cluster.hosts import HostPool
-from gymflow.tasks.cluster.rounds import AnyLogger, check_workers
+from gymflow.tasks.cluster.rounds import check_workers
 from gymflow.tasks.cluster.scheduler_link import SchedulerAddress, SchedulerLink
 from gymflow.tasks.cluster.shipping import code_shipped, code_to_ship, ship_code
 

@@ -3,11 +3,11 @@ learner learns in the flow's process (JORLDY's manage process). On a thread of t
 process they shared the GIL with the learner: on CartPole an evaluation beside the learner took
 twice its own time and slowed learning by as much again (docs/benchmarks.md, single mode).
 
-The helper is `python -m gymflow.tasks.cluster.wire` (its `serve`) with the flow's import path, in a session
-of its own (a Ctrl-C in the terminal stops the flow, and the flow ends it). Jobs cross its stdin
-and stdout as length-prefixed frames of bytes (tasks/cluster/wire.py) and run one at a time, in
-the order they were sent; what a job prints goes to stderr. It exits when its stdin closes: when
-the flow closes it, or when the flow dies.
+The helper is `python -m gymflow.tasks.cluster.helper` (this module's `serve`), a child that talks in
+frames (tasks/cluster/wire.py's `start_child`: the flow's import path, a session of its own). Jobs
+cross its stdin and stdout as length-prefixed frames of bytes and run one at a time, in the order
+they were sent; what a job prints goes to stderr. It exits when its stdin closes: when the flow
+closes it, or when the flow dies.
 
 The helper only makes single mode faster, never different. A job sent while it is still starting
 (its imports take a second or two, and a CartPole run's first evaluation comes sooner) waits for
@@ -20,6 +20,7 @@ the helper died, or queued when it dies, runs in the flow's process, with the sa
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import os
 import subprocess
 import sys
@@ -33,12 +34,25 @@ from typing import Any
 
 import cloudpickle
 
+from gymflow.imports import uncollected
 from gymflow.tasks.cluster.hosts import Call, HostLost, Hosts
-from gymflow.tasks.cluster.wire import describe_job, read_frame, settle_reply, write_frame
+from gymflow.tasks.cluster.wire import (
+    CHILD_START_TIMEOUT_S,
+    describe_job,
+    frames_out,
+    read_frame,
+    run_job,
+    settle_reply,
+    start_child,
+    write_frame,
+)
 from gymflow.tasks.storage.objects import settle_writes
 
 STOP_WAIT_S = 5.0  # a job still running when the flow closes the helper is given this long, then killed
-START_TIMEOUT_S = 60.0  # a helper not ready by then is ended; its jobs run in the flow's process
+# where the helper and the learner both want a core (the Prefect API wanting the other), the learner
+# gets it. Alternating runs, the benchmark's ratio: DQN 1.07 against 1.09, PPO 1.03 against 1.04
+# (docs/benchmarks.md)
+HELPER_NICENESS = 5
 
 
 @dataclass(frozen=True)
@@ -64,10 +78,7 @@ class HelperProcess:
     def __init__(self, instead: Hosts) -> None:
         """`instead`: where jobs run while the helper starts, or once it has died."""
         self.instead = instead
-        path = os.pathsep.join(entry for entry in sys.path if entry)  # the user's env modules import there too
-        self.process = subprocess.Popen([sys.executable, "-m", "gymflow.tasks.cluster.wire"], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path},
-                                        start_new_session=True)
+        self.process = start_child("gymflow.tasks.cluster.helper")  # a helper not ready in time is ended:
         self._waiting: deque[tuple[concurrent.futures.Future, str]] = deque()  # sent, in order, not answered
         self._queued: deque[_Queued] = deque()  # sent before the helper was ready, in order
         self._ready = threading.Event()  # set once the helper has imported what jobs need
@@ -75,7 +86,7 @@ class HelperProcess:
         self._lock = threading.Lock()
         self._replies = threading.Thread(target=self._read_replies, name="helper-replies", daemon=True)
         self._replies.start()
-        self._start_deadline = threading.Timer(START_TIMEOUT_S, self._end_if_not_ready)
+        self._start_deadline = threading.Timer(CHILD_START_TIMEOUT_S, self._end_if_not_ready)  # its jobs run here
         self._start_deadline.daemon = True
         self._start_deadline.start()
 
@@ -178,3 +189,29 @@ class HelperProcess:
     def _end_if_not_ready(self) -> None:
         if not self._ready.is_set():  # a helper that cannot start must not hold its jobs
             self.process.kill()
+
+
+def serve() -> None:
+    """The helper's side: say it is ready (an empty frame), then run each job read from stdin and
+    answer each on the original stdout."""
+    if hasattr(os, "nice"):  # not on Windows
+        os.nice(HELPER_NICENESS)
+    with uncollected(freeze=True):  # the helper keeps what it imports for its life
+        from gymflow.tasks.cluster.jobs import import_job_machinery
+
+        import_job_machinery()
+
+    replies = frames_out()
+    write_frame(replies, b"")  # ready
+    jobs = sys.stdin.buffer
+    while (job := read_frame(jobs)) is not None:
+        write_frame(replies, run_job(job))
+    # the helper ends next, and the flow waits for it: no collection of its whole heap (torch,
+    # Gymnasium) on the way out (~0.5 s), as the command line's own exit
+    gc.freeze()
+
+
+if __name__ == "__main__":  # the helper: its jobs' failures must pickle as wire's types, not __main__'s
+    from gymflow.tasks.cluster import helper
+
+    helper.serve()

@@ -4,52 +4,52 @@ learner's device (a GPU), and get the network's outputs back; they step envs wit
 alone and draw actions from the outputs with their own seeded RNG (Sample Factory's policy
 workers, SEED RL's central inference).
 
-The server is `python -m gymflow.tasks.cluster.inference`, started by the flow with an
-`InferenceSetup` on its stdin; it listens on a Unix socket with an auth key and answers with the
-counters of what it served (`InferenceServed`) when its stdin closes. Each request is one half of a
-worker's envs (agents.rollout.collect_in_halves): a version and a batch of observations; whatever
-requests are waiting when the server looks are computed in one forward per version. A worker on
-another machine, one that cannot connect, or one whose server has gone, computes its outputs
-itself (`RemoteOutputs`), so a run never depends on the server: a request the server cannot answer
-(a malformed one, a forward that raised) gets an error reply, a worker waits at most
-`REPLY_TIMEOUT_S` for a reply, a client with a wrong key is turned away without stopping the others,
-and a server that keeps failing stops serving, saying why once.
+The server is `python -m gymflow.tasks.cluster.inference`, a child that talks in frames
+(tasks/cluster/wire.py's `start_child`), started by the flow with an `InferenceSetup` on its
+stdin; it listens on a Unix socket with an auth key and answers with the counters of what it
+served (`InferenceServed`) when its stdin closes. Each request is one half of a worker's envs
+(agents.rollout.collect_in_halves): a version and a batch of observations; whatever requests are
+waiting when the server looks are computed in one forward per version. A worker on another
+machine, one that cannot connect, or one whose server has gone, computes its outputs itself
+(`RemoteOutputs`, tasks/cluster/inference_client.py: the workers' side), so a run never depends
+on the server: a request the server cannot answer (a malformed one, a forward that raised) gets an
+error reply, a worker waits at most `REPLY_TIMEOUT_S` for a reply, a client with a wrong key is
+turned away without stopping the others, and a server that keeps failing stops serving, saying
+why once.
 """
 
 from __future__ import annotations
 
-import copy
 import os
 import secrets
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from contextlib import suppress
 from dataclasses import dataclass
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection, Listener, answer_challenge, deliver_challenge, wait
+from multiprocessing.connection import Connection, Listener, answer_challenge, deliver_challenge, wait
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
 import numpy as np
 
+from gymflow.tasks.cluster.inference_client import NOT_SERVED, REPLY, REQUEST, this_machine
 from gymflow.tasks.cluster.messages import InferenceAddress
-from gymflow.tasks.cluster.wire import read_frame, write_frame
+from gymflow.tasks.cluster.wire import (
+    CHILD_START_TIMEOUT_S,
+    frames_out,
+    read_frame,
+    read_frame_within,
+    start_child,
+    write_frame,
+)
 from gymflow.tasks.storage.objects import StorageLocation
 
-_REQUEST = struct.Struct("!qq")  # policy version, rows; the observations' bytes follow
-_REPLY = struct.Struct("!8sq")  # the outputs' numpy dtype, columns (-1: not served, the worker computes them)
-_NOT_SERVED = _REPLY.pack(b"", -1)
-START_TIMEOUT_S = 60.0
-# the longest a worker waits for one reply: a forward takes milliseconds, a version's first load from
-# storage a second or two; past it the server counts as gone for this worker process
-REPLY_TIMEOUT_S = 30.0
 FAILURES_IN_A_ROW = 3  # forwards that raised one after another before the server stops serving
 VERSIONS_KEPT = 8  # networks kept on the device, the newest used: ASYNC chunks act with recent ones
 
@@ -85,15 +85,6 @@ class InferenceServed:
                 "inference/busy_seconds": self.busy_seconds}
 
 
-def this_machine() -> str:
-    """The host name and this boot's id: a Unix socket's path means the same socket only there."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
-
-
 class InferenceServer:
     """The flow's side: the server process, its address, and what it served once closed."""
 
@@ -112,16 +103,13 @@ class InferenceServer:
         folder = tempfile.mkdtemp(prefix="gymflow-inference-")
         address = InferenceAddress(os.path.join(folder, "socket"), secrets.token_bytes(16), this_machine())
         setup = InferenceSetup(address, storage, run_id, agent, *spaces, device)
-        path = os.pathsep.join(entry for entry in sys.path if entry)  # the user's env modules import there too
-        process = subprocess.Popen([sys.executable, "-m", "gymflow.tasks.cluster.inference"], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path},
-                                   start_new_session=True)
+        process = start_child("gymflow.tasks.cluster.inference")
         server = cls(setup, process)
         write_frame(process.stdin, cloudpickle.dumps(setup))
-        ready = _read_within(process, START_TIMEOUT_S)
+        ready = read_frame_within(process, CHILD_START_TIMEOUT_S)
         if ready is None or ready != b"ready":
             server.close()
-            reason = ready.decode(errors="replace") if ready else f"no answer in {START_TIMEOUT_S:.0f} s"
+            reason = ready.decode(errors="replace") if ready else f"no answer in {CHILD_START_TIMEOUT_S:.0f} s"
             raise InferenceUnavailable(f"the inference server on {device} did not start: {reason}")
         return server
 
@@ -133,7 +121,7 @@ class InferenceServer:
             self.process.stdin.close()
         except OSError:
             pass
-        reply = _read_within(self.process, 10.0)
+        reply = read_frame_within(self.process, 10.0)
         try:
             self.process.wait(5.0)
         except subprocess.TimeoutExpired:
@@ -152,107 +140,6 @@ class InferenceServer:
 
 class InferenceUnavailable(RuntimeError):
     pass
-
-
-def _read_within(process: subprocess.Popen, seconds: float) -> bytes | None:
-    """The server's next frame, or None if it exits or says nothing for `seconds`."""
-    frame: list[bytes | None] = [None]
-    reader = threading.Thread(target=lambda: frame.__setitem__(0, read_frame(process.stdout)), daemon=True)
-    reader.start()
-    reader.join(seconds)
-    if reader.is_alive():
-        process.kill()
-        reader.join()
-    return frame[0]
-
-
-class RemoteOutputs:
-    """A worker's side (an `OutputsSource`): requests to its machine's server, answered in order;
-    once the server cannot answer (gone, silent for `REPLY_TIMEOUT_S`, or it did not serve a
-    request), the outputs of everything still asked for and everything after come from
-    `policy.outputs`, on the worker's CPU."""
-
-    def __init__(self, connection: Connection | None, version: int, policy: Any):
-        self.connection, self.version, self.policy = connection, version, policy
-        self.asked: deque[np.ndarray] = deque()
-        self.remote_rows = 0
-
-    def request(self, obs: np.ndarray) -> None:
-        self.asked.append(obs)
-        if self.connection is not None:
-            try:
-                self.connection.send_bytes(_REQUEST.pack(self.version, len(obs)) + np.ascontiguousarray(obs).tobytes())
-            except OSError:
-                self._give_up(server_gone=True)
-
-    def receive(self) -> np.ndarray:
-        obs = self.asked.popleft()
-        if self.connection is not None:
-            try:
-                if not self.connection.poll(REPLY_TIMEOUT_S):
-                    self._give_up(server_gone=True)  # silent: hung, or stopped by a signal
-                    return self.policy.outputs(obs)
-                reply = self.connection.recv_bytes()
-                dtype, columns = _REPLY.unpack_from(reply)
-                if columns >= 0:
-                    self.remote_rows += len(obs)
-                    body = np.frombuffer(reply, dtype=np.dtype(dtype.rstrip(b"\0").decode()), offset=_REPLY.size)
-                    return body.reshape(len(obs), columns)
-            except (OSError, EOFError):
-                self._give_up(server_gone=True)
-                return self.policy.outputs(obs)
-            self._give_up(server_gone=False)  # not served (a retired version, a failed forward)
-        return self.policy.outputs(obs)
-
-    def _give_up(self, server_gone: bool) -> None:
-        """The server answers no more of this rollout: every later output is its own. Where the
-        server is gone or silent, no later rollout of this process asks it again."""
-        _forget(self.connection, unreachable=server_gone)
-        self.connection = None
-
-
-# a worker process's open connections: one per server and thread, as a job host runs rollouts on a
-# pool of threads and a connection's replies come back in its requests' order
-_CONNECTIONS: dict[tuple[InferenceAddress, int], Connection] = {}
-_UNREACHABLE: set[InferenceAddress] = set()  # servers gone or silent for this process
-_CONNECTIONS_LOCK = threading.Lock()
-
-
-def connect(address: InferenceAddress) -> Connection | None:
-    """This thread's connection to the server at `address`; None where it cannot be reached (another
-    machine, a server that has gone or stopped answering). Connections to servers that have gone
-    (a finished run's) are closed on the way."""
-    key = (address, threading.get_ident())
-    with _CONNECTIONS_LOCK:
-        _close_finished_runs_connections()
-        if key in _CONNECTIONS:
-            return _CONNECTIONS[key]
-        if address in _UNREACHABLE or address.machine != this_machine() or not os.path.exists(address.path):
-            return None
-    try:
-        connection = Client(address.path, family="AF_UNIX", authkey=address.authkey)
-    except (OSError, EOFError, AuthenticationError):
-        return None
-    with _CONNECTIONS_LOCK:
-        _CONNECTIONS[key] = connection
-    return connection
-
-
-def _close_finished_runs_connections() -> None:
-    """A finished run's server removed its socket: its connections here are closed."""
-    for key in [key for key in _CONNECTIONS if not os.path.exists(key[0].path)]:
-        _CONNECTIONS.pop(key).close()
-    _UNREACHABLE.intersection_update({address for address in _UNREACHABLE if os.path.exists(address.path)})
-
-
-def _forget(connection: Connection, unreachable: bool) -> None:
-    with _CONNECTIONS_LOCK:
-        for key, open_connection in list(_CONNECTIONS.items()):
-            if open_connection is connection:
-                del _CONNECTIONS[key]
-                if unreachable:
-                    _UNREACHABLE.add(key[0])
-    connection.close()  # replies still owed on it are not read: a later rollout connects anew
 
 
 class _Versions:
@@ -276,6 +163,7 @@ class _Versions:
         return self.policies[version]
 
     def _load(self, version: int) -> Any:
+        from gymflow.agents.networks import network_of_version
         from gymflow.tasks.storage.checkpoints import POLICY_BLOB, read_policy
         from gymflow.tasks.storage.codec import decode_tensors
         from gymflow.tasks.storage.layout import RunLayout
@@ -283,18 +171,15 @@ class _Versions:
 
         setup = self.setup
         blobs = read_policy(open_storage(setup.storage), RunLayout(setup.run_id), version, [POLICY_BLOB])
-        if self.policies:
-            network = copy.deepcopy(next(reversed(self.policies.values())).network)
-        else:
-            network = self.algorithm.network(setup.agent, setup.observation_space, setup.action_space)
-            network = network.to(setup.device).eval()
-        network.load_state_dict(decode_tensors(blobs[POLICY_BLOB]))
+        newest = next(reversed(self.policies.values())).network if self.policies else None
+        network = network_of_version(decode_tensors(blobs[POLICY_BLOB]), newest, lambda: self.algorithm.network(
+            setup.agent, setup.observation_space, setup.action_space).to(setup.device))
         return self.algorithm.policy(network, setup.agent, 0.0, 0)
 
 
 class _Serving:
     """The server's loop: admit workers, answer what is waiting in one forward per version. A request
-    it cannot answer gets `_NOT_SERVED`; after `FAILURES_IN_A_ROW` forwards that raised, or an error
+    it cannot answer gets `NOT_SERVED`; after `FAILURES_IN_A_ROW` forwards that raised, or an error
     of the loop itself, it stops serving: its socket and connections close, so every worker computes
     its own outputs from then on."""
 
@@ -366,24 +251,24 @@ class _Serving:
             if obs is None:
                 self._not_served(connection, f"a malformed request ({len(message)} bytes)")
                 continue
-            version, _ = _REQUEST.unpack_from(message)
+            version, _ = REQUEST.unpack_from(message)
             by_version.setdefault(version, []).append((connection, obs))
         return by_version
 
     def _observations(self, message: bytes) -> np.ndarray | None:
         """A request's observations; None if its size does not match its row count."""
-        if len(message) < _REQUEST.size:
+        if len(message) < REQUEST.size:
             return None
-        _, rows = _REQUEST.unpack_from(message)
-        if rows < 1 or len(message) - _REQUEST.size != rows * self.obs_bytes:
+        _, rows = REQUEST.unpack_from(message)
+        if rows < 1 or len(message) - REQUEST.size != rows * self.obs_bytes:
             return None
-        return np.frombuffer(message, self.obs_dtype, offset=_REQUEST.size).reshape(rows, *self.obs_shape)
+        return np.frombuffer(message, self.obs_dtype, offset=REQUEST.size).reshape(rows, *self.obs_shape)
 
     def _answer(self, by_version: dict[int, list[tuple[Connection, np.ndarray]]]) -> None:
         for version, asked in by_version.items():
             policy = self.versions.policy(version)
             if policy is None:  # retired: the worker computes that version's outputs itself
-                replies = [_NOT_SERVED] * len(asked)
+                replies = [NOT_SERVED] * len(asked)
             else:
                 try:
                     outputs = policy.outputs(np.concatenate([obs for _, obs in asked]))
@@ -393,7 +278,7 @@ class _Serving:
                 self.failures_in_a_row = 0
                 self.counts["forwards"] += 1
                 bounds = np.cumsum([0] + [len(obs) for _, obs in asked])
-                replies = [_REPLY.pack(outputs.dtype.str.encode(), outputs.shape[1])
+                replies = [REPLY.pack(outputs.dtype.str.encode(), outputs.shape[1])
                            + np.ascontiguousarray(outputs[start:end]).tobytes()
                            for start, end in zip(bounds[:-1], bounds[1:])]
             for (connection, obs), reply in zip(asked, replies, strict=True):
@@ -411,7 +296,7 @@ class _Serving:
     def _not_served(self, connection: Connection, why: str) -> None:
         self.counts["failed"] += 1
         self._note(why)
-        self._send(connection, _NOT_SERVED)
+        self._send(connection, NOT_SERVED)
 
     def _send(self, connection: Connection, reply: bytes) -> None:
         try:
@@ -450,8 +335,7 @@ class _Serving:
 def serve() -> None:
     """The server process: read the setup, listen, say `ready`, serve until stdin closes, then
     answer with what was served."""
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nothing printed may land among the frames
+    replies = frames_out()
     setup: InferenceSetup = cloudpickle.loads(read_frame(sys.stdin.buffer))
     try:
         import torch

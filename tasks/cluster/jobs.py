@@ -11,7 +11,6 @@ cursor in the previous shard, so the trajectory is the same either way.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ import numpy as np
 from gymflow.agents.algorithms import ALGORITHMS, algorithm_of
 from gymflow.agents.core import Policy
 from gymflow.agents.match import Sides, first_rows, game_scores, play_games
+from gymflow.agents.networks import network_of_version
 from gymflow.agents.rollout import (
     RandomPolicy,
     acts_from_outputs,
@@ -37,7 +37,7 @@ from gymflow.envs.vector import AnyVectorEnv, make_vector_env
 from gymflow.envs.video import CannotFilm, film_episode, film_game
 from gymflow.errors import GymflowError
 from gymflow.tasks.cluster.host_figures import sample_to_send
-from gymflow.tasks.cluster.inference import RemoteOutputs, connect
+from gymflow.tasks.cluster.inference_client import RemoteOutputs, connect
 from gymflow.tasks.cluster.messages import (
     EvaluationResult,
     EvaluationSpec,
@@ -282,20 +282,17 @@ def _policy(
     network = _NETWORKS.get(key)
     if network is None:
         blobs = read_policy(open_storage(spec.storage), RunLayout(spec.run_id), version, [POLICY_BLOB], _NODE_BLOBS)
-        network = _network_like(spec) or algorithm.network(spec.agent, env.observation_space, env.action_space)
-        network.load_state_dict(decode_tensors(blobs[POLICY_BLOB]))
-        network.eval()
+        network = network_of_version(decode_tensors(blobs[POLICY_BLOB]), _cached_network_of(spec),
+                                     lambda: algorithm.network(spec.agent, env.observation_space, env.action_space))
     _keep(_NETWORKS, key, network)
     return algorithm.policy(network, spec.agent, exploration, seed)
 
 
-def _network_like(spec: RolloutSpec | EvaluationSpec) -> nn.Module | None:
-    """A copy of a cached network of the spec's run, to load a version's weights into: a copy
-    costs a few milliseconds where drawing a network's initial weights (orthogonal, for the CNN
-    policies) can cost a hundred."""
+def _cached_network_of(spec: RolloutSpec | EvaluationSpec) -> nn.Module | None:
+    """The newest cached network of the spec's run: a new version's is a copy of it."""
     for (root, run_id, _), network in reversed(_NETWORKS.items()):
         if (root, run_id) == (spec.storage.root, spec.run_id):
-            return copy.deepcopy(network)
+            return network
     return None
 
 

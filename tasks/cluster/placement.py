@@ -9,11 +9,11 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from gymflow.logs import AnyLogger
 from gymflow.presets.model import Preset
 from gymflow.presets.validate import Experiment
 from gymflow.tasks.cluster.helper import HelperProcess
 from gymflow.tasks.cluster.hosts import Hosts, InProcessHosts
-from gymflow.tasks.cluster.rounds import AnyLogger
 from gymflow.tasks.storage.checkpoints import policies_kept_in_process
 from gymflow.tasks.storage.objects import open_storage, storage_location
 

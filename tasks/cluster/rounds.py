@@ -12,13 +12,13 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from logging import Logger, LoggerAdapter
 from typing import Any, Literal
 
 import numpy as np
 
 from gymflow.envs.seeding import derive_seed
 from gymflow.errors import ClusterUnavailable
+from gymflow.logs import AnyLogger
 from gymflow.presets.model import Preset
 from gymflow.presets.validate import Experiment
 from gymflow.tasks.cluster.hosts import Call, Hosts, wait_first
@@ -33,8 +33,6 @@ from gymflow.tasks.cluster.messages import (
 from gymflow.tasks.cluster.wire import describe_job
 from gymflow.tasks.storage.objects import storage_location
 from gymflow.tasks.storage.shards import ShardRef
-
-AnyLogger = Logger | LoggerAdapter
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from distributed.client import ClosedClientError
 from distributed.security import Security
 
 from gymflow.errors import ClusterUnavailable
-from gymflow.tasks.cluster.rounds import AnyLogger
+from gymflow.logs import AnyLogger
 
 POLL_S = 0.25
 CONNECT_ATTEMPT_S = 5.0  # one try of a new client; tried again until the run's wait is over

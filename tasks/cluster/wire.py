@@ -2,16 +2,20 @@
 `(function, spec)` in; the result, or the job's error as a plain-text `JobFailure`, out), so an
 error of any type, or a result the other side cannot read, ends its call in one line instead of
 leaving it unanswered. Dask workers' job hosts (hosts.py) and single mode's helper process
-(helper.py) run jobs through `run_job`; the helper is this module's `serve`, its jobs and answers
-length-prefixed frames on its stdin and stdout."""
+(helper.py) run jobs through `run_job`.
+
+And a child process that talks in length-prefixed frames on its stdin and stdout (`start_child`
+on the flow's side, `frames_out` on the child's): single mode's helper and the inference server.
+"""
 
 from __future__ import annotations
 
 import concurrent.futures
-import gc
 import os
 import struct
+import subprocess
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,13 +24,9 @@ from typing import IO, Any
 import cloudpickle
 
 from gymflow.errors import JobFailed
-from gymflow.imports import uncollected
 
 _LENGTH = struct.Struct("!Q")  # a frame's length, before its bytes
-# single mode's helper: where it and the learner both want a core (the Prefect API wanting the
-# other), the learner gets it. Alternating runs, the benchmark's ratio: DQN 1.07 against 1.09, PPO
-# 1.03 against 1.04 (docs/benchmarks.md)
-HELPER_NICENESS = 5
+CHILD_START_TIMEOUT_S = 60.0  # a child not ready by then is ended: the flow goes on without it
 
 
 @dataclass(frozen=True)
@@ -101,28 +101,29 @@ def read_frame(stream: IO[bytes]) -> bytes | None:
     return data if len(data) == length else None
 
 
-def serve() -> None:
-    """The helper's side: say it is ready (an empty frame), then run each job read from stdin and
-    answer each on the original stdout."""
-    if hasattr(os, "nice"):  # not on Windows
-        os.nice(HELPER_NICENESS)
-    with uncollected(freeze=True):  # the helper keeps what it imports for its life
-        from gymflow.tasks.cluster.jobs import import_job_machinery
-
-        import_job_machinery()
-
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a job's prints must not land among the replies
-    write_frame(replies, b"")  # ready
-    jobs = sys.stdin.buffer
-    while (job := read_frame(jobs)) is not None:
-        write_frame(replies, run_job(job))
-    # the helper ends next, and the flow waits for it: no collection of its whole heap (torch,
-    # Gymnasium) on the way out (~0.5 s), as the command line's own exit
-    gc.freeze()
+def start_child(module: str) -> subprocess.Popen:
+    """`python -m module`, talking in frames on its stdin and stdout, with the flow's import path
+    (the user's env modules import there too), in a session of its own (a Ctrl-C in the terminal
+    stops the flow, and the flow ends it). It exits when its stdin closes."""
+    path = os.pathsep.join(entry for entry in sys.path if entry)
+    return subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": path}, start_new_session=True)
 
 
-if __name__ == "__main__":  # the helper: its jobs' failures must pickle as this module's types, not __main__'s
-    from gymflow.tasks.cluster import wire
+def read_frame_within(process: subprocess.Popen, seconds: float) -> bytes | None:
+    """A child's next frame, or None if it exits or says nothing for `seconds` (it is killed then)."""
+    frame: list[bytes | None] = [None]
+    reader = threading.Thread(target=lambda: frame.__setitem__(0, read_frame(process.stdout)), daemon=True)
+    reader.start()
+    reader.join(seconds)
+    if reader.is_alive():
+        process.kill()
+        reader.join()
+    return frame[0]
 
-    wire.serve()
+
+def frames_out() -> IO[bytes]:
+    """The child's side: its original stdout, for frames alone; what it prints goes to stderr."""
+    frames = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nothing printed may land among the frames
+    return frames

@@ -22,8 +22,9 @@ from dataclasses import replace
 import numpy as np
 
 from gymflow.agents.batches import Rollout
+from gymflow.logs import AnyLogger
 from gymflow.tasks.cluster.hosts import Hosts, wait_first
-from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan
+from gymflow.tasks.cluster.rounds import RoundPlan
 from gymflow.tasks.storage.shards import ShardRef, read_shard
 from gymflow.tasks.training.collection import Experience, Exploration
 from gymflow.tasks.training.state import LoopState, StreamPosition

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
+from gymflow.logs import AnyLogger
 from gymflow.tasks.cluster.hosts import Hosts
-from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, collect_round
+from gymflow.tasks.cluster.rounds import RoundPlan, collect_round
 from gymflow.tasks.storage.layout import parse_shard_key
 from gymflow.tasks.storage.retention import ShardFloor
 from gymflow.tasks.storage.shards import ShardRef

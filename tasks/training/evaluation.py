@@ -21,9 +21,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 from prefect.states import Cancelled
 
+from gymflow.logs import AnyLogger
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.messages import EvaluationResult
-from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, evaluate_version
+from gymflow.tasks.cluster.rounds import RoundPlan, evaluate_version
 from gymflow.tasks.training.state import Budget, LoopState
 
 QUEUED_JOBS_POLL_S = 0.01  # how often a caller waiting for an evaluation looks for its jobs still queued

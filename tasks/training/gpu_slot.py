@@ -30,7 +30,7 @@ from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
 from gymflow.errors import ClusterUnavailable
-from gymflow.tasks.cluster.rounds import AnyLogger
+from gymflow.logs import AnyLogger
 
 FIRST_TRY_SECONDS = 2.0  # a free slot is taken within this; past it, the run says it waits
 POLL_SECONDS = 2.0  # how often a waiting run tries the slots again

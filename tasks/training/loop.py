@@ -21,10 +21,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from gymflow.agents.core import Learner, ReplayLearner
+from gymflow.logs import AnyLogger
 from gymflow.tasks.cluster.host_figures import node_id
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.messages import EvaluationResult
-from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan, collect_round
+from gymflow.tasks.cluster.rounds import RoundPlan, collect_round
 from gymflow.tasks.lake.source import ExperienceDataset
 from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.storage.shards import ShardRef, read_shard

@@ -14,6 +14,7 @@ import yaml
 
 from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.errors import InvalidPreset
+from gymflow.logs import AnyLogger
 from gymflow.presets.load import flatten
 from gymflow.presets.model import DatasetConfig, Preset
 from gymflow.presets.redaction import MASK, is_secret, redacted
@@ -21,7 +22,7 @@ from gymflow.presets.validate import Experiment, inference_beside_learner, learn
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.inference import InferenceServer, InferenceUnavailable
 from gymflow.tasks.cluster.messages import InferenceAddress
-from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan
+from gymflow.tasks.cluster.rounds import RoundPlan
 from gymflow.tasks.lake.source import ExperienceDataset, open_dataset
 from gymflow.tasks.storage.checkpoints import committed_versions
 from gymflow.tasks.storage.layout import RunLayout, new_run_id

@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from gymflow.logs import AnyLogger
 from gymflow.tasks.cluster.hosts import ATTEMPTS, Call, Hosts, wait_first
 from gymflow.tasks.cluster.jobs import run_rollout
-from gymflow.tasks.cluster.rounds import AnyLogger, RoundPlan
+from gymflow.tasks.cluster.rounds import RoundPlan
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import open_storage, storage_location
 from gymflow.tasks.storage.retention import ShardFloor

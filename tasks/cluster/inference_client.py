@@ -1,0 +1,130 @@
+"""The rollout worker's side of inference beside the learner (tasks/cluster/inference.py is the
+server's): a rollout's requests to its machine's server, answered in order, and what it computes
+itself once the server cannot answer; the wire format both sides speak.
+
+A request is one half of a worker's envs: a version and a batch of observations. A reply is the
+outputs' dtype and columns, then their bytes; columns -1 (`NOT_SERVED`) says the server did not
+serve it (a version retired there, a malformed request, a forward that raised), and the worker
+computes those outputs itself. A worker waits at most `REPLY_TIMEOUT_S` for a reply.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+from collections import deque
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gymflow.tasks.cluster.messages import InferenceAddress
+
+REQUEST = struct.Struct("!qq")  # policy version, rows; the observations' bytes follow
+REPLY = struct.Struct("!8sq")  # the outputs' numpy dtype, columns (-1: not served, the worker computes them)
+NOT_SERVED = REPLY.pack(b"", -1)
+# the longest a worker waits for one reply: a forward takes milliseconds, a version's first load from
+# storage a second or two; past it the server counts as gone for this worker process
+REPLY_TIMEOUT_S = 30.0
+
+
+def this_machine() -> str:
+    """The host name and this boot's id: a Unix socket's path means the same socket only there."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+class RemoteOutputs:
+    """A worker's side (an `OutputsSource`): requests to its machine's server, answered in order;
+    once the server cannot answer (gone, silent for `REPLY_TIMEOUT_S`, or it did not serve a
+    request), the outputs of everything still asked for and everything after come from
+    `policy.outputs`, on the worker's CPU."""
+
+    def __init__(self, connection: Connection | None, version: int, policy: Any):
+        self.connection, self.version, self.policy = connection, version, policy
+        self.asked: deque[np.ndarray] = deque()
+        self.remote_rows = 0
+
+    def request(self, obs: np.ndarray) -> None:
+        self.asked.append(obs)
+        if self.connection is not None:
+            try:
+                self.connection.send_bytes(REQUEST.pack(self.version, len(obs)) + np.ascontiguousarray(obs).tobytes())
+            except OSError:
+                self._give_up(server_gone=True)
+
+    def receive(self) -> np.ndarray:
+        obs = self.asked.popleft()
+        if self.connection is not None:
+            try:
+                if not self.connection.poll(REPLY_TIMEOUT_S):
+                    self._give_up(server_gone=True)  # silent: hung, or stopped by a signal
+                    return self.policy.outputs(obs)
+                reply = self.connection.recv_bytes()
+                dtype, columns = REPLY.unpack_from(reply)
+                if columns >= 0:
+                    self.remote_rows += len(obs)
+                    body = np.frombuffer(reply, dtype=np.dtype(dtype.rstrip(b"\0").decode()), offset=REPLY.size)
+                    return body.reshape(len(obs), columns)
+            except (OSError, EOFError):
+                self._give_up(server_gone=True)
+                return self.policy.outputs(obs)
+            self._give_up(server_gone=False)  # not served (a retired version, a failed forward)
+        return self.policy.outputs(obs)
+
+    def _give_up(self, server_gone: bool) -> None:
+        """The server answers no more of this rollout: every later output is its own. Where the
+        server is gone or silent, no later rollout of this process asks it again."""
+        _forget(self.connection, unreachable=server_gone)
+        self.connection = None
+
+
+# a worker process's open connections: one per server and thread, as a job host runs rollouts on a
+# pool of threads and a connection's replies come back in its requests' order
+_CONNECTIONS: dict[tuple[InferenceAddress, int], Connection] = {}
+_UNREACHABLE: set[InferenceAddress] = set()  # servers gone or silent for this process
+_CONNECTIONS_LOCK = threading.Lock()
+
+
+def connect(address: InferenceAddress) -> Connection | None:
+    """This thread's connection to the server at `address`; None where it cannot be reached (another
+    machine, a server that has gone or stopped answering). Connections to servers that have gone
+    (a finished run's) are closed on the way."""
+    key = (address, threading.get_ident())
+    with _CONNECTIONS_LOCK:
+        _close_finished_runs_connections()
+        if key in _CONNECTIONS:
+            return _CONNECTIONS[key]
+        if address in _UNREACHABLE or address.machine != this_machine() or not os.path.exists(address.path):
+            return None
+    try:
+        connection = Client(address.path, family="AF_UNIX", authkey=address.authkey)
+    except (OSError, EOFError, AuthenticationError):
+        return None
+    with _CONNECTIONS_LOCK:
+        _CONNECTIONS[key] = connection
+    return connection
+
+
+def _close_finished_runs_connections() -> None:
+    """A finished run's server removed its socket: its connections here are closed."""
+    for key in [key for key in _CONNECTIONS if not os.path.exists(key[0].path)]:
+        _CONNECTIONS.pop(key).close()
+    _UNREACHABLE.intersection_update({address for address in _UNREACHABLE if os.path.exists(address.path)})
+
+
+def _forget(connection: Connection, unreachable: bool) -> None:
+    with _CONNECTIONS_LOCK:
+        for key, open_connection in list(_CONNECTIONS.items()):
+            if open_connection is connection:
+                del _CONNECTIONS[key]
+                if unreachable:
+                    _UNREACHABLE.add(key[0])
+    connection.close()  # replies still owed on it are not read: a later rollout connects anew
