@@ -28,7 +28,7 @@ from gymflow.tasks.cluster.rounds import RoundPlan
 from gymflow.tasks.storage.shards import ShardRef, read_shard
 from gymflow.tasks.training.collection import Experience, Exploration
 from gymflow.tasks.training.state import LoopState, StreamPosition
-from gymflow.tasks.training.stream import AsyncStream, Batches, collecting_rate
+from gymflow.tasks.training.stream import Batches, ChunkStream, collecting_rate
 
 TEND_POLL_S = 0.05  # how often the tending thread looks at the workers when nothing lands
 # how long a cancel waits for the tending thread; one inside a cluster wait (a lost scheduler: up to
@@ -36,11 +36,12 @@ TEND_POLL_S = 0.05  # how often the tending thread looks at the workers when not
 CANCEL_WAIT_S = 2.0
 
 
-class BatchStream(AsyncStream):
+class BatchStream(ChunkStream):
     """One chunk in flight per rollout worker, tended on a thread; see the module's docstring."""
 
     def __init__(self, hosts: Hosts, plan: RoundPlan, batches: Batches, exploration: Exploration, logger: AnyLogger):
-        super().__init__(hosts, plan, batches, exploration, logger, replay_window=0)
+        super().__init__(hosts, plan, exploration, logger, replay_window=0)
+        self.batches = batches
         self.waiting: list[ShardRef] = []  # landed, not yet handed to the learner, in landing order
         self.read_ahead: dict[str, Rollout] = {}  # the waiting shards' contents, read (and checked) on the thread
         self.reading: list[ShardRef] = []  # landed, being read: neither in flight nor waiting
@@ -49,12 +50,6 @@ class BatchStream(AsyncStream):
         self._stopping = threading.Event()
         self._tender: threading.Thread | None = None
         self._failure: BaseException | None = None  # a chunk that failed for good, raised by `collect`
-
-    @property
-    def batches(self) -> Batches:
-        """The stream's pacing (`AsyncStream.ratio`), as it is for on-policy learners."""
-        assert isinstance(self.ratio, Batches)
-        return self.ratio
 
     def _start_from(self, state: LoopState) -> None:
         if self.submitted_steps >= 0:

@@ -64,20 +64,22 @@ class Batches(LagBound):
     max_policy_lag: int
 
 
-class AsyncStream:
-    """One chunk in flight per rollout worker; see the module's docstring."""
+class ChunkStream:
+    """What both ASYNC streams share: one chunk in flight per rollout worker, each landing once in
+    the run's ledger, sent again if its worker is lost or wedged; how fast to collect and what to
+    hand the learner is each stream's own (`AsyncStream` against a `Ratio`, the batch stream
+    (tasks/training/batch_stream.py) in `Batches`)."""
 
-    def __init__(self, hosts: Hosts, plan: RoundPlan, ratio: Ratio | Batches, exploration: Exploration,
-                 logger: AnyLogger, replay_window: int):
-        self.hosts, self.plan, self.ratio, self.exploration, self.logger = hosts, plan, ratio, exploration, logger
+    def __init__(self, hosts: Hosts, plan: RoundPlan, exploration: Exploration, logger: AnyLogger,
+                 replay_window: int):
+        self.hosts, self.plan, self.exploration, self.logger = hosts, plan, exploration, logger
         self.storage, self.layout = open_storage(storage_location(plan.preset.storage)), RunLayout(plan.run_id)
         self.in_flight: dict[int, Call] = {}
         self.next_chunk: list[int] = []  # per worker: the next chunk number to submit
         self.cursors: list[str | None] = []  # per worker: the last landed shard, whose envs continue
-        self.replay_window = replay_window  # transitions of inserted shards a resume reads back
+        self.replay_window = replay_window  # transitions of inserted shards a resume reads back (0: none kept)
         self.book = LedgerBook(Ledger(), replay_window)
         self.submitted_steps = -1  # env steps of every chunk submitted, heatup's included; -1: not started
-        self._period = (0.0, 0, 0)  # when the last commit period began, with the ledger's counters then
 
     def _start_from(self, state: LoopState) -> None:
         """Take up the stream where `state` left it (the first time the stream is asked)."""
@@ -87,43 +89,16 @@ class AsyncStream:
         self.next_chunk, self.cursors = list(stream.next_chunk), list(state.env_cursors)
         recent = replay_tail(self.storage, self.layout, state.version, self.replay_window) if state.stream else []
         self.book, self.submitted_steps = LedgerBook(stream.ledger, self.replay_window, recent), state.env_steps
-        self._period = (time.perf_counter(), self.book.counts.inserted_steps, self.book.counts.sampled)
 
     @property
     def total_env_steps(self) -> int:
         return self.plan.preset.schedule.total_env_steps
 
-    def collect(self, state: LoopState) -> Experience:
-        """The shards that have landed, waiting for more until the learner owes a commit period
-        of gradient steps or nothing more can land; each inserted or dropped by the lag bound
-        against `state.version`. Workers whose chunk landed get their next one at once."""
-        self._start_from(state)
-        landed: list[ShardRef] = []
-        waited = 0.0
-        while True:
-            self._feed(state.env_steps + sum(shard.env_steps for shard in landed))
-            enough = self._owed_train_steps() >= self.ratio.commit_every or not self.in_flight
-            started = time.perf_counter()
-            arrived = self._landed(wait_s=0.0 if enough else 1.0)  # what has landed is always taken
-            waited += 0.0 if enough else time.perf_counter() - started
-            for shard in arrived:
-                self.book.record(shard, state.version - shard.version, self.ratio.admits(shard.version, state.version))
-            landed += arrived
-            if enough:
-                self._feed(state.env_steps + sum(shard.env_steps for shard in landed))  # the workers that landed
-                break
-        admitted = [shard for shard in landed if self.ratio.admits(shard.version, state.version)]
-        ages = [time.time() - shard.written_at for shard in admitted]
-        train_steps = min(self._owed_train_steps(), self.ratio.commit_every)
-        self.book.add_sampled(train_steps * self.ratio.samples_per_train_step)
-        return Experience(tuple(admitted), self._state_after(state, landed), landed=tuple(landed),
-                          train_steps=train_steps, collect_seconds=waited,
-                          metrics=self._metrics(state.version, landed, ages))
+    def _may_collect(self) -> bool:
+        raise NotImplementedError
 
-    def drained(self) -> bool:
-        started = self.submitted_steps >= 0
-        budget_collected = started and self.submitted_steps >= self.total_env_steps
-        return budget_collected and not self.in_flight and self._owed_train_steps() == 0
+    def _state_after(self, state: LoopState, landed: list[ShardRef]) -> LoopState:
+        raise NotImplementedError
 
     def finish(self, state: LoopState) -> LoopState:
         """Submit nothing more and wait for the chunks in flight: they are recorded as unused,
@@ -166,16 +141,6 @@ class AsyncStream:
         segments = [entry.segment for entry in self.book.recent if entry.segment is not None]
         return ShardFloor(self.plan.workers, heatup, chunks=tuple(chunks),
                           segment=min(segments, default=state.version + 1))
-
-    def _owed_train_steps(self) -> int:
-        owed = self.book.owed_samples(self.ratio.samples_per_insert)
-        return max(math.floor(owed / self.ratio.samples_per_train_step), 0)
-
-    def _may_collect(self) -> bool:
-        """Under the budget, and the learner at most one round of chunks behind its ratio."""
-        allowance = self.ratio.samples_per_insert * self.plan.preset.steps_per_chunk * self.plan.workers
-        return (self.submitted_steps < self.total_env_steps
-                and self.book.owed_samples(self.ratio.samples_per_insert) <= allowance)
 
     def _feed(self, env_steps: int) -> None:
         """Send each idle worker its next chunk, while collection may run."""
@@ -227,6 +192,65 @@ class AsyncStream:
                 self.cursors[worker] = shard.key
                 shards.append(shard)
         return shards
+
+
+class AsyncStream(ChunkStream):
+    """The off-policy stream: one chunk in flight per rollout worker, inserted into replay as it
+    lands, the learner paced by its `Ratio`; see the module's docstring."""
+
+    def __init__(self, hosts: Hosts, plan: RoundPlan, ratio: Ratio, exploration: Exploration, logger: AnyLogger,
+                 replay_window: int):
+        super().__init__(hosts, plan, exploration, logger, replay_window)
+        self.ratio = ratio
+        self._period = (0.0, 0, 0)  # when the last commit period began, with the ledger's counters then
+
+    def _start_from(self, state: LoopState) -> None:
+        if self.submitted_steps >= 0:
+            return
+        super()._start_from(state)
+        self._period = (time.perf_counter(), self.book.counts.inserted_steps, self.book.counts.sampled)
+
+    def collect(self, state: LoopState) -> Experience:
+        """The shards that have landed, waiting for more until the learner owes a commit period
+        of gradient steps or nothing more can land; each inserted or dropped by the lag bound
+        against `state.version`. Workers whose chunk landed get their next one at once."""
+        self._start_from(state)
+        landed: list[ShardRef] = []
+        waited = 0.0
+        while True:
+            self._feed(state.env_steps + sum(shard.env_steps for shard in landed))
+            enough = self._owed_train_steps() >= self.ratio.commit_every or not self.in_flight
+            started = time.perf_counter()
+            arrived = self._landed(wait_s=0.0 if enough else 1.0)  # what has landed is always taken
+            waited += 0.0 if enough else time.perf_counter() - started
+            for shard in arrived:
+                self.book.record(shard, state.version - shard.version, self.ratio.admits(shard.version, state.version))
+            landed += arrived
+            if enough:
+                self._feed(state.env_steps + sum(shard.env_steps for shard in landed))  # the workers that landed
+                break
+        admitted = [shard for shard in landed if self.ratio.admits(shard.version, state.version)]
+        ages = [time.time() - shard.written_at for shard in admitted]
+        train_steps = min(self._owed_train_steps(), self.ratio.commit_every)
+        self.book.add_sampled(train_steps * self.ratio.samples_per_train_step)
+        return Experience(tuple(admitted), self._state_after(state, landed), landed=tuple(landed),
+                          train_steps=train_steps, collect_seconds=waited,
+                          metrics=self._metrics(state.version, landed, ages))
+
+    def drained(self) -> bool:
+        started = self.submitted_steps >= 0
+        budget_collected = started and self.submitted_steps >= self.total_env_steps
+        return budget_collected and not self.in_flight and self._owed_train_steps() == 0
+
+    def _owed_train_steps(self) -> int:
+        owed = self.book.owed_samples(self.ratio.samples_per_insert)
+        return max(math.floor(owed / self.ratio.samples_per_train_step), 0)
+
+    def _may_collect(self) -> bool:
+        """Under the budget, and the learner at most one round of chunks behind its ratio."""
+        allowance = self.ratio.samples_per_insert * self.plan.preset.steps_per_chunk * self.plan.workers
+        return (self.submitted_steps < self.total_env_steps
+                and self.book.owed_samples(self.ratio.samples_per_insert) <= allowance)
 
     def _state_after(self, state: LoopState, landed: list[ShardRef]) -> LoopState:
         # a resumed run collects again what is in flight now: from each worker's last landed chunk
