@@ -22,7 +22,6 @@ import numpy as np
 from gymflow.agents.algorithms import ALGORITHMS, algorithm_of
 from gymflow.agents.core import Policy
 from gymflow.agents.match import Sides, first_rows, game_scores, play_games
-from gymflow.agents.networks import network_of_version
 from gymflow.agents.rollout import (
     RandomPolicy,
     acts_from_outputs,
@@ -277,6 +276,8 @@ def _policy(
     """The policy of `version` of the spec's run (uniform random for None), its network cached."""
     if version is None:
         return RandomPolicy(env.action_space, seed)
+    from gymflow.agents.networks import network_of_version  # torch: a flow's imports load none
+
     algorithm = algorithm_of(spec.agent)
     key = (spec.storage.root, spec.run_id, version)
     network = _NETWORKS.get(key)
