@@ -186,6 +186,7 @@ def test_bad_input_is_refused_in_one_line_before_any_work(preset, setting, field
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
+# default tier (one of its 25 slowest): the killed-worker drill for the batch stream (its tending thread replaces it)
 @pytest.mark.e2e
 def test_an_appo_worker_sigkilled_mid_chunk_is_replaced_from_the_tending_thread_and_no_chunk_counts_twice(
         prefect_api, workspace):

@@ -102,6 +102,7 @@ def test_bad_input_fails_the_flow_before_anything_is_written(prefect_api, worksp
     assert written_files(workspace) == []
 
 
+# default tier (one of its 25 slowest): an unreachable scheduler refused in one line (Dask's 10 s connect timeout)
 def test_an_unreachable_scheduler_fails_fast_with_nothing_written(prefect_api, workspace, tiny_budget):
     import socket
 

@@ -124,6 +124,7 @@ def test_a_stopped_run_ends_within_10_s_leaves_nothing_running_and_resumes_to_th
     assert mlflow.get_run(record["mlflow_run_id"]).info.status == "FINISHED"
 
 
+# default tier (one of its 25 slowest): the one check that a local run listens on loopback alone (a whole command's start)
 @ALONE
 def test_a_local_run_listens_on_loopback_only(workspace, tiny_budget):
     run = {**tiny_budget, "schedule.total_env_steps": 10_000_000, **local_overrides(workspace)}
@@ -139,6 +140,7 @@ def test_a_local_run_listens_on_loopback_only(workspace, tiny_budget):
     assert {ip for _, ip in listening} == {"127.0.0.1"}, listening
 
 
+# default tier (one of its 25 slowest): the killed-command drill (SIGKILL, as the OOM killer does)
 @ALONE
 # long tier: its process group (the OOM killer's way); the process alone, which leaves its children orphans, stays in
 @pytest.mark.parametrize("killed", ["its process", pytest.param("its process group", marks=pytest.mark.slow)])
@@ -327,6 +329,7 @@ os._exit(0)  # before stopping_cleanly's grace period ends the process
 """
 
 
+# default tier (one of its 25 slowest): a stop that lands inside a gc callback, the one way it was lost
 @pytest.mark.parametrize("how", ["ctrl-c", "a deployment's sigterm"])
 def test_a_stop_raised_inside_a_gc_callback_is_raised_again_and_stops_the_run(how):
     """A signal handler's exception raised inside a gc callback is swallowed by Python ("Exception
