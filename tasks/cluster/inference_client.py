@@ -10,6 +10,7 @@ computes those outputs itself. A worker waits at most `REPLY_TIMEOUT_S` for a re
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import struct
@@ -32,6 +33,7 @@ NOT_SERVED = REPLY.pack(b"", -1)
 REPLY_TIMEOUT_S = 30.0
 
 
+@functools.cache  # a process never changes machine: read once
 def this_machine() -> str:
     """The host name and this boot's id: a Unix socket's path means the same socket only there."""
     try:
@@ -99,9 +101,9 @@ def connect(address: InferenceAddress) -> Connection | None:
     (a finished run's) are closed on the way."""
     key = (address, threading.get_ident())
     with _CONNECTIONS_LOCK:
-        _close_finished_runs_connections()
-        if key in _CONNECTIONS:
+        if key in _CONNECTIONS:  # every rollout of a run asks: no file system look then
             return _CONNECTIONS[key]
+        _close_finished_runs_connections()  # a new connection: those to gone servers go first
         if address in _UNREACHABLE or address.machine != this_machine() or not os.path.exists(address.path):
             return None
     try:
