@@ -7,10 +7,12 @@ import importlib.util
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import AuthenticationError, Pipe
 from multiprocessing.connection import Client, Listener
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -213,6 +215,26 @@ def test_a_malformed_request_is_answered_as_not_served_and_the_server_serves_on(
     assert served.failed == 1 and served.problem == "a malformed request (23 bytes)"
 
 
+def _stop(pid: int) -> None:
+    """SIGSTOP `pid` and return once every thread of it has stopped: kill() returns before a thread
+    running on the other core has taken the signal, and such a thread could still answer one request."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        states = [_thread_state(stat) for stat in Path(f"/proc/{pid}/task").glob("*/stat")]
+        if states and all(state in "TtZX" for state in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not stop within 10 s")
+
+
+def _thread_state(stat: Path) -> str:
+    try:
+        return stat.read_text().rpartition(")")[2].split()[0]  # the field after the command's name
+    except (FileNotFoundError, ProcessLookupError):
+        return "T"  # a thread that ended answers nothing
+
+
 def test_a_worker_waits_for_a_silent_server_a_bounded_time_then_acts_on_its_cpu(published, monkeypatch):
     monkeypatch.setattr(inference_client, "REPLY_TIMEOUT_S", 1.0)  # absent before its fix
     policy, obs = _policy(published, seed=0), np.zeros((3, *published.observation_space.shape), np.uint8)
@@ -220,7 +242,7 @@ def test_a_worker_waits_for_a_silent_server_a_bounded_time_then_acts_on_its_cpu(
     try:
         for server in (silent, killed):
             _served_remotely(server.address, policy, obs)  # its version loaded there
-        os.kill(silent.process.pid, signal.SIGSTOP)
+        _stop(silent.process.pid)
         waiting = RemoteOutputs(connect(silent.address), 0, policy)
         waiting.request(obs)
         np.testing.assert_array_equal(_within(10, waiting.receive), policy.outputs(obs))
