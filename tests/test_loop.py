@@ -69,6 +69,42 @@ def test_a_run_that_reached_its_target_at_a_periodic_evaluation_films_that_versi
     assert run.storage.exists(RunLayout(run.run_id).video(2))
 
 
+def test_a_checkpoint_is_committed_only_once_mlflow_holds_every_step_and_evaluation_before_it(
+        tiny_budget, tmp_path, monkeypatch):
+    """A run resumed from a checkpoint logs nothing before it again: a kill right after a checkpoint
+    lost the rows of its step and the evaluation that finished in it, when they were still queued."""
+    from gymflow.tasks.tracking.progress import ProgressLog
+    from gymflow.tasks.tracking.tracker import Tracker, evaluation_histories
+    from gymflow.tasks.training import commits
+    from gymflow.tasks.training.summary import RunRecorder
+
+    run = prepared(tmp_path, "cartpole-ppo", {**tiny_budget, "storage.checkpoint_every_env_steps": 128})
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "loop", "run", {})
+    budget = Budget.of(run.preset)
+    recorder = RunRecorder(tracker, ProgressLog(LOGGER, budget.total), budget)
+    held_at_checkpoint = []
+    commit_checkpoint = commits.commit_checkpoint
+
+    def looked_at_first(storage, layout, version, blobs):
+        state = LoopState.from_json(blobs["loop_state.json"])
+        logged = {m.step for m in tracker.client.get_metric_history(tracker.run_id, "time/env_steps")}
+        evaluated = set(evaluation_histories(tracker.client, tracker.run_id)[0])
+        held_at_checkpoint.append((state.env_steps, state.env_steps in logged or state.env_steps == 0,
+                                   {row.env_steps for row in recorder.evaluations} <= evaluated))
+        return commit_checkpoint(storage, layout, version, blobs)
+
+    monkeypatch.setattr(commits, "commit_checkpoint", looked_at_first)
+    hosts = InProcessHosts()
+    with improve_loop(run, hosts, recorder, LOGGER) as loop:
+        state = first_state(run, hosts, loop, LOGGER)
+        while not loop.stopped(state):
+            state = loop.step(state)
+    tracker.finish("FINISHED")
+    assert [steps for steps, *_ in held_at_checkpoint] == [0, 128, 256, 384, 512, 640]
+    assert all(step_logged and evaluations_logged for _, step_logged, evaluations_logged in held_at_checkpoint)
+    assert [row.env_steps for row in recorder.evaluations] == [256, 512]  # finished in steps that checkpointed
+
+
 def test_stop_rule_needs_the_budget_and_nothing_left_to_learn_or_the_target():
     rule = StopRule(Budget(total=1000, evaluate_every=100), target_return=100.0)
     state = LoopState(3, 1000, 2000, (None,))

@@ -128,13 +128,15 @@ class Commits:
         self.retirement = Retirement()
 
     def commit(self, learner: Learner, state: LoopState, in_use: InUse, final: bool,
-               floor: Callable[[LoopState], ShardFloor]) -> bool:
+               floor: Callable[[LoopState], ShardFloor], before_checkpoint: Callable[[], None] = lambda: None
+               ) -> bool:
         """Commit `state.version`: publish its policy, and checkpoint it when the cadence says so
-        and at the end (`final`), with the shard `floor` its resume reads; then retire what is not
-        `in_use`. Returns whether it was checkpointed."""
+        and at the end (`final`), with the shard `floor` its resume reads, after `before_checkpoint`;
+        then retire what is not `in_use`. Returns whether it was checkpointed."""
         self.publish(learner, state.version, pinned=in_use.policies)
         checkpointed = self.due(state) or final
         if checkpointed:
+            before_checkpoint()
             self.checkpoint(learner, state, floor(state), keep=in_use.checkpoints)
         return checkpointed
 

@@ -79,11 +79,10 @@ class StopRule:
 class StepReport:
     """What one step did: logged to MLflow, shown as progress, summed into the run's summary."""
 
-    state: LoopState  # after the step's commit
-    metrics: dict[str, float]  # namespaced: rollout/, train/, async/, time/
+    state: LoopState  # what the step's commit commits
+    metrics: dict[str, float]  # namespaced: rollout/, train/, async/, time/ (the round's timings come with its commit)
     work_seconds: float  # stepping envs, learning, an evaluation waited for: the step's critical path
     collected_by: frozenset[str]  # host:pid of the processes whose shards landed
-    checkpointed: bool = False  # the step's version was checkpointed: a resume starts from here
     hosts: dict[str, dict[str, float]] = field(default_factory=dict)  # worker node -> its machine's figures
 
 
@@ -100,7 +99,18 @@ class Finished(NamedTuple):
 class Observer(Protocol):
     """Told of everything the loop does (the flow records it in MLflow and shows progress)."""
 
-    def stepped(self, report: StepReport) -> None: ...
+    def stepped(self, report: StepReport) -> None:
+        """A step learned; told before its version is committed."""
+        ...
+
+    def committed(self, state: LoopState, timings: dict[str, float]) -> None:
+        """The step's version is committed; `timings`: the round's, its commit's included."""
+        ...
+
+    def settle(self) -> None:
+        """Make durable what it was told so far: called before a checkpoint is committed, since a
+        run resumed from that checkpoint does not tell it again."""
+        ...
 
     def evaluated(self, scored: Scored, waited: bool = False) -> None:
         """An evaluation finished; `waited`: the run waited for it, so its time is work."""
@@ -135,14 +145,16 @@ class ImproveLoop:
         committed = experience.state.committed(next_evaluation)
         evaluation = self.evaluations.finished()
         self.latest = evaluation or self.latest
-        commit = self.commit(committed)
         waited = evaluation.result.seconds if evaluation is not None and self.evaluations.blocking else 0.0
-        report = _report(experience, learned, committed, waited, commit, time.perf_counter() - started)
+        report = _report(experience, learned, committed, waited)
         if self.stop.budget.offline:  # the learning curve's axis
             report.metrics[GRADIENT_STEPS] = float(self.stop.budget.spent(committed))
+        # told before the commit: a checkpoint is committed only once what led to it is recorded
         self.observer.stepped(report)
         if evaluation is not None:
             self.observer.evaluated(evaluation)
+        commit = self.commit(committed)
+        self.observer.committed(committed, _timings(experience, commit, time.perf_counter() - started))
         return committed
 
     def commit(self, state: LoopState, checkpoint: bool = False) -> Commit:
@@ -152,7 +164,7 @@ class ImproveLoop:
         latest = self.latest.version if self.latest else None
         in_use = InUse(self.evaluations.scoring(), latest, latest if self.stop.target_reached(self.latest) else None)
         checkpointed = self.commits.commit(self.learner, state, in_use, checkpoint or self.stopped(state),
-                                           self.collection.checkpointed)
+                                           self.collection.checkpointed, before_checkpoint=self.observer.settle)
         return Commit(time.perf_counter() - started, checkpointed)
 
     def stopped(self, state: LoopState) -> bool:
@@ -233,23 +245,27 @@ def heatup(hosts: Hosts, plan: RoundPlan, learner: ReplayLearner, storage: Stora
                    env_cursors=tuple(shard.key for shard in shards))
 
 
-def _report(experience: Experience, learned: Learned, state: LoopState, evaluation_seconds: float,
-            commit: Commit, seconds: float) -> StepReport:
+def _report(experience: Experience, learned: Learned, state: LoopState, evaluation_seconds: float) -> StepReport:
     metrics = experience.metrics | rollout_metrics(experience.landed) | {
         f"train/{name}": value for name, value in learned.metrics.items()
     } | {
         "time/env_steps": float(state.env_steps),
         "time/policy_version": float(state.version),
-        "time/env_steps_per_second": sum(shard.env_steps for shard in experience.landed) / seconds,
-        "time/round_seconds": seconds,
         "time/collect_seconds": experience.collect_seconds,
         "time/learn_seconds": learned.seconds,
-        "time/commit_seconds": commit.seconds,  # publishing the policy, and a checkpoint when one is due
     }
     work = experience.collect_seconds + max(learned.seconds, evaluation_seconds)
     hosts = {node_id("worker", shard.collected_by): dict(shard.host) for shard in experience.landed if shard.host}
-    return StepReport(state, metrics, work, frozenset(shard.collected_by for shard in experience.landed),
-                      commit.checkpointed, hosts)
+    return StepReport(state, metrics, work, frozenset(shard.collected_by for shard in experience.landed), hosts)
+
+
+def _timings(experience: Experience, commit: Commit, seconds: float) -> dict[str, float]:
+    """The round's timings, its commit's included."""
+    return {
+        "time/env_steps_per_second": sum(shard.env_steps for shard in experience.landed) / seconds,
+        "time/round_seconds": seconds,
+        "time/commit_seconds": commit.seconds,  # publishing the policy, and a checkpoint when one is due
+    }
 
 
 def rollout_metrics(landed: tuple[ShardRef, ...]) -> dict[str, float]:

@@ -105,13 +105,18 @@ class RunRecorder:
         self.tracker.log_metrics(report.metrics, step=self._step)
         if self.system is not None:
             self.system.record(report.hosts, self._step)
-        if report.checkpointed:  # what a resume from this version will not log again goes to MLflow now
-            self.tracker.send()
         self._keep_for_curve(report.metrics)
         self.work_seconds += report.work_seconds
         self.processes |= report.collected_by
         self._episode_return = report.metrics.get("rollout/episode_return_mean", self._episode_return)
         self.progress.update(self.budget.spent(report.state), self._status(report.state))
+
+    def committed(self, state: LoopState, timings: dict[str, float]) -> None:
+        self.tracker.log_metrics(timings, step=self.budget.spent(state))
+
+    def settle(self) -> None:
+        """What a resume from the checkpoint about to be committed will not log again is written now."""
+        self.tracker.flush()
 
     def evaluated(self, scored: Scored, waited: bool = False) -> None:
         self.tracker.log_metrics(scored.metrics(), step=scored.step)
