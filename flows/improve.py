@@ -6,13 +6,14 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.context import get_run_context
 from prefect.runtime import flow_run
 from prefect.states import Completed
 from pydantic import Field
 
+from gymflow.flows.parameters import checked_flow
 from gymflow.flows.stopping import cancellable
 from gymflow.presets.overrides import PresetOverrides, as_dotted
 from gymflow.presets.validate import resolve_experiment
@@ -36,7 +37,7 @@ from gymflow.tasks.training.summary import RunEnding, RunIdentity, RunSummary, s
 RunId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,119}$")]
 
 
-@flow(name="improve", log_prints=True)
+@checked_flow(name="improve", log_prints=True)
 def improve(
     preset: str = "cartpole-ppo",
     overrides: PresetOverrides | None = None,

@@ -12,10 +12,11 @@ import secrets
 from dataclasses import dataclass
 from typing import Annotated
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from pydantic import Field
 
 from gymflow.errors import InvalidPreset
+from gymflow.flows.parameters import checked_flow
 from gymflow.presets.overrides import PresetOverrides, as_dotted
 from gymflow.presets.redaction import redacted_uri, without_credentials
 from gymflow.presets.validate import resolve_experiment
@@ -36,7 +37,7 @@ class ChampionScore:
         return self.mean_return < self.threshold
 
 
-@flow(name="monitor", log_prints=True)
+@checked_flow(name="monitor", log_prints=True)
 def monitor(
     preset: str = "cartpole-ppo",
     overrides: PresetOverrides | None = None,

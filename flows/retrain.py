@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,6 +16,7 @@ from gymflow.agents.match import MatchResult
 from gymflow.envs.seeding import derive_seed
 from gymflow.errors import InvalidPreset
 from gymflow.flows.improve import improve
+from gymflow.flows.parameters import checked_flow
 from gymflow.presets.model import Preset
 from gymflow.presets.overrides import PresetOverrides, as_dotted
 from gymflow.presets.validate import resolve_experiment
@@ -95,7 +96,7 @@ class ChallengerTraining(BaseModel):
     )
 
 
-@flow(name="retrain", log_prints=True)
+@checked_flow(name="retrain", log_prints=True)
 def retrain(
     preset: str = "cartpole-ppo",
     overrides: PresetOverrides | None = None,

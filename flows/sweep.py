@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
-from prefect import flow, get_run_logger, task
+from prefect import get_run_logger, task
 from prefect.artifacts import (
     create_progress_artifact,
     update_progress_artifact,
@@ -26,6 +26,7 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from gymflow.flows.improve import improve
+from gymflow.flows.parameters import checked_flow
 from gymflow.flows.population import train_population
 from gymflow.presets.sweep import Sweep, SweepSpec, check_sweep, sweep_spec
 from gymflow.tasks.cluster.client import shared_local_cluster
@@ -90,7 +91,7 @@ class Progress:
     artifact_id: Any = field(default=None)
 
 
-@flow(name="sweep", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENCY))
+@checked_flow(name="sweep", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENCY))
 def sweep(spec: SweepSpec, sweep_id: str | None = None) -> SweepResult:
     """Search preset fields over configurations x seeds, each an improve run, and rank them.
 

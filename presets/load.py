@@ -131,7 +131,7 @@ def validate_preset_data(data: Mapping[str, Any]) -> Preset:
     try:
         return Preset.model_validate(data)
     except ValidationError as error:
-        raise _one_line(error) from None
+        raise one_line(error) from None
 
 
 def _refuse_replay_settings_for_on_policy(agent: Any) -> None:
@@ -229,9 +229,10 @@ def _nested_model(field: Any, current: Any) -> type[BaseModel] | None:
     return None
 
 
-def _one_line(error: ValidationError) -> InvalidPreset:
+def one_line(error: ValidationError, within: str | None = None) -> InvalidPreset:
+    """The first thing `error` refuses, naming its field (inside `within`, a flow parameter's name)."""
     first = error.errors()[0]
-    location = [str(part) for part in first["loc"]]
+    location = [*([within] if within else []), *(str(part) for part in first["loc"])]
     # A discriminated union puts the tag ('ppo') into the location; users never wrote it.
     if len(location) > 1 and location[0] == "agent" and location[1] in ALGORITHMS:
         del location[1]

@@ -198,6 +198,25 @@ def test_every_deployment_is_listed_and_the_retraining_schedules_are_deployed_pa
     assert "0 4 * * 0" in inspected and "'active': False" in inspected and "'experience': 'logged'" in inspected
 
 
+# default tier: the one run through a worker that is refused (its parameters; a missing champion in the long tier)
+@pytest.mark.parametrize(("deployment", "bad", "says"), [
+    ("improve/cartpole-ppo", {"overrides": {"agent.lr": -1}},
+     "gymflow: error: agent.lr: Input should be greater than 0 (got -1) (the run did not start)"),
+    pytest.param("monitor/cartpole-ppo-champion", {"model_name": "nobody-s-model"},
+                 "model_name: 'nobody-s-model' has no champion", marks=pytest.mark.slow),
+])
+def test_a_refused_deployment_run_says_why_where_watch_shows_it(deployed, worker, tmp_path, deployment, bad, says):
+    overrides = {**_corridor_overrides(tmp_path, total_env_steps=512, evaluate_every_env_steps=256),
+                 **bad.pop("overrides", {})}
+    parameters = [argument for name, value in bad.items() for argument in ("-p", f"{name}={value}")]
+    run = _prefect(deployed, "deployment", "run", deployment, "-p", f"overrides={json.dumps(overrides)}", *parameters,
+                   "--watch", timeout=400)
+    watched = " ".join(run.stdout.split())  # rich wraps long lines to the terminal's width
+    assert run.returncode == 1 and "Failed" in watched, watched[-3000:]
+    assert says in watched, watched[-3000:]
+    assert not (tmp_path / "data").exists()  # refused before anything was written
+
+
 @pytest.mark.slow  # long tier: a retraining deployment through a worker stays in (the degraded champion's)
 def test_the_weekly_retraining_learns_offline_from_the_runs_logged_through_the_worker(deployed, worker, tmp_path):
     """A DQN run made through the deployment, then the weekly retraining run now: with no champion

@@ -427,3 +427,36 @@ def test_the_progress_line_shows_a_training_return_only_where_it_means_something
     assert recorder._status(state) == "v0 return 12.5 eval 20.0"
     recorder.shows_training_return = False  # a competitive game's sides cancel out: "return 0.0" says nothing
     assert recorder._status(state) == "v0 eval 20.0"
+
+
+def _flow_run_log(flow_run_id) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
+    APILogHandler.flush()
+    with get_client(sync_client=True) as client:
+        return [log.message for log in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))]
+
+
+@pytest.mark.parametrize(("flow_name", "parameters", "says"), [
+    ("improve", {"overrides": {"agent.lr": -1}}, "agent.lr: Input should be greater than 0 (got -1)"),
+    ("retrain", {"overrides": {"agent": {"gamma": 2}}}, "agent.gamma: Input should be less than or equal to 1 (got 2)"),
+    ("monitor", {"evaluation_episodes": 0}, "evaluation_episodes: Input should be greater than or equal to 1 (got 0)"),
+])
+def test_a_flow_parameter_out_of_bounds_is_refused_in_one_line_in_the_runs_state_and_its_log(
+        prefect_api, flow_name, parameters, says):
+    """Prefect checks a run's parameters before its body: what it refused reached no log a person
+    reads (`prefect deployment run --watch` showed only 'Failed'), and its state message was a list."""
+    import importlib
+
+    from gymflow.errors import InvalidPreset
+    from gymflow.flows.parameters import PARAMETERS_REFUSED
+
+    flow = getattr(importlib.import_module(f"gymflow.flows.{flow_name}"), flow_name)
+    state = flow(**parameters, return_state=True)
+    assert state.is_failed() and state.message == f"{PARAMETERS_REFUSED} InvalidPreset: {says}"
+    logged = [line for line in _flow_run_log(state.state_details.flow_run_id) if line.startswith("gymflow:")]
+    assert logged == [f"gymflow: error: {says} (the run did not start)"]
+    with pytest.raises(InvalidPreset, match="^" + says.replace("(", r"\(").replace(")", r"\)") + "$"):
+        flow(**parameters)  # a flow called in-process raises gymflow's error itself
