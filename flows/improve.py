@@ -13,7 +13,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed
 from pydantic import Field
 
-from gymflow.flows.parameters import checked_flow
+from gymflow.flows.parameters import checked_flow, refusal_said
 from gymflow.flows.stopping import cancellable
 from gymflow.presets.overrides import PresetOverrides, as_dotted
 from gymflow.presets.validate import resolve_experiment
@@ -64,10 +64,11 @@ def improve(
         sweep_trial: Set by a sweep: the run's configuration and seed, whose pruner may stop it; or
             a population member's interval: its values, where it pauses, the member it copies.
     """
-    changed = as_dotted(overrides)
-    experiment = resolve_experiment(preset, changed)  # bad input stops here; nothing written
-    member = sweep_trial if isinstance(sweep_trial, PbtMember) else None
-    run = prepare_run(experiment, warm_start, resume, run_id, member)  # so does an unusable storage root or warm start
+    with refusal_said():
+        changed = as_dotted(overrides)
+        experiment = resolve_experiment(preset, changed)  # bad input stops here; nothing written
+        member = sweep_trial if isinstance(sweep_trial, PbtMember) else None
+        run = prepare_run(experiment, warm_start, resume, run_id, member)  # so does an unusable root or warm start
     logger = get_run_logger()
     judge = TrialJudge(sweep_trial) if isinstance(sweep_trial, SweepTrial) else None
     with (

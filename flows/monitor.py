@@ -16,7 +16,7 @@ from prefect import get_run_logger
 from pydantic import Field
 
 from gymflow.errors import InvalidPreset
-from gymflow.flows.parameters import checked_flow
+from gymflow.flows.parameters import checked_flow, refusal_said
 from gymflow.presets.overrides import PresetOverrides, as_dotted
 from gymflow.presets.redaction import redacted_uri, without_credentials
 from gymflow.presets.validate import resolve_experiment
@@ -55,14 +55,15 @@ def monitor(
         threshold: Below this mean return the champion counts as degraded.
         evaluation_episodes: Episodes to score it on, with seeds drawn for this run.
     """
-    changes = as_dotted(overrides)
-    config = resolve_experiment(preset, changes).preset  # bad input stops here
-    name = model_name or f"gymflow-{config.name}"
-    champion = find_champion(config.tracking.tracking_uri, name)
-    if champion is None:
-        where = redacted_uri(config.tracking.tracking_uri)
-        raise InvalidPreset("model_name", f"{name!r} has no champion at {where}; allowed: a registered model with a "
-                                          "champion alias (gymflow retrain makes one)")
+    with refusal_said():
+        changes = as_dotted(overrides)
+        config = resolve_experiment(preset, changes).preset  # bad input stops here
+        name = model_name or f"gymflow-{config.name}"
+        champion = find_champion(config.tracking.tracking_uri, name)
+        if champion is None:
+            where = redacted_uri(config.tracking.tracking_uri)
+            raise InvalidPreset("model_name", f"{name!r} has no champion at {where}; allowed: a registered model "
+                                              "with a champion alias (gymflow retrain makes one)")
     seed = secrets.randbelow(2**31)  # episodes it has not been scored on before
     returns = score_policy(config.tracking.tracking_uri, champion, env=config.env, episodes=evaluation_episodes,
                            seed=seed)

@@ -1,24 +1,28 @@
-"""gymflow's flows as Prefect flows whose parameters a person got wrong are refused in gymflow's
-one line, naming the field and what is allowed: in the run's state message and in its log, the
-lines `prefect deployment run --watch` and the UI show. Prefect checks a run's parameters before
-its body runs, says what failed only in a multi-line message, and logs it where no flow run's
-log reaches (its engine's logger, before the run's logger exists)."""
+"""gymflow's flows as Prefect flows that say why they refused to run in gymflow's one line, naming
+the field and what is allowed: as an event `prefect deployment run --watch` prints, in the run's
+state message (the UI's) and in its log. Prefect checks a run's parameters before its body runs,
+says what failed only in a multi-line message, and logs it where no flow run's log reaches (its
+engine's logger, before the run's logger exists); and `--watch` shows no state message, and
+logs only where the server streams them (Prefect's server does not by default)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, get_type_hints
 
 from prefect import Flow
 from prefect.client.schemas.objects import FlowRun
 from prefect.exceptions import ParameterTypeError
 from prefect.logging.loggers import flow_run_logger
+from prefect.runtime import flow_run as this_flow_run
 from prefect.states import State
 from pydantic import TypeAdapter, ValidationError
 from pydantic.errors import PydanticUserError
 
-from gymflow.errors import InvalidPreset
+from gymflow.errors import GymflowError, InvalidPreset
 from gymflow.presets.load import one_line
+from gymflow.tasks.tracking.events import flow_run_refused
 
 # Prefect's words at the start of the state message of a run whose parameters it refused
 PARAMETERS_REFUSED = "Validation of flow parameters failed with error:"
@@ -35,7 +39,25 @@ class CheckedFlow(Flow):
             refusal = parameter_refusal(self.fn, parameters)
             if refusal is None:  # not a value of a parameter's type (a block reference that does not resolve)
                 raise
+            _said(refusal)
             raise refusal from None
+
+
+@contextmanager
+def refusal_said() -> Iterator[None]:
+    """Around a flow's checks of its input, before any work: a gymflow error raised there is sent
+    as the run's `gymflow.flow-run.refused` event before the run fails."""
+    try:
+        yield
+    except GymflowError as error:
+        _said(error)
+        raise
+
+
+def _said(error: GymflowError) -> None:
+    flow_run_id = this_flow_run.id  # in the run's context, or (while Prefect checks parameters) its worker's
+    if flow_run_id:
+        flow_run_refused(flow_run_id, error)
 
 
 def parameter_refusal(fn: Callable[..., Any], parameters: Mapping[str, Any]) -> InvalidPreset | None:

@@ -16,7 +16,7 @@ from gymflow.agents.match import MatchResult
 from gymflow.envs.seeding import derive_seed
 from gymflow.errors import InvalidPreset
 from gymflow.flows.improve import improve
-from gymflow.flows.parameters import checked_flow
+from gymflow.flows.parameters import checked_flow, refusal_said
 from gymflow.presets.model import Preset
 from gymflow.presets.overrides import PresetOverrides, as_dotted
 from gymflow.presets.validate import resolve_experiment
@@ -121,20 +121,20 @@ def retrain(
     """
     training = challenger or ChallengerTraining()
     judge = training.judge
-    changes = as_dotted(overrides)
-    experiment = resolve_experiment(preset, changes)  # bad input stops here
-    config = experiment.preset
-    if judge == "match" and len(getattr(experiment.observation_space, "groups", ())) != 2:
-        raise InvalidPreset("challenger.judge", f"match is for two-player PettingZoo envs; {config.env.id!r} is "
-                                                "not one: allowed: returns")
-    tracking_uri = config.tracking.tracking_uri
-    name = model_name or f"gymflow-{config.name}"
     logger = get_run_logger()
-
-    champion = find_champion(tracking_uri, name)
-    logger.info("champion: %s", champion.uri if champion else "none yet")
-    if training.experience == "logged":
-        changes = _offline_on_logged_runs(preset, config, changes, champion)
+    with refusal_said():
+        changes = as_dotted(overrides)
+        experiment = resolve_experiment(preset, changes)  # bad input stops here
+        config = experiment.preset
+        if judge == "match" and len(getattr(experiment.observation_space, "groups", ())) != 2:
+            raise InvalidPreset("challenger.judge", f"match is for two-player PettingZoo envs; {config.env.id!r} is "
+                                                    "not one: allowed: returns")
+        tracking_uri = config.tracking.tracking_uri
+        name = model_name or f"gymflow-{config.name}"
+        champion = find_champion(tracking_uri, name)
+        logger.info("champion: %s", champion.uri if champion else "none yet")
+        if training.experience == "logged":
+            changes = _offline_on_logged_runs(preset, config, changes, champion)
     summary = improve(preset, changes, warm_start=champion.uri if champion and training.warm_start else None)
     registered = register_challenger(tracking_uri, name, summary.mlflow_run_id, summary.model_uri)
 

@@ -26,7 +26,7 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from gymflow.flows.improve import improve
-from gymflow.flows.parameters import checked_flow
+from gymflow.flows.parameters import checked_flow, refusal_said
 from gymflow.flows.population import train_population
 from gymflow.presets.sweep import Sweep, SweepSpec, check_sweep, sweep_spec
 from gymflow.tasks.cluster.client import shared_local_cluster
@@ -101,12 +101,13 @@ def sweep(spec: SweepSpec, sweep_id: str | None = None) -> SweepResult:
         sweep_id: Start a new sweep with this id, or continue the sweep of this id where it
             stopped (a crash, a kill): finished runs are kept, interrupted ones resume.
     """
-    checked = check_sweep(sweep_spec(spec))  # bad input stops here; nothing written
-    if checked.spec.pbt is not None:
-        check_perturbable(checked)
-    checked = replace(checked, base=preset_with_block_options(checked.base))  # its storage credentials, if in a block
-    location = storage_location(checked.base.storage)
-    check_storage(location)
+    with refusal_said():
+        checked = check_sweep(sweep_spec(spec))  # bad input stops here; nothing written
+        if checked.spec.pbt is not None:
+            check_perturbable(checked)
+        checked = replace(checked, base=preset_with_block_options(checked.base))  # storage credentials in a block
+        location = storage_location(checked.base.storage)
+        check_storage(location)
     sweep_id = sweep_id or new_sweep_id(checked.base.name)
     study = open_study(checked, sweep_id)
     logger = get_run_logger()

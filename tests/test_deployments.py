@@ -201,9 +201,9 @@ def test_every_deployment_is_listed_and_the_retraining_schedules_are_deployed_pa
 # default tier: the one run through a worker that is refused (its parameters; a missing champion in the long tier)
 @pytest.mark.parametrize(("deployment", "bad", "says"), [
     ("improve/cartpole-ppo", {"overrides": {"agent.lr": -1}},
-     "gymflow: error: agent.lr: Input should be greater than 0 (got -1) (the run did not start)"),
+     "gymflow.flow-run.refused * agent.lr: Input should be greater than 0 (got -1)"),
     pytest.param("monitor/cartpole-ppo-champion", {"model_name": "nobody-s-model"},
-                 "model_name: 'nobody-s-model' has no champion", marks=pytest.mark.slow),
+                 "gymflow.flow-run.refused * model_name: 'nobody-s-model' has no champion", marks=pytest.mark.slow),
 ])
 def test_a_refused_deployment_run_says_why_where_watch_shows_it(deployed, worker, tmp_path, deployment, bad, says):
     overrides = {**_corridor_overrides(tmp_path, total_env_steps=512, evaluate_every_env_steps=256),

@@ -14,6 +14,9 @@ thread: a run never waits for it.
     gymflow.model.scored         a monitoring run scored the champion: mean_return, threshold, version, ...
     gymflow.model.degraded       ... and it was below the threshold (with preset and overrides: a retraining's)
     gymflow.sweep.finished       a sweep ended: its best row and best preset
+    gymflow.flow-run.refused     a flow run stopped by a gymflow error (a parameter out of bounds, a model
+                                 with no champion): the error's one line is the resource's name, which
+                                 `prefect deployment run --watch` prints
 """
 
 from __future__ import annotations
@@ -94,3 +97,18 @@ def _json_safe(value: Any) -> Any:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def flow_run_refused(flow_run_id: str, error: Exception) -> None:
+    """A flow run that gymflow stopped says why before its state turns Failed: `--watch` prints each
+    event's resource name and stops reading events at the run's final state (its logs reach it only
+    where the server streams them, which Prefect's server does not by default)."""
+    from prefect.events.worker import EventsWorker
+
+    emit_event("gymflow.flow-run.refused",
+               resource={"prefect.resource.id": f"gymflow.flow-run.{flow_run_id}",
+                         "prefect.resource.name": _first_line(error)},
+               related=[{"prefect.resource.id": f"prefect.flow-run.{flow_run_id}",
+                         "prefect.resource.role": "flow-run"}],
+               payload={"error": _first_line(error), "type": type(error).__name__})
+    EventsWorker.drain_all(timeout=5)  # sent before the final state is proposed
