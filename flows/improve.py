@@ -65,8 +65,7 @@ def improve(
             a population member's interval: its values, where it pauses, the member it copies.
     """
     with refusal_said():
-        changed = as_dotted(overrides)
-        experiment = resolve_experiment(preset, changed)  # bad input stops here; nothing written
+        experiment = resolve_experiment(preset, changed := as_dotted(overrides))  # bad input stops here
         member = sweep_trial if isinstance(sweep_trial, PbtMember) else None
         run = prepare_run(experiment, warm_start, resume, run_id, member)  # so does an unusable root or warm start
     logger = get_run_logger()

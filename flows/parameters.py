@@ -32,11 +32,18 @@ OVERRIDES = "overrides"  # the parameter whose fields are named as the preset's 
 class CheckedFlow(Flow):
     """A flow whose parameter refusal is gymflow's one line (InvalidPreset) instead of Prefect's list."""
 
+    def __init__(self, function: Callable[..., Any], **options: Any):
+        super().__init__(function, **options)
+        try:
+            self.parameter_types = get_type_hints(function, include_extras=True)
+        except (NameError, TypeError):  # a type only named for type checkers: Prefect's own message stands
+            self.parameter_types = {}
+
     def validate_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         try:
             return super().validate_parameters(parameters)
         except ParameterTypeError:
-            refusal = parameter_refusal(self.fn, parameters)
+            refusal = parameter_refusal(self.parameter_types, parameters)
             if refusal is None:  # not a value of a parameter's type (a block reference that does not resolve)
                 raise
             _said(refusal)
@@ -60,12 +67,8 @@ def _said(error: GymflowError) -> None:
         flow_run_refused(flow_run_id, error)
 
 
-def parameter_refusal(fn: Callable[..., Any], parameters: Mapping[str, Any]) -> InvalidPreset | None:
-    """The first parameter of `fn` whose value its type refuses, in one line; None if none does."""
-    try:
-        hints = get_type_hints(fn, include_extras=True)
-    except (NameError, TypeError):
-        return None
+def parameter_refusal(hints: Mapping[str, Any], parameters: Mapping[str, Any]) -> InvalidPreset | None:
+    """The first parameter whose value its type (in `hints`) refuses, in one line; None if none does."""
     for name, value in parameters.items():
         if name not in hints:
             continue
