@@ -3,7 +3,7 @@ VENV   := .venv
 PYTHON := $(VENV)/bin/python
 PRESET ?= cartpole-ppo
 
-.PHONY: setup train test test-all
+.PHONY: setup system-packages train test test-all
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -21,8 +21,19 @@ train: setup
 # pytest's exit code 5 (no tests collected) counts as a failure where neither run collected one.
 # `test` is the default tier (CI's); `test-all` adds the long tier (`slow`): tests/README.md.
 PYTEST_WORKERS ?= 2
-test: setup
+test: setup system-packages
 	$(PYTHON) tests/suite.py --workers $(PYTEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
-test-all: setup
+test-all: setup system-packages
 	$(PYTHON) tests/suite.py --workers $(PYTEST_WORKERS) -m "slow or not slow" --durations=25 $(PYTEST_ARGS)
+
+# The queue the SLURM tests start (tests/slurm.py): Debian's slurm-wlm and munge, installed where
+# missing; where they cannot be (not root, no apt-get) those tests skip and say why.
+system-packages:
+	@if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then \
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; \
+	    else \
+	        echo "slurm-wlm and munge are not installed (it needs root and apt-get): the SLURM tests skip"; \
+	    fi; \
+	fi

@@ -161,6 +161,50 @@ class AdaptiveConfig(_Strict):
     maximum: int = Field(ge=1, le=1024, description="Workers at most.")
 
 
+WALLTIME = r"^(\d+-)?\d{1,2}:\d{2}:\d{2}$"  # SLURM's [D-]HH:MM:SS
+MEMORY = r"^\d+(\.\d+)?\s*([KMGT]i?B|[KMGT])$"  # 4GB, 3.5 GiB, 500MB
+
+
+class SlurmConfig(_Strict):
+    """Rollout workers as SLURM jobs, through dask-jobqueue's SLURMCluster (the `slurm` extra): each
+    job runs `processes` Dask workers; each worker leaves `lifetime_margin_s` before its job's
+    walltime, and the cluster adapts, submitting fresh jobs, so a run outlives its jobs."""
+
+    partition: str | None = Field(default=None, min_length=1, description="The partition the jobs queue in "
+                                  "(sbatch -p). None: the cluster's default partition.")
+    account: str | None = Field(default=None, min_length=1, description="The account the jobs are charged to "
+                                "(sbatch -A). None: the submitting user's default.")
+    walltime: str = Field(default="01:00:00", pattern=WALLTIME, description="Each job's time limit as "
+                          "[D-]HH:MM:SS (sbatch -t), within the partition's MaxTime.")
+    cores: int = Field(default=1, ge=1, le=1024, description="CPUs each job asks for, shared by its workers "
+                       "(one thread each).")
+    memory: str = Field(default="2GB", pattern=MEMORY, description="Memory each job asks for (sbatch --mem), "
+                        "shared by its workers: 4GB, 3.5GiB, 500MB.")
+    processes: int = Field(default=1, ge=1, le=256, description="Dask worker processes each job runs; at most cores.")
+    gpus: int = Field(default=0, ge=0, le=64, description="GPUs each job asks for (sbatch --gres=gpu:N).")
+    lifetime_margin_s: float = Field(default=300.0, ge=10, description="A worker leaves this many seconds before "
+                                     "its job's walltime (dask worker --lifetime, with a stagger of half of it): "
+                                     "its rollout is sent to another worker and a fresh job is submitted, where the "
+                                     "queue would otherwise kill it mid-rollout.")
+    directives: list[str] = Field(default_factory=list, description="More sbatch options for each job, e.g. "
+                                  "['--qos=long', '--constraint=skylake'].")
+    prologue: list[str] = Field(default_factory=list, description="Shell lines each job runs before its workers, "
+                                "e.g. ['module load python/3.11', 'source ~/gymflow/.venv/bin/activate'].")
+    python: str | None = Field(default=None, min_length=1, description="The Python that runs the workers on the "
+                               "nodes, with gymflow installed. None: the flow's own interpreter (nodes that share "
+                               "its file system).")
+    interface: str | None = Field(default=None, min_length=1, description="The network interface the scheduler "
+                                  "and workers listen on (ib0, eth1). None: Dask's choice.")
+    log_directory: str | None = Field(default=None, min_length=1, description="Where each job writes its output "
+                                      "(slurm-JOBID.out). None: the working folder of the flow.")
+
+    @property
+    def walltime_s(self) -> int:
+        days, _, clock = self.walltime.rpartition("-")
+        hours, minutes, seconds = (int(part) for part in clock.split(":"))
+        return (int(days) if days else 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
 class TLSConfig(_Strict):
     """Mutual TLS to a Dask scheduler that requires it (Dask's `Security`): files on the machine
     the flow runs on."""
@@ -226,8 +270,12 @@ class DistributionConfig(_Strict):
     cluster_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for cluster_class."
     )
+    slurm: SlurmConfig | None = Field(
+        default=None, description="Start the rollout workers as SLURM jobs (docs/cluster.md, \"SLURM\"): the "
+        "cluster is adaptive, between `adaptive`'s {minimum, maximum} workers or at rollout_workers.",
+    )
     adaptive: AdaptiveConfig | None = Field(
-        default=None, description="With a cluster_class: let Dask adapt it between {minimum, maximum} workers "
+        default=None, description="With a cluster_class or slurm: let Dask adapt it between {minimum, maximum} workers "
         "(workers retired and added mid-run; a job on a retired one is sent again) instead of scaling it to "
         "rollout_workers.",
     )
@@ -434,7 +482,7 @@ class Preset(_Strict):
     @property
     def remote_cluster(self) -> bool:
         """Rollouts run on a cluster gymflow did not start on this machine."""
-        return bool(self.distribution.scheduler_address or self.distribution.cluster_class)
+        return bool(self.distribution.scheduler_address or self.distribution.cluster_class or self.distribution.slurm)
 
     @property
     def envs_in_total(self) -> int:

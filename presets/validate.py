@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -79,13 +80,14 @@ def experiment_from(config: Preset) -> Experiment:
             raise InvalidPreset("distribution.ship_paths", f"{path!r} is not a .py file or a folder here; "
                                 "allowed: paths (relative to the working folder) of modules and packages")
     if config.distribution.mode == "single" and config.remote_cluster:
-        raise InvalidPreset("distribution.mode", "single runs the jobs in the flow's process; a scheduler_address "
-                                                 "or cluster_class asks for a cluster: use sync or async")
+        raise InvalidPreset("distribution.mode", "single runs the jobs in the flow's process; a scheduler_address, "
+                                                 "cluster_class or slurm asks for a cluster: use sync or async")
     if config.distribution.mode not in algorithm.modes:
         raise InvalidPreset("distribution.mode", _mode_refused(algorithm, config.distribution.mode))
     _check_vtrace(config)
     _check_inference(config, algorithm)
     _check_adaptive(config.distribution)
+    _check_slurm(config.distribution)
     tls, address = config.distribution.tls, config.distribution.scheduler_address
     if tls is not None and not (address or "").startswith("tls://"):
         raise InvalidPreset("distribution.tls", f"needs a tls:// distribution.scheduler_address, not {address!r}")
@@ -273,9 +275,34 @@ def _check_adaptive(distribution: DistributionConfig) -> None:
     adaptive = distribution.adaptive
     if adaptive is None:
         return
-    if not distribution.cluster_class:
+    if not (distribution.cluster_class or distribution.slurm):
         raise InvalidPreset("distribution.adaptive", "adapts a cluster the run starts: needs a "
-                                                     "distribution.cluster_class (e.g. dask_jobqueue.SLURMCluster)")
+                                                     "distribution.cluster_class or distribution.slurm")
     if adaptive.maximum < adaptive.minimum:
         raise InvalidPreset("distribution.adaptive.maximum",
                             f"{adaptive.maximum} is below minimum {adaptive.minimum}; allowed: >= {adaptive.minimum}")
+
+
+# the shortest walltime a SLURM job may have beyond the margins its workers leave before it
+SHORTEST_WORK_S = 30
+
+
+def _check_slurm(distribution: DistributionConfig) -> None:
+    slurm = distribution.slurm
+    if slurm is None:
+        return
+    if distribution.scheduler_address or distribution.cluster_class:
+        raise InvalidPreset("distribution.slurm", "starts a cluster of its own: leave distribution.scheduler_address "
+                                                  "and distribution.cluster_class unset")
+    if importlib.util.find_spec("dask_jobqueue") is None:
+        raise InvalidPreset("distribution.slurm", "needs dask-jobqueue, which is not installed: pip install "
+                                                  "'gymflow[slurm]'")
+    if slurm.processes > slurm.cores:
+        raise InvalidPreset("distribution.slurm.processes", f"{slurm.processes} workers on {slurm.cores} cores; "
+                                                            f"allowed: at most cores ({slurm.cores})")
+    walltime = slurm.walltime_s
+    if walltime < 2 * slurm.lifetime_margin_s + SHORTEST_WORK_S:
+        raise InvalidPreset("distribution.slurm.lifetime_margin_s",
+                            f"{slurm.lifetime_margin_s:g} s leaves a {slurm.walltime} job too little time (its "
+                            f"workers leave between 2 and 1 margins before the walltime); allowed: at most "
+                            f"{(walltime - SHORTEST_WORK_S) / 2:g} s, or a longer walltime")

@@ -1,0 +1,168 @@
+"""Rollout workers as SLURM jobs (`distribution.slurm`), against a real SLURM started on this
+machine (tests/slurm.py): the jobs are in the queue while the run trains and gone after it; a
+job cancelled mid-run (as preemption does) costs the SYNC run nothing; what the queue would
+refuse is refused before anything is queued, in one line naming the field."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from gymflow.errors import GymflowError
+from tests.conftest import local_overrides
+from tests.slurm import Slurm, slurm_on_this_machine, why_not
+from tests.stored import newest_published
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory) -> Slurm:
+    reason = why_not()
+    if reason is not None:
+        pytest.skip(reason)
+    with slurm_on_this_machine(tmp_path_factory.mktemp("slurm")) as started:
+        yield started
+
+
+def _on_slurm(workspace, **slurm) -> dict:
+    """A run whose two rollout workers are SLURM jobs of one core and 1 GB each, sharing this
+    machine's folder (storage.shared: the nodes mount it)."""
+    return {**local_overrides(workspace), "storage.shared": True, "distribution.rollout_workers": 2,
+            "distribution.slurm": {"cores": 1, "memory": "1GB", "walltime": "00:30:00",
+                                   "log_directory": str(workspace / "slurm-logs"), **slurm}}
+
+
+class QueueWatch:
+    """The most jobs squeue listed running at once, and every job it listed, polled beside a run."""
+
+    def __init__(self, slurm: Slurm):
+        self.slurm, self.most, self.ids = slurm, 0, set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.2):
+            listed = self.slurm.squeue()
+            self.most = max(self.most, sum(line.endswith(" RUNNING") for line in listed))
+            self.ids |= {line.split()[0] for line in listed}
+
+    def __enter__(self) -> QueueWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+# default tier (one of its 25 slowest): SLURM's one end-to-end run: CartPole solved with its workers as jobs
+def test_a_slurm_run_trains_cartpole_to_its_target_with_its_workers_as_jobs(slurm, prefect_api, workspace):
+    from gymflow.flows.improve import improve
+
+    with QueueWatch(slurm) as queue:
+        summary = improve("cartpole-ppo", {**_on_slurm(workspace), "schedule.total_env_steps": 100_000})
+    assert summary.solved, summary.final_return
+    assert queue.most == 2  # one job a worker, running while it trained
+    deadline = time.monotonic() + 30  # the cluster's close cancels its jobs; the queue forgets them
+    while slurm.squeue() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert slurm.squeue() == []
+
+
+def _final_policy(root, summary) -> bytes:
+    from gymflow.tasks.storage.checkpoints import read_policy
+    from gymflow.tasks.storage.layout import RunLayout
+    from gymflow.tasks.storage.objects import Storage, StorageLocation
+
+    version = summary.versions_committed - 1
+    return read_policy(Storage(StorageLocation(str(root))), RunLayout(summary.run_id), version)["policy.safetensors"]
+
+
+def _cancel_a_job_once(slurm: Slurm, root, at_version: int, cancelled: list[str]) -> None:
+    """Once the run under `root` has published `at_version`, scancel one of its running jobs (as
+    preemption does), and say which in `cancelled`."""
+    deadline = time.monotonic() + 120
+    while newest_published(root) < at_version and time.monotonic() < deadline:
+        time.sleep(0.05)
+    running = [line.split()[0] for line in slurm.squeue() if line.endswith(" RUNNING")]
+    if running:
+        slurm.scancel(running[0])
+        cancelled.append(running[0])
+
+
+# default tier (one of its 25 slowest): SLURM's one fault, a job cancelled mid-run (as preemption does)
+def test_a_job_cancelled_mid_run_costs_the_sync_run_nothing(slurm, prefect_api, workspace, tiny_budget):
+    """SYNC rollouts are the same whichever worker runs them: the cancelled job's rollout is sent to
+    the other worker, a fresh job is submitted, and the run ends on the LocalCluster run's weights."""
+    from gymflow.flows.improve import improve
+
+    run = {**tiny_budget, "schedule.total_env_steps": 12800}  # 100 rounds of 128 env steps: ~7 s
+    clean = improve("cartpole-ppo", {**run, **local_overrides(workspace), "storage.root": str(workspace / "clean")})
+    cancelled: list[str] = []
+    canceller = threading.Thread(target=_cancel_a_job_once, args=(slurm, workspace / "slurm", 3, cancelled))
+    canceller.start()
+    with QueueWatch(slurm) as queue:
+        preempted = improve("cartpole-ppo", {**run, **_on_slurm(workspace), "storage.root": str(workspace / "slurm")})
+    canceller.join()
+    assert cancelled and preempted.versions_committed == clean.versions_committed
+    assert cancelled[0] in queue.ids and len(queue.ids) >= 3  # a fresh job took the cancelled one's place
+    assert _final_policy(workspace / "slurm", preempted) == _final_policy(workspace / "clean", clean)
+
+
+@pytest.mark.slow  # long tier (~2 min): a run through its workers' walltime; the cancelled job is the default's fault
+def test_a_run_longer_than_its_jobs_walltime_goes_on_through_fresh_jobs_to_the_same_weights(
+        slurm, prefect_api, workspace, tiny_budget):
+    """One-minute jobs whose workers leave 15-30 s before the walltime (lifetime_margin_s 15): a
+    ~90 s run goes through fresh jobs, none killed by the queue at its walltime, and ends on the
+    LocalCluster run's weights."""
+    from gymflow.flows.improve import improve
+
+    run = {**tiny_budget, "schedule.total_env_steps": 128_000, "schedule.evaluate_every_env_steps": 32_000}
+    clean = improve("cartpole-ppo", {**run, **local_overrides(workspace), "storage.root": str(workspace / "clean")})
+    with QueueWatch(slurm) as queue:
+        rotated = improve("cartpole-ppo", {**run, **_on_slurm(workspace, walltime="00:01:00", lifetime_margin_s=15),
+                                           "storage.root": str(workspace / "slurm")})
+    assert len(queue.ids) >= 4, queue.ids  # the first two jobs, and fresh ones as their workers left
+    assert _final_policy(workspace / "slurm", rotated) == _final_policy(workspace / "clean", clean)
+    logs = "".join(path.read_text() for path in (workspace / "slurm-logs").glob("*"))
+    assert "DUE TO TIME LIMIT" not in logs  # the queue killed none: their workers had left
+
+
+@pytest.mark.parametrize(("slurm_settings", "field", "says"), [
+    ({"partition": "nowhere"}, "distribution.slurm.partition", "no partition 'nowhere'; allowed: debug, short"),
+    ({"partition": "short", "walltime": "00:30:00"}, "distribution.slurm.walltime",
+     "00:30:00 is above partition short's MaxTime 00:01:00"),
+    ({"memory": "100TB"}, "distribution.slurm.memory", "100TB is more than a node of partition debug has"),
+    ({"gpus": 1}, "distribution.slurm.gpus", "the queue refuses the job: Invalid generic resource"),  # sbatch's words
+])
+def test_what_the_queue_would_refuse_is_refused_in_one_line_and_nothing_is_queued(
+        slurm, prefect_api, workspace, slurm_settings, field, says):
+    from gymflow.flows.improve import improve
+
+    with pytest.raises(GymflowError) as refused:
+        improve("cartpole-ppo", _on_slurm(workspace, **slurm_settings))
+    assert refused.value.field == field and says in refused.value.problem, str(refused.value)
+    assert "\n" not in str(refused.value)
+    assert slurm.squeue() == []
+    assert not [path for path in workspace.rglob("*") if path.is_file()]  # nothing written (the storage root is made)
+
+
+@pytest.mark.parametrize(("changes", "field", "says"), [
+    ({"distribution.slurm": {"cores": 1, "processes": 2}}, "distribution.slurm.processes",
+     "2 workers on 1 cores; allowed: at most cores (1)"),
+    ({"distribution.slurm": {"walltime": "00:01:00", "lifetime_margin_s": 20}}, "distribution.slurm.lifetime_margin_s",
+     "allowed: at most 15 s, or a longer walltime"),
+    ({"distribution.slurm": {"walltime": "1:00"}}, "distribution.slurm.walltime", "String should match pattern"),
+    ({"distribution.slurm": {}, "distribution.cluster_class": "distributed.LocalCluster"}, "distribution.slurm",
+     "starts a cluster of its own"),
+    ({"distribution.slurm": {}, "distribution.mode": "single"}, "distribution.mode", "slurm asks for a cluster"),
+])
+def test_slurm_settings_that_cannot_work_are_refused_before_the_queue_is_asked(changes, field, says):
+    from gymflow.errors import InvalidPreset
+    from gymflow.presets.validate import resolve_experiment
+
+    with pytest.raises(InvalidPreset) as refused:
+        resolve_experiment("cartpole-ppo", {"storage.shared": True, **changes})
+    assert refused.value.field == field and says in refused.value.problem, str(refused.value)
+
