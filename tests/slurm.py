@@ -22,19 +22,36 @@ MUNGE_KEY = Path("/etc/munge/munge.key")
 START_TIMEOUT_S = 30
 
 
-@dataclass(frozen=True)
+@dataclass
 class Slurm:
     conf: Path  # SLURM_CONF
     node: str
     folder: Path
+    controller: subprocess.Popen
 
-    def squeue(self) -> list[str]:
-        """'JOBID STATE' of every job in the queue."""
-        listed = _run("squeue", "-h", "-o", "%i %T")
+    def squeue(self, reasons: bool = False) -> list[str]:
+        """'JOBID STATE' (with reasons: 'JOBID STATE (REASON)') of every job in the queue."""
+        listed = _run("squeue", "-h", "-o", "%i %T (%r)" if reasons else "%i %T")
         return [line for line in listed.splitlines() if line.strip()]
 
     def scancel(self, job_id: str) -> None:
         _run("scancel", job_id)
+
+    @contextmanager
+    def partition_down(self, partition: str = "debug") -> Iterator[None]:
+        """Jobs queue in `partition` but none starts (PartitionDown) until this ends."""
+        _run("scontrol", "update", f"PartitionName={partition}", "State=DOWN")
+        try:
+            yield
+        finally:
+            _run("scontrol", "update", f"PartitionName={partition}", "State=UP")
+
+    def restart_controller(self, down_s: float) -> None:
+        """Stop slurmctld, wait `down_s`, start it again on its saved state (the jobs run on)."""
+        _stop(self.controller)
+        time.sleep(down_s)
+        self.controller = _start(self.folder, "slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
+        _wait_for(lambda: bool(_run("sinfo", "-h", "-o", "%t").strip()), "slurmctld back", [self.controller])
 
 
 def why_not() -> str | None:
@@ -63,6 +80,7 @@ def slurm_on_this_machine(folder: Path) -> Iterator[Slurm]:
     previous = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(conf)
     started: list[subprocess.Popen] = []
+    slurm: Slurm | None = None
     try:
         started.append(_start(folder, "munged", ["munged", "--foreground",
                                                   f"--socket={socket_path}", f"--key-file={MUNGE_KEY}",
@@ -72,12 +90,16 @@ def slurm_on_this_machine(folder: Path) -> Iterator[Slurm]:
         started.append(_start(folder, "slurmctld", ["slurmctld", "-D", "-i", "-f", str(conf)]))
         started.append(_start(folder, "slurmd", ["slurmd", "-D", "-f", str(conf), "-N", node]))
         _wait_for(lambda: _idle(node), "the node to be idle in sinfo", started)
-        yield Slurm(conf, node, folder)
+        slurm = Slurm(conf, node, folder, started[1])
+        yield slurm
     finally:
         try:
-            if len(started) == 3 and all(process.poll() is None for process in started):
+            controller_up = slurm is not None and slurm.controller.poll() is None
+            if len(started) == 3 and controller_up and started[2].poll() is None:
                 _cancel_every_job()
         finally:
+            if started[1:2] and slurm is not None:
+                started[1] = slurm.controller  # restarted in a test
             for process in reversed(started):
                 _stop(process)
             shutil.rmtree(munge, ignore_errors=True)

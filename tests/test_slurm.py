@@ -5,6 +5,7 @@ refuse is refused before anything is queued, in one line naming the field."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -64,9 +65,7 @@ def test_a_slurm_run_trains_cartpole_to_its_target_with_its_workers_as_jobs(slur
         summary = improve("cartpole-ppo", {**_on_slurm(workspace), "schedule.total_env_steps": 100_000})
     assert summary.solved, summary.final_return
     assert queue.most == 2  # one job a worker, running while it trained
-    deadline = time.monotonic() + 30  # the cluster's close cancels its jobs; the queue forgets them
-    while slurm.squeue() and time.monotonic() < deadline:
-        time.sleep(0.5)
+    _wait_for_an_empty_queue(slurm)
     assert slurm.squeue() == []
 
 
@@ -127,6 +126,79 @@ def test_a_run_longer_than_its_jobs_walltime_goes_on_through_fresh_jobs_to_the_s
     assert _final_policy(workspace / "slurm", rotated) == _final_policy(workspace / "clean", clean)
     logs = "".join(path.read_text() for path in (workspace / "slurm-logs").glob("*"))
     assert "DUE TO TIME LIMIT" not in logs  # the queue killed none: their workers had left
+
+
+def _wait_for_an_empty_queue(slurm: Slurm) -> None:
+    deadline = time.monotonic() + 30  # a closed cluster cancels its jobs; the queue forgets them
+    while slurm.squeue() and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def test_jobs_the_queue_keeps_pending_past_the_start_timeout_stop_the_run_in_one_line_saying_why(
+        slurm, prefect_api, workspace):
+    from gymflow.errors import ClusterUnavailable
+    from gymflow.flows.improve import improve
+
+    with slurm.partition_down(), pytest.raises(ClusterUnavailable) as stopped:
+        improve("cartpole-ppo", {**_on_slurm(workspace), "distribution.cluster_start_timeout_s": 5})
+    assert stopped.value.field == "distribution.slurm"
+    assert re.fullmatch(r"no worker started within 5 s \(distribution.cluster_start_timeout_s\): "
+                        r"\d+ PENDING \(PartitionDown\); \d+ PENDING \(PartitionDown\)", stopped.value.problem), \
+        stopped.value.problem
+    _wait_for_an_empty_queue(slurm)
+    assert slurm.squeue() == []
+
+
+@pytest.mark.slow  # long tier: the queue holding the jobs a while (the default tier holds one held too long)
+def test_a_run_waits_for_jobs_the_queue_holds_pending_a_while_then_trains(slurm, prefect_api, workspace, tiny_budget):
+    from gymflow.flows.improve import improve
+
+    seen: list[str] = []
+    down = threading.Event()
+
+    def hold_them_a_while() -> None:
+        with slurm.partition_down():
+            down.set()
+            deadline = time.monotonic() + 60
+            while len(seen) < 2 and time.monotonic() < deadline:
+                seen[:] = [line for line in slurm.squeue(reasons=True) if "(PartitionDown)" in line]
+                time.sleep(0.2)
+            time.sleep(5)
+
+    holding = threading.Thread(target=hold_them_a_while)
+    holding.start()
+    down.wait(30)
+    summary = improve("cartpole-ppo", {**tiny_budget, **_on_slurm(workspace)})  # the flow's signals: the main thread
+    holding.join()
+    assert len(seen) == 2 and summary.versions_committed == 6  # held back, then trained to its end
+    _wait_for_an_empty_queue(slurm)
+    assert slurm.squeue() == []
+
+
+@pytest.mark.slow  # long tier: the controller lost mid-run (the default tier's fault is a cancelled job)
+def test_a_run_outlives_slurmctld_restarted_mid_run_to_the_same_weights(slurm, prefect_api, workspace, tiny_budget):
+    """The jobs run on while slurmctld is down (slurmd keeps them), the run's workers with them;
+    nothing is taken for an ended job while the queue does not answer."""
+    from gymflow.flows.improve import improve
+
+    run = {**tiny_budget, "schedule.total_env_steps": 12800}
+    clean = improve("cartpole-ppo", {**run, **local_overrides(workspace), "storage.root": str(workspace / "clean")})
+
+    def restart_at_version_3() -> None:
+        deadline = time.monotonic() + 120
+        while newest_published(workspace / "slurm") < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        slurm.restart_controller(down_s=3)
+
+    restarting = threading.Thread(target=restart_at_version_3)
+    restarting.start()
+    with QueueWatch(slurm) as queue:
+        survived = improve("cartpole-ppo", {**run, **_on_slurm(workspace), "storage.root": str(workspace / "slurm")})
+    restarting.join()
+    assert len(queue.ids) == 2  # the same two jobs throughout: none taken for ended
+    assert _final_policy(workspace / "slurm", survived) == _final_policy(workspace / "clean", clean)
+    _wait_for_an_empty_queue(slurm)
+    assert slurm.squeue() == []
 
 
 @pytest.mark.parametrize(("slurm_settings", "field", "says"), [
