@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import yaml
@@ -80,6 +81,8 @@ def _command(argv: Sequence[str] | None) -> int:
         return _checkpoints(args.run_id, args.root, parse_assignments(args.option))
     if args.command == "export":
         return _export(args)
+    if args.command == "kube":
+        return _kube(args)
     return _show(args.preset, args.set)
 
 
@@ -137,6 +140,26 @@ def _show(preset: str, assignments: list[str]) -> int:
         print(f"gymflow: error: {error}", file=sys.stderr)
         return 2
     print(yaml.safe_dump(experiment.preset.model_dump(mode="json"), sort_keys=False), end="")
+    return 0
+
+
+def _kube(args: argparse.Namespace) -> int:
+    """The manifests a team applies to run the preset on Kubernetes, checked, in args.out."""
+    from gymflow.presets import parse_assignments
+    from gymflow.tasks.cluster.kube import KubeTarget, check, manifests, write
+
+    target = KubeTarget(args.image, args.name, args.namespace, args.worker_cpu, args.worker_memory,
+                        args.learner_cpu, args.learner_memory, args.learner_gpus)
+    try:
+        from gymflow.presets.validate import resolve_experiment
+
+        files = manifests(resolve_experiment(args.preset, parse_assignments(args.set)).preset, target)
+        check(files)
+    except GymflowError as error:
+        print(f"gymflow: error: {error}", file=sys.stderr)
+        return 2
+    for path in write(files, Path(args.out)):
+        print(path)
     return 0
 
 
@@ -421,7 +444,23 @@ def _parser() -> argparse.ArgumentParser:
             command.add_argument("--quiet", action="store_true", help="no progress bar")
             command.add_argument("--verbose", action="store_true", help=VERBOSE)
     _export_arguments(commands.add_parser("export", help="write a run's experience as a Minari dataset"))
+    _kube_arguments(commands.add_parser("kube", help="write the Kubernetes manifests that run a preset "
+                                                     "(docs/cluster.md, Kubernetes)"))
     return parser
+
+
+def _kube_arguments(command: argparse.ArgumentParser) -> None:
+    command.add_argument("preset", help="a built-in preset name or a YAML file; its storage.root must be s3://")
+    command.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset field")
+    command.add_argument("--image", required=True, help="gymflow's image, built from the repository's Dockerfile")
+    command.add_argument("--name", default="gymflow", help="the DaskCluster's name")
+    command.add_argument("--namespace", default="default")
+    command.add_argument("--worker-cpu", default="1", help="each rollout worker pod's CPUs")
+    command.add_argument("--worker-memory", default="2Gi", help="each rollout worker pod's memory")
+    command.add_argument("--learner-cpu", default="4", help="the flow run's (the learner's) CPUs")
+    command.add_argument("--learner-memory", default="8Gi", help="the flow run's memory")
+    command.add_argument("--learner-gpus", type=int, default=0, help="GPUs for the learner (nvidia.com/gpu)")
+    command.add_argument("--out", default="kube", help="the folder the manifests are written to")
 
 
 def _export_arguments(command: argparse.ArgumentParser) -> None:
