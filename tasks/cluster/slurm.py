@@ -63,6 +63,7 @@ def slurm_cluster(config: DistributionConfig) -> SLURMCluster:
     if shutil.which("sbatch") is None:
         raise ClusterUnavailable(SLURM, "sbatch is not on this machine's PATH: run the flow on a SLURM login node "
                                         "(or a machine whose sbatch reaches the cluster)")
+    check_against_partition(slurm)  # before a scheduler is started for it
     lifetime, stagger = worker_lifetime(slurm)
     resources = [f"{name}={amount:g}" for name, amount in config.rollout_resources.items()]
     cluster = SLURMCluster(
@@ -83,7 +84,6 @@ def slurm_cluster(config: DistributionConfig) -> SLURMCluster:
         scheduler_options={"dashboard_address": ":0"},
     )
     try:
-        check_against_partition(slurm)
         check_job_script(cluster.job_script())
     except BaseException:
         cluster.close()
