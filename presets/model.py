@@ -200,9 +200,15 @@ class SlurmConfig(_Strict):
 
     @property
     def walltime_s(self) -> int:
-        days, _, clock = self.walltime.rpartition("-")
-        hours, minutes, seconds = (int(part) for part in clock.split(":"))
-        return (int(days) if days else 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+        return slurm_seconds(self.walltime)
+
+
+def slurm_seconds(limit: str) -> int:
+    """A SLURM time ('[D-]HH:MM:SS', 'HH:MM:SS', 'MM:SS', as sbatch takes and scontrol shows it) in seconds."""
+    days, _, clock = limit.rpartition("-")
+    parts = [int(part) for part in clock.split(":")]
+    hours, minutes, seconds = [0] * (3 - len(parts)) + parts
+    return (int(days) if days else 0) * 86400 + hours * 3600 + minutes * 60 + seconds
 
 
 class TLSConfig(_Strict):

@@ -25,7 +25,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from gymflow.errors import ClusterUnavailable, InvalidPreset
-from gymflow.presets.model import DistributionConfig, SlurmConfig
+from gymflow.presets.model import DistributionConfig, SlurmConfig, slurm_seconds
 
 if TYPE_CHECKING:
     from dask_jobqueue import SLURMCluster
@@ -100,7 +100,7 @@ def check_against_partition(slurm: SlurmConfig) -> None:
     settings = _partition_settings(slurm.partition)
     name = settings["PartitionName"]
     max_time = settings.get("MaxTime", "UNLIMITED")
-    if max_time not in ("UNLIMITED", "INFINITE") and slurm.walltime_s > _seconds(max_time):
+    if max_time not in ("UNLIMITED", "INFINITE") and slurm.walltime_s > slurm_seconds(max_time):
         raise InvalidPreset(f"{SLURM}.walltime", f"{slurm.walltime} is above partition {name}'s MaxTime "
                                                  f"{max_time}; allowed: up to {max_time}, or another partition")
     nodes = _run(["sinfo", "-h", "-p", name, "-o", "%c %m"]).split()
@@ -116,7 +116,7 @@ def check_against_partition(slurm: SlurmConfig) -> None:
 
 def _partition_settings(partition: str | None) -> dict[str, str]:
     """scontrol's settings of `partition` (None: the default one)."""
-    listed = _run(["scontrol", "show", "partition", "-o", *([partition] if partition else [])])
+    listed = _run(["scontrol", "show", "partition", "-o", *([partition] if partition else [])], missing_ok=True)
     for line in listed.splitlines():
         settings = dict(item.split("=", 1) for item in line.split() if "=" in item)
         if "PartitionName" in settings and (partition is not None or settings.get("Default") == "YES"):
@@ -132,24 +132,24 @@ def _partitions() -> list[str]:
     return sorted({line.strip().rstrip("*") for line in _run(["sinfo", "-h", "-o", "%P"]).splitlines()})
 
 
-def _run(command: list[str]) -> str:
-    """A SLURM command's output; a controller that does not answer is the cluster unavailable."""
+def _ask(command: list[str]) -> subprocess.CompletedProcess | None:
+    """A SLURM command, run; None where it does not answer within COMMAND_TIMEOUT_S (slurmctld down)."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
+        return subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
+        return None
+
+
+def _run(command: list[str], missing_ok: bool = False) -> str:
+    """A SLURM command's output; a controller that does not answer is the cluster unavailable, and
+    a refusal is the queue refusing the job (`missing_ok`: what it lists may not be there)."""
+    done = _ask(command)
+    if done is None:
         raise ClusterUnavailable(SLURM, f"{command[0]} did not answer within {COMMAND_TIMEOUT_S} s: is slurmctld "
-                                        "up? (scontrol ping)") from None
-    if done.returncode != 0 and "not found" not in done.stdout + done.stderr:
+                                        "up? (scontrol ping)")
+    if done.returncode != 0 and not (missing_ok and "not found" in done.stdout + done.stderr):
         raise refusal(done.stderr or done.stdout)
     return done.stdout
-
-
-def _seconds(limit: str) -> int:
-    """A time as scontrol shows it ('[D-]HH:MM:SS', 'MM:SS') in seconds."""
-    days, _, clock = limit.rpartition("-")
-    parts = [int(part) for part in clock.split(":")]
-    hours, minutes, seconds = [0] * (3 - len(parts)) + parts
-    return (int(days) if days else 0) * 86400 + hours * 3600 + minutes * 60 + seconds
 
 
 def _megabytes(memory: str) -> float:
@@ -165,14 +165,7 @@ def check_job_script(script: str) -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".sh", prefix="gymflow-job-") as job:
         job.write(script)
         job.flush()
-        try:
-            answer = subprocess.run(["sbatch", "--test-only", job.name], capture_output=True, text=True,
-                                    timeout=COMMAND_TIMEOUT_S, check=False)
-        except subprocess.TimeoutExpired:
-            raise ClusterUnavailable(SLURM, f"sbatch did not answer within {COMMAND_TIMEOUT_S} s: is slurmctld "
-                                            "up? (scontrol ping)") from None
-    if answer.returncode != 0:
-        raise refusal(answer.stderr or answer.stdout)
+        _run(["sbatch", "--test-only", job.name])
 
 
 def refusal(said: str) -> InvalidPreset | ClusterUnavailable:
@@ -194,10 +187,8 @@ def jobs_waiting(cluster: SLURMCluster) -> str:
     ids = [job.job_id for job in cluster.workers.values() if getattr(job, "job_id", None)]
     if not ids:
         return "no job was queued"
-    try:
-        listed = subprocess.run(["squeue", "-h", "-j", ",".join(ids), "-o", "%i %T (%r)"], capture_output=True,
-                                text=True, timeout=COMMAND_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
+    listed = _ask(["squeue", "-h", "-j", ",".join(ids), "-o", "%i %T (%r)"])
+    if listed is None:
         return f"jobs {', '.join(ids)}; squeue did not answer"
     return "; ".join(listed.stdout.split("\n")).strip("; ") or f"jobs {', '.join(ids)} are no longer queued"
 
@@ -268,12 +259,8 @@ _DEPARTURE_LOGGERS = ("distributed.active_memory_manager", "distributed.schedule
 def _alive_jobs() -> set[str] | None:
     """The ids of this user's jobs that have not ended; None where the queue does not answer
     (slurmctld restarting: nothing is taken for ended then)."""
-    try:
-        listed = subprocess.run(["squeue", "-h", "-u", getpass.getuser(), "-o", "%i %T"], capture_output=True,
-                                text=True, timeout=COMMAND_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        return None
-    if listed.returncode != 0:
+    listed = _ask(["squeue", "-h", "-u", getpass.getuser(), "-o", "%i %T"])
+    if listed is None or listed.returncode != 0:
         return None
     return {job_id for job_id, state in (line.split()[:2] for line in listed.stdout.splitlines() if line.strip())
             if state in _ALIVE}

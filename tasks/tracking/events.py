@@ -79,8 +79,9 @@ def sweep_finished(sweep_id: str, best: dict[str, Any] | None, best_preset: str 
          {"best": best, "best_preset": best_preset})
 
 
-def emit(event: str, resource: dict[str, str], payload: dict[str, Any]) -> None:
-    emit_event(event, resource=resource, payload=_json_safe(payload))
+def emit(event: str, resource: dict[str, str], payload: dict[str, Any],
+         related: list[dict[str, str]] | None = None) -> None:
+    emit_event(event, resource=resource, payload=_json_safe(payload), related=related)
 
 
 def _json_safe(value: Any) -> Any:
@@ -105,10 +106,8 @@ def flow_run_refused(flow_run_id: str, error: Exception) -> None:
     where the server streams them, which Prefect's server does not by default)."""
     from prefect.events.worker import EventsWorker
 
-    emit_event("gymflow.flow-run.refused",
-               resource={"prefect.resource.id": f"gymflow.flow-run.{flow_run_id}",
-                         "prefect.resource.name": _first_line(error)},
-               related=[{"prefect.resource.id": f"prefect.flow-run.{flow_run_id}",
-                         "prefect.resource.role": "flow-run"}],
-               payload={"error": _first_line(error), "type": type(error).__name__})
+    emit("gymflow.flow-run.refused",
+         {"prefect.resource.id": f"gymflow.flow-run.{flow_run_id}", "prefect.resource.name": _first_line(error)},
+         {"error": _first_line(error), "type": type(error).__name__},
+         related=[{"prefect.resource.id": f"prefect.flow-run.{flow_run_id}", "prefect.resource.role": "flow-run"}])
     EventsWorker.drain_all(timeout=5)  # sent before the final state is proposed
