@@ -25,17 +25,15 @@ class Recording:
         self.reports: list[StepReport] = []
         self.evaluations: list[Scored] = []
         self.films: list[Scored] = []
-        self.timings: list[dict[str, float]] = []
-        self.settled_before: list[int] = []  # how many steps were reported when a checkpoint was about to be committed
 
     def stepped(self, report: StepReport) -> None:
         self.reports.append(report)
 
     def committed(self, state: LoopState, timings: dict[str, float]) -> None:
-        self.timings.append(timings)
+        pass
 
     def settle(self) -> None:
-        self.settled_before.append(len(self.reports))
+        pass
 
     def evaluated(self, scored: Scored, waited: bool = False) -> None:
         self.evaluations.append(scored)

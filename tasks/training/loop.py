@@ -88,7 +88,6 @@ class StepReport:
 
 class Commit(NamedTuple):
     seconds: float  # publishing the policy, and checkpointing it when due
-    checkpointed: bool
 
 
 class Finished(NamedTuple):
@@ -163,9 +162,9 @@ class ImproveLoop:
         started = time.perf_counter()
         latest = self.latest.version if self.latest else None
         in_use = InUse(self.evaluations.scoring(), latest, latest if self.stop.target_reached(self.latest) else None)
-        checkpointed = self.commits.commit(self.learner, state, in_use, checkpoint or self.stopped(state),
-                                           self.collection.checkpointed, before_checkpoint=self.observer.settle)
-        return Commit(time.perf_counter() - started, checkpointed)
+        self.commits.commit(self.learner, state, in_use, checkpoint or self.stopped(state),
+                            self.collection.checkpointed, before_checkpoint=self.observer.settle)
+        return Commit(time.perf_counter() - started)
 
     def stopped(self, state: LoopState) -> bool:
         return self.stop.reached(state, self.collection.drained(), self.latest)
