@@ -109,10 +109,12 @@ def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
         overrides = parse_assignments(args.set)
         from gymflow.presets.validate import resolve_experiment
         from gymflow.tasks.storage.objects import check_storage, storage_location
+        from gymflow.tasks.tracking.servers import check_tracking_server
 
         experiment = resolve_experiment(args.preset, overrides)
         if experiment.preset.storage.options_block is None:  # a block's credentials: checked once the API answers
             check_storage(storage_location(experiment.preset.storage))
+        check_tracking_server(experiment.preset.tracking.tracking_uri, experiment.preset.tracking.experiment)
         if experiment.preset.dataset is not None:  # a dataset that is not there: refused before Prefect starts
             from gymflow.tasks.training.run import find_dataset
 

@@ -22,6 +22,7 @@ from gymflow.presets.redaction import redacted_uri, without_credentials
 from gymflow.presets.validate import resolve_experiment
 from gymflow.tasks.tracking.events import model_scored
 from gymflow.tasks.tracking.models import find_champion, mean_return, score_policy
+from gymflow.tasks.tracking.servers import check_tracking_server
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ def monitor(
         changes = as_dotted(overrides)
         config = resolve_experiment(preset, changes).preset  # bad input stops here
         name = model_name or f"gymflow-{config.name}"
+        check_tracking_server(config.tracking.tracking_uri, config.tracking.experiment)
         champion = find_champion(config.tracking.tracking_uri, name)
         if champion is None:
             where = redacted_uri(config.tracking.tracking_uri)

@@ -31,6 +31,7 @@ from gymflow.tasks.tracking.models import (
     register_challenger,
     score_policy,
 )
+from gymflow.tasks.tracking.servers import check_tracking_server
 from gymflow.tasks.tracking.store import tracking_client
 
 
@@ -131,6 +132,7 @@ def retrain(
                                                     "not one: allowed: returns")
         tracking_uri = config.tracking.tracking_uri
         name = model_name or f"gymflow-{config.name}"
+        check_tracking_server(tracking_uri, config.tracking.experiment)
         champion = find_champion(tracking_uri, name)
         logger.info("champion: %s", champion.uri if champion else "none yet")
         if training.experience == "logged":

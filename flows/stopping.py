@@ -148,6 +148,17 @@ class TemporaryApi:
         self.errors.close()
 
 
+def _server_checked() -> None:
+    """The configured Prefect server answers and takes the login (ServerRefused in one line if not)."""
+    from prefect.settings import get_current_settings
+
+    from gymflow.tasks.tracking.servers import check_prefect_server
+
+    api = get_current_settings().api
+    check_prefect_server(api.url, api.auth_string.get_secret_value() if api.auth_string else None,
+                         api.key.get_secret_value() if api.key else None)
+
+
 _instead = ("allowed: a PREFECT_HOME whose database this Prefect can use (a database a newer Prefect migrated "
             "cannot be), or PREFECT_API_URL of a running Prefect server")
 
@@ -156,9 +167,9 @@ _instead = ("allowed: a PREFECT_HOME whose database this Prefect can use (a data
 def temporary_api() -> Iterator[Callable[[], None]]:
     """Where no Prefect API is configured (PREFECT_API_URL, a profile), a temporary one of this
     process's own for what runs inside. Yields the wait for it to answer: the caller's imports
-    load while it starts."""
+    load while it starts. A configured server's wait asks it whether it takes the login."""
     if os.environ.get("PREFECT_API_URL"):
-        yield lambda: None
+        yield _server_checked
         return
     # started before Prefect's settings are read (importing them takes ~1 s), and stopped at once,
     # still importing, where a profile or a settings file names an API after all
@@ -172,7 +183,7 @@ def temporary_api() -> Iterator[Callable[[], None]]:
 
     if get_current_settings().api.url:
         api.stop()
-        yield lambda: None
+        yield _server_checked
         return
     waited = threading.Event()
 

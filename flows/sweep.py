@@ -49,6 +49,7 @@ from gymflow.tasks.sweep.study import (
 from gymflow.tasks.sweep.trial import SweepTrial
 from gymflow.tasks.tracking.blocks import preset_with_block_options
 from gymflow.tasks.tracking.events import sweep_finished
+from gymflow.tasks.tracking.servers import check_tracking_server
 from gymflow.tasks.tracking.tracker import Tracker
 
 MAX_CONCURRENCY = 64
@@ -108,6 +109,7 @@ def sweep(spec: SweepSpec, sweep_id: str | None = None) -> SweepResult:
         checked = replace(checked, base=preset_with_block_options(checked.base))  # storage credentials in a block
         location = storage_location(checked.base.storage)
         check_storage(location)
+        check_tracking_server(checked.base.tracking.tracking_uri, checked.base.tracking.experiment)
     sweep_id = sweep_id or new_sweep_id(checked.base.name)
     study = open_study(checked, sweep_id)
     logger = get_run_logger()

@@ -31,6 +31,11 @@ class PrefectUnavailable(GymflowError):
     """No Prefect API to run under: the temporary one this process starts would not start."""
 
 
+class ServerRefused(GymflowError):
+    """A tracking or orchestration server that does not answer, or refuses this user's login or
+    what the run needs of it (a permission on its experiment)."""
+
+
 class StorageRefused(GymflowError):
     """The storage root cannot be used: a missing bucket, refused credentials, an unreachable
     endpoint, a local path that is a file or not writable."""

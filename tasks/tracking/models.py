@@ -16,6 +16,7 @@ from pathlib import Path
 import mlflow
 import numpy as np
 from gymnasium import spaces
+from mlflow.entities import LoggedModelOutput
 from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
 from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
@@ -35,7 +36,7 @@ from gymflow.envs.vector import make_vector_env, observation_dtype
 from gymflow.errors import UnusableWarmStart
 from gymflow.presets.model import EnvConfig
 from gymflow.tasks.tracking.store import tracking_client
-from gymflow.tasks.tracking.tracker import Tracker
+from gymflow.tasks.tracking.tracker import Tracker, patiently
 
 MODEL_ARTIFACT = "policy"
 CHAMPION = "champion"
@@ -105,6 +106,11 @@ def log_policy_model(tracker: Tracker, model: PolicyModel, step: int) -> str:
     output of the run at `step`: the run's metrics at that step are linked to it. The model
     carries gymflow's agents, envs and presets code, so loading it needs no gymflow install.
     Returns its URI, models:/<model id>."""
+    # The model is made the run's output at `step`, and the metrics at `step` linked to it, here,
+    # from what the tracker logged: MLflow's Model.log(run_id=) reads the history of each of the
+    # run's metrics to find them, one request a key (3 s of a CartPole run's end through a tracking
+    # server). A step the tracker did not log last (a resumed run's) is left to MLflow.
+    linked = tracker.metrics_at(step)
     logged = tracker.client.create_logged_model(tracker.experiment_id, name=model.name,
                                                 source_run_id=tracker.run_id, params=dict(model.params),
                                                 model_type="gymflow-policy")
@@ -117,12 +123,13 @@ def log_policy_model(tracker: Tracker, model: PolicyModel, step: int) -> str:
         if model.policy_name is not None:  # which of the network's policies acts
             Path(folder, "policy_name.txt").write_text(model.policy_name)
             artifacts["policy_name"] = os.path.join(folder, "policy_name.txt")
-        Model.log(
+        patiently(  # a login refused for a moment (a failover) is tried again
+            Model.log,
             artifact_path=None,
             name=model.name,
             flavor=mlflow.pyfunc,
-            run_id=tracker.run_id,
             model_id=logged.model_id,
+            run_id=None if linked else tracker.run_id,
             step=step,
             python_model=_MODEL_CODE,
             artifacts=artifacts,
@@ -131,6 +138,9 @@ def log_policy_model(tracker: Tracker, model: PolicyModel, step: int) -> str:
             signature=policy_signature(model.observation_space, model.action_space, model.memory_size),
             input_example=model.input_example(),
         )
+    if linked:
+        tracker.client.log_outputs(tracker.run_id, [LoggedModelOutput(logged.model_id, step=step)])
+        tracker.link_metrics(linked, logged.model_id)
     return f"models:/{logged.model_id}"
 
 

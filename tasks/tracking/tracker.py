@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 import os
 import tempfile
@@ -26,6 +28,10 @@ _MAX_PENDING = 256  # queued metric batches held before waiting on the oldest
 # the next rollout's stepping by half (docs/benchmarks.md, single mode).
 METRICS_EVERY_S = 2.0
 _METRICS_HELD = 1000  # metrics held before they are sent, however recent the last batch
+# A login the tracking server took, then refused: its auth database reconnecting in a failover
+# answered 401 for a moment (docs/deploy.md, "For a team"). Tried again with backoff this long.
+LOGIN_RETRY_S = 120.0
+_logger = logging.getLogger(__name__)
 # MLflow 3's UI opens an experiment in its GenAI view unless this tag says it is for model training
 EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 
@@ -43,24 +49,24 @@ class Tracker:
         """A new MLflow run, or `existing_run_id` reopened (a resumed run logs into its own)."""
         from gymflow.tasks.tracking.store import tracking_client
 
-        self.client, self.tracking_uri = tracking_client(tracking_uri), tracking_uri
+        client, self.tracking_uri = tracking_client(tracking_uri), tracking_uri
         if existing_run_id is not None:
-            run = self.client.get_run(existing_run_id)
-            self.client.update_run(existing_run_id, status="RUNNING")
-            self.client.set_tag(existing_run_id, "prefect.flow_run_id.resumed", tags.get("prefect.flow_run_id", ""))
+            run = client.get_run(existing_run_id)
+            client.update_run(existing_run_id, status="RUNNING")
+            client.set_tag(existing_run_id, "prefect.flow_run_id.resumed", tags.get("prefect.flow_run_id", ""))
             self.run_id, self.experiment_id = existing_run_id, run.info.experiment_id
-            self._start_queue()
-            return
-        found = self.client.get_experiment_by_name(experiment)
-        if found is None:
-            experiment_id = self.client.create_experiment(experiment, artifact_location=artifact_location,
-                                                          tags={EXPERIMENT_KIND: MODEL_TRAINING})
         else:
-            experiment_id = found.experiment_id
-            if EXPERIMENT_KIND not in found.tags:  # an experiment someone made without saying what for
-                self.client.set_experiment_tag(experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
-        self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags)).info.run_id
-        self.experiment_id = experiment_id
+            found = client.get_experiment_by_name(experiment)
+            if found is None:
+                experiment_id = client.create_experiment(experiment, artifact_location=artifact_location,
+                                                         tags={EXPERIMENT_KIND: MODEL_TRAINING})
+            else:
+                experiment_id = found.experiment_id
+                if EXPERIMENT_KIND not in found.tags:  # an experiment someone made without saying what for
+                    client.set_experiment_tag(experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
+            self.run_id = client.create_run(experiment_id, run_name=run_name, tags=dict(tags)).info.run_id
+            self.experiment_id = experiment_id
+        self.client = PatientClient(client)  # the login was taken: a refusal from here on may pass
         self._start_queue()
 
     def _start_queue(self) -> None:
@@ -70,6 +76,7 @@ class Tracker:
         self._pending: deque[Future] = deque()  # batches handed to the writer
         self._held: list[Metric] = []  # metrics not yet handed over
         self._sent_at = time.monotonic()
+        self._newest: dict[str, Metric] = {}  # the metrics logged at the newest step, by key
 
     def _write_batch(self, **batch: Any) -> None:
         self._pending.append(self._writer.submit(self.client.log_batch, self.run_id, **batch))
@@ -89,8 +96,12 @@ class Tracker:
         from mlflow.entities import Metric
 
         timestamp = _now_ms()
-        self._held += [Metric(key, float(value), timestamp, step) for key, value in metrics.items()
-                       if math.isfinite(value)]
+        logged = [Metric(key, float(value), timestamp, step) for key, value in metrics.items() if math.isfinite(value)]
+        self._held += logged
+        if self._newest and step > next(iter(self._newest.values())).step:
+            self._newest = {}
+        if not self._newest or step == next(iter(self._newest.values())).step:
+            self._newest |= {metric.key: metric for metric in logged}
         if len(self._held) >= _METRICS_HELD or time.monotonic() - self._sent_at >= METRICS_EVERY_S:
             self.send()
 
@@ -101,6 +112,20 @@ class Tracker:
             self._write_batch(metrics=held[start : start + 1000])
         while len(self._pending) > _MAX_PENDING:  # long runs: hold a bounded queue, the oldest long written
             self._pending.popleft().result()
+
+    def metrics_at(self, step: int) -> list[Metric]:
+        """The metrics this tracker logged at `step`, where it is the newest step it logged; else none."""
+        return [metric for metric in self._newest.values() if metric.step == step]
+
+    def link_metrics(self, metrics: Sequence[Metric], model_id: str) -> None:
+        """`metrics` linked to a logged model (what MLflow's `Model.log(step=)` does by reading the
+        history of every metric of the run: one request a key through a tracking server)."""
+        from mlflow.entities import Metric
+
+        self.flush()
+        linked = [Metric(m.key, m.value, m.timestamp, m.step, run_id=self.run_id, model_id=model_id) for m in metrics]
+        for start in range(0, len(linked), 1000):
+            self.client.log_batch(self.run_id, metrics=linked[start : start + 1000])
 
     def metric_rows(self, keys: Sequence[str]) -> list[dict[str, float]]:
         """What was logged so far, one dict per step (with 'time/env_steps'), for the given keys."""
@@ -191,6 +216,49 @@ def s3_artifact_environment(storage_options: Mapping[str, Any]) -> Iterator[None
     finally:
         for name in added:
             os.environ.pop(name, None)
+
+
+class PatientClient:
+    """An MlflowClient whose calls are tried again (`patiently`) while the server refuses a login it took."""
+
+    def __init__(self, client: MlflowClient):
+        self.inner = client
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.inner, name)
+        return functools.partial(patiently, attribute) if callable(attribute) else attribute
+
+
+def patiently(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """`call(*args, **kwargs)`, tried again with backoff for up to LOGIN_RETRY_S while the tracking
+    server answers 401 (MLflow's own client tries 5xx answers and refused connections again, for
+    minutes, but not a refused login)."""
+    deadline, pause, refused = time.monotonic() + LOGIN_RETRY_S, 0.5, None
+    while True:
+        try:
+            result = call(*args, **kwargs)
+        except Exception as error:
+            if not _refused_login(error) or time.monotonic() + pause > deadline:
+                raise
+            if refused is None:
+                refused = time.monotonic()
+                _logger.warning("the MLflow server refused the login it took (401); trying again for up to %.0f s",
+                                LOGIN_RETRY_S)
+            time.sleep(pause)
+            pause = min(2 * pause, 5.0)
+            continue
+        if refused is not None:
+            _logger.warning("the MLflow server took the login again after %.1f s", time.monotonic() - refused)
+        return result
+
+
+def _refused_login(error: Exception) -> bool:
+    from mlflow.exceptions import MlflowException
+    from requests import HTTPError
+
+    if isinstance(error, MlflowException):
+        return error.get_http_status_code() == 401
+    return isinstance(error, HTTPError) and error.response is not None and error.response.status_code == 401
 
 
 def _now_ms() -> int:

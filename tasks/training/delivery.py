@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -32,7 +33,9 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
     linked to it."""
     from gymflow.tasks.tracking.models import PolicyModel, log_policy_model  # MLflow's model code, here only
 
-    config = run.preset
+    config, started = run.preset, time.perf_counter()
+    where = without_password(config.tracking.tracking_uri)
+    _say(recorder, summary, f"delivering v{summary.delivered_version} to MLflow ({where}): preset, checkpoint, curve")
     with tempfile.TemporaryDirectory() as folder:
         preset_file = Path(folder, "preset.yaml")
         preset_file.write_bytes(run.preset_yaml())
@@ -56,6 +59,7 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
         "summary/best_return": summary.best_return or 0.0,
     }, step=summary.clock)
     tracker.flush()  # the metrics are linked to the model as it is logged
+    _say(recorder, summary, f"delivering v{summary.delivered_version} to MLflow ({where}): the policy model")
     policy = read_policy(run.storage, layout, delivered, [POLICY_BLOB])[POLICY_BLOB]
     model = PolicyModel(policy, run.preset_yaml(), run.experiment.observation_space, run.experiment.action_space,
                         run.params(), memory_size=getattr(run.preset.agent, "recurrent", None))
@@ -66,7 +70,15 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
                                   "target_return": summary.target_return, "env_steps": summary.env_steps,
                                   "delivered_version": summary.delivered_version, "model_uri": model_uri},
                                  summary.solved)
+    recorder.progress.logger.info("v%d delivered to MLflow (%s) in %.1f s: %s", summary.delivered_version, where,
+                                  time.perf_counter() - started, model_uri)
     return Delivered(replace(summary, model_uri=model_uri), curve_png)
+
+
+def _say(recorder: RunRecorder, summary: RunSummary, status: str) -> None:
+    """What delivery is doing, on the progress bar and in the run's log (through a tracking
+    server it takes seconds: docs/benchmarks.md, "Delivery through a team's servers")."""
+    recorder.progress.update(summary.clock, status, force=True)
 
 
 def _log_each_policy(run: PreparedRun, tracker: Tracker, model: Any, step: int) -> None:

@@ -40,6 +40,7 @@ from gymflow.tasks.tracking.artifacts import ProgressArtifact
 from gymflow.tasks.tracking.blocks import with_block_options
 from gymflow.tasks.tracking.events import RunEvents
 from gymflow.tasks.tracking.progress import ProgressLog
+from gymflow.tasks.tracking.servers import refusal_of
 from gymflow.tasks.tracking.system_metrics import SystemMetrics
 from gymflow.tasks.tracking.tracker import Tracker, s3_artifact_environment, source_tags
 from gymflow.tasks.training.batch_stream import BatchStream
@@ -182,9 +183,14 @@ def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str]) 
     tracking = run.preset.tracking
     tags = {**source_tags(), "gymflow.run_id": run.run_id, "prefect.flow_run_id": flow_run_id,
             "gymflow.preset": run.preset.name, **extra_tags}
-    tracker = Tracker(tracking.tracking_uri, tracking.experiment, run_name=run.run_id, tags=tags,
-                      artifact_location=tracking.artifact_location,
-                      existing_run_id=run.record.mlflow_run_id if run.record else None)
+    try:
+        tracker = Tracker(tracking.tracking_uri, tracking.experiment, run_name=run.run_id, tags=tags,
+                          artifact_location=tracking.artifact_location,
+                          existing_run_id=run.record.mlflow_run_id if run.record else None)
+    except Exception as error:  # a server's refusal (a user who may read the experiment, not run in it): one line
+        if (refusal := refusal_of(error, tracking.tracking_uri, tracking.experiment)) is not None:
+            raise refusal from None
+        raise
     status = "FINISHED"
     try:
         if run.record is None:

@@ -1,0 +1,379 @@
+"""A team's stack on one machine, for trials and tests: PostgreSQL, a Prefect server on it (with a
+login), an MLflow tracking server on it (the `basic-auth` app, its artifacts in an S3 bucket), the
+S3 server (moto) and a Dask scheduler with workers, each on loopback on a free port, started
+without systemd under one folder and stopped by pid (`gymflow stack up|down`, docs/deploy.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from base64 import b64encode
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gymflow.testing.s3 import free_port
+
+STATE_FILE = "stack.json"
+ADMIN = "admin"
+START_TIMEOUT_S = 120.0
+
+
+class StackError(RuntimeError):
+    """A part of the stack that did not start or stop; the message names it."""
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Where each part answers and who may log in; what a team member sets is `environment(user)`."""
+
+    folder: str
+    postgres_port: int
+    postgres_password: str
+    prefect_api_url: str
+    prefect_auth_string: str  # "user:password" the Prefect server asks of every client
+    mlflow_url: str
+    mlflow_passwords: dict[str, str]  # user -> password; "admin" administers users and permissions
+    s3_endpoint: str
+    bucket: str
+    s3_key: str
+    s3_secret: str
+    scheduler_address: str
+    pids: dict[str, int] = field(default_factory=dict)  # part -> process id (PostgreSQL: its postmaster)
+
+    def database_url(self, database: str, driver: str = "psycopg") -> str:
+        return f"postgresql+{driver}://postgres:{self.postgres_password}@127.0.0.1:{self.postgres_port}/{database}"
+
+    def storage_options(self) -> dict[str, object]:
+        """s3fs's options; the keys come from the environment (`environment`), never from a preset."""
+        return {"endpoint_url": self.s3_endpoint}
+
+    def environment(self, user: str) -> dict[str, str]:
+        """What `user` sets to train against the stack: the servers' addresses and their own logins."""
+        return {"PREFECT_API_URL": self.prefect_api_url, "PREFECT_API_AUTH_STRING": self.prefect_auth_string,
+                "MLFLOW_TRACKING_URI": self.mlflow_url, "MLFLOW_TRACKING_USERNAME": user,
+                "MLFLOW_TRACKING_PASSWORD": self.mlflow_passwords[user],
+                "AWS_ACCESS_KEY_ID": self.s3_key, "AWS_SECRET_ACCESS_KEY": self.s3_secret,
+                "MLFLOW_S3_ENDPOINT_URL": self.s3_endpoint}
+
+    def overrides(self, prefix: str) -> dict[str, object]:
+        """A preset's fields for a run on the stack: its storage under `prefix` in the bucket, the
+        MLflow server, the stack's Dask scheduler."""
+        return {"storage.root": f"s3://{self.bucket}/{prefix}", "storage.options": self.storage_options(),
+                "tracking.tracking_uri": self.mlflow_url, "distribution.scheduler_address": self.scheduler_address,
+                "storage.shared": True}
+
+
+def start(folder: Path, users: tuple[str, ...] = ("alice", "bob"), dask_workers: int = 2,
+          say: Callable[[str], None] = lambda line: None) -> Stack:
+    """Every part started under `folder` (made empty), the MLflow users created with passwords of
+    their own; the parts run on after this returns (`stop` ends them). A part that does not start
+    stops those started and raises StackError naming it."""
+    folder = Path(folder).resolve()
+    if folder.exists() and any(folder.iterdir()):
+        raise StackError(f"{folder}: not empty (a stack is there? `gymflow stack down --folder {folder}`)")
+    folder.mkdir(parents=True, exist_ok=True)
+    pids: dict[str, int] = {}
+    try:
+        return _start(folder, users, dask_workers, say, pids)
+    except BaseException:
+        _stop_pids(folder, pids)
+        raise
+
+
+def _start(folder: Path, users: tuple[str, ...], dask_workers: int, say: Callable[[str], None],
+           pids: dict[str, int]) -> Stack:
+    started = time.monotonic()
+    postgres_password, s3_key, s3_secret = _password(), "gymflow-team", _password()
+    postgres_port = _start_postgres(folder, postgres_password, pids)
+    for database in ("prefect", "mlflow", "mlflow_auth"):
+        _create_database(folder, postgres_port, database)
+    say(f"PostgreSQL 127.0.0.1:{postgres_port} ({time.monotonic() - started:.1f} s)")
+
+    s3_port = free_port()
+    pids["s3"] = _spawn(folder, "s3", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_port)])
+    s3_endpoint, bucket = f"http://127.0.0.1:{s3_port}", "team"
+
+    partial = Stack(str(folder), postgres_port, postgres_password, "", f"{ADMIN}:{_password()}", "",
+                    {ADMIN: _password(), **{user: _password() for user in users}}, s3_endpoint, bucket,
+                    s3_key, s3_secret, "", pids)
+    prefect_port, mlflow_port, scheduler_port = free_port(), free_port(), free_port()
+    pids["prefect"] = _spawn(folder, "prefect", _prefect_command(prefect_port), _prefect_environment(partial, folder))
+    _wait_until(lambda: _answers(f"{s3_endpoint}/"), "the S3 server", pids["s3"], folder / "s3.log")
+    _create_bucket(partial)
+    pids["mlflow"] = _spawn(folder, "mlflow", _mlflow_command(partial, mlflow_port),
+                            _mlflow_environment(partial, folder))
+    pids["dask-scheduler"] = _spawn(folder, "dask-scheduler", [_dask(), "scheduler", "--host", "127.0.0.1", "--port",
+                                                               str(scheduler_port), "--dashboard-address", ":0"])
+    scheduler_address = f"tcp://127.0.0.1:{scheduler_port}"
+    for index in range(dask_workers):
+        pids[f"dask-worker-{index}"] = _spawn(folder, f"dask-worker-{index}", [
+            _dask(), "worker", scheduler_address, "--nthreads", "1", "--host", "127.0.0.1",
+            "--dashboard-address", ":0"], _s3_environment(partial))
+
+    prefect_url, mlflow_url = f"http://127.0.0.1:{prefect_port}/api", f"http://127.0.0.1:{mlflow_port}"
+    auth = {"Authorization": _basic(partial.prefect_auth_string)}
+    _wait_until(lambda: _answers(f"{prefect_url}/ready", auth), "the Prefect server", pids["prefect"],
+                folder / "prefect.log")
+    say(f"Prefect {prefect_url} ({time.monotonic() - started:.1f} s)")
+    admin = f"{ADMIN}:{partial.mlflow_passwords[ADMIN]}"
+    _wait_until(lambda: _answers(f"{mlflow_url}/health"), "the MLflow server", pids["mlflow"], folder / "mlflow.log")
+    for user in users:
+        _mlflow_call(mlflow_url, admin, "users/create", {"username": user, "password": partial.mlflow_passwords[user]})
+    say(f"MLflow {mlflow_url} ({time.monotonic() - started:.1f} s)")
+    stack = Stack(**{**asdict(partial), "prefect_api_url": prefect_url, "mlflow_url": mlflow_url,
+                     "scheduler_address": scheduler_address, "pids": pids})
+    _wait_for_dask_workers(stack, dask_workers, folder)
+    say(f"Dask {scheduler_address}, {dask_workers} workers ({time.monotonic() - started:.1f} s)")
+    state = folder / STATE_FILE
+    state.write_text(json.dumps(asdict(stack), indent=2))
+    state.chmod(0o600)  # it holds the stack's passwords
+    return stack
+
+
+def load(folder: Path) -> Stack:
+    """The stack started under `folder` (its state file)."""
+    path = Path(folder).resolve() / STATE_FILE
+    if not path.exists():
+        raise StackError(f"{path}: no stack was started there")
+    return Stack(**json.loads(path.read_text()))
+
+
+def stop(folder: Path, remove: bool = True) -> None:
+    """Every part of the stack under `folder` ended (by its pid), then the folder removed."""
+    folder = Path(folder).resolve()
+    with suppress(StackError):
+        _stop_pids(folder, load(folder).pids)
+    if remove:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def running(folder: Path, **options) -> Iterator[Stack]:
+    """The stack for the length of a `with` block; nothing of it runs after."""
+    stack = start(folder, **options)
+    try:
+        yield stack
+    finally:
+        stop(folder)
+
+
+def restart_postgres(stack: Stack, down_s: float = 0.0) -> None:
+    """PostgreSQL stopped (fast: its connections cut, as in a failover), `down_s` seconds without it, started again."""
+    folder = Path(stack.folder)
+    _as_postgres(["pg_ctl", "-D", str(folder / "postgres"), "-m", "fast", "-w", "stop"], folder)
+    time.sleep(down_s)
+    _pg_ctl_start(folder, stack.postgres_port)
+    stack.pids["postgres"] = _postmaster_pid(folder)
+
+
+def grant(stack: Stack, experiment_id: str, user: str, permission: str = "READ") -> None:
+    """`user` given `permission` on an experiment, by the MLflow server's administrator."""
+    _mlflow_call(stack.mlflow_url, f"{ADMIN}:{stack.mlflow_passwords[ADMIN]}", "experiments/permissions/create",
+                 {"experiment_id": experiment_id, "username": user, "permission": permission})
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------------
+
+def _start_postgres(folder: Path, password: str, pids: dict[str, int]) -> int:
+    data, port = folder / "postgres", free_port()
+    password_file = folder / "postgres-password"
+    password_file.write_text(password)
+    _own_by_postgres(folder)
+    _as_postgres([_postgres_binary("initdb"), "-D", str(data), "-U", "postgres", "--auth-local=trust",
+                  "--auth-host=scram-sha-256", f"--pwfile={password_file}", "-E", "UTF8", "--no-sync"], folder)
+    password_file.unlink()
+    _pg_ctl_start(folder, port)
+    pids["postgres"] = _postmaster_pid(folder)
+    return port
+
+
+def _pg_ctl_start(folder: Path, port: int) -> None:
+    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+    _as_postgres([_postgres_binary("pg_ctl"), "-D", str(folder / "postgres"), "-l", str(folder / "postgres.log"),
+                  "-o", options, "-w", "-t", "60", "start"], folder)
+
+
+def _create_database(folder: Path, port: int, name: str) -> None:
+    _as_postgres([_postgres_binary("createdb"), "-h", str(folder), "-p", str(port), "-U", "postgres", name], folder)
+
+
+def _postmaster_pid(folder: Path) -> int:
+    return int((folder / "postgres" / "postmaster.pid").read_text().split()[0])
+
+
+def _postgres_binary(name: str) -> str:
+    """PostgreSQL's own programs (Debian keeps them under /usr/lib/postgresql/VERSION/bin, off PATH)."""
+    if found := shutil.which(name):
+        return found
+    for candidate in sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), reverse=True):
+        return str(candidate)
+    raise StackError(f"PostgreSQL's {name} is not installed (Debian: apt-get install postgresql)")
+
+
+def _as_postgres(command: list[str], folder: Path) -> None:
+    """`command` as the user `postgres` where this is root (PostgreSQL refuses to run as root)."""
+    if os.geteuid() == 0:
+        command = ["runuser", "-u", "postgres", "--", *command]
+    done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise StackError(f"PostgreSQL: {' '.join(command[-2:])} failed: {(done.stderr or done.stdout).strip()[-500:]}")
+
+
+def _own_by_postgres(folder: Path) -> None:
+    if os.geteuid() == 0:
+        account = pwd.getpwnam("postgres")
+        for path in (folder, *folder.iterdir()):
+            os.chown(path, account.pw_uid, account.pw_gid)
+
+
+# -- Prefect, MLflow, S3, Dask ------------------------------------------------------------------
+
+def _prefect_command(port: int) -> list[str]:
+    return [str(Path(sys.executable).with_name("prefect")), "server", "start", "--host", "127.0.0.1",
+            "--port", str(port)]
+
+
+def _prefect_environment(stack: Stack, folder: Path) -> dict[str, str]:
+    return {"PREFECT_HOME": str(folder / "prefect-home"),
+            "PREFECT_API_DATABASE_CONNECTION_URL": stack.database_url("prefect", "asyncpg"),
+            "PREFECT_SERVER_API_AUTH_STRING": stack.prefect_auth_string,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "true"}
+
+
+def _mlflow_command(stack: Stack, port: int) -> list[str]:
+    return [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
+            "--backend-store-uri", stack.database_url("mlflow"),
+            "--artifacts-destination", f"s3://{stack.bucket}/mlflow-artifacts", "--app-name", "basic-auth",
+            "--workers", "2"]
+
+
+def _mlflow_environment(stack: Stack, folder: Path) -> dict[str, str]:
+    config = folder / "mlflow-auth.ini"
+    config.write_text("[mlflow]\n"
+                      "default_permission = NO_PERMISSIONS\n"  # the shipped READ lets everyone read everything
+                      f"database_uri = {stack.database_url('mlflow_auth')}\n"
+                      f"admin_username = {ADMIN}\n"
+                      f"admin_password = {stack.mlflow_passwords[ADMIN]}\n"
+                      "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+                      "auth_cache_ttl_seconds = 60\n")
+    config.chmod(0o600)
+    return {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_FLASK_SERVER_SECRET_KEY": _password(),
+            **_s3_environment(stack)}
+
+
+def _s3_environment(stack: Stack) -> dict[str, str]:
+    return {"MLFLOW_S3_ENDPOINT_URL": stack.s3_endpoint, "AWS_ACCESS_KEY_ID": stack.s3_key,
+            "AWS_SECRET_ACCESS_KEY": stack.s3_secret, "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def _create_bucket(stack: Stack) -> None:
+    import s3fs
+
+    s3fs.S3FileSystem(**stack.storage_options(), key=stack.s3_key, secret=stack.s3_secret).mkdir(stack.bucket)
+
+
+def _dask() -> str:
+    return str(Path(sys.executable).with_name("dask"))
+
+
+def _wait_for_dask_workers(stack: Stack, count: int, folder: Path) -> None:
+    from distributed import Client
+
+    try:
+        with Client(stack.scheduler_address, timeout=START_TIMEOUT_S) as client:
+            client.wait_for_workers(count, timeout=START_TIMEOUT_S)
+    except (OSError, TimeoutError) as error:
+        raise StackError(f"the Dask scheduler at {stack.scheduler_address}: {count} workers did not join "
+                         f"({error}); its log: {folder / 'dask-scheduler.log'}") from None
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+def _spawn(folder: Path, name: str, command: list[str], environment: Mapping[str, str] | None = None) -> int:
+    """`command` in a session of its own (it outlives `gymflow stack up`), its output in NAME.log."""
+    with open(folder / f"{name}.log", "ab") as log:
+        process = subprocess.Popen(command, cwd=folder, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env={**os.environ, **(environment or {})}, start_new_session=True)
+    return process.pid
+
+
+def _wait_until(ready: Callable[[], bool], what: str, pid: int, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not ready():
+        if not _alive(pid):
+            raise StackError(f"{what} ended while starting; its log: {log}")
+        if time.monotonic() > deadline:
+            raise StackError(f"{what} did not answer within {START_TIMEOUT_S:.0f} s; its log: {log}")
+        time.sleep(0.2)
+
+
+def _stop_pids(folder: Path, pids: Mapping[str, int]) -> None:
+    """The Dask workers first (a worker whose scheduler goes first waits to reconnect), PostgreSQL last."""
+    order = sorted(pids, key=lambda name: (name == "postgres", not name.startswith("dask-worker")))
+    for name in order:
+        if name == "postgres":
+            with suppress(StackError):
+                _as_postgres([_postgres_binary("pg_ctl"), "-D", str(folder / "postgres"), "-m", "fast", "-w",
+                              "stop"], folder)
+        _end_group(pids[name])
+
+
+def _end_group(pid: int, grace_s: float = 15.0) -> None:
+    """The process and its session's other processes (a server's workers) ended: SIGTERM, then SIGKILL."""
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    with suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG) != (0, 0):
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# -- HTTP ----------------------------------------------------------------------------------------
+
+def _answers(url: str, headers: Mapping[str, str] | None = None) -> bool:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=dict(headers or {})), timeout=5) as response:
+            return response.status < 400
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _basic(user_and_password: str) -> str:
+    return "Basic " + b64encode(user_and_password.encode()).decode()
+
+
+def _mlflow_call(url: str, login: str, endpoint: str, body: Mapping[str, object]) -> None:
+    request = urllib.request.Request(f"{url}/api/2.0/mlflow/{endpoint}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": _basic(login), "Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(request, timeout=30).close()
+    except urllib.error.HTTPError as error:
+        raise StackError(f"the MLflow server at {url}: {endpoint} refused ({error.code}: "
+                         f"{error.read().decode(errors='replace')[:200]})") from None
+
+
+def _password() -> str:
+    return secrets.token_urlsafe(18)
