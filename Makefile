@@ -27,13 +27,20 @@ test: setup system-packages
 test-all: setup system-packages
 	$(PYTHON) tests/suite.py --workers $(PYTEST_WORKERS) -m "slow or not slow" --durations=25 $(PYTEST_ARGS)
 
-# The queue the SLURM tests start (tests/slurm.py): Debian's slurm-wlm and munge, installed where
-# missing; where they cannot be (not root, no apt-get) those tests skip and say why.
+# The queue the SLURM tests start (tests/slurm.py): Debian's slurm-wlm and munge; the team's stack
+# (`gymflow stack up`, tests/test_team_stack.py): Debian's PostgreSQL, without the cluster its package
+# would make and start. Installed where missing; where they cannot be (not root, no apt-get) those
+# tests skip and say why.
 system-packages:
-	@if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then \
+	@missing=""; \
+	command -v slurmctld >/dev/null && command -v munged >/dev/null || missing="slurm-wlm munge"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	if [ -n "$$missing" ]; then \
 	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; \
+	        mkdir -p /etc/postgresql-common; \
+	        [ -e /etc/postgresql-common/createcluster.conf ] || echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.conf; \
+	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o Dpkg::Options::=--force-confold $$missing >/dev/null; \
 	    else \
-	        echo "slurm-wlm and munge are not installed (it needs root and apt-get): the SLURM tests skip"; \
+	        echo "$$missing not installed (it needs root and apt-get): the tests that start them skip"; \
 	    fi; \
 	fi

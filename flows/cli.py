@@ -83,6 +83,8 @@ def _command(argv: Sequence[str] | None) -> int:
         return _export(args)
     if args.command == "kube":
         return _kube(args)
+    if args.command == "stack":
+        return _stack(args)
     return _show(args.preset, args.set)
 
 
@@ -162,6 +164,38 @@ def _kube(args: argparse.Namespace) -> int:
         return 2
     for path in write(files, Path(args.out)):
         print(path)
+    return 0
+
+
+def _stack(args: argparse.Namespace) -> int:
+    """`stack up`: a team's servers on this machine for a trial, their addresses and each user's
+    settings printed; `stack down`: all of it ended, by pid, and its folder removed."""
+    import shlex
+
+    from gymflow.testing import stack
+
+    folder = Path(args.folder)
+    if args.action == "down":
+        stack.stop(folder)
+        print(f"stack under {folder.resolve()}: stopped")
+        return 0
+    users = tuple(name for name in args.users.split(",") if name)
+    try:
+        started = stack.start(folder, users, args.dask_workers, say=lambda line: print(f"  {line}", flush=True))
+    except stack.StackError as error:
+        print(f"gymflow: error: {error}", file=sys.stderr)
+        return 2
+    print(f"stack under {started.folder} (`gymflow stack down --folder {args.folder}` ends it):\n"
+          f"  PostgreSQL     127.0.0.1:{started.postgres_port}\n  Prefect        {started.prefect_api_url}\n"
+          f"  MLflow         {started.mlflow_url} (users: {', '.join(users)}; admin: {stack.ADMIN})\n"
+          f"  S3 (moto)      {started.s3_endpoint} bucket {started.bucket}\n"
+          f"  Dask           {started.scheduler_address}")
+    for user in users:
+        print(f"\n# as {user}:")
+        for name, value in started.environment(user).items():
+            print(f"export {name}={shlex.quote(value)}")
+    settings = " ".join(f"--set {shlex.quote(setting)}" for setting in started.settings("USER"))
+    print(f"\n# then, e.g.:\ngymflow run cartpole-ppo {settings} --set tracking.experiment=USER")
     return 0
 
 
@@ -446,6 +480,12 @@ def _parser() -> argparse.ArgumentParser:
             command.add_argument("--quiet", action="store_true", help="no progress bar")
             command.add_argument("--verbose", action="store_true", help=VERBOSE)
     _export_arguments(commands.add_parser("export", help="write a run's experience as a Minari dataset"))
+    command = commands.add_parser("stack", help="start (up) or end (down) a team's servers on this machine for a "
+                                                "trial: PostgreSQL, Prefect, MLflow with logins, S3, Dask")
+    command.add_argument("action", choices=("up", "down"))
+    command.add_argument("--folder", default="gymflow-stack", help="where its databases, logs and state are kept")
+    command.add_argument("--users", default="alice,bob", help="the MLflow users made, comma-separated")
+    command.add_argument("--dask-workers", type=int, default=2, help="the Dask workers started")
     _kube_arguments(commands.add_parser("kube", help="write the Kubernetes manifests that run a preset "
                                                      "(docs/cluster.md, Kubernetes)"))
     return parser

@@ -5,6 +5,7 @@ without systemd under one folder and stopped by pid (`gymflow stack up|down`, do
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pwd
@@ -13,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -64,7 +66,10 @@ class Stack:
                 "MLFLOW_TRACKING_URI": self.mlflow_url, "MLFLOW_TRACKING_USERNAME": user,
                 "MLFLOW_TRACKING_PASSWORD": self.mlflow_passwords[user],
                 "AWS_ACCESS_KEY_ID": self.s3_key, "AWS_SECRET_ACCESS_KEY": self.s3_secret,
-                "MLFLOW_S3_ENDPOINT_URL": self.s3_endpoint}
+                "MLFLOW_S3_ENDPOINT_URL": self.s3_endpoint,
+                # Prefect's client tries 429, 502 and 503 again, not the 500 a server answers while its
+                # database fails over (its flow-run states would be lost): docs/deploy.md, "For a team"
+                "PREFECT_CLIENT_RETRY_EXTRA_CODES": "500"}
 
     def overrides(self, prefix: str) -> dict[str, object]:
         """A preset's fields for a run on the stack: its storage under `prefix` in the bucket, the
@@ -72,6 +77,12 @@ class Stack:
         return {"storage.root": f"s3://{self.bucket}/{prefix}", "storage.options": self.storage_options(),
                 "tracking.tracking_uri": self.mlflow_url, "distribution.scheduler_address": self.scheduler_address,
                 "storage.shared": True}
+
+    def settings(self, prefix: str) -> list[str]:
+        """`overrides` as the command line's KEY=VALUE settings."""
+        return [f"storage.root=s3://{self.bucket}/{prefix}", f"storage.options.endpoint_url={self.s3_endpoint}",
+                f"tracking.tracking_uri={self.mlflow_url}", f"distribution.scheduler_address={self.scheduler_address}",
+                "storage.shared=true"]
 
 
 def start(folder: Path, users: tuple[str, ...] = ("alice", "bob"), dask_workers: int = 2,
@@ -82,6 +93,9 @@ def start(folder: Path, users: tuple[str, ...] = ("alice", "bob"), dask_workers:
     folder = Path(folder).resolve()
     if folder.exists() and any(folder.iterdir()):
         raise StackError(f"{folder}: not empty (a stack is there? `gymflow stack down --folder {folder}`)")
+    if postgres_home(folder).exists():
+        raise StackError(f"{postgres_home(folder)}: PostgreSQL's folder of a stack under {folder} is there "
+                         f"(`gymflow stack down --folder {folder}`)")
     folder.mkdir(parents=True, exist_ok=True)
     pids: dict[str, int] = {}
     try:
@@ -95,9 +109,10 @@ def _start(folder: Path, users: tuple[str, ...], dask_workers: int, say: Callabl
            pids: dict[str, int]) -> Stack:
     started = time.monotonic()
     postgres_password, s3_key, s3_secret = _password(), "gymflow-team", _password()
-    postgres_port = _start_postgres(folder, postgres_password, pids)
+    home = postgres_home(folder)
+    postgres_port = _start_postgres(home, postgres_password, pids)
     for database in ("prefect", "mlflow", "mlflow_auth"):
-        _create_database(folder, postgres_port, database)
+        _create_database(home, postgres_port, database)
     say(f"PostgreSQL 127.0.0.1:{postgres_port} ({time.monotonic() - started:.1f} s)")
 
     s3_port = free_port()
@@ -129,7 +144,8 @@ def _start(folder: Path, users: tuple[str, ...], dask_workers: int, say: Callabl
     admin = f"{ADMIN}:{partial.mlflow_passwords[ADMIN]}"
     _wait_until(lambda: _answers(f"{mlflow_url}/health"), "the MLflow server", pids["mlflow"], folder / "mlflow.log")
     for user in users:
-        _mlflow_call(mlflow_url, admin, "users/create", {"username": user, "password": partial.mlflow_passwords[user]})
+        _mlflow_call(mlflow_url, admin, "2.0/mlflow/users/create",
+                     {"username": user, "password": partial.mlflow_passwords[user]})
     say(f"MLflow {mlflow_url} ({time.monotonic() - started:.1f} s)")
     stack = Stack(**{**asdict(partial), "prefect_api_url": prefect_url, "mlflow_url": mlflow_url,
                      "scheduler_address": scheduler_address, "pids": pids})
@@ -170,46 +186,64 @@ def running(folder: Path, **options) -> Iterator[Stack]:
 
 def restart_postgres(stack: Stack, down_s: float = 0.0) -> None:
     """PostgreSQL stopped (fast: its connections cut, as in a failover), `down_s` seconds without it, started again."""
-    folder = Path(stack.folder)
-    _as_postgres(["pg_ctl", "-D", str(folder / "postgres"), "-m", "fast", "-w", "stop"], folder)
+    home = postgres_home(Path(stack.folder))
+    _stop_postgres(home)
     time.sleep(down_s)
-    _pg_ctl_start(folder, stack.postgres_port)
-    stack.pids["postgres"] = _postmaster_pid(folder)
+    _pg_ctl_start(home, stack.postgres_port)
+    stack.pids["postgres"] = _postmaster_pid(home)
 
 
 def grant(stack: Stack, experiment_id: str, user: str, permission: str = "READ") -> None:
     """`user` given `permission` on an experiment, by the MLflow server's administrator."""
-    _mlflow_call(stack.mlflow_url, f"{ADMIN}:{stack.mlflow_passwords[ADMIN]}", "experiments/permissions/create",
-                 {"experiment_id": experiment_id, "username": user, "permission": permission})
+    _mlflow_call(stack.mlflow_url, f"{ADMIN}:{stack.mlflow_passwords[ADMIN]}", "3.0/mlflow/users/permissions/grant",
+                 {"username": user, "resource_type": "experiment", "resource_id": experiment_id,
+                  "permission": permission})
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------------
 
-def _start_postgres(folder: Path, password: str, pids: dict[str, int]) -> int:
-    data, port = folder / "postgres", free_port()
-    password_file = folder / "postgres-password"
+def postgres_home(folder: Path) -> Path:
+    """Where PostgreSQL keeps its data, socket and log for the stack under `folder`: a folder of
+    its own in the system's temporary folder, which its user (`postgres`, where this is root) can
+    reach whatever the stack folder's parents allow (pytest's are root's alone)."""
+    digest = hashlib.sha1(str(Path(folder).resolve()).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"gymflow-stack-postgres-{digest}"
+
+
+def _start_postgres(home: Path, password: str, pids: dict[str, int]) -> int:
+    port = free_port()
+    home.mkdir(mode=0o700)
+    password_file = home / "password"
     password_file.write_text(password)
-    _own_by_postgres(folder)
-    _as_postgres([_postgres_binary("initdb"), "-D", str(data), "-U", "postgres", "--auth-local=trust",
-                  "--auth-host=scram-sha-256", f"--pwfile={password_file}", "-E", "UTF8", "--no-sync"], folder)
+    if os.geteuid() == 0:
+        account = pwd.getpwnam("postgres")
+        for path in (home, password_file):
+            os.chown(path, account.pw_uid, account.pw_gid)
+    _as_postgres([_postgres_binary("initdb"), "-D", str(home / "data"), "-U", "postgres", "--auth-local=trust",
+                  "--auth-host=scram-sha-256", f"--pwfile={password_file}", "-E", "UTF8", "--no-sync"], home)
     password_file.unlink()
-    _pg_ctl_start(folder, port)
-    pids["postgres"] = _postmaster_pid(folder)
+    _pg_ctl_start(home, port)
+    pids["postgres"] = _postmaster_pid(home)
     return port
 
 
-def _pg_ctl_start(folder: Path, port: int) -> None:
-    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
-    _as_postgres([_postgres_binary("pg_ctl"), "-D", str(folder / "postgres"), "-l", str(folder / "postgres.log"),
-                  "-o", options, "-w", "-t", "60", "start"], folder)
+def _pg_ctl_start(home: Path, port: int) -> None:
+    options = f"-p {port} -k {home} -c listen_addresses=127.0.0.1 -c fsync=off"
+    _as_postgres([_postgres_binary("pg_ctl"), "-D", str(home / "data"), "-l", str(home / "postgres.log"),
+                  "-o", options, "-w", "-t", "60", "start"], home)
 
 
-def _create_database(folder: Path, port: int, name: str) -> None:
-    _as_postgres([_postgres_binary("createdb"), "-h", str(folder), "-p", str(port), "-U", "postgres", name], folder)
+def _stop_postgres(home: Path) -> None:
+    """Stopped fast: open connections cut, as a failover cuts them."""
+    _as_postgres([_postgres_binary("pg_ctl"), "-D", str(home / "data"), "-m", "fast", "-w", "-t", "60", "stop"], home)
 
 
-def _postmaster_pid(folder: Path) -> int:
-    return int((folder / "postgres" / "postmaster.pid").read_text().split()[0])
+def _create_database(home: Path, port: int, name: str) -> None:
+    _as_postgres([_postgres_binary("createdb"), "-h", str(home), "-p", str(port), "-U", "postgres", name], home)
+
+
+def _postmaster_pid(home: Path) -> int:
+    return int((home / "data" / "postmaster.pid").read_text().split()[0])
 
 
 def _postgres_binary(name: str) -> str:
@@ -228,13 +262,6 @@ def _as_postgres(command: list[str], folder: Path) -> None:
     done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise StackError(f"PostgreSQL: {' '.join(command[-2:])} failed: {(done.stderr or done.stdout).strip()[-500:]}")
-
-
-def _own_by_postgres(folder: Path) -> None:
-    if os.geteuid() == 0:
-        account = pwd.getpwnam("postgres")
-        for path in (folder, *folder.iterdir()):
-            os.chown(path, account.pw_uid, account.pw_gid)
 
 
 # -- Prefect, MLflow, S3, Dask ------------------------------------------------------------------
@@ -319,36 +346,49 @@ def _wait_until(ready: Callable[[], bool], what: str, pid: int, log: Path) -> No
 
 
 def _stop_pids(folder: Path, pids: Mapping[str, int]) -> None:
-    """The Dask workers first (a worker whose scheduler goes first waits to reconnect), PostgreSQL last."""
-    order = sorted(pids, key=lambda name: (name == "postgres", not name.startswith("dask-worker")))
-    for name in order:
-        if name == "postgres":
-            with suppress(StackError):
-                _as_postgres([_postgres_binary("pg_ctl"), "-D", str(folder / "postgres"), "-m", "fast", "-w",
-                              "stop"], folder)
-        _end_group(pids[name])
+    """The Dask workers first (a worker whose scheduler goes first waits to reconnect), then the
+    servers at once, PostgreSQL last, its folder removed."""
+    workers = [pid for name, pid in pids.items() if name.startswith("dask-worker")]
+    servers = [pid for name, pid in pids.items() if not name.startswith("dask-worker") and name != "postgres"]
+    _end_groups(workers)
+    _end_groups(servers)
+    home = postgres_home(folder)
+    if "postgres" in pids:
+        with suppress(StackError):
+            _stop_postgres(home)
+        _end_groups([pids["postgres"]])
+    shutil.rmtree(home, ignore_errors=True)
 
 
-def _end_group(pid: int, grace_s: float = 15.0) -> None:
-    """The process and its session's other processes (a server's workers) ended: SIGTERM, then SIGKILL."""
-    with suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGTERM)
+def _end_groups(pids: list[int], grace_s: float = 10.0) -> None:
+    """Each process and its session's others (a server's workers) ended: SIGTERM, then SIGKILL
+    to what is left after `grace_s`."""
+    for pid in pids:
+        _signal_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in pids:
+        _signal_group(pid, signal.SIGKILL)
+
+
+def _signal_group(pid: int, number: int) -> None:
     with suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGKILL)
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, number)
+        else:
+            os.kill(pid, number)
 
 
 def _alive(pid: int) -> bool:
+    """Running: not ended, and not a zombie its parent has yet to reap (`stack up` is long gone)."""
     with suppress(ChildProcessError):
         if os.waitpid(pid, os.WNOHANG) != (0, 0):
             return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
         return False
-    return True
 
 
 # -- HTTP ----------------------------------------------------------------------------------------
@@ -366,7 +406,7 @@ def _basic(user_and_password: str) -> str:
 
 
 def _mlflow_call(url: str, login: str, endpoint: str, body: Mapping[str, object]) -> None:
-    request = urllib.request.Request(f"{url}/api/2.0/mlflow/{endpoint}", data=json.dumps(body).encode(), method="POST",
+    request = urllib.request.Request(f"{url}/api/{endpoint}", data=json.dumps(body).encode(), method="POST",
                                      headers={"Authorization": _basic(login), "Content-Type": "application/json"})
     try:
         urllib.request.urlopen(request, timeout=30).close()

@@ -4,6 +4,7 @@ advances, the table of its evaluations, and the summary (written by tasks/traini
 from __future__ import annotations
 
 import contextvars
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -12,6 +13,7 @@ from functools import partial
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 
 PROGRESS_KEY, EVALUATIONS_KEY = "improve-progress", "improve-evaluations"
+_logger = logging.getLogger(__name__)
 
 
 class ProgressArtifact:
@@ -20,13 +22,16 @@ class ProgressArtifact:
     update is a request: ~15 ms of the API's on these machines, which the loop does not wait for;
     one still out when the next is due is passed over). The last update, at the budget's end, is
     sent once the one before it is, and waited for. An update still out when the process ends is
-    dropped, not waited for (its API may be gone: a Ctrl-C stops the temporary one)."""
+    dropped, not waited for (its API may be gone: a Ctrl-C stops the temporary one). An update the
+    API refuses (a server whose database is failing over answers 500) is passed over, said once:
+    the bar is not worth a run."""
 
     def __init__(self, run_id: str, every_s: float = 2.0):
         self.run_id, self.every_s = run_id, every_s
         self.artifact_id = create_progress_artifact(0.0, key=PROGRESS_KEY, description=f"gymflow run {run_id}")
         self._sent = 0.0
         self._out: threading.Thread | None = None
+        self._failing = False
 
     def update(self, done: int, total: int, unit: str, status: str) -> None:
         now = time.monotonic()
@@ -35,8 +40,8 @@ class ProgressArtifact:
             return
         self._sent = now
         description = f"gymflow run {self.run_id}: {done:,}/{total:,} {unit}, {status}"
-        send = partial(contextvars.copy_context().run, update_progress_artifact, self.artifact_id,  # the API the
-                       100.0 * min(done / total, 1.0), description=description)  # flow run talks to
+        send = partial(contextvars.copy_context().run, self._send, 100.0 * min(done / total, 1.0),  # to the API
+                       description)  # the flow run talks to
         if final:
             if self._out is not None:
                 self._out.join()
@@ -44,6 +49,18 @@ class ProgressArtifact:
             return
         self._out = threading.Thread(target=send, name="progress-artifact", daemon=True)
         self._out.start()
+
+
+    def _send(self, progress: float, description: str) -> None:
+        try:
+            update_progress_artifact(self.artifact_id, progress, description=description)
+        except Exception as error:  # the API's answer (an HTTP error) or none (a refused connection)
+            if not self._failing:
+                _logger.warning("the run's progress artifact was not updated (%s); the next update tries again",
+                                " ".join(str(error).split())[:160])
+            self._failing = True
+        else:
+            self._failing = False
 
 
 def publish_evaluations(run_id: str, rows: Sequence[tuple[int, float, float, float, int | None]],

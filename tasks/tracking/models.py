@@ -217,7 +217,8 @@ def _warn_of_unsatisfied_requirements(requirements: list[str]) -> None:
 
 @contextmanager
 def _no_progress_bars() -> Iterator[None]:
-    """MLflow draws a progress bar for every artifact it downloads while logging a model."""
+    """MLflow draws a progress bar for every artifact it downloads (while logging a model, and a
+    model downloaded: 84 lines in a run's log)."""
     previous = os.environ.get(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.name)
     os.environ[MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.name] = "false"
     try:
@@ -279,8 +280,9 @@ def read_warm_start(source: str, tracking_uri: str) -> dict:
 
     try:
         if source.startswith(("models:/", "runs:/")):  # the whole model: a path inside a models:/<model id>
-            with tempfile.TemporaryDirectory() as folder, _global_tracking_uri(tracking_uri):  # URI reads as a
-                # registered model's name and stage; a logged model is looked up through the global tracking URI
+            # the URI reads as a registered model's name and stage; a logged model is looked up through the
+            # global tracking URI
+            with tempfile.TemporaryDirectory() as folder, _global_tracking_uri(tracking_uri), _no_progress_bars():
                 local = mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=folder,
                                                             tracking_uri=tracking_uri)
                 return load_file(Path(local, "artifacts", "policy.safetensors"))
@@ -342,7 +344,8 @@ def match_policies(tracking_uri: str, challenger: ModelRef, champion: ModelRef, 
 
 
 def _load_policy(tracking_uri: str, model: ModelRef, folder: str) -> _PredictingPolicy:
-    with _global_tracking_uri(tracking_uri):  # a models:/ URI is resolved through the process-global registry
+    with _global_tracking_uri(tracking_uri), _no_progress_bars():  # a models:/ URI is resolved through the
+        # process-global registry
         local = mlflow.artifacts.download_artifacts(artifact_uri=model.uri, dst_path=folder, tracking_uri=tracking_uri)
     return _PredictingPolicy(mlflow.pyfunc.load_model(local))
 

@@ -7,6 +7,7 @@ started the run)."""
 from __future__ import annotations
 
 from base64 import b64encode
+from typing import Any
 
 from gymflow.errors import ServerRefused
 from gymflow.presets.redaction import without_password
@@ -46,6 +47,26 @@ def check_tracking_server(tracking_uri: str, experiment: str) -> None:
     if answer.status_code >= 400 and answer.status_code != 404:  # 404: no such experiment yet
         raise ServerRefused("tracking.tracking_uri", f"{where} answered {answer.status_code}: "
                             f"{answer.text.strip()[:200]}")
+    if answer.status_code == 200:
+        _check_writable(creds, answer.json()["experiment"], where, who)
+
+
+def _check_writable(creds: Any, experiment: dict, where: str, who: str) -> None:
+    """A run writes into its experiment: the user may, where the server takes the experiment's kind
+    tag set again to the value it has (or to what the run would set, where it has none)."""
+    from mlflow.utils.rest_utils import http_request
+
+    from gymflow.tasks.tracking.tracker import EXPERIMENT_KIND, MODEL_TRAINING
+
+    tags = {tag["key"]: tag["value"] for tag in experiment.get("tags", [])}
+    answer = http_request(creds, "/api/2.0/mlflow/experiments/set-experiment-tag", "POST", max_retries=0,
+                          timeout=CHECK_TIMEOUT_S, raise_on_status=False,
+                          json={"experiment_id": experiment["experiment_id"], "key": EXPERIMENT_KIND,
+                                "value": tags.get(EXPERIMENT_KIND, MODEL_TRAINING)})
+    if answer.status_code == 403:
+        raise ServerRefused("tracking.experiment", f"{where} lets {who} read experiment {experiment['name']!r} but "
+                            "not run in it (403 Permission denied); ask its owner for EDIT permission, or name one "
+                            "of your own")
 
 
 def check_prefect_server(api_url: str, auth_string: str | None, api_key: str | None) -> None:
