@@ -296,7 +296,8 @@ def _mlflow_environment(stack: Stack, folder: Path) -> dict[str, str]:
                       "auth_cache_ttl_seconds = 60\n")
     config.chmod(0o600)
     return {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_FLASK_SERVER_SECRET_KEY": _password(),
-            **_s3_environment(stack)}
+            # its job runner (GenAI scorers, trace roll-ups: nothing a training run uses) is 8 processes
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **_s3_environment(stack)}
 
 
 def _s3_environment(stack: Stack) -> dict[str, str]:
