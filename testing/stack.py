@@ -151,10 +151,15 @@ def _start(folder: Path, users: tuple[str, ...], dask_workers: int, say: Callabl
                      "scheduler_address": scheduler_address, "pids": pids})
     _wait_for_dask_workers(stack, dask_workers, folder)
     say(f"Dask {scheduler_address}, {dask_workers} workers ({time.monotonic() - started:.1f} s)")
-    state = folder / STATE_FILE
-    state.write_text(json.dumps(asdict(stack), indent=2))
-    state.chmod(0o600)  # it holds the stack's passwords
+    _save(stack)
     return stack
+
+
+def _save(stack: Stack) -> None:
+    """The stack's state file: where each part answers, its pids (`stop` ends those), its passwords."""
+    state = Path(stack.folder) / STATE_FILE
+    state.write_text(json.dumps(asdict(stack), indent=2))
+    state.chmod(0o600)
 
 
 def load(folder: Path) -> Stack:
@@ -191,6 +196,25 @@ def restart_postgres(stack: Stack, down_s: float = 0.0) -> None:
     time.sleep(down_s)
     _pg_ctl_start(home, stack.postgres_port)
     stack.pids["postgres"] = _postmaster_pid(home)
+    _save(stack)
+
+
+def restart_server(stack: Stack, name: str, down_s: float = 0.0) -> None:
+    """The Prefect or MLflow server ("prefect", "mlflow") ended, `down_s` seconds without it,
+    started again on its port; back once it answers."""
+    folder = Path(stack.folder)
+    _end_groups([stack.pids[name]])
+    time.sleep(down_s)
+    port = int(stack.prefect_api_url.rsplit(":", 1)[1].split("/")[0] if name == "prefect"
+               else stack.mlflow_url.rsplit(":", 1)[1])
+    if name == "prefect":
+        stack.pids[name] = _spawn(folder, name, _prefect_command(port), _prefect_environment(stack, folder))
+        ready = lambda: _answers(f"{stack.prefect_api_url}/ready", {"Authorization": _basic(stack.prefect_auth_string)})  # noqa: E731
+    else:
+        stack.pids[name] = _spawn(folder, name, _mlflow_command(stack, port), _mlflow_environment(stack, folder))
+        ready = lambda: _answers(f"{stack.mlflow_url}/health")  # noqa: E731
+    _save(stack)
+    _wait_until(ready, f"the {name} server", stack.pids[name], folder / f"{name}.log")
 
 
 def grant(stack: Stack, experiment_id: str, user: str, permission: str = "READ") -> None:

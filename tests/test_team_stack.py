@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
-import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import httpx
@@ -22,7 +25,8 @@ from gymflow.testing import stack as team
 from tests.conftest import TINY_BUDGET
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
-GYMFLOW = str(Path(sys.executable).with_name("gymflow"))
+GYMFLOW, PREFECT = (str(Path(sys.executable).with_name(name)) for name in ("gymflow", "prefect"))
+REPO = Path(__file__).resolve().parents[1]  # prefect.yaml's folder, where deployments are made from
 
 
 def _missing() -> str | None:
@@ -67,13 +71,6 @@ def _as(stack: team.Stack, user: str, **changes: str) -> dict[str, str]:
     return {**environment, **stack.environment(user), **changes}
 
 
-def _retrain_code(overrides: dict, model_name: str) -> str:
-    return ("import json, sys\nfrom gymflow.flows.retrain import retrain\n"
-            f"decision = retrain('cartpole-ppo', json.loads({json.dumps(json.dumps(overrides))}), "
-            f"model_name={model_name!r}, evaluation_episodes=4)\n"
-            "print('DECISION', json.dumps({'outcome': decision.outcome, 'run_id': decision.challenger.run_id}))\n")
-
-
 def _flow_runs(stack: team.Stack, name: str) -> list[dict]:
     """The flow runs of flow `name` on the stack's Prefect server, read with its login."""
     answer = httpx.post(f"{stack.prefect_api_url}/flow_runs/filter", json={"flows": {"name": {"any_": [name]}}},
@@ -98,41 +95,89 @@ def _bucket(stack: team.Stack):
     return s3fs.S3FileSystem(endpoint_url=stack.s3_endpoint, key=stack.s3_key, secret=stack.s3_secret)
 
 
-# default tier: the first of its capability (the team's stack): a retraining promotes a champion through
-# the servers, through a PostgreSQL restart mid-run (a failover), and only its owner sees it
-def test_a_retraining_on_the_team_stack_promotes_a_champion_through_a_database_restart_seen_only_by_its_owner(
-        stack, monkeypatch):
-    overrides = {**TINY_BUDGET, **stack.overrides("alice/runs"), "storage.options": {"endpoint_url": stack.s3_endpoint},
-                 "tracking.experiment": "alice", "schedule.total_env_steps": 6400,
-                 "schedule.evaluate_every_env_steps": 1280}
-    retraining = subprocess.Popen([sys.executable, "-c", _retrain_code(overrides, "alice-corridor")],
-                                  env=_as(stack, "alice"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(retraining.stdout), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + 240
-    while not any("env steps (" in line for line in lines):  # training, and recording through the servers
-        assert retraining.poll() is None and time.monotonic() < deadline, "".join(lines)
-        time.sleep(0.1)
-    team.restart_postgres(stack, down_s=2.0)  # every connection of both servers cut
-    assert retraining.wait(timeout=300) == 0, "".join(lines)
-    reader.join(timeout=10)
-    output = "".join(lines)
-    decision = json.loads(output.split("DECISION ", 1)[1].splitlines()[0])
-    assert decision["outcome"] == "first champion registered"
-    assert "delivered to MLflow" in output and "Traceback" not in output
+@contextmanager
+def _worker_of(stack: team.Stack, user: str, folder: Path) -> Iterator[subprocess.Popen]:
+    """A `prefect worker` on the gymflow pool of the stack's Prefect server, run by `user` (their
+    MLflow login reaches the flow runs it starts); its log, the runs' output in it, in worker.log."""
+    with open(folder / "worker.log", "w") as log:
+        process = subprocess.Popen([PREFECT, "worker", "start", "--pool", "gymflow"], cwd=folder, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True,
+                                   env=_as(stack, user, PREFECT_WORKER_QUERY_SECONDS="1"))
+        try:
+            yield process
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            finally:
+                with suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)  # the flow-run processes it left, if any
 
-    # Alice reads it all back through the MLflow server: the run, every evaluation, the champion
+
+def _prefect(stack: team.Stack, user: str, *args: str) -> str:
+    done = subprocess.run([PREFECT, *args], cwd=REPO, env=_as(stack, user), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def _state_of(stack: team.Stack, flow_run_id: str) -> str:
+    answer = httpx.get(f"{stack.prefect_api_url}/flow_runs/{flow_run_id}", timeout=30,
+                       auth=tuple(stack.prefect_auth_string.split(":", 1)))
+    answer.raise_for_status()
+    return answer.json()["state_type"]
+
+
+# default tier: the first of its capability (the team's stack): the retraining deployment (run by a worker)
+# promotes a champion while another person's sweep runs, both through a PostgreSQL restart (a failover);
+# each sees only their own
+def test_a_retraining_deployment_and_someone_else_s_sweep_at_once_on_the_team_stack_through_a_database_restart(
+        stack, monkeypatch, tmp_path):
+    _prefect(stack, "alice", "work-pool", "create", "gymflow", "--type", "process")
+    _prefect(stack, "alice", "--no-prompt", "deploy", "--name", "cartpole-ppo-nightly")
+    alice_runs = {**TINY_BUDGET, **stack.overrides("alice/runs"), "storage.options": {"endpoint_url": stack.s3_endpoint},
+                  "tracking.experiment": "alice", "schedule.total_env_steps": 3840,
+                  "schedule.evaluate_every_env_steps": 1280}
+    bob_runs = {**TINY_BUDGET, **stack.overrides("bob/sweeps"), "storage.options": {"endpoint_url": stack.s3_endpoint},
+                "tracking.experiment": "bob", "schedule.total_env_steps": 1280}
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(json.dumps({"preset": "cartpole-ppo", "overrides": bob_runs, "sampler": "grid", "seeds": 1,
+                                "space": {"agent.lr": {"values": [0.01, 0.003]}},
+                                "study_storage": f"sqlite:///{tmp_path / 'sweeps.db'}"}))
+    with _worker_of(stack, "alice", tmp_path):
+        started = _prefect(stack, "alice", "deployment", "run", "retrain/cartpole-ppo-nightly",
+                           "-p", f"overrides={json.dumps(alice_runs)}", "-p", "model_name=alice-corridor",
+                           "-p", "evaluation_episodes=4")
+        retraining = re.search(r"UUID: ([0-9a-f-]{36})", started).group(1)
+        sweep = subprocess.Popen([GYMFLOW, "sweep", str(spec), "--id", "bob-sweep"], cwd=tmp_path, text=True,
+                                 env=_as(stack, "bob"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        bucket, deadline = _bucket(stack), time.monotonic() + 240
+        while not bucket.glob(f"{stack.bucket}/alice/runs/runs/*/checkpoints/*/manifest.json"):  # training
+            assert _state_of(stack, retraining) in ("SCHEDULED", "PENDING", "RUNNING") and time.monotonic() < deadline, \
+                (tmp_path / "worker.log").read_text()[-3000:]
+            time.sleep(0.2)
+        team.restart_postgres(stack, down_s=2.0)  # every connection of both servers cut, mid-run
+        restarted = time.time()
+        swept, _ = sweep.communicate(timeout=400)
+        while (state := _state_of(stack, retraining)) not in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            assert time.monotonic() < deadline + 300, (tmp_path / "worker.log").read_text()[-3000:]
+            time.sleep(0.5)
+    worker_log = (tmp_path / "worker.log").read_text()
+    assert state == "COMPLETED" and "delivered to MLflow" in worker_log, worker_log[-3000:]
+    assert "Traceback" not in worker_log, worker_log[-5000:]
+    assert sweep.returncode == 0 and "sweep bob-sweep: 2 configurations, 2 runs trained" in swept, swept[-3000:]
+
+    # Alice reads hers back through the MLflow server: the run, every evaluation, the champion, its film
     import mlflow
+    from mlflow.exceptions import MlflowException
 
     alice = _mlflow_as(monkeypatch, stack, "alice")
-    run = alice.get_run(decision["run_id"])
-    assert run.info.status == "FINISHED"
+    (run,) = alice.search_runs([alice.get_experiment_by_name("alice").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags["gymflow.retrain.outcome"] == "first champion registered"
+    assert run.info.end_time / 1000 > restarted  # the database came back while the run went on
     evaluated = [metric.step for metric in alice.get_metric_history(run.info.run_id, "eval/return_mean")]
-    assert evaluated == [1280, 2560, 3840, 5120, 6400]  # every evaluation, none lost in the restart
-    assert len(alice.get_metric_history(run.info.run_id, "time/env_steps")) == 6400 // 128  # every round
-    champion = alice.get_model_version_by_alias("alice-corridor", "champion")
-    assert champion.run_id == run.info.run_id
+    assert evaluated == [1280, 2560, 3840]  # every evaluation, none lost in the restart
+    assert len(alice.get_metric_history(run.info.run_id, "time/env_steps")) == 3840 // 128  # every round
+    assert alice.get_model_version_by_alias("alice-corridor", "champion").run_id == run.info.run_id
     mlflow.set_tracking_uri(stack.mlflow_url)
     try:
         model = mlflow.pyfunc.load_model("models:/alice-corridor@champion")
@@ -140,19 +185,23 @@ def test_a_retraining_on_the_team_stack_promotes_a_champion_through_a_database_r
         mlflow.set_tracking_uri(None)
     actions = model.predict(np.zeros((3, *model.metadata.get_input_schema().inputs[0].shape[1:]), np.float32))
     assert np.asarray(actions).shape[0] == 3
-    films = [path for path in _bucket(stack).find(f"{stack.bucket}/mlflow-artifacts") if path.endswith(".mp4")]
+    films = [path for path in bucket.find(f"{stack.bucket}/mlflow-artifacts") if path.endswith(".mp4")]
     assert any(run.info.run_id in path for path in films), films
-    # the flows' states on the Prefect server: the retraining and its improve run, Completed
     assert {flow_run["state_type"] for flow_run in _flow_runs(stack, "retrain")} == {"COMPLETED"}
-    assert {flow_run["state_type"] for flow_run in _flow_runs(stack, "improve")} == {"COMPLETED"}
+    with pytest.raises(MlflowException, match="Permission denied"):
+        alice.get_experiment_by_name("bob")
 
-    # Bob sees none of it, until alice's experiment is shared with him
-    from mlflow.exceptions import MlflowException
-
+    # Bob's sweep: each run with every round's metrics, none of alice's; alice's run hidden from him until shared
     bob = _mlflow_as(monkeypatch, stack, "bob")
+    swept_runs = bob.search_runs([bob.get_experiment_by_name("bob").experiment_id], "tags.`gymflow.sweep_id` = 'bob-sweep'")
+    trials = [swept for swept in swept_runs if swept.data.tags.get("gymflow.sweep.role") != "parent"]
+    assert len(trials) == 2 and {trial.info.status for trial in trials} == {"FINISHED"}
+    for trial in trials:
+        steps = [metric.step for metric in bob.get_metric_history(trial.info.run_id, "time/env_steps")]
+        assert steps == list(range(128, 1281, 128)), steps
+    assert [experiment.name for experiment in bob.search_experiments()] == ["bob"]
     with pytest.raises(MlflowException, match="Permission denied"):
         bob.get_run(run.info.run_id)
-    assert [experiment.name for experiment in bob.search_experiments()] == []
     team.grant(stack, run.info.experiment_id, "bob", "READ")
     assert bob.get_run(run.info.run_id).data.metrics["eval/return_mean"] == run.data.metrics["eval/return_mean"]
 
