@@ -92,7 +92,8 @@ def _mlflow_as(monkeypatch, stack: team.Stack, user: str):
 def _bucket(stack: team.Stack):
     import s3fs
 
-    return s3fs.S3FileSystem(endpoint_url=stack.s3_endpoint, key=stack.s3_key, secret=stack.s3_secret)
+    return s3fs.S3FileSystem(endpoint_url=stack.s3_endpoint, key=stack.s3_key, secret=stack.s3_secret,
+                             use_listings_cache=False, skip_instance_cache=True)  # what is there now
 
 
 @contextmanager
@@ -204,6 +205,45 @@ def test_a_retraining_deployment_and_someone_else_s_sweep_at_once_on_the_team_st
         bob.get_run(run.info.run_id)
     team.grant(stack, run.info.experiment_id, "bob", "READ")
     assert bob.get_run(run.info.run_id).data.metrics["eval/return_mean"] == run.data.metrics["eval/return_mean"]
+
+
+# long tier: the servers' own restarts (the default run's test above restarts their database)
+@pytest.mark.slow
+def test_a_deployment_run_goes_on_through_a_prefect_server_restart_and_an_mlflow_server_restart(
+        stack, monkeypatch, tmp_path):
+    _prefect(stack, "alice", "work-pool", "create", "gymflow", "--type", "process", "--overwrite")
+    _prefect(stack, "alice", "--no-prompt", "deploy", "--name", "cartpole-ppo")
+    overrides = {**TINY_BUDGET, **stack.overrides("restarts/runs"), "storage.options": {"endpoint_url": stack.s3_endpoint},
+                 "tracking.experiment": "alice-restarts", "schedule.total_env_steps": 12800,
+                 "schedule.evaluate_every_env_steps": 2560}  # ~20 s: longer than both restarts
+    with _worker_of(stack, "alice", tmp_path):
+        started = _prefect(stack, "alice", "deployment", "run", "improve/cartpole-ppo", "-p",
+                           f"overrides={json.dumps(overrides)}")
+        flow_run = re.search(r"UUID: ([0-9a-f-]{36})", started).group(1)
+        bucket, deadline = _bucket(stack), time.monotonic() + 240
+        while not bucket.glob(f"{stack.bucket}/restarts/runs/runs/*/checkpoints/*/manifest.json"):
+            assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
+            time.sleep(0.2)
+        team.restart_server(stack, "prefect", down_s=3.0)
+        team.restart_server(stack, "mlflow", down_s=3.0)
+        restarted = time.time()
+        while (state := _state_of(stack, flow_run)) not in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            assert time.monotonic() < deadline + 300, (tmp_path / "worker.log").read_text()[-3000:]
+            time.sleep(0.5)
+    worker_log = (tmp_path / "worker.log").read_text()
+    assert state == "COMPLETED", worker_log[-5000:]
+    alice = _mlflow_as(monkeypatch, stack, "alice")
+    (run,) = alice.search_runs([alice.get_experiment_by_name("alice-restarts").experiment_id])
+    assert run.info.status == "FINISHED" and run.info.end_time / 1000 > restarted
+    evaluated = [metric.step for metric in alice.get_metric_history(run.info.run_id, "eval/return_mean")]
+    assert evaluated == [2560, 5120, 7680, 10240, 12800]
+    assert len(alice.get_metric_history(run.info.run_id, "time/env_steps")) == 12800 // 128
+    # every task run's state reached the restarted server (an event sent while it was down may be lost, a later one not)
+    answer = httpx.post(f"{stack.prefect_api_url}/task_runs/filter", auth=tuple(stack.prefect_auth_string.split(":", 1)),
+                        json={"flow_runs": {"id": {"any_": [flow_run]}}}, timeout=30)
+    on_server = {task_run["name"]: task_run["state_type"] for task_run in answer.json()}
+    finished = set(re.findall(r"Task run '([^']+)' - Finished in state Completed", worker_log))
+    assert finished and set(on_server) >= finished and set(on_server.values()) == {"COMPLETED"}, on_server
 
 
 def test_a_wrong_login_or_someone_else_s_experiment_is_refused_in_one_line_before_any_work(stack):
