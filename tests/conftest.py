@@ -27,7 +27,7 @@ else:
 # The files that take longest in the default run (the sum of their tests' durations, in this order:
 # docs/benchmarks.md, "The test suite in two tiers"), first: pytest-xdist's `--dist loadfile` hands each
 # process the next file as it finishes one, so a long file started last would run on alone at the end.
-LONGEST_FILES = ("test_deployments.py", "test_offline.py", "test_cluster.py", "test_network_hosts.py",
+LONGEST_FILES = ("test_deployments.py", "test_offline.py", "test_team_stack.py", "test_cluster.py", "test_network_hosts.py",
                  "test_solves.py", "test_pbt.py", "test_s3_storage.py", "test_resume.py", "test_multi_agent.py",
                  "test_dict_observations.py", "test_lake.py", "test_scheduler_loss.py", "test_stops.py")
 
