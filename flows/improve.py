@@ -20,7 +20,6 @@ from gymflow.presets.validate import resolve_experiment
 from gymflow.tasks.cluster.placement import rollout_hosts
 from gymflow.tasks.sweep.trial import PbtMember, SweepTrial, TrialJudge
 from gymflow.tasks.tracking.artifacts import publish_evaluations
-from gymflow.tasks.tracking.servers import check_tracking_server
 from gymflow.tasks.training.delivery import deliver, describe, report_run
 from gymflow.tasks.training.loop import train
 from gymflow.tasks.training.run import (
@@ -68,8 +67,7 @@ def improve(
     with refusal_said():
         experiment = resolve_experiment(preset, changed := as_dotted(overrides))  # bad input stops here
         member = sweep_trial if isinstance(sweep_trial, PbtMember) else None
-        run = prepare_run(experiment, warm_start, resume, run_id, member)  # so does an unusable root or warm start
-        check_tracking_server(run.preset.tracking.tracking_uri, run.preset.tracking.experiment)  # and a refused login
+        run = prepare_run(experiment, warm_start, resume, run_id, member)  # so does an unusable root or server
     logger = get_run_logger()
     judge = TrialJudge(sweep_trial) if isinstance(sweep_trial, SweepTrial) else None
     with (

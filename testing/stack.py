@@ -137,12 +137,11 @@ def _start(folder: Path, users: tuple[str, ...], dask_workers: int, say: Callabl
             "--dashboard-address", ":0"], _s3_environment(partial))
 
     prefect_url, mlflow_url = f"http://127.0.0.1:{prefect_port}/api", f"http://127.0.0.1:{mlflow_port}"
-    auth = {"Authorization": _basic(partial.prefect_auth_string)}
-    _wait_until(lambda: _answers(f"{prefect_url}/ready", auth), "the Prefect server", pids["prefect"],
+    _wait_until(_prefect_ready(prefect_url, partial.prefect_auth_string), "the Prefect server", pids["prefect"],
                 folder / "prefect.log")
     say(f"Prefect {prefect_url} ({time.monotonic() - started:.1f} s)")
     admin = f"{ADMIN}:{partial.mlflow_passwords[ADMIN]}"
-    _wait_until(lambda: _answers(f"{mlflow_url}/health"), "the MLflow server", pids["mlflow"], folder / "mlflow.log")
+    _wait_until(_mlflow_ready(mlflow_url), "the MLflow server", pids["mlflow"], folder / "mlflow.log")
     for user in users:
         _mlflow_call(mlflow_url, admin, "2.0/mlflow/users/create",
                      {"username": user, "password": partial.mlflow_passwords[user]})
@@ -209,12 +208,18 @@ def restart_server(stack: Stack, name: str, down_s: float = 0.0) -> None:
                else stack.mlflow_url.rsplit(":", 1)[1])
     if name == "prefect":
         stack.pids[name] = _spawn(folder, name, _prefect_command(port), _prefect_environment(stack, folder))
-        ready = lambda: _answers(f"{stack.prefect_api_url}/ready", {"Authorization": _basic(stack.prefect_auth_string)})  # noqa: E731
     else:
         stack.pids[name] = _spawn(folder, name, _mlflow_command(stack, port), _mlflow_environment(stack, folder))
-        ready = lambda: _answers(f"{stack.mlflow_url}/health")  # noqa: E731
     _save(stack)
+    ready = _prefect_ready(stack.prefect_api_url, stack.prefect_auth_string) if name == "prefect" else \
+        _mlflow_ready(stack.mlflow_url)
     _wait_until(ready, f"the {name} server", stack.pids[name], folder / f"{name}.log")
+
+
+def set_password(stack: Stack, user: str, password: str) -> None:
+    """`user`'s MLflow password changed by the administrator (what they log in with from now on)."""
+    _mlflow_call(stack.mlflow_url, f"{ADMIN}:{stack.mlflow_passwords[ADMIN]}", "2.0/mlflow/users/update-password",
+                 {"username": user, "password": password}, method="PATCH")
 
 
 def grant(stack: Stack, experiment_id: str, user: str, permission: str = "READ") -> None:
@@ -306,7 +311,7 @@ def _mlflow_command(stack: Stack, port: int) -> list[str]:
     return [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
             "--backend-store-uri", stack.database_url("mlflow"),
             "--artifacts-destination", f"s3://{stack.bucket}/mlflow-artifacts", "--app-name", "basic-auth",
-            "--workers", "2"]
+            "--workers", "1"]  # one process: a password changed (its login cache) is changed for every request
 
 
 def _mlflow_environment(stack: Stack, folder: Path) -> dict[str, str]:
@@ -426,12 +431,21 @@ def _answers(url: str, headers: Mapping[str, str] | None = None) -> bool:
         return False
 
 
+def _prefect_ready(api_url: str, login: str) -> Callable[[], bool]:
+    """Its /ready (which asks the database; /health answers without one), with the login it asks for."""
+    return lambda: _answers(f"{api_url}/ready", {"Authorization": _basic(login)})
+
+
+def _mlflow_ready(url: str) -> Callable[[], bool]:
+    return lambda: _answers(f"{url}/health")
+
+
 def _basic(user_and_password: str) -> str:
     return "Basic " + b64encode(user_and_password.encode()).decode()
 
 
-def _mlflow_call(url: str, login: str, endpoint: str, body: Mapping[str, object]) -> None:
-    request = urllib.request.Request(f"{url}/api/{endpoint}", data=json.dumps(body).encode(), method="POST",
+def _mlflow_call(url: str, login: str, endpoint: str, body: Mapping[str, object], method: str = "POST") -> None:
+    request = urllib.request.Request(f"{url}/api/{endpoint}", data=json.dumps(body).encode(), method=method,
                                      headers={"Authorization": _basic(login), "Content-Type": "application/json"})
     try:
         urllib.request.urlopen(request, timeout=30).close()

@@ -76,6 +76,7 @@ class Tracker:
         self._pending: deque[Future] = deque()  # batches handed to the writer
         self._held: list[Metric] = []  # metrics not yet handed over
         self._sent_at = time.monotonic()
+        self._newest_step: int | None = None
         self._newest: dict[str, Metric] = {}  # the metrics logged at the newest step, by key
 
     def _write_batch(self, **batch: Any) -> None:
@@ -98,9 +99,9 @@ class Tracker:
         timestamp = _now_ms()
         logged = [Metric(key, float(value), timestamp, step) for key, value in metrics.items() if math.isfinite(value)]
         self._held += logged
-        if self._newest and step > next(iter(self._newest.values())).step:
-            self._newest = {}
-        if not self._newest or step == next(iter(self._newest.values())).step:
+        if self._newest_step is None or step > self._newest_step:
+            self._newest_step, self._newest = step, {}
+        if step == self._newest_step:
             self._newest |= {metric.key: metric for metric in logged}
         if len(self._held) >= _METRICS_HELD or time.monotonic() - self._sent_at >= METRICS_EVERY_S:
             self.send()
@@ -115,7 +116,7 @@ class Tracker:
 
     def metrics_at(self, step: int) -> list[Metric]:
         """The metrics this tracker logged at `step`, where it is the newest step it logged; else none."""
-        return [metric for metric in self._newest.values() if metric.step == step]
+        return list(self._newest.values()) if step == self._newest_step else []
 
     def link_metrics(self, metrics: Sequence[Metric], model_id: str) -> None:
         """`metrics` linked to a logged model (what MLflow's `Model.log(step=)` does by reading the

@@ -40,7 +40,7 @@ from gymflow.tasks.tracking.artifacts import ProgressArtifact
 from gymflow.tasks.tracking.blocks import with_block_options
 from gymflow.tasks.tracking.events import RunEvents
 from gymflow.tasks.tracking.progress import ProgressLog
-from gymflow.tasks.tracking.servers import refusal_of
+from gymflow.tasks.tracking.servers import check_tracking_server, refusal_of
 from gymflow.tasks.tracking.system_metrics import SystemMetrics
 from gymflow.tasks.tracking.tracker import Tracker, s3_artifact_environment, source_tags
 from gymflow.tasks.training.batch_stream import BatchStream
@@ -93,12 +93,12 @@ class PreparedRun:
 
 def prepare_run(experiment: Experiment, warm_start: str | None, resume: str | None,
                 run_id: str | None = None, member: PbtMember | None = None) -> PreparedRun:
-    """Check the storage (a missing bucket or refused credentials stop here), then make the
-    learner: from scratch, from a warm-start policy, or restored from `resume`'s checkpoints
-    (with that run's own preset; a population `member` continued with its interval's values).
-    A resumed run that died before its first checkpoint starts over, in its own MLflow run.
-    `run_id` names a new run (default: preset name and time). The preset's dataset is found and
-    checked here too."""
+    """Check the storage (a missing bucket or refused credentials stop here) and the tracking
+    server (a refused login or experiment), then make the learner: from scratch, from a
+    warm-start policy, or restored from `resume`'s checkpoints (with that run's own preset; a
+    population `member` continued with its interval's values). A resumed run that died before
+    its first checkpoint starts over, in its own MLflow run. `run_id` names a new run (default:
+    preset name and time). The preset's dataset is found and checked here too."""
     experiment = with_block_options(experiment)  # credentials kept in a Prefect block, read here
     storage = ready_storage(storage_location(experiment.preset.storage))
     if resume is None:
@@ -106,12 +106,14 @@ def prepare_run(experiment: Experiment, warm_start: str | None, resume: str | No
             raise InvalidPreset("run_id", f"a run {run_id!r} is already under {storage.url('runs')}; "
                                 f"continue it with resume={run_id!r}")
         run_id = run_id or new_run_id(experiment.preset.name)
+        check_tracking_server(experiment.preset.tracking.tracking_uri, experiment.preset.tracking.experiment)
         dataset = find_dataset(experiment)
         return PreparedRun(experiment, run_id, storage, warm_started(experiment, storage, warm_start), dataset=dataset,
                            dataset_observed=dataset_seen_by_warm_start(storage, warm_start, experiment.preset),
                            member=member)
     record = read_run_record(storage, resume)
     experiment = with_block_options(stored_experiment(storage, resume, experiment, member.settings if member else None))
+    check_tracking_server(experiment.preset.tracking.tracking_uri, experiment.preset.tracking.experiment)
     dataset, learner = find_dataset(experiment), create_learner(experiment)
     if member is not None:  # its values from here on, for a resume by hand too
         write_stored_preset(storage, resume, PreparedRun(experiment, resume, storage, learner).preset_yaml())
