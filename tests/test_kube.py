@@ -20,8 +20,11 @@ REPO = Path(__file__).resolve().parents[1]
 IMAGE = "registry.example.com/team/gymflow:1.0"
 
 
-@pytest.fixture
-def written(tmp_path) -> dict:
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> dict:
+    """What `gymflow kube` wrote, read back: the module's tests share it (each check reads its ~20
+    schemas from disk: ~3 s), and spoil copies of it."""
+    tmp_path = tmp_path_factory.mktemp("kube")
     assert main(["kube", "cartpole-ppo", "--image", IMAGE, "--set", "storage.root=s3://team-bucket/gymflow",
                  "--set", "tracking.tracking_uri=https://mlflow.example.com",
                  "--set", "distribution.rollout_workers=6", "--set", "distribution.rollout_resources={ROLLOUT: 1}",

@@ -247,6 +247,44 @@ def test_a_deployment_run_goes_on_through_a_prefect_server_restart_and_an_mlflow
     assert finished and set(on_server) >= finished and set(on_server.values()) == {"COMPLETED"}, on_server
 
 
+# long tier: the command line's other paths on the stack (the default run's test runs a deployment and a sweep)
+@pytest.mark.slow
+def test_a_run_killed_on_the_team_stack_resumes_into_its_own_mlflow_run_and_its_experience_exports(
+        stack, monkeypatch, tmp_path):
+    settings = [*(f"{key}={json.dumps(value)}" for key, value in TINY_BUDGET.items()), *stack.settings("alice-resume"),
+                "tracking.experiment=alice-resume", "schedule.total_env_steps=3840", "schedule.evaluate_every_env_steps=1280",
+                "storage.keep_shards=all"]
+    command = [GYMFLOW, "run", "cartpole-ppo", "--quiet", *[a for setting in settings for a in ("--set", setting)]]
+    bucket, deadline = _bucket(stack), time.monotonic() + 240
+    with open(tmp_path / "killed.log", "w") as log:
+        killed = subprocess.Popen(command, cwd=tmp_path, env=_as(stack, "alice"), stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        while len(bucket.glob(f"{stack.bucket}/alice-resume/runs/*/checkpoints/*/manifest.json")) < 2:
+            assert killed.poll() is None and time.monotonic() < deadline, (tmp_path / "killed.log").read_text()[-3000:]
+            time.sleep(0.1)
+        os.killpg(killed.pid, signal.SIGKILL)  # the command and its flow: a crash
+        killed.wait()
+    (run_id,) = [path.rsplit("/", 1)[1] for path in bucket.ls(f"{stack.bucket}/alice-resume/runs")]
+    root = ["--root", f"s3://{stack.bucket}/alice-resume", "--option", f"endpoint_url={stack.s3_endpoint}"]
+    resumed = subprocess.run([GYMFLOW, "resume", run_id, *root, "--quiet"], cwd=tmp_path, env=_as(stack, "alice"),
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+
+    alice = _mlflow_as(monkeypatch, stack, "alice")
+    (run,) = alice.search_runs([alice.get_experiment_by_name("alice-resume").experiment_id])  # one run: its own
+    assert run.info.status == "FINISHED" and run.data.tags["gymflow.run_id"] == run_id
+    assert [metric.step for metric in alice.get_metric_history(run.info.run_id, "eval/return_mean")] == [1280, 2560, 3840]
+    exported = subprocess.run([GYMFLOW, "export", run_id, *root, "--to", str(tmp_path / "datasets"), "--id",
+                               "gymflow/stack-v0"], cwd=tmp_path, env=_as(stack, "alice"), capture_output=True,
+                              text=True, timeout=300)
+    assert exported.returncode == 0, exported.stdout[-3000:] + exported.stderr[-3000:]
+    import minari
+
+    dataset = minari.MinariDataset(tmp_path / "datasets" / "gymflow" / "stack-v0" / "data")
+    envs = TINY_BUDGET["distribution.rollout_workers"] * TINY_BUDGET["distribution.envs_per_worker"]
+    assert 3840 - envs * 50 <= dataset.total_steps <= 3840  # whole episodes: each env's last one may be cut (<= 50)
+
+
 def test_a_login_the_mlflow_server_refuses_for_a_while_mid_run_is_tried_again_until_it_takes_it(
         stack, monkeypatch, caplog):
     """A failover's auth database answers 401 for a moment (issue 67's trial: the run FAILED in 2 of 3
