@@ -32,10 +32,38 @@ LONGEST_FILES = ("test_deployments.py", "test_offline.py", "test_team_stack.py",
                  "test_dict_observations.py", "test_lake.py", "test_scheduler_loss.py", "test_stops.py")
 
 
+# Set by tests/suite.py for its second run (the tests marked `alone`), which it starts beside the first:
+# the file whose existence says the first run has ended.
+ALONE_AFTER = "GYMFLOW_TESTS_ALONE_AFTER"
+ALONE_WAITS_AT_MOST_S = 3 * 3600
+
+
 def pytest_collection_modifyitems(items: list) -> None:
-    """The longest files first, the rest in their order (the same order in every xdist process)."""
+    """The longest files first, the rest in their order (the same order in every xdist process).
+    In the suite's second run, a test marked `alone` is timed from its call on (its wait for the
+    first run and its module's fixtures, made meanwhile, are not what its timeout bounds)."""
     rank = {name: index for index, name in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's tests keep their order
+    if os.environ.get(ALONE_AFTER):
+        for item in items:
+            if item.get_closest_marker("alone"):
+                given = item.get_closest_marker("timeout")
+                seconds = (given.kwargs.get("timeout") or (given.args[0] if given.args else None)) if given else None
+                item.add_marker(pytest.mark.timeout(timeout=seconds, func_only=True), append=False)
+
+
+@pytest.fixture(autouse=True)
+def _after_the_first_run(request):
+    """In the suite's second run (tests/suite.py), a test marked `alone` begins once the first run
+    has ended: no other test's load moves its bound. Its session's and module's fixtures (a Prefect
+    API, a server with its deployment) are made before this, beside the first run."""
+    go = os.environ.get(ALONE_AFTER)
+    if go and request.node.get_closest_marker("alone"):
+        deadline = time.monotonic() + ALONE_WAITS_AT_MOST_S
+        while not os.path.exists(go):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the suite's first run did not end within {ALONE_WAITS_AT_MOST_S} s ({go} never came)")
+            time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The README's test command (`make test`): the suite in two pytest runs, one after the other.
+"""The README's test command (`make test`): the suite in two pytest runs.
 
 1. Every test not marked `alone`, in `--workers` processes (pytest-xdist; `--dist loadfile`
    keeps a file's tests in one process, so a module's fixtures, such as a Prefect server, start
@@ -8,6 +8,10 @@
    bound (docs/benchmarks.md, session 38). Both runs: 44.5-47.6 min on the slow 2-core kind (sessions 39,
    40), against 50 for the whole suite in one process.
 
+The second run starts beside the first: it collects, and makes its session's and modules' fixtures
+(a Prefect API, a server with its deployment: ~50 s), while the first runs; each of its tests
+begins once the first has ended (tests/conftest.py, ALONE_AFTER). Its output follows the first's.
+
 pytest's arguments pass through to both. A `-m EXPR` among them selects within both runs (the
 default is pyproject's `not slow`). The exit code is the first run's failure, else the second's;
 a run that collects nothing (pytest's 5) is not a failure unless neither collects anything.
@@ -16,12 +20,17 @@ a run that collects nothing (pytest's 5) is not a failure unless neither collect
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 DEFAULT_MARKERS = "not slow"  # pyproject's addopts
 NOTHING_COLLECTED = 5
+ALONE_AFTER = "GYMFLOW_TESTS_ALONE_AFTER"  # tests/conftest.py's
 
 
 def split_markers(args: list[str]) -> tuple[str, list[str]]:
@@ -54,7 +63,33 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--workers", type=int, default=2, help="test processes for the tests not marked alone")
     options, pytest_args = parser.parse_known_args(argv)
-    return outcome([pytest(args) for args in pytest_runs(options.workers, pytest_args)])
+    together, alone = pytest_runs(options.workers, pytest_args)
+    with tempfile.TemporaryDirectory(prefix="gymflow-suite-") as folder:
+        go, log = Path(folder, "first-run-ended"), Path(folder, "alone.log")
+        with log.open("wb") as output:
+            second = subprocess.Popen([sys.executable, "-m", "pytest", *alone], env={**os.environ, ALONE_AFTER: str(go)},
+                                      stdout=output, stderr=subprocess.STDOUT)
+            try:
+                first = pytest(together)
+            except BaseException:
+                second.kill()
+                raise
+            finally:
+                go.touch()
+            print(f"$ pytest {shlex.join(alone)}  (collected and set up beside the run above)", flush=True)
+            return outcome([first, _followed(second, log)])
+
+
+def _followed(process: subprocess.Popen, log: Path) -> int:
+    """`process`'s output (written to `log`) on this one's as it comes, until it ends; its exit code."""
+    with log.open("rb") as reading:
+        while True:
+            ended = process.poll() is not None
+            sys.stdout.buffer.write(reading.read())
+            sys.stdout.flush()
+            if ended:
+                return process.returncode
+            time.sleep(0.5)
 
 
 def pytest_runs(workers: int, pytest_args: list[str]) -> list[list[str]]:

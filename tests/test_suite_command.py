@@ -3,7 +3,9 @@ runs' exit codes."""
 
 import subprocess
 import sys
+import textwrap
 import time
+from pathlib import Path
 
 import psutil
 
@@ -31,6 +33,35 @@ def test_the_tests_not_marked_alone_run_in_two_processes_a_file_to_each_and_the_
     assert together == ["-n", "2", "--dist", "loadfile", "-m", "(slow or not slow) and not alone", "-ra"]
     assert alone == ["-m", "(slow or not slow) and alone", "-ra"]
     assert pytest_runs(0, [])[0] == ["-m", f"({DEFAULT_MARKERS}) and not alone"]  # PYTEST_WORKERS=0: one process
+
+
+def test_the_alone_run_is_set_up_beside_the_first_and_its_tests_begin_once_the_first_has_ended(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "conftest.py").write_text("from tests.conftest import _after_the_first_run, "
+                                          "pytest_collection_modifyitems  # noqa: F401\n")
+    (tmp_path / "test_first.py").write_text(textwrap.dedent("""
+        import pathlib, time
+        def test_a_while():
+            time.sleep(3)
+            pathlib.Path(__file__).with_name("first-ended").touch()
+    """))
+    (tmp_path / "test_second.py").write_text(textwrap.dedent("""
+        import pathlib, time, pytest
+        @pytest.fixture(scope="module")
+        def made():
+            return time.time()
+        @pytest.mark.alone
+        def test_after_it(made):
+            here = pathlib.Path(__file__).parent
+            assert (here / "first-ended").exists()
+            (here / "fixture-age").write_text(str(time.time() - made))
+    """))
+    done = subprocess.run([sys.executable, str(root / "tests" / "suite.py"), "--workers", "0", "-c",
+                           str(root / "pyproject.toml"), "-p", "no:cacheprovider", str(tmp_path)],
+                          cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert float((tmp_path / "fixture-age").read_text()) > 2  # its module's fixture made while the first ran
+    assert done.stdout.index("test_first.py") < done.stdout.index("(collected and set up beside the run above)")
 
 
 def test_a_process_that_ended_and_waits_to_be_reaped_is_not_still_running():
