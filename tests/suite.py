@@ -67,8 +67,10 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="gymflow-suite-") as folder:
         go, log = Path(folder, "first-run-ended"), Path(folder, "alone.log")
         with log.open("wb") as output:
+            # at the lowest priority: its set-up takes what the first run leaves of the cores (its tests
+            # then run alone, where a priority changes nothing)
             second = subprocess.Popen([sys.executable, "-m", "pytest", *alone], env={**os.environ, ALONE_AFTER: str(go)},
-                                      stdout=output, stderr=subprocess.STDOUT)
+                                      stdout=output, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(19))
             try:
                 first = pytest(together)
             except BaseException:

@@ -137,10 +137,10 @@ def test_a_retraining_deployment_and_someone_else_s_sweep_at_once_on_the_team_st
     _prefect(stack, "alice", "work-pool", "create", "gymflow", "--type", "process")
     _prefect(stack, "alice", "--no-prompt", "deploy", "--name", "cartpole-ppo-nightly")
     alice_runs = {**TINY_BUDGET, **stack.overrides("alice/runs"), "storage.options": {"endpoint_url": stack.s3_endpoint},
-                  "tracking.experiment": "alice", "schedule.total_env_steps": 3840,
+                  "tracking.experiment": "alice", "schedule.total_env_steps": 2560,
                   "schedule.evaluate_every_env_steps": 1280}
     bob_runs = {**TINY_BUDGET, **stack.overrides("bob/sweeps"), "storage.options": {"endpoint_url": stack.s3_endpoint},
-                "tracking.experiment": "bob", "schedule.total_env_steps": 1280}
+                "tracking.experiment": "bob"}
     spec = tmp_path / "sweep.yaml"
     spec.write_text(json.dumps({"preset": "cartpole-ppo", "overrides": bob_runs, "sampler": "grid", "seeds": 1,
                                 "space": {"agent.lr": {"values": [0.01, 0.003]}},
@@ -177,8 +177,8 @@ def test_a_retraining_deployment_and_someone_else_s_sweep_at_once_on_the_team_st
     assert run.info.status == "FINISHED" and run.data.tags["gymflow.retrain.outcome"] == "first champion registered"
     assert run.info.end_time / 1000 > restarted  # the database came back while the run went on
     evaluated = [metric.step for metric in alice.get_metric_history(run.info.run_id, "eval/return_mean")]
-    assert evaluated == [1280, 2560, 3840]  # every evaluation, none lost in the restart
-    assert len(alice.get_metric_history(run.info.run_id, "time/env_steps")) == 3840 // 128  # every round
+    assert evaluated == [1280, 2560]  # every evaluation, none lost in the restart
+    assert len(alice.get_metric_history(run.info.run_id, "time/env_steps")) == 2560 // 128  # every round
     assert alice.get_model_version_by_alias("alice-corridor", "champion").run_id == run.info.run_id
     mlflow.set_tracking_uri(stack.mlflow_url)
     try:
@@ -200,7 +200,7 @@ def test_a_retraining_deployment_and_someone_else_s_sweep_at_once_on_the_team_st
     assert len(trials) == 2 and {trial.info.status for trial in trials} == {"FINISHED"}
     for trial in trials:
         steps = [metric.step for metric in bob.get_metric_history(trial.info.run_id, "time/env_steps")]
-        assert steps == list(range(128, 1281, 128)), steps
+        assert steps == list(range(128, TINY_BUDGET["schedule.total_env_steps"] + 1, 128)), steps
     assert [experiment.name for experiment in bob.search_experiments()] == ["bob"]
     with pytest.raises(MlflowException, match="Permission denied"):
         bob.get_run(run.info.run_id)
@@ -312,29 +312,35 @@ def test_a_login_the_mlflow_server_refuses_for_a_while_mid_run_is_tried_again_un
     assert "refused the login it took (401); trying again" in caplog.text and "took the login again" in caplog.text
 
 
-def test_a_wrong_login_or_someone_else_s_experiment_is_refused_in_one_line_before_any_work(stack):
+def test_a_wrong_login_or_someone_else_s_experiment_is_refused_in_one_line_before_any_work(stack, monkeypatch, capsys):
+    from gymflow.flows.cli import main
+
     settings = [argument for setting in stack.settings("refused/runs") for argument in ("--set", setting)]
-    command = [GYMFLOW, "run", "cartpole-ppo", *settings, "--set", "tracking.experiment=alice-private", "--quiet"]
+    command = ["run", "cartpole-ppo", *settings, "--set", "tracking.experiment=alice-private", "--quiet"]
     server, api = f"the MLflow server at {stack.mlflow_url}", f"the Prefect server at {stack.prefect_api_url}"
     experiment_id = _an_experiment_of_alice(stack, "alice-private")
     improve_runs = len(_flow_runs(stack, "improve"))
-    for environment, says in [
-        (_as(stack, "alice", MLFLOW_TRACKING_PASSWORD="wrong"), f"tracking.tracking_uri: {server} refused the login "
-         "of user 'alice' (401 Unauthorized): check MLFLOW_TRACKING_PASSWORD"),
-        (_as(stack, "alice", MLFLOW_TRACKING_USERNAME=""), f"tracking.tracking_uri: {server} asks for a login "
-         "(401 Unauthorized): set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"),
-        (_as(stack, "alice", PREFECT_API_AUTH_STRING="admin:wrong"), f"PREFECT_API_AUTH_STRING: {api} refused the "
-         "login of user 'admin' (401 Unauthorized): check PREFECT_API_AUTH_STRING"),
-        (_as(stack, "bob"), f"tracking.experiment: {server} refused user 'bob' access to experiment 'alice-private' "
-         "(403 Permission denied); ask its owner for EDIT permission, or name one of your own"),
-        ("READ", f"tracking.experiment: {server} lets user 'bob' read experiment 'alice-private' but not run in it "
-         "(403 Permission denied); ask its owner for EDIT permission, or name one of your own"),
+    # the Prefect server's refusal, as a command of its own (its settings are read as its process starts)
+    refused = subprocess.run([GYMFLOW, *command], env=_as(stack, "alice", PREFECT_API_AUTH_STRING="admin:wrong"),
+                             capture_output=True, text=True, timeout=120)
+    assert (refused.returncode, refused.stderr.strip()) == (2, f"gymflow: error: PREFECT_API_AUTH_STRING: {api} "
+                                                               "refused the login of user 'admin' (401 Unauthorized): "
+                                                               "check PREFECT_API_AUTH_STRING"), refused.stdout
+    for user, changes, says in [  # the MLflow server's, in this process: the same `gymflow run`, the same line
+        ("alice", {"MLFLOW_TRACKING_PASSWORD": "wrong"}, f"tracking.tracking_uri: {server} refused the login of user "
+         "'alice' (401 Unauthorized): check MLFLOW_TRACKING_PASSWORD"),
+        ("alice", {"MLFLOW_TRACKING_USERNAME": ""}, f"tracking.tracking_uri: {server} asks for a login (401 "
+         "Unauthorized): set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"),
+        ("bob", {}, f"tracking.experiment: {server} refused user 'bob' access to experiment 'alice-private' (403 "
+         "Permission denied); ask its owner for EDIT permission, or name one of your own"),
+        ("bob", "READ", f"tracking.experiment: {server} lets user 'bob' read experiment 'alice-private' but not run "
+         "in it (403 Permission denied); ask its owner for EDIT permission, or name one of your own"),
     ]:
-        if environment == "READ":
+        if changes == "READ":
             team.grant(stack, experiment_id, "bob", "READ")
-            environment = _as(stack, "bob")
-        refused = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120)
-        assert (refused.returncode, refused.stderr.strip()) == (2, f"gymflow: error: {says}"), refused.stdout
+        for name, value in {**stack.environment(user), **(changes if isinstance(changes, dict) else {})}.items():
+            monkeypatch.setenv(name, value)
+        assert (main(command), capsys.readouterr().err.strip()) == (2, f"gymflow: error: {says}")
     assert not _bucket(stack).exists(f"{stack.bucket}/refused")  # nothing written
     assert len(_flow_runs(stack, "improve")) == improve_runs  # no flow run started
 
