@@ -55,7 +55,8 @@ def stack(tmp_path_factory):
                               timeout=120)
         assert down.returncode == 0, down.stderr
         alive = [name for name, pid in started.pids.items() if _alive(pid)]
-        assert not alive and not folder.exists(), f"still running after `stack down`: {alive}"
+        assert not alive, f"still running after `stack down`: {alive}"
+        assert not folder.exists() and not team.postgres_home(folder).exists()
 
 
 def _alive(pid: int) -> bool:
