@@ -18,12 +18,12 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from base64 import b64encode
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gymflow.tasks.tracking.servers import basic_authorization
 from gymflow.testing.s3 import free_port
 
 STATE_FILE = "stack.json"
@@ -433,20 +433,17 @@ def _answers(url: str, headers: Mapping[str, str] | None = None) -> bool:
 
 def _prefect_ready(api_url: str, login: str) -> Callable[[], bool]:
     """Its /ready (which asks the database; /health answers without one), with the login it asks for."""
-    return lambda: _answers(f"{api_url}/ready", {"Authorization": _basic(login)})
+    return lambda: _answers(f"{api_url}/ready", {"Authorization": basic_authorization(login)})
 
 
 def _mlflow_ready(url: str) -> Callable[[], bool]:
     return lambda: _answers(f"{url}/health")
 
 
-def _basic(user_and_password: str) -> str:
-    return "Basic " + b64encode(user_and_password.encode()).decode()
-
-
 def _mlflow_call(url: str, login: str, endpoint: str, body: Mapping[str, object], method: str = "POST") -> None:
     request = urllib.request.Request(f"{url}/api/{endpoint}", data=json.dumps(body).encode(), method=method,
-                                     headers={"Authorization": _basic(login), "Content-Type": "application/json"})
+                                     headers={"Authorization": basic_authorization(login),
+                                              "Content-Type": "application/json"})
     try:
         urllib.request.urlopen(request, timeout=30).close()
     except urllib.error.HTTPError as error:

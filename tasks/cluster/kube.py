@@ -25,6 +25,7 @@ import yaml
 from gymflow.errors import InvalidPreset
 from gymflow.presets.model import Preset
 from gymflow.presets.redaction import redacted_uri
+from gymflow.tasks.tracking.servers import is_tracking_server
 
 KUBERNETES_VERSION = "1.33.0"  # the API the manifests are checked against
 DASK_OPERATOR = "dask-kubernetes 2026.3.0"  # whose DaskCluster CRD they are checked against
@@ -180,7 +181,7 @@ def overrides(preset: Preset, target: KubeTarget) -> dict[str, Any]:
     if not preset.storage.root.startswith("s3://"):
         raise InvalidPreset("storage.root", f"{preset.storage.root!r} is a folder of one machine; pods need one "
                                             "they all reach: allowed: an s3:// root (--set storage.root=s3://B/P)")
-    if not preset.tracking.tracking_uri.startswith(("http://", "https://")):
+    if not is_tracking_server(preset.tracking.tracking_uri):
         raise InvalidPreset("tracking.tracking_uri", f"{redacted_uri(preset.tracking.tracking_uri)!r} is a store in "
                                                      "the flow's pod, lost with it; allowed: an MLflow server's "
                                                      "http(s):// URL")

@@ -16,7 +16,13 @@ CHECK_TIMEOUT_S = 10.0  # a server that answers nothing in this long is reported
 
 
 def is_tracking_server(tracking_uri: str) -> bool:
+    """An MLflow tracking server's URI (http or https), not a store of this machine's."""
     return tracking_uri.startswith(("http://", "https://"))
+
+
+def basic_authorization(user_and_password: str) -> str:
+    """The Authorization header's value for HTTP basic auth of "user:password"."""
+    return "Basic " + b64encode(user_and_password.encode()).decode()
 
 
 def check_tracking_server(tracking_uri: str, experiment: str) -> None:
@@ -78,7 +84,7 @@ def check_prefect_server(api_url: str, auth_string: str | None, api_key: str | N
 
     headers = {}
     if auth_string:
-        headers["Authorization"] = "Basic " + b64encode(auth_string.encode()).decode()
+        headers["Authorization"] = basic_authorization(auth_string)
     elif api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     where = f"the Prefect server at {without_password(api_url)}"

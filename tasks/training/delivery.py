@@ -15,6 +15,7 @@ from gymflow.presets.redaction import without_password
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, committed_versions, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.tracking.plots import plot_learning_curve
+from gymflow.tasks.tracking.servers import is_tracking_server
 from gymflow.tasks.tracking.tracker import Tracker
 from gymflow.tasks.training.run import PreparedRun
 from gymflow.tasks.training.summary import RunRecorder, RunSummary
@@ -108,7 +109,7 @@ def summary_table(run: PreparedRun, summary: RunSummary, tracker: Tracker, films
     config, uri = run.preset, without_password(run.preset.tracking.tracking_uri)  # the table is a Prefect artifact
     # MLflow 3.17's UI shows every experiment in its GenAI view unless the link asks for model training
     page = f"#/experiments/{tracker.experiment_id}/runs/{summary.mlflow_run_id}?workflowType=machine_learning"
-    served = uri.startswith(("http://", "https://"))
+    served = is_tracking_server(uri)
     if served:
         mlflow_link = f"[{summary.mlflow_run_id}]({uri.rstrip('/')}/{page})"
     else:
