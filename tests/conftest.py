@@ -104,6 +104,24 @@ def tiny_budget() -> dict:
     return dict(TINY_BUDGET)
 
 
+# The run the stop drills stop (tests/test_stops.py, tests/test_deployments.py' cancellation): 100 rounds;
+# stopped at its third, the resume trains the other 97 (the stop lands mid-run with seconds to spare)
+STOPPED_RUN = {**TINY_BUDGET, "schedule.total_env_steps": 12_800, "schedule.evaluate_every_env_steps": 1280}
+
+
+@pytest.fixture(scope="session")
+def clean_stopped_run(prefect_api, tmp_path_factory) -> tuple[Path, object]:
+    """cartpole-ppo on STOPPED_RUN to its end without a stop, once a test process (in the suite's
+    `alone` run, made beside the first run, before its tests wait): its storage root and summary.
+    A stopped run, resumed, must end with its weights."""
+    from gymflow.flows.improve import improve
+
+    folder = tmp_path_factory.mktemp("clean")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)  # what a run writes beside its store, in its own folder
+        return folder / "data", improve("cartpole-ppo", {**STOPPED_RUN, **local_overrides(folder)})
+
+
 @pytest.fixture
 def async_budget() -> dict:
     """An ASYNC DQN run in a few seconds: 2 workers x 2 envs x 16 steps = 32 env steps a chunk,

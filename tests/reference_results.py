@@ -47,13 +47,20 @@ def machine() -> str:
     return f"{platform.machine()} {model} [{' '.join(sorted(flags))}]"
 
 
+def _prefect_api() -> dict[str, str]:
+    """The Prefect API this process uses, if any (the tests'), for the command: no temporary API of its own."""
+    from prefect.settings import PREFECT_API_URL
+
+    return {"PREFECT_API_URL": PREFECT_API_URL.value()} if PREFECT_API_URL.value() else {}
+
+
 def final_weights(preset: str) -> dict[str, str]:
     """sha256 of the final checkpoint's blobs after one fixed run of `preset`."""
     gymflow = Path(sys.executable).with_name("gymflow")
     with tempfile.TemporaryDirectory() as folder:
         settings = [*OVERRIDES, f"storage.root={folder}/data", f"tracking.tracking_uri=sqlite:///{folder}/mlflow.db"]
         command = [str(gymflow), "run", preset, "--quiet", *(arg for s in settings for arg in ("--set", s))]
-        subprocess.run(command, cwd=folder, check=True, stdout=subprocess.DEVNULL, env={**os.environ})
+        subprocess.run(command, cwd=folder, check=True, stdout=subprocess.DEVNULL, env={**os.environ, **_prefect_api()})
         (run,) = Path(folder, "data", "runs").iterdir()
         checkpoints = run / "checkpoints"
         version = json.loads((checkpoints / "latest").read_text())["version"]

@@ -19,11 +19,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from gymflow.flows.improve import improve
 from gymflow.tasks.storage.checkpoints import latest_version, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
-from tests.conftest import free_port, still_running
+from tests.conftest import STOPPED_RUN, free_port, still_running
 from tests.stored import newest_published
 
 pytestmark = pytest.mark.e2e
@@ -154,13 +153,17 @@ def _command_lines(processes: list) -> list[str]:
     return lines
 
 
+def _stores(tmp_path: Path) -> dict:
+    """A run's storage and MLflow store in tmp_path (not in the checkout, the worker's folder)."""
+    return {"storage.root": str(tmp_path / "data"), "tracking.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+            "tracking.artifact_location": str(tmp_path / "mlartifacts")}
+
+
 def _corridor_overrides(tmp_path: Path, total_env_steps: int, evaluate_every_env_steps: int) -> dict:
-    """A short run on the test corridor, its storage and MLflow store in tmp_path (not in the checkout)."""
+    """A short run on the test corridor, its stores in tmp_path."""
     return {"env.id": "gymflow.testing.envs:Corridor", "schedule.total_env_steps": total_env_steps,
             "schedule.rollout_steps_per_env": 16, "distribution.envs_per_worker": 4,
-            "schedule.evaluate_every_env_steps": evaluate_every_env_steps, "storage.root": str(tmp_path / "data"),
-            "tracking.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-            "tracking.artifact_location": str(tmp_path / "mlartifacts")}
+            "schedule.evaluate_every_env_steps": evaluate_every_env_steps, **_stores(tmp_path)}
 
 
 # long tier: the cancelled run (alone) runs improve/cartpole-ppo through a worker, and resumed, to its end
@@ -250,15 +253,17 @@ def _flow_runs_of(env: dict, deployment: str) -> list[dict]:
 
 
 # default tier (one of its 25 slowest): the one test of the monitor flow and of prefect.yaml's automation (an event starts a retraining), through a worker
-def test_a_degraded_champion_starts_the_retraining_deployment_with_the_events_payload(deployed, worker, tmp_path):
+def test_a_degraded_champion_starts_the_retraining_deployment_with_the_events_payload(deployed, worker, prefect_api,
+                                                                                       workspace, tmp_path):
     """The automation as prefect.yaml declares it, under a real `prefect server` (its triggers
     service on): a champion registered, the monitoring deployment scoring it below its threshold
     emits gymflow.model.degraded, and the trigger starts retrain/cartpole-ppo-degraded with the
     event's preset, overrides and model, which the worker runs to its end."""
+    from gymflow.flows.retrain import retrain
+
     overrides = _corridor_overrides(tmp_path, total_env_steps=512, evaluate_every_env_steps=256)
-    first = _prefect(deployed, "deployment", "run", "retrain/cartpole-ppo-nightly", "-p",
-                     f"overrides={json.dumps(overrides)}", "--watch", timeout=400)
-    assert first.returncode == 0 and "Completed" in first.stdout, first.stdout[-3000:] + first.stderr[-3000:]
+    # the first champion, made in this process (the nightly deployment's run through a worker: test_team_stack)
+    assert retrain("cartpole-ppo", overrides).outcome == "first champion registered"
     assert not _flow_runs_of(deployed, "retrain/cartpole-ppo-degraded")
     monitored = _prefect(deployed, "deployment", "run", "monitor/cartpole-ppo-champion", "-p",
                          f"overrides={json.dumps(overrides)}", "-p", "threshold=1000", "--watch", timeout=400)
@@ -313,12 +318,12 @@ def _wait_for_state(env: dict, flow_run_id: str, states: set[str], seconds: floa
 # server of its own holding the one deployment it runs
 @pytest.mark.alone
 def test_a_cancelled_deployment_run_stops_within_10_s_leaves_nothing_running_and_resumes_to_the_same_end(
-        deployed_cartpole_ppo, cartpole_ppo_worker, prefect_api, tmp_path):
+        deployed_cartpole_ppo, cartpole_ppo_worker, clean_stopped_run, tmp_path):
     import psutil
 
     env, root, worker = deployed_cartpole_ppo, tmp_path / "data", cartpole_ppo_worker
-    overrides = _corridor_overrides(tmp_path, total_env_steps=12_800, evaluate_every_env_steps=1280)
-    clean = improve("cartpole-ppo", {**overrides, "storage.root": str(tmp_path / "clean")})
+    overrides = {**STOPPED_RUN, **_stores(tmp_path)}
+    clean_root, clean = clean_stopped_run
     flow_run_id = _deployment_run(env, overrides=overrides)
     deadline = time.monotonic() + 240
     while newest_published(root) < 3:
@@ -345,7 +350,7 @@ def test_a_cancelled_deployment_run_stops_within_10_s_leaves_nothing_running_and
     resumed = _deployment_run(env, overrides={"storage.root": str(root)}, resume=run_dir.name)
     assert _wait_for_state(env, resumed, {"CANCELLED", "CRASHED", "FAILED", "COMPLETED"}, 300) == "COMPLETED"
     final = clean.versions_committed - 1
-    clean_policy = read_policy(Storage(StorageLocation(str(tmp_path / "clean"))), RunLayout(clean.run_id), final,
+    clean_policy = read_policy(Storage(StorageLocation(str(clean_root))), RunLayout(clean.run_id), final,
                                ["policy.safetensors"])
     resumed_policy = read_policy(Storage(StorageLocation(str(root))), RunLayout(run_dir.name), final,
                                  ["policy.safetensors"])

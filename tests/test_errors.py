@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -168,11 +169,14 @@ def small_file_system(tmp_path):
 
 # default tier: the storage that fills (a run's writes refused mid-run), through the command line
 def test_a_storage_root_that_fills_mid_run_stops_it_in_one_line_and_the_run_resumes_once_there_is_room(
-        small_file_system, workspace):
+        small_file_system, workspace, prefect_api):
+    from prefect.settings import PREFECT_API_URL
+
     gymflow, root = str(Path(sys.executable).with_name("gymflow")), str(small_file_system)
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}  # the tests' API: no temporary one a command
     filled = subprocess.run([gymflow, "run", "cartpole-ppo", "--quiet", f"--set=storage.root={root}",
                              "--set=schedule.total_env_steps=8192", "--set=schedule.target_return=null"],
-                            capture_output=True, text=True, timeout=240)
+                            capture_output=True, text=True, timeout=240, env=env)
     said = filled.stdout + filled.stderr
     assert filled.returncode == 2, said[-3000:]
     assert "Traceback" not in said and "Errno" not in said
@@ -185,5 +189,5 @@ def test_a_storage_root_that_fills_mid_run_stops_it_in_one_line_and_the_run_resu
 
     subprocess.run(["mount", "-o", "remount,size=20m", root], check=True)
     resumed = subprocess.run([gymflow, "resume", stopped[2], "--root", root, "--quiet"], capture_output=True, text=True,
-                             timeout=240)
+                             timeout=240, env=env)
     assert resumed.returncode == 0 and "after 8,192 env steps" in resumed.stdout, resumed.stderr[-3000:]

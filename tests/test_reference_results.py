@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.e2e]
 # long tier: cartpole-dqn (39 s); cartpole-ppo guards this machine's floats in the default run
 @pytest.mark.parametrize("preset", [pytest.param(preset, marks=pytest.mark.slow) if preset == "cartpole-dqn" else preset
                                     for preset in reference_results.PRESETS])
-def test_a_fixed_run_ends_with_the_recorded_weights(preset):
+def test_a_fixed_run_ends_with_the_recorded_weights(preset, prefect_api):
     expected = reference_results.recorded_here(reference_results.kinds(), reference_results.machine())
     if expected is None:
         pytest.skip("no results recorded for this machine's kind (tests/reference_results.py --record); "

@@ -21,11 +21,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from gymflow.flows.cli import main
-from gymflow.flows.improve import improve
 from gymflow.tasks.storage.checkpoints import read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
-from tests.conftest import TINY_BUDGET, local_overrides, prefect_events, still_running
+from tests.conftest import STOPPED_RUN, local_overrides, prefect_events, still_running
 from tests.stored import newest_published
 
 pytestmark = pytest.mark.e2e
@@ -64,21 +63,8 @@ def _stopped_within(flow: subprocess.Popen, started: list[psutil.Process], secon
     return time.monotonic() - began
 
 
-# 100 rounds: stopped at its third, the resume trains the other 97 (the stop lands mid-run with seconds to spare)
-STOPPED_RUN = {**TINY_BUDGET, "schedule.total_env_steps": 12_800, "schedule.evaluate_every_env_steps": 1280}
-
-
-@pytest.fixture(scope="module")
-def clean_stopped_run(prefect_api, tmp_path_factory) -> tuple[Path, object]:
-    """The run the stop tests stop, run to its end without a stop (once for both): its storage root
-    and summary."""
-    folder = tmp_path_factory.mktemp("clean")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(folder)  # what a run writes beside its store, in its own folder
-        return folder / "data", improve("cartpole-ppo", {**STOPPED_RUN, **local_overrides(folder)})
-
-
-# default tier (one of its 25 slowest): the Ctrl-C and SIGTERM drills, each once
+# default tier (one of its 25 slowest): the Ctrl-C and SIGTERM drills, each once; the one check that a local run
+# listens on loopback alone (the Ctrl-C run's, on the defaults: its own temporary API too)
 @ALONE
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_a_stopped_run_ends_within_10_s_leaves_nothing_running_and_resumes_to_the_same_end(how, clean_stopped_run,
@@ -95,6 +81,8 @@ def test_a_stopped_run_ends_within_10_s_leaves_nothing_running_and_resumes_to_th
         env.pop("PREFECT_API_URL", None)
     flow, started = _started_run(root, {**run, "storage.root": str(root)}, env)
     assert any(_is_temporary_api(p) for p in started) == (how == "ctrl-c")
+    listening = {(process.pid, connection.laddr.ip) for process in [psutil.Process(flow.pid), *started]
+                 for connection in process.net_connections(kind="inet") if connection.status == psutil.CONN_LISTEN}
     if how == "ctrl-c":
         os.killpg(flow.pid, signal.SIGINT)  # a terminal sends it to the whole foreground group
     else:
@@ -102,6 +90,8 @@ def test_a_stopped_run_ends_within_10_s_leaves_nothing_running_and_resumes_to_th
     _stopped_within(flow, started, 10)
     said = flow.stderr.read().decode()
     assert flow.returncode == 130, said[-2000:]
+    # a local run listens on loopback alone: the Dask scheduler and its dashboard, the workers (and the temporary API)
+    assert len(listening) >= 3 and {ip for _, ip in listening} == {"127.0.0.1"}, listening
     assert "Traceback" not in said, said[-4000:]  # a stop is no crash: not of the loop, nor of an evaluation it cut short
     assert "Crash detected" not in said and "ERROR" not in said, said[-4000:]  # gymflow says the stop, once
 
@@ -122,22 +112,6 @@ def test_a_stopped_run_ends_within_10_s_leaves_nothing_running_and_resumes_to_th
                                clean.versions_committed - 1, ["policy.safetensors"])
     assert read_policy(storage, layout, clean.versions_committed - 1, ["policy.safetensors"]) == clean_policy, final
     assert mlflow.get_run(record["mlflow_run_id"]).info.status == "FINISHED"
-
-
-# default tier (one of its 25 slowest): the one check that a local run listens on loopback alone (a whole command's start)
-@ALONE
-def test_a_local_run_listens_on_loopback_only(workspace, tiny_budget):
-    run = {**tiny_budget, "schedule.total_env_steps": 10_000_000, **local_overrides(workspace)}
-    env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}  # its own temporary API too
-    flow, started = _started_run(workspace / "data", run, env)
-    try:
-        listening = {(process.pid, connection.laddr.ip) for process in [psutil.Process(flow.pid), *started]
-                     for connection in process.net_connections(kind="inet") if connection.status == psutil.CONN_LISTEN}
-    finally:
-        os.killpg(flow.pid, signal.SIGINT)
-        _stopped_within(flow, started, 10)
-    assert len(listening) >= 3  # the Prefect API, the Dask scheduler and its dashboard, the workers
-    assert {ip for _, ip in listening} == {"127.0.0.1"}, listening
 
 
 # default tier (one of its 25 slowest): the killed-command drill (SIGKILL, as the OOM killer does)
