@@ -4,7 +4,8 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from gymflow.flows.stopping import still_running  # noqa: F401 (the tests import it from here)
 from gymflow.testing.s3 import free_port, moto_on_loopback  # noqa: F401 (free_port: the tests import it from here)
+from tests.prefect_databases import seed_prefect_database
 
 # The tests' own Prefect home, before Prefect reads its settings: a test (or a command it starts)
 # that makes its own temporary API never touches the developer's ~/.prefect database, which
@@ -74,7 +76,26 @@ def prefect_api():
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "0")  # no telemetry from a test machine
     # the loop run in-process (tests/in_process.py) makes task runs outside any flow run: their logs stay here
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
-    with prefect_test_harness(server_startup_timeout=120):
+    # the commands this process starts with no API of their own make a temporary one on PREFECT_HOME's database
+    seed_prefect_database(Path(os.environ["PREFECT_HOME"], "prefect.db"))
+    with _harness_databases_seeded(), prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@contextmanager
+def _harness_databases_seeded() -> Iterator[None]:
+    """Prefect's test harness starts its server on a new database in a folder of its own
+    (`mkdtemp()`, then `prefect-test.db` in it): the folder comes with the migrated database in it.
+    Where a later Prefect names its file otherwise, its server migrates a new one, as before."""
+    from prefect.testing import utilities
+
+    def seeded_folder(*args, **kwargs) -> str:
+        folder = tempfile.mkdtemp(*args, **kwargs)
+        seed_prefect_database(Path(folder, "prefect-test.db"))
+        return folder
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(utilities, "mkdtemp", seeded_folder)
         yield
 
 

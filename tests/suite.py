@@ -64,6 +64,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workers", type=int, default=2, help="test processes for the tests not marked alone")
     options, pytest_args = parser.parse_known_args(argv)
     together, alone = pytest_runs(options.workers, pytest_args)
+    # the migrated empty Prefect database the tests' servers start on (tests/prefect_databases.py), made
+    # while the runs below collect: on a new machine it is ready before their first server
+    template = subprocess.Popen([sys.executable, "-c", "from tests.prefect_databases import migrated_template; "
+                                 "migrated_template()"], cwd=Path(__file__).parents[1])
     with tempfile.TemporaryDirectory(prefix="gymflow-suite-") as folder:
         go, log = Path(folder, "first-run-ended"), Path(folder, "alone.log")
         with log.open("wb") as output:
@@ -79,7 +83,9 @@ def main(argv: list[str]) -> int:
             finally:
                 go.touch()
             print(f"$ pytest {shlex.join(alone)}  (collected and set up beside the run above)", flush=True)
-            return outcome([first, _followed(second, log)])
+            code = outcome([first, _followed(second, log)])
+    template.wait()  # long done: it failing fails the first server that needs it, which says why
+    return code
 
 
 def _followed(process: subprocess.Popen, log: Path) -> int:

@@ -23,6 +23,7 @@ from gymflow.tasks.storage.checkpoints import latest_version, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from tests.conftest import STOPPED_RUN, free_port, still_running
+from tests.prefect_databases import seed_prefect_database
 from tests.stored import newest_published
 
 pytestmark = pytest.mark.e2e
@@ -47,6 +48,7 @@ def _server_with(tmp_path_factory, *deploy: str) -> Iterator[dict]:
     """A Prefect server with the gymflow process work pool and the deployments `prefect deploy
     *deploy` makes from prefect.yaml; the environment that reaches it."""
     home = tmp_path_factory.mktemp("prefect-home")
+    seed_prefect_database(home / "prefect.db")
     port = free_port()
     env = {**os.environ, "PREFECT_HOME": str(home),
            "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
