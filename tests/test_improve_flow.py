@@ -102,10 +102,13 @@ def test_bad_input_fails_the_flow_before_anything_is_written(prefect_api, worksp
     assert written_files(workspace) == []
 
 
-# default tier (one of its 25 slowest): an unreachable scheduler refused in one line (Dask's 10 s connect timeout)
-def test_an_unreachable_scheduler_fails_fast_with_nothing_written(prefect_api, workspace, tiny_budget):
+# default tier: an unreachable scheduler refused in one line
+def test_an_unreachable_scheduler_fails_fast_with_nothing_written(prefect_api, workspace, tiny_budget, monkeypatch):
     import socket
 
+    from gymflow.tasks.cluster import client
+
+    monkeypatch.setattr(client, "CONNECT_TIMEOUT_S", 2)  # Dask's Client tries a refused address again until then (10 s)
     with socket.socket() as probe:  # a loopback port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
