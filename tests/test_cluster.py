@@ -46,13 +46,19 @@ def dask_cluster(tmp_path_factory):
             pids = client.run(os.getpid)
             resources = {pids[addr]: info["resources"] for addr, info in client.scheduler_info(n_workers=-1)["workers"].items()}
         yield address, resources
-    finally:  # the workers first (together): a worker whose scheduler goes at the same moment waits ~10 s to reconnect
-        for process in processes[1:]:
-            process.terminate()
-        for process in processes[1:]:
-            process.wait(timeout=30)
-        processes[0].terminate()
-        processes[0].wait(timeout=30)
+    finally:
+        _stop_workers_then_scheduler(processes)
+
+
+def _stop_workers_then_scheduler(processes: list[subprocess.Popen]) -> None:
+    """`dask scheduler` (the first) and its workers: the workers together first, a worker whose
+    scheduler goes at the same moment waits ~10 s to reconnect."""
+    for process in processes[1:]:
+        process.terminate()
+    for process in processes[1:]:
+        process.wait(timeout=30)
+    processes[0].terminate()
+    processes[0].wait(timeout=30)
 
 
 def _s3(s3_server, prefix: str) -> dict:
@@ -168,13 +174,8 @@ def tls_cluster(tmp_path_factory):
         with Client(address, timeout=60, security=security) as client:
             client.wait_for_workers(1, timeout=60)
         yield address, files, strangers
-    finally:  # the workers first (together): a worker whose scheduler goes at the same moment waits ~10 s to reconnect
-        for process in processes[1:]:
-            process.terminate()
-        for process in processes[1:]:
-            process.wait(timeout=30)
-        processes[0].terminate()
-        processes[0].wait(timeout=30)
+    finally:
+        _stop_workers_then_scheduler(processes)
 
 
 def test_a_run_goes_through_a_tls_scheduler_with_the_presets_certificates(prefect_api, workspace, tls_cluster,
@@ -275,13 +276,8 @@ def test_a_worker_without_the_mujoco_extra_is_refused_before_heatup(prefect_api,
         overrides = {**local_overrides(workspace), "storage.shared": True, "distribution.rollout_workers": 1,
                      "distribution.scheduler_address": f"tcp://127.0.0.1:{port}"}
         state = improve("hopper-ppo", overrides, return_state=True)
-    finally:  # the workers first (together): a worker whose scheduler goes at the same moment waits ~10 s to reconnect
-        for process in processes[1:]:
-            process.terminate()
-        for process in processes[1:]:
-            process.wait(timeout=30)
-        processes[0].terminate()
-        processes[0].wait(timeout=30)
+    finally:
+        _stop_workers_then_scheduler(processes)
     assert state.is_failed()
     assert re.search(r"env\.id: the Dask worker tcp://127\.0\.0\.1:\d+ cannot run this preset's jobs: 'Hopper-v5' "
                      r"needs a package that is not installed .*pip install 'gymflow\[mujoco\]'", state.message), \
