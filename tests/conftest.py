@@ -125,7 +125,7 @@ def tiny_budget() -> dict:
     return dict(TINY_BUDGET)
 
 
-# The run the stop drills stop (tests/test_stops.py, tests/test_deployments.py' cancellation): 100 rounds;
+# The run the stop drills stop (tests/test_stops.py; tests/test_deployments.py's cancellation): 100 rounds;
 # stopped at its third, the resume trains the other 97 (the stop lands mid-run with seconds to spare)
 STOPPED_RUN = {**TINY_BUDGET, "schedule.total_env_steps": 12_800, "schedule.evaluate_every_env_steps": 1280}
 

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+from contextlib import closing
 from pathlib import Path
 
 
@@ -38,9 +39,9 @@ def migrated_template() -> Path:
                                           capture_output=True, text=True, timeout=300)
                 assert upgraded.returncode == 0, upgraded.stdout[-2000:] + upgraded.stderr[-2000:]
                 made = Path(home, "template.db")
-                with sqlite3.connect(Path(home, "prefect.db")) as database:  # one file, its write-ahead log folded in
+                # one file, its write-ahead log folded in
+                with closing(sqlite3.connect(Path(home, "prefect.db"))) as database:
                     database.execute("VACUUM INTO ?", (str(made),))
-                database.close()
                 os.replace(made, template)
     return template
 

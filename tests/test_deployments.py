@@ -256,14 +256,14 @@ def _flow_runs_of(env: dict, deployment: str) -> list[dict]:
 
 # default tier (one of its 25 slowest): the one test of the monitor flow and of prefect.yaml's automation (an event starts a retraining), through a worker
 def test_a_degraded_champion_starts_the_retraining_deployment_with_the_events_payload(deployed, worker, prefect_api,
-                                                                                       workspace, tmp_path):
+                                                                                       workspace):
     """The automation as prefect.yaml declares it, under a real `prefect server` (its triggers
     service on): a champion registered, the monitoring deployment scoring it below its threshold
     emits gymflow.model.degraded, and the trigger starts retrain/cartpole-ppo-degraded with the
     event's preset, overrides and model, which the worker runs to its end."""
     from gymflow.flows.retrain import retrain
 
-    overrides = _corridor_overrides(tmp_path, total_env_steps=512, evaluate_every_env_steps=256)
+    overrides = _corridor_overrides(workspace, total_env_steps=512, evaluate_every_env_steps=256)
     # the first champion, made in this process (the nightly deployment's run through a worker: test_team_stack)
     assert retrain("cartpole-ppo", overrides).outcome == "first champion registered"
     assert not _flow_runs_of(deployed, "retrain/cartpole-ppo-degraded")
@@ -274,10 +274,10 @@ def test_a_degraded_champion_starts_the_retraining_deployment_with_the_events_pa
     deadline = time.monotonic() + 300
     while not (runs := _flow_runs_of(deployed, "retrain/cartpole-ppo-degraded")) \
             or runs[0]["state_type"] not in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
-        assert time.monotonic() < deadline, f"no retraining finished: {runs}; {(tmp_path / 'worker.log').read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no retraining finished: {runs}; {(workspace / 'worker.log').read_text()[-3000:]}"
         time.sleep(1)
     (retraining,) = runs
-    assert retraining["state_type"] == "COMPLETED", (tmp_path / "worker.log").read_text()[-3000:]
+    assert retraining["state_type"] == "COMPLETED", (workspace / "worker.log").read_text()[-3000:]
     assert retraining["parameters"]["overrides"] == overrides  # the event's payload, as a mapping
     assert retraining["parameters"]["preset"] == "cartpole-ppo"
     assert retraining["parameters"]["model_name"] == "gymflow-cartpole-ppo"

@@ -327,19 +327,20 @@ def test_a_wrong_login_or_someone_else_s_experiment_is_refused_in_one_line_befor
     assert (refused.returncode, refused.stderr.strip()) == (2, f"gymflow: error: PREFECT_API_AUTH_STRING: {api} "
                                                                "refused the login of user 'admin' (401 Unauthorized): "
                                                                "check PREFECT_API_AUTH_STRING"), refused.stdout
-    for user, changes, says in [  # the MLflow server's, in this process: the same `gymflow run`, the same line
-        ("alice", {"MLFLOW_TRACKING_PASSWORD": "wrong"}, f"tracking.tracking_uri: {server} refused the login of user "
-         "'alice' (401 Unauthorized): check MLFLOW_TRACKING_PASSWORD"),
-        ("alice", {"MLFLOW_TRACKING_USERNAME": ""}, f"tracking.tracking_uri: {server} asks for a login (401 "
+    # the MLflow server's, in this process: the same `gymflow run`, the same line
+    for user, changes, read_granted, says in [
+        ("alice", {"MLFLOW_TRACKING_PASSWORD": "wrong"}, False, f"tracking.tracking_uri: {server} refused the login of "
+         "user 'alice' (401 Unauthorized): check MLFLOW_TRACKING_PASSWORD"),
+        ("alice", {"MLFLOW_TRACKING_USERNAME": ""}, False, f"tracking.tracking_uri: {server} asks for a login (401 "
          "Unauthorized): set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"),
-        ("bob", {}, f"tracking.experiment: {server} refused user 'bob' access to experiment 'alice-private' (403 "
-         "Permission denied); ask its owner for EDIT permission, or name one of your own"),
-        ("bob", "READ", f"tracking.experiment: {server} lets user 'bob' read experiment 'alice-private' but not run "
+        ("bob", {}, False, f"tracking.experiment: {server} refused user 'bob' access to experiment 'alice-private' "
+         "(403 Permission denied); ask its owner for EDIT permission, or name one of your own"),
+        ("bob", {}, True, f"tracking.experiment: {server} lets user 'bob' read experiment 'alice-private' but not run "
          "in it (403 Permission denied); ask its owner for EDIT permission, or name one of your own"),
     ]:
-        if changes == "READ":
+        if read_granted:
             team.grant(stack, experiment_id, "bob", "READ")
-        for name, value in {**stack.environment(user), **(changes if isinstance(changes, dict) else {})}.items():
+        for name, value in {**stack.environment(user), **changes}.items():
             monkeypatch.setenv(name, value)
         assert (main(command), capsys.readouterr().err.strip()) == (2, f"gymflow: error: {says}")
     assert not _bucket(stack).exists(f"{stack.bucket}/refused")  # nothing written
