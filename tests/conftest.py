@@ -26,14 +26,12 @@ else:
     os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="gymflow-tests-prefect-"))
 
 
-# The files that take longest in the default run (the sum of their tests' durations, in this order, measured
-# at half the CPU: docs/benchmarks.md, session 46), first: pytest-xdist's `--dist loadfile` hands each
+# The files that take longest in the default run (the sum of their tests' durations, in this order:
+# docs/benchmarks.md, "The test suite in two tiers"), first: pytest-xdist's `--dist loadfile` hands each
 # process the next file as it finishes one, so a long file started last would run on alone at the end.
-LONGEST_FILES = ("test_deployments.py", "test_team_stack.py", "test_offline.py", "test_cluster.py", "test_network_hosts.py",
-                 "test_dict_observations.py", "test_slurm.py", "test_stops.py", "test_multi_agent.py", "test_what_users_see.py",
-                 "test_scheduler_loss.py", "test_resume.py", "test_s3_storage.py", "test_lake.py", "test_pbt.py",
-                 "test_appo.py", "test_faults.py", "test_errors.py", "test_learners.py", "test_retrain.py",
-                 "test_inference.py", "test_pixels.py", "test_reference_results.py", "test_async.py", "test_solves.py")
+LONGEST_FILES = ("test_deployments.py", "test_offline.py", "test_team_stack.py", "test_cluster.py", "test_network_hosts.py",
+                 "test_solves.py", "test_pbt.py", "test_s3_storage.py", "test_resume.py", "test_multi_agent.py",
+                 "test_dict_observations.py", "test_lake.py", "test_scheduler_loss.py", "test_stops.py")
 
 
 # Set by tests/suite.py for its second run (the tests marked `alone`), which it starts beside the first:
