@@ -153,6 +153,8 @@ def test_the_usual_aws_environment_variables_configure_s3(s3_server, monkeypatch
         check_storage(location)
 
 
+# default tier (one of its 25 slowest): the one end-to-end run on credentials kept in a Prefect block; that they reach
+# no sink (MLflow, the bucket, Prefect's database and events) is checked here and in test_redaction's unit tests
 def test_credentials_kept_in_a_prefect_block_reach_s3_and_appear_nowhere_else(prefect_api, workspace, s3_server,
                                                                               tiny_budget):
     """The block's options hold an access key of this test's own, its id at the top (`key`) and its
