@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,12 +22,12 @@ from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from tests.conftest import STOPPED_RUN, free_port, still_running
 from tests.prefect_databases import seed_prefect_database
+from tests.prefect_workers import stop_worker
 from tests.stored import newest_published
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
-WORKER_STOP_S = 15  # a Prefect worker asked to stop ends within ~2 s here, when it does
 
 
 def _wait_for(url: str, seconds: float) -> None:
@@ -98,8 +96,6 @@ def _prefect(env, *args: str, timeout: float = 120) -> subprocess.CompletedProce
 def _worker_of(env: dict, tmp_path: Path) -> Iterator[subprocess.Popen]:
     """A `prefect worker` polling the gymflow pool; its log in worker.log. It asks for new runs each
     second (Prefect's default is every 10 s: up to 10 s of waiting before each run starts)."""
-    import psutil
-
     log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 (closed below)
     process = subprocess.Popen([PREFECT, "worker", "start", "--pool", "gymflow"],
                                env={**env, "PREFECT_WORKER_QUERY_SECONDS": "1"}, cwd=tmp_path,
@@ -107,19 +103,9 @@ def _worker_of(env: dict, tmp_path: Path) -> Iterator[subprocess.Popen]:
     try:
         yield process
     finally:
-        left = _command_lines(psutil.Process(process.pid).children(recursive=True))
-        process.terminate()
         try:
-            process.wait(timeout=WORKER_STOP_S)
-        except subprocess.TimeoutExpired:  # Prefect's worker sometimes outlives SIGTERM
-            process.kill()
-            process.wait(timeout=30)
-            warnings.warn(f"the Prefect worker ignored SIGTERM for {WORKER_STOP_S} s and was killed; its children "
-                          f"then: {left}; its log ends: {(tmp_path / 'worker.log').read_text()[-2000:]}", stacklevel=1)
+            stop_worker(process, tmp_path / "worker.log")
         finally:
-            # What the worker left in its session ends too: a worker process of its own that outlived it
-            # (seen: one ignoring SIGTERM, orphaned) polls the module's pool and takes later tests' runs
-            _end_session(process.pid)
             log.close()
 
 
@@ -133,26 +119,6 @@ def worker(deployed, tmp_path):
 def cartpole_ppo_worker(deployed_cartpole_ppo, tmp_path):
     with _worker_of(deployed_cartpole_ppo, tmp_path) as process:
         yield process
-
-
-def _end_session(leader: int) -> None:
-    try:
-        os.killpg(leader, signal.SIGKILL)
-    except ProcessLookupError:  # nothing left in it
-        pass
-
-
-def _command_lines(processes: list) -> list[str]:
-    """What each of `processes` runs; one that has ended meanwhile, or waits to be reaped, is left out."""
-    import psutil
-
-    lines = []
-    for process in processes:
-        try:
-            lines.append(" ".join(process.cmdline()[:4]))
-        except psutil.Error:  # ended, or a zombie: its command line is gone
-            continue
-    return lines
 
 
 def _stores(tmp_path: Path) -> dict:

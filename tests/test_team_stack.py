@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -24,6 +24,7 @@ import pytest
 
 from gymflow.testing import stack as team
 from tests.conftest import TINY_BUDGET
+from tests.prefect_workers import stop_worker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 GYMFLOW, PREFECT = (str(Path(sys.executable).with_name(name)) for name in ("gymflow", "prefect"))
@@ -109,12 +110,7 @@ def _worker_of(stack: team.Stack, user: str, folder: Path) -> Iterator[subproces
         try:
             yield process
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            finally:
-                with suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)  # the flow-run processes it left, if any
+            stop_worker(process, folder / "worker.log")
 
 
 def _prefect(stack: team.Stack, user: str, *args: str) -> str:
