@@ -11,6 +11,12 @@ from pathlib import Path
 
 import pytest
 
+# torch's intra-op threads in the test processes (and the processes they start, where a run does not
+# set its own count, as its learner and Dask workers do): one. Two test processes share two cores, so a
+# second thread is a core the other process holds: each parallel region waits for it (a learner test took
+# 0.6 s alone and 11 s beside another process at half the CPU; docs/benchmarks.md, session 47).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from gymflow.flows.stopping import still_running  # noqa: F401 (the tests import it from here)
 from gymflow.testing.s3 import free_port, moto_on_loopback  # noqa: F401 (free_port: the tests import it from here)
 from tests.prefect_databases import seed_prefect_database
