@@ -22,7 +22,7 @@ from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from tests.conftest import STOPPED_RUN, free_port, still_running
 from tests.prefect_databases import seed_prefect_database
-from tests.prefect_workers import stop_worker, wait_for_no_children
+from tests.prefect_workers import stop_worker
 from tests.stored import newest_published
 
 pytestmark = pytest.mark.e2e
@@ -76,6 +76,16 @@ def deployed_cartpole_ppo(tmp_path_factory):
     run of the `alone` tests (`deploy --all` takes ~20 s more)."""
     with _server_with(tmp_path_factory, "--name", "cartpole-ppo") as env:
         yield env
+
+
+def _wait_for_no_children(pid: int, seconds: float) -> None:
+    """Wait until the process `pid` has no child processes left (a SIGTERM that reaches a worker
+    while its flow-run process is still shutting down races with that shutdown)."""
+    import psutil
+
+    deadline = time.monotonic() + seconds
+    while psutil.Process(pid).children(recursive=True) and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 def _prefect(env, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -133,7 +143,7 @@ def test_deploy_and_run_a_preset_through_a_process_worker(deployed, worker, tmp_
                    "--watch", timeout=400)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "Completed" in run.stdout
-    wait_for_no_children(worker.pid, 60)  # the flow run's process exits after its state is Completed
+    _wait_for_no_children(worker.pid, 60)  # the flow run's process exits after its state is Completed
 
     storage = Storage(StorageLocation(str(tmp_path / "data")))
     runs = [key.split("/")[1] for key in storage.list("runs") if key.endswith("preset.yaml")]
