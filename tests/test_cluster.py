@@ -7,7 +7,9 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
+import types
 from pathlib import Path
 
 import psutil
@@ -403,3 +405,34 @@ def test_adaptive_without_a_cluster_class_is_refused_in_one_line(workspace):
         resolve_experiment("cartpole-ppo", {"distribution.cluster_class": "distributed.LocalCluster",
                                             "storage.shared": True,
                                             "distribution.adaptive": {"minimum": 2, "maximum": 1}})
+
+
+def test_shipped_modules_are_forgotten_while_another_thread_of_the_worker_imports():
+    """A worker forgets a run's shipped modules (its plugin's setup) while its other threads import:
+    seen with two people's runs on one stack's workers at half the CPU ("dictionary changed size
+    during iteration" failed the run)."""
+    from gymflow.tasks.cluster.shipping import ShippedCode
+
+    plugin, stop = ShippedCode(b"", ["gymflow_tests_shipped"]), threading.Event()
+
+    def import_and_forget() -> None:  # as a worker's threads do: sys.modules grows and shrinks
+        count = 0
+        while not stop.is_set():
+            sys.modules[f"gymflow_tests_churn_{count % 64}"] = types.ModuleType("churn")
+            sys.modules.pop(f"gymflow_tests_churn_{(count + 32) % 64}", None)
+            count += 1
+
+    interval, churn = sys.getswitchinterval(), threading.Thread(target=import_and_forget)
+    sys.setswitchinterval(1e-6)  # the other thread runs between any two steps of the forgetting
+    churn.start()
+    try:
+        for _ in range(300):
+            sys.modules["gymflow_tests_shipped.part"] = types.ModuleType("part")
+            plugin._forget_modules()
+            assert "gymflow_tests_shipped.part" not in sys.modules
+    finally:
+        stop.set()
+        churn.join()
+        sys.setswitchinterval(interval)
+        for name in [name for name in list(sys.modules) if name.startswith("gymflow_tests_churn_")]:
+            del sys.modules[name]

@@ -60,8 +60,9 @@ class ShippedCode(WorkerPlugin):
         return Path(worker.local_directory) / "gymflow-shipped-code"
 
     def _forget_modules(self) -> None:
-        for name in [name for name in sys.modules if name.partition(".")[0] in self.modules]:
-            del sys.modules[name]
+        # sys.modules copied at once (list() holds the GIL throughout): the worker's other threads import meanwhile
+        for name in [name for name in list(sys.modules) if name.partition(".")[0] in self.modules]:
+            sys.modules.pop(name, None)
         importlib.invalidate_caches()
 
 
