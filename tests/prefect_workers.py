@@ -18,7 +18,10 @@ def stop_worker(process: subprocess.Popen, log: Path) -> None:
     Prefect's worker sometimes outlives SIGTERM (seen: its shutdown waiting on its log and event
     queues): one still running after WORKER_STOP_S is SIGKILLed, with a warning naming its
     children then and the end of its log, `log`."""
-    left = _command_lines(psutil.Process(process.pid).children(recursive=True))
+    try:
+        left = _command_lines(psutil.Process(process.pid).children(recursive=True))
+    except psutil.Error:  # it has ended already (its session may still hold processes)
+        left = []
     process.terminate()
     try:
         process.wait(timeout=WORKER_STOP_S)

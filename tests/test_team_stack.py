@@ -153,17 +153,22 @@ def test_a_retraining_deployment_and_someone_else_s_sweep_at_once_on_the_team_st
         retraining = re.search(r"UUID: ([0-9a-f-]{36})", started).group(1)
         sweep = subprocess.Popen([GYMFLOW, "sweep", str(spec), "--id", "bob-sweep"], cwd=tmp_path, text=True,
                                  env=_as(stack, "bob"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        bucket, deadline = _bucket(stack), time.monotonic() + 240
-        while not bucket.glob(f"{stack.bucket}/alice/runs/runs/*/checkpoints/*/manifest.json"):  # training
-            assert _state_of(api, retraining) in ("SCHEDULED", "PENDING", "RUNNING") and time.monotonic() < deadline, \
-                (tmp_path / "worker.log").read_text()[-3000:]
-            time.sleep(0.2)
-        team.restart_postgres(stack, down_s=2.0)  # every connection of both servers cut, mid-run
-        restarted = time.time()
-        swept, _ = sweep.communicate(timeout=400)
-        while (state := _state_of(api, retraining)) not in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
-            assert time.monotonic() < deadline + 300, (tmp_path / "worker.log").read_text()[-3000:]
-            time.sleep(0.5)
+        try:
+            bucket, deadline = _bucket(stack), time.monotonic() + 240
+            while not bucket.glob(f"{stack.bucket}/alice/runs/runs/*/checkpoints/*/manifest.json"):  # training
+                assert _state_of(api, retraining) in ("SCHEDULED", "PENDING", "RUNNING") and time.monotonic() < deadline, \
+                    (tmp_path / "worker.log").read_text()[-3000:]
+                time.sleep(0.2)
+            team.restart_postgres(stack, down_s=2.0)  # every connection of both servers cut, mid-run
+            restarted = time.time()
+            swept, _ = sweep.communicate(timeout=400)
+            while (state := _state_of(api, retraining)) not in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+                assert time.monotonic() < deadline + 300, (tmp_path / "worker.log").read_text()[-3000:]
+                time.sleep(0.5)
+        finally:
+            if sweep.poll() is None:  # the test failed before the sweep ended: it ends with the test
+                sweep.kill()
+                sweep.communicate()
     worker_log = (tmp_path / "worker.log").read_text()
     assert state == "COMPLETED" and "delivered to MLflow" in worker_log, worker_log[-3000:]
     assert "Traceback" not in worker_log, worker_log[-5000:]
