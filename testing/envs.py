@@ -14,6 +14,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from gymflow.envs.picture_corridor import PictureCorridor
+
 
 class Corridor(gym.Env):
     """Walk right along a corridor to its end. Action 0 steps left, 1 steps right.
@@ -71,35 +73,16 @@ class ContinuousCorridor(Corridor):
         return super().step(1 if float(np.asarray(action).reshape(-1)[0]) > 0 else 0)
 
 
-class TwoWayCorridor(gym.Env):
-    """A corridor whose goal lies at one end or the other (drawn at each reset), with a Box
-    action: a step right where it is above 0, else left. The observation is a vector: where the
-    walker is, which end the goal is at (0 left, 1 right) and the time gone, so a policy that
-    does not read the goal's side wins half its episodes. PictureCorridor's task without the picture.
-
-    Reward 1 at the goal (terminated), -0.01 a step otherwise; truncated after `max_steps`."""
+class TwoWayCorridor(PictureCorridor):
+    """PictureCorridor's task with a Box action and a vector for its observation: where the walker
+    is, which end the goal is at (0 left, 1 right) and the time gone, so a policy that does not
+    read the goal's side wins half its episodes."""
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
     def __init__(self, length: int = 9, max_steps: int = 30):
-        self.length, self.max_steps = length, max_steps
+        super().__init__(length, max_steps, continuous=True)
         self.observation_space = spaces.Box(0.0, 1.0, shape=(3,), dtype=np.float32)
-        self.action_space = spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
-        self._position, self._goal, self._steps = 0, 0, 0
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
-        super().reset(seed=seed)
-        self._goal = int(self.np_random.integers(0, 2)) * (self.length - 1)
-        self._position, self._steps = self.length // 2, 0
-        return self._observe(), {}
-
-    def step(self, action):
-        right = float(np.asarray(action).reshape(-1)[0]) > 0
-        self._position = int(np.clip(self._position + (1 if right else -1), 0, self.length - 1))
-        self._steps += 1
-        terminated = self._position == self._goal
-        truncated = not terminated and self._steps >= self.max_steps
-        return self._observe(), 1.0 if terminated else -0.01, terminated, truncated, {}
 
     def _observe(self) -> np.ndarray:
         return np.array([self._position / (self.length - 1), float(self._goal > 0), self._steps / self.max_steps],
