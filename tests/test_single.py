@@ -11,6 +11,7 @@ import threading
 import numpy as np
 import psutil
 import pytest
+import torch
 
 from gymflow.agents import rollout as rollout_module
 from gymflow.agents.rollout import collect, collect_together
@@ -123,7 +124,9 @@ def _acting_policies(preset: str, jobs: int, exploration: float) -> tuple[list, 
     (the same weights), each policy with its own seed, as a round's rollouts in one process act."""
     experiment = resolve_experiment(preset)
     algorithm, agent = experiment.algorithm, experiment.preset.agent
-    network = algorithm.network(agent, experiment.observation_space, experiment.action_space)
+    with torch.random.fork_rng():  # the same weights whichever tests ran before in this process
+        torch.manual_seed(0)
+        network = algorithm.network(agent, experiment.observation_space, experiment.action_space)
     return tuple([algorithm.policy(net, agent, exploration, seed) for seed in range(jobs)]
                  for net in (network, copy.deepcopy(network)))
 
