@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -16,6 +17,13 @@ import pytest
 # second thread is a core the other process holds: each parallel region waits for it (a learner test took
 # 0.6 s alone and 11 s beside another process at half the CPU; docs/benchmarks.md, session 47).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# Ctrl-C at its default in the test processes, and so in every process they start: a suite started in
+# the background of a script (`make test &`, nohup) inherits SIGINT ignored, and an ignored SIGINT
+# passes through exec. A `prefect worker` stops on SIGTERM by sending itself SIGINT: with SIGINT
+# ignored it never stopped, and each test's worker waited out its kill (tests/prefect_workers.py).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from gymflow.flows.stopping import still_running  # noqa: F401 (the tests import it from here)
 from gymflow.testing.s3 import free_port, moto_on_loopback  # noqa: F401 (free_port: the tests import it from here)

@@ -15,9 +15,10 @@ WORKER_STOP_S = 5  # a Prefect worker asked to stop ends within ~0.4-1.2 s here 
 
 def stop_worker(process: subprocess.Popen, log: Path) -> None:
     """SIGTERM the worker (started with start_new_session), and end what is left in its session.
-    Prefect's worker sometimes outlives SIGTERM (seen: its shutdown waiting on its log and event
-    queues): one still running after WORKER_STOP_S is SIGKILLed, with a warning naming its
-    children then and the end of its log, `log`."""
+    Prefect's worker stops on SIGTERM by sending itself SIGINT: it outlived every SIGTERM where the
+    suite was started with SIGINT ignored (a background job of a script; tests/conftest.py restores
+    it). One still running after WORKER_STOP_S is SIGKILLed, with a warning naming its children then
+    and the end of its log, `log`."""
     try:
         left = _command_lines(psutil.Process(process.pid).children(recursive=True))
     except psutil.Error:  # it has ended already (its session may still hold processes)
