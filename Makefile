@@ -17,7 +17,7 @@ train: setup
 
 # The suite in two pytest runs (tests/suite.py): the tests not marked `alone` in PYTEST_WORKERS
 # processes (pytest-xdist, a file's tests in one), then the stop-within-10-s tests (`alone`) in one
-# process, where no other test's load slows them (set up beside the first run, begun after it).
+# process, where no other test's load slows them (collected beside the first run, set up late in it, begun after it).
 # PYTEST_ARGS go to both; its `-m` selects in both.
 # pytest's exit code 5 (no tests collected) counts as a failure where neither run collected one.
 # `test` is the default tier (CI's); `test-all` adds the long tier (`slow`): tests/README.md.

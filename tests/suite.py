@@ -8,9 +8,11 @@
    bound (docs/benchmarks.md, session 38). Both runs: 44.5-47.6 min on the slow 2-core kind (sessions 39,
    40), against 50 for the whole suite in one process.
 
-The second run starts beside the first: it collects, and makes its session's and modules' fixtures
-(a Prefect API, a server with its deployment: ~50 s), while the first runs; each of its tests
-begins once the first has ended (tests/conftest.py, ALONE_AFTER). Its output follows the first's.
+The second run starts beside the first and collects; it makes its session's and modules' fixtures
+(a Prefect API, a server with its deployment: ~30 s) once the first has reported SET_UP_AT % of its
+tests (tests/conftest.py, ALONE_SET_UP): an idle Prefect server costs ~1.5-2.2 CPU-s a minute, and
+made at the start they idled through the whole first run (now through its last ~45%). Each of its tests begins once the first
+has ended (ALONE_AFTER). Its output follows the first's.
 
 pytest's arguments pass through to both. A `-m EXPR` among them selects within both runs (the
 default is pyproject's `not slow`). The exit code is the first run's failure, else the second's;
@@ -21,16 +23,23 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 DEFAULT_MARKERS = "not slow"  # pyproject's addopts
 NOTHING_COLLECTED = 5
 ALONE_AFTER = "GYMFLOW_TESTS_ALONE_AFTER"  # tests/conftest.py's
+ALONE_SET_UP = "GYMFLOW_TESTS_ALONE_SET_UP"  # tests/conftest.py's
+# % of the first run's tests reported. pytest reports every 72 results; in the default run (645 tests) its
+# last mark before 100% is 89%, ~4 of its ~9 minutes before its end at full speed (the longest files end last)
+SET_UP_AT = 85
+PROGRESS = re.compile(rb"\[\s*(\d{1,3})%\]")  # pytest's progress at the end of a line of results
 
 
 def split_markers(args: list[str]) -> tuple[str, list[str]]:
@@ -46,9 +55,27 @@ def split_markers(args: list[str]) -> tuple[str, list[str]]:
     return markers, rest
 
 
-def pytest(args: list[str]) -> int:
+def pytest_reporting(args: list[str], at: int, reached: Callable[[], None]) -> int:
+    """pytest with `args`, its output passed through as it comes; `reached()` once its progress has
+    reported `at` % of its tests (never, where it reports none: the caller acts at its end)."""
     print(f"$ pytest {shlex.join(args)}", flush=True)
-    return subprocess.call([sys.executable, "-m", "pytest", *args])
+    # -u: its progress written as it comes (not in blocks of a pipe's buffer); its own, not inherited
+    process = subprocess.Popen([sys.executable, "-u", "-m", "pytest", *args], stdout=subprocess.PIPE)
+    tail, called = b"", False
+    while chunk := os.read(process.stdout.fileno(), 65536):
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.flush()
+        tail = (tail + chunk)[-64:]  # a mark split between two reads is whole here
+        if not called and (progress_of(tail) or 0) >= at:
+            called = True
+            reached()
+    return process.wait()
+
+
+def progress_of(output: bytes) -> int | None:
+    """The last progress pytest reported in `output` (its "[ 85%]" marks), in %."""
+    marks = PROGRESS.findall(output)
+    return int(marks[-1]) if marks else None
 
 
 def outcome(codes: list[int]) -> int:
@@ -62,6 +89,8 @@ def outcome(codes: list[int]) -> int:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--workers", type=int, default=2, help="test processes for the tests not marked alone")
+    parser.add_argument("--set-up-at", type=int, default=SET_UP_AT,
+                        help="%% of the first run's tests reported when the second run makes its fixtures")
     options, pytest_args = parser.parse_known_args(argv)
     together, alone = pytest_runs(options.workers, pytest_args)
     # the migrated empty Prefect database the tests' servers start on (tests/prefect_databases.py), made
@@ -69,18 +98,20 @@ def main(argv: list[str]) -> int:
     template = subprocess.Popen([sys.executable, "-c", "from tests.prefect_databases import migrated_template; "
                                  "migrated_template()"], cwd=Path(__file__).parents[1])
     with tempfile.TemporaryDirectory(prefix="gymflow-suite-") as folder:
-        go, log = Path(folder, "first-run-ended"), Path(folder, "alone.log")
+        set_up, go, log = Path(folder, "set-up"), Path(folder, "first-run-ended"), Path(folder, "alone.log")
         with log.open("wb") as output:
-            # at the lowest priority: its set-up takes what the first run leaves of the cores (its tests
-            # then run alone, where a priority changes nothing)
-            second = subprocess.Popen([sys.executable, "-m", "pytest", *alone], env={**os.environ, ALONE_AFTER: str(go)},
+            # at the lowest priority: its collection and set-up take what the first run leaves of the
+            # cores (its tests then run alone, where a priority changes nothing)
+            second = subprocess.Popen([sys.executable, "-m", "pytest", *alone],
+                                      env={**os.environ, ALONE_AFTER: str(go), ALONE_SET_UP: str(set_up)},
                                       stdout=output, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(19))
             try:
-                first = pytest(together)
+                first = pytest_reporting(together, options.set_up_at, set_up.touch)
             except BaseException:
                 second.kill()
                 raise
             finally:
+                set_up.touch()
                 go.touch()
             print(f"$ pytest {shlex.join(alone)}  (collected and set up beside the run above)", flush=True)
             code = outcome([first, _followed(second, log)])

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 
 from tests.conftest import still_running
-from tests.suite import DEFAULT_MARKERS, outcome, pytest_runs, split_markers
+from tests.suite import DEFAULT_MARKERS, outcome, progress_of, pytest_runs, split_markers
 
 
 def test_a_marker_expression_among_pytests_arguments_selects_in_both_runs():
@@ -35,14 +35,20 @@ def test_the_tests_not_marked_alone_run_in_two_processes_a_file_to_each_and_the_
     assert pytest_runs(0, [])[0] == ["-m", f"({DEFAULT_MARKERS}) and not alone"]  # PYTEST_WORKERS=0: one process
 
 
-def test_the_alone_run_is_set_up_beside_the_first_and_its_tests_begin_once_the_first_has_ended(tmp_path):
-    """The first run's test ends only once the second run has made its module's fixture (so the
-    second is set up while the first goes on), and the second's test finds the first ended. Waits on
-    files, not on times: the second runs at the lowest priority, beside whatever loads the machine."""
+def test_the_alone_run_is_set_up_late_in_the_first_run_and_its_tests_begin_once_the_first_has_ended(tmp_path):
+    """The second run makes its module's fixture only once the first has reported --set-up-at % of
+    its tests, and before the first has ended (the first run's last test ends only once the fixture
+    is made); the second's test finds the first ended. Waits on files, not on times: the second
+    runs at the lowest priority, beside whatever loads the machine."""
     root = Path(__file__).resolve().parents[1]
     (tmp_path / "conftest.py").write_text("from tests.conftest import _after_the_first_run, "
-                                          "pytest_collection_modifyitems  # noqa: F401\n")
-    (tmp_path / "test_first.py").write_text(textwrap.dedent("""
+                                          "_set_up_late_in_the_first_run, pytest_collection_modifyitems  # noqa: F401\n")
+    (tmp_path / "test_first_a.py").write_text(textwrap.dedent("""
+        import pathlib
+        def test_before_the_mark():
+            assert not (pathlib.Path(__file__).parent / "fixture-made").exists()
+    """))
+    (tmp_path / "test_first_b.py").write_text(textwrap.dedent("""
         import pathlib, time
         def test_a_while():
             here, deadline = pathlib.Path(__file__).parent, time.monotonic() + 120
@@ -61,12 +67,19 @@ def test_the_alone_run_is_set_up_beside_the_first_and_its_tests_begin_once_the_f
         def test_after_it(made):
             assert (here / "first-ended").exists()
     """))
-    done = subprocess.run([sys.executable, str(root / "tests" / "suite.py"), "--workers", "0", "-c",
-                           str(root / "pyproject.toml"), "-p", "no:cacheprovider", str(tmp_path)],
+    done = subprocess.run([sys.executable, str(root / "tests" / "suite.py"), "--workers", "0", "--set-up-at", "50",
+                           "-c", str(root / "pyproject.toml"), "-p", "no:cacheprovider", str(tmp_path)],
                           cwd=root, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout.split("(collected and set up beside the run above)")[0], done.stdout
     assert "1 passed" in done.stdout.split("(collected and set up beside the run above)")[1], done.stdout
-    assert done.stdout.index("test_first.py") < done.stdout.index("(collected and set up beside the run above)")
+    assert done.stdout.index("test_first_a.py") < done.stdout.index("(collected and set up beside the run above)")
+
+
+def test_the_progress_pytest_reports_is_read_from_its_output():
+    assert progress_of(b"tests/test_a.py ....                [ 12%]\n....   [ 89%]\n..") == 89
+    assert progress_of(b"...   [100%]\n") == 100
+    assert progress_of(b"collected 12 items\n....") is None
 
 
 def test_a_process_that_ended_and_waits_to_be_reaped_is_not_still_running():
