@@ -11,8 +11,8 @@
 The second run starts beside the first and collects; it makes its session's and modules' fixtures
 (a Prefect API, a server with its deployment: ~30 s) once the first has reported SET_UP_AT % of its
 tests (tests/conftest.py, ALONE_SET_UP): an idle Prefect server costs ~1.5-2.2 CPU-s a minute, and
-made at the start they idled through the whole first run (now through its last ~45%). Each of its tests begins once the first
-has ended (ALONE_AFTER). Its output follows the first's.
+made at the start they idled through the whole first run (now through its last ~45%). Each of its
+tests begins once the first has ended (ALONE_AFTER). Its output follows the first's.
 
 pytest's arguments pass through to both. A `-m EXPR` among them selects within both runs (the
 default is pyproject's `not slow`). The exit code is the first run's failure, else the second's;
@@ -60,16 +60,21 @@ def pytest_reporting(args: list[str], at: int, reached: Callable[[], None]) -> i
     reported `at` % of its tests (never, where it reports none: the caller acts at its end)."""
     print(f"$ pytest {shlex.join(args)}", flush=True)
     # -u: its progress written as it comes (not in blocks of a pipe's buffer); its own, not inherited
-    process = subprocess.Popen([sys.executable, "-u", "-m", "pytest", *args], stdout=subprocess.PIPE)
-    tail, called = b"", False
-    while chunk := os.read(process.stdout.fileno(), 65536):
-        sys.stdout.buffer.write(chunk)
-        sys.stdout.flush()
-        tail = (tail + chunk)[-64:]  # a mark split between two reads is whole here
-        if not called and (progress_of(tail) or 0) >= at:
-            called = True
-            reached()
-    return process.wait()
+    with subprocess.Popen([sys.executable, "-u", "-m", "pytest", *args], stdout=subprocess.PIPE) as process:
+        tail, called = b"", False
+        try:
+            while chunk := os.read(process.stdout.fileno(), 65536):
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+                read = tail + chunk  # a mark split between two reads is whole here
+                if not called and (progress_of(read) or 0) >= at:
+                    called = True
+                    reached()
+                tail = read[-16:]
+            return process.wait()
+        except BaseException:  # as subprocess.call: the run ends with this one
+            process.kill()
+            raise
 
 
 def progress_of(output: bytes) -> int | None:
