@@ -80,7 +80,7 @@ def test_the_progress_pytest_reports_is_read_from_its_output():
     assert progress_of(b"tests/test_a.py ....                [ 12%]\n....   [ 89%]\n..") == 89
     assert progress_of(b"...   [100%]\n") == 100
     assert progress_of(b"collected 12 items\n....") is None
-    assert progress_of(b"[ 89%]\n" + b"." * 100) == 89  # a mark far from the end of what was read at once
+    assert progress_of(b"[ 89%]\n" + b"." * 100) == 89  # the last mark, however much output follows it
 
 
 def test_a_process_that_ended_and_waits_to_be_reaped_is_not_still_running():
