@@ -72,15 +72,11 @@ def pytest_collection_modifyitems(items: list) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _set_up_late_in_the_first_run():
     """In the suite's second run (tests/suite.py), the session's and modules' fixtures are made once
-    the first run has reported 85% of its tests (first among the session's fixtures: autouse): made at
-    its start, its Prefect API and server idled through all of it, ~3.7 CPU-s a minute together
-    (docs/benchmarks.md, session 48)."""
-    ready = os.environ.get(ALONE_SET_UP)
-    deadline = time.monotonic() + ALONE_WAITS_AT_MOST_S
-    while ready and not os.path.exists(ready):
-        if time.monotonic() > deadline:
-            pytest.fail(f"the suite's first run did not report 85% of its tests within {ALONE_WAITS_AT_MOST_S} s ({ready} never came)")
-        time.sleep(0.2)
+    the first run has reported its set-up mark (85% of its tests; first among the session's fixtures:
+    autouse): made at its start, its Prefect API and server idled through all of it, ~3.7 CPU-s a
+    minute together (docs/benchmarks.md, session 48)."""
+    if ready := os.environ.get(ALONE_SET_UP):
+        _wait_for_the_first_run(ready, "report its set-up mark")
 
 
 @pytest.fixture(autouse=True)
@@ -90,11 +86,16 @@ def _after_the_first_run(request):
     API, a server with its deployment) are made before this, late in the first run."""
     go = os.environ.get(ALONE_AFTER)
     if go and request.node.get_closest_marker("alone"):
-        deadline = time.monotonic() + ALONE_WAITS_AT_MOST_S
-        while not os.path.exists(go):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the suite's first run did not end within {ALONE_WAITS_AT_MOST_S} s ({go} never came)")
-            time.sleep(0.2)
+        _wait_for_the_first_run(go, "end")
+
+
+def _wait_for_the_first_run(signal_file: str, to: str) -> None:
+    """Wait until tests/suite.py makes `signal_file`, its word that the first run did what `to` says."""
+    deadline = time.monotonic() + ALONE_WAITS_AT_MOST_S
+    while not os.path.exists(signal_file):
+        if time.monotonic() > deadline:
+            pytest.fail(f"the suite's first run did not {to} within {ALONE_WAITS_AT_MOST_S} s ({signal_file} never came)")
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-WORKER_STOP_S = 5  # a Prefect worker asked to stop ends within ~0.4-1.2 s here (~2 s under load), when it does
+WORKER_STOP_S = 5  # a Prefect worker asked to stop ends within ~0.4-1.2 s here (~2 s under load)
 
 
 def stop_worker(process: subprocess.Popen, log: Path) -> None:

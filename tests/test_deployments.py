@@ -79,8 +79,8 @@ def deployed_cartpole_ppo(tmp_path_factory):
 
 
 def _wait_for_no_children(pid: int, seconds: float) -> None:
-    """Wait until the process `pid` has no child processes left (a SIGTERM that reaches a worker
-    while its flow-run process is still shutting down races with that shutdown)."""
+    """Wait until the process `pid` has no child processes left (a worker's flow-run process writes
+    its last files after the run's state is Completed)."""
     import psutil
 
     deadline = time.monotonic() + seconds
