@@ -124,19 +124,28 @@ def test_a_cluster_class_is_started_scaled_and_closed_for_the_run(prefect_api, w
     assert set(_cluster_children()) - before == set()  # its workers were closed with the run
 
 
-def _worker_settings() -> dict:
+def _worker_settings(dask_worker) -> dict:
     import dask
 
+    clocks = dask_worker.periodic_callbacks  # what the running worker does, in ms
     return {"MALLOC_TRIM_THRESHOLD_": os.environ.get("MALLOC_TRIM_THRESHOLD_"),
-            "profiler": dask.config.get("distributed.worker.profile.enabled")}
+            "profiler": dask.config.get("distributed.worker.profile.enabled"),
+            "clocks": {name: clocks[name].callback_time for name in ("tick", "memory_monitor", "monitor")}}
 
 
-def test_the_local_clusters_workers_run_without_dasks_malloc_trim_threshold_and_profiler():
+def _housekeeping_clocks(dask_scheduler) -> dict:
+    return {name: dask_scheduler.periodic_callbacks[name].callback_time for name in ("tick", "monitor")}
+
+
+def test_the_local_clusters_workers_run_without_dasks_malloc_trim_threshold_and_profiler_and_with_slower_clocks():
     from gymflow.presets.model import DistributionConfig
     from gymflow.tasks.cluster.client import dask_client
 
     with dask_client(DistributionConfig(rollout_workers=1)) as client:  # see docs/cluster.md for why
-        assert list(client.run(_worker_settings).values()) == [{"MALLOC_TRIM_THRESHOLD_": None, "profiler": False}]
+        assert list(client.run(_worker_settings).values()) == [
+            {"MALLOC_TRIM_THRESHOLD_": None, "profiler": False,
+             "clocks": {"tick": 500.0, "memory_monitor": 500.0, "monitor": 1000.0}}]
+        assert client.run_on_scheduler(_housekeeping_clocks) == {"tick": 500.0, "monitor": 1000.0}
 
 
 def _cluster_children() -> list[int]:
