@@ -144,7 +144,7 @@ def local_cluster_started_beside(config: DistributionConfig | None) -> Iterator[
 #   halved without it, and collecting inside a job came within 2-4% of a plain process).
 # - Dask's busiest housekeeping clocks, in the scheduler, every worker and nanny: the event loop's
 #   tick (every 20 ms), the memory monitor (100 ms) and the system monitor (500 ms). Together they
-#   cost an idle 2-worker cluster ~5.4 CPU-s a minute, ~1.2 at 500 ms, 500 ms and 1 s
+#   cost an idle 2-worker cluster 5.1-6.4 CPU-s a minute, 0.9-1.2 at 500 ms, 500 ms and 1 s
 #   (benchmarks/cluster_idle.py): a core's share every job waits on for the GIL. A stalled event
 #   loop is still reported past `distributed.admin.tick.limit` (3 s), and a worker over its memory
 #   limit still stopped, half a second later at most.
