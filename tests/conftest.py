@@ -28,6 +28,7 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 from gymflow.flows.stopping import still_running  # noqa: F401 (the tests import it from here)
 from gymflow.testing.s3 import free_port, moto_on_loopback  # noqa: F401 (free_port: the tests import it from here)
 from tests.prefect_databases import seed_prefect_database
+from tests.suite import ALONE_AFTER, ALONE_SET_UP
 
 # The tests' own Prefect home, before Prefect reads its settings: a test (or a command it starts)
 # that makes its own temporary API never touches the developer's ~/.prefect database, which
@@ -48,10 +49,9 @@ LONGEST_FILES = ("test_deployments.py", "test_offline.py", "test_team_stack.py",
                  "test_dict_observations.py", "test_lake.py", "test_scheduler_loss.py", "test_stops.py")
 
 
-# Set by tests/suite.py for its second run (the tests marked `alone`), which it starts beside the first:
-# the file whose existence says the first run has ended, and the one that says it has reported 85% of its tests.
-ALONE_AFTER = "GYMFLOW_TESTS_ALONE_AFTER"
-ALONE_SET_UP = "GYMFLOW_TESTS_ALONE_SET_UP"
+# tests/suite.py names two files in its second run's environment (the tests marked `alone`, a run it starts
+# beside the first): ALONE_AFTER's exists once the first run has ended, ALONE_SET_UP's once it has reported
+# SET_UP_AT % of its tests. The second run waits for them at most this long.
 ALONE_WAITS_AT_MOST_S = 3 * 3600
 
 
@@ -72,8 +72,8 @@ def pytest_collection_modifyitems(items: list) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _set_up_late_in_the_first_run():
     """In the suite's second run (tests/suite.py), the session's and modules' fixtures are made once
-    the first run has reported its set-up mark (85% of its tests; first among the session's fixtures:
-    autouse): made at its start, its Prefect API and server idled through all of it, ~3.7 CPU-s a
+    the first run has reported its set-up mark (tests/suite.py's SET_UP_AT % of its tests; first among
+    the session's fixtures: autouse): made at its start, its Prefect API and server idled through all of it, ~3.7 CPU-s a
     minute together (docs/benchmarks.md, session 48)."""
     if ready := os.environ.get(ALONE_SET_UP):
         _wait_for_the_first_run(ready, "report its set-up mark")

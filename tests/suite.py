@@ -34,8 +34,9 @@ from pathlib import Path
 
 DEFAULT_MARKERS = "not slow"  # pyproject's addopts
 NOTHING_COLLECTED = 5
-ALONE_AFTER = "GYMFLOW_TESTS_ALONE_AFTER"  # tests/conftest.py's
-ALONE_SET_UP = "GYMFLOW_TESTS_ALONE_SET_UP"  # tests/conftest.py's
+# the second run's signal files, named in its environment (tests/conftest.py waits on them)
+ALONE_AFTER = "GYMFLOW_TESTS_ALONE_AFTER"
+ALONE_SET_UP = "GYMFLOW_TESTS_ALONE_SET_UP"
 # % of the first run's tests reported. pytest reports every 72 results; in the default run (645 tests) its
 # last mark before 100% is 89%, ~4 of its ~9 minutes before its end at full speed (the longest files end last)
 SET_UP_AT = 85
