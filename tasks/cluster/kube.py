@@ -15,6 +15,7 @@ written (`check`). Nothing here talks to a cluster.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,12 +230,15 @@ def _check_dask_cluster(manifest: dict[str, Any]) -> None:
                                 f"{path}: {error.message}") from None
 
 
+@functools.cache
 def dask_cluster_schema() -> dict[str, Any]:
-    """The openAPIV3Schema of the DaskCluster CRD that dask-kubernetes' operator installs."""
+    """The openAPIV3Schema of the DaskCluster CRD that dask-kubernetes' operator installs (read
+    once: its 280 KB of YAML take 0.35 s with PyYAML's Python loader, 0.04 s with libyaml's)."""
     from importlib.resources import files
 
-    crd = yaml.safe_load(files("dask_kubernetes").joinpath(
-        "operator/deployment/helm/dask-kubernetes-operator/crds/daskcluster.yaml").read_text())
+    crd = yaml.load(files("dask_kubernetes").joinpath(  # noqa: S506 (a safe loader: libyaml's, else Python's)
+        "operator/deployment/helm/dask-kubernetes-operator/crds/daskcluster.yaml").read_text(),
+        Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     return version["schema"]["openAPIV3Schema"]
 
