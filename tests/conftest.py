@@ -27,8 +27,9 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 from gymflow.flows.stopping import still_running  # noqa: F401 (the tests import it from here)
 from gymflow.testing.s3 import free_port, moto_on_loopback  # noqa: F401 (free_port: the tests import it from here)
-from tests.prefect_databases import seed_prefect_database
-from tests.suite import ALONE_AFTER, ALONE_SET_UP
+from tests.prefect_databases import harness_databases_seeded, seed_prefect_database
+from tests.shared_prefect_api import read_url
+from tests.suite import ALONE_AFTER, ALONE_SET_UP, SHARED_API
 
 # The tests' own Prefect home, before Prefect reads its settings: a test (or a command it starts)
 # that makes its own temporary API never touches the developer's ~/.prefect database, which
@@ -73,8 +74,8 @@ def pytest_collection_modifyitems(items: list) -> None:
 def _set_up_late_in_the_first_run():
     """In the suite's second run (tests/suite.py), the session's and modules' fixtures are made once
     the first run has reported its set-up mark (tests/suite.py's SET_UP_AT % of its tests; first among
-    the session's fixtures: autouse): made at its start, its Prefect API and server idled through all of it, ~3.7 CPU-s a
-    minute together (docs/benchmarks.md, session 48)."""
+    the session's fixtures: autouse): made at its start, its Prefect server (and then its own Prefect API) idled
+    through all of it, ~3.7 CPU-s a minute together (docs/benchmarks.md, session 48)."""
     if ready := os.environ.get(ALONE_SET_UP):
         _wait_for_the_first_run(ready, "report its set-up mark")
 
@@ -82,8 +83,8 @@ def _set_up_late_in_the_first_run():
 @pytest.fixture(autouse=True)
 def _after_the_first_run(request):
     """In the suite's second run (tests/suite.py), a test marked `alone` begins once the first run
-    has ended: no other test's load moves its bound. Its session's and module's fixtures (a Prefect
-    API, a server with its deployment) are made before this, late in the first run."""
+    has ended: no other test's load moves its bound. Its session's and module's fixtures (a server
+    with its deployment, a clean run) are made before this, late in the first run."""
     go = os.environ.get(ALONE_AFTER)
     if go and request.node.get_closest_marker("alone"):
         _wait_for_the_first_run(go, "end")
@@ -100,33 +101,48 @@ def _wait_for_the_first_run(signal_file: str, to: str) -> None:
 
 @pytest.fixture(scope="session")
 def prefect_api():
-    """A real Prefect API (a temporary server with its own SQLite database) for the session."""
-    from prefect.testing.utilities import prefect_test_harness
-
+    """A real Prefect API (a temporary server with its own SQLite database) for the session: the one
+    tests/suite.py started for its whole run (tests/shared_prefect_api.py), else one of its own."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "0")  # no telemetry from a test machine
     # the loop run in-process (tests/in_process.py) makes task runs outside any flow run: their logs stay here
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     # the commands this process starts with no API of their own make a temporary one on PREFECT_HOME's database
     seed_prefect_database(Path(os.environ["PREFECT_HOME"], "prefect.db"))
-    with _harness_databases_seeded(), prefect_test_harness(server_startup_timeout=120):
+    if shared := os.environ.get(SHARED_API):
+        with _prefect_api_at(_shared_api_url(Path(shared))):
+            yield
+        return
+    from prefect.testing.utilities import prefect_test_harness
+
+    with harness_databases_seeded(), prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+def _shared_api_url(url_file: Path, seconds: float = 300) -> str:
+    deadline = time.monotonic() + seconds
+    while (url := read_url(url_file)) is None:
+        if time.monotonic() > deadline:
+            pytest.fail(f"the suite's shared Prefect API did not answer within {seconds:.0f} s ({url_file})")
+        time.sleep(0.1)
+    return url
 
 
 @contextmanager
-def _harness_databases_seeded() -> Iterator[None]:
-    """Prefect's test harness starts its server on a new database in a folder of its own
-    (`mkdtemp()`, then `prefect-test.db` in it): the folder comes with the migrated database in it.
-    Where a later Prefect names its file otherwise, its server migrates a new one, as before."""
-    from prefect.testing import utilities
+def _prefect_api_at(url: str) -> Iterator[None]:
+    """This process's flows and clients on the API at `url`, as Prefect's test harness points them
+    at its own; what its log and event threads hold is sent before the session ends."""
+    from prefect.context import _temporary_global_settings_context, get_settings_context
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    def seeded_folder(*args, **kwargs) -> str:
-        folder = tempfile.mkdtemp(*args, **kwargs)
-        seed_prefect_database(Path(folder, "prefect-test.db"))
-        return folder
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(utilities, "mkdtemp", seeded_folder)
-        yield
+    with temporary_settings(updates={PREFECT_API_URL: url}), \
+            _temporary_global_settings_context(get_settings_context()):
+        try:
+            yield
+        finally:
+            APILogWorker.drain_all(timeout=30)
+            EventsWorker.drain_all(timeout=30)
 
 
 @pytest.fixture

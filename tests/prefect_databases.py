@@ -11,7 +11,8 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 
@@ -59,3 +60,21 @@ def seed_prefect_database(path: Path) -> None:
         pass
     finally:
         partial.unlink()
+
+
+@contextmanager
+def harness_databases_seeded() -> Iterator[None]:
+    """Prefect's test harness starts its server on a new database in a folder of its own
+    (`mkdtemp()`, then `prefect-test.db` in it): the folder comes with the migrated database in it.
+    Where a later Prefect names its file otherwise, its server migrates a new one, as before."""
+    from unittest import mock
+
+    from prefect.testing import utilities
+
+    def seeded_folder(*args, **kwargs) -> str:
+        folder = tempfile.mkdtemp(*args, **kwargs)
+        seed_prefect_database(Path(folder, "prefect-test.db"))
+        return folder
+
+    with mock.patch.object(utilities, "mkdtemp", seeded_folder):
+        yield

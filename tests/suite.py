@@ -8,8 +8,11 @@
    bound (docs/benchmarks.md, session 38). Both runs: 44.5-47.6 min on the slow 2-core kind (sessions 39,
    40), against 50 for the whole suite in one process.
 
+Both use one temporary Prefect API (tests/shared_prefect_api.py), started beside them and stopped
+after them (SHARED_API names it to their test processes).
+
 The second run starts beside the first and collects; it makes its session's and modules' fixtures
-(a Prefect API, a server with its deployment: ~30 s) once the first has reported SET_UP_AT % of its
+(a server with its deployment, a clean run: ~30 s) once the first has reported SET_UP_AT % of its
 tests (tests/conftest.py, ALONE_SET_UP): an idle Prefect server costs ~1.5-2.2 CPU-s a minute, and
 made at the start they idled through the whole first run (now through its last ~45%). Each of its
 tests begins once the first has ended (ALONE_AFTER). Its output follows the first's.
@@ -29,7 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 DEFAULT_MARKERS = "not slow"  # pyproject's addopts
@@ -37,6 +41,8 @@ NOTHING_COLLECTED = 5
 # the second run's signal files, named in its environment (tests/conftest.py waits on them)
 ALONE_AFTER = "GYMFLOW_TESTS_ALONE_AFTER"
 ALONE_SET_UP = "GYMFLOW_TESTS_ALONE_SET_UP"
+# both runs' one Prefect API (tests/shared_prefect_api.py): a file that holds its URL once it answers
+SHARED_API = "GYMFLOW_TESTS_PREFECT_API"
 # % of the first run's tests reported. pytest reports every 72 results; in the default run (645 tests) its
 # last mark before 100% is 89%, ~4 of its ~9 minutes before its end at full speed (the longest files end last)
 SET_UP_AT = 85
@@ -56,12 +62,14 @@ def split_markers(args: list[str]) -> tuple[str, list[str]]:
     return markers, rest
 
 
-def pytest_reporting(args: list[str], at: int, reached: Callable[[], None]) -> int:
-    """pytest with `args`, its output passed through as it comes; `reached()` once its progress has
-    reported `at` % of its tests (never, where it reports none: the caller acts at its end)."""
+def pytest_reporting(args: list[str], at: int, reached: Callable[[], None], env: dict[str, str] | None = None) -> int:
+    """pytest with `args` (`env` added to its environment), its output passed through as it comes;
+    `reached()` once its progress has reported `at` % of its tests (never, where it reports none:
+    the caller acts at its end)."""
     print(f"$ pytest {shlex.join(args)}", flush=True)
     # -u: its progress written as it comes (not in blocks of a pipe's buffer); its own, not inherited
-    with subprocess.Popen([sys.executable, "-u", "-m", "pytest", *args], stdout=subprocess.PIPE) as process:
+    with subprocess.Popen([sys.executable, "-u", "-m", "pytest", *args], stdout=subprocess.PIPE,
+                          env={**os.environ, **(env or {})}) as process:
         tail, called = b"", False
         try:
             while chunk := os.read(process.stdout.fileno(), 65536):
@@ -103,16 +111,17 @@ def main(argv: list[str]) -> int:
     # while the runs below collect: on a new machine it is ready before their first server
     template = subprocess.Popen([sys.executable, "-c", "from tests.prefect_databases import migrated_template; "
                                  "migrated_template()"], cwd=Path(__file__).parents[1])
-    with tempfile.TemporaryDirectory(prefix="gymflow-suite-") as folder:
+    with tempfile.TemporaryDirectory(prefix="gymflow-suite-") as folder, \
+            _shared_prefect_api(Path(folder, "prefect-api")) as api:
         set_up, go, log = Path(folder, "set-up"), Path(folder, "first-run-ended"), Path(folder, "alone.log")
         with log.open("wb") as output:
             # at the lowest priority: its collection and set-up take what the first run leaves of the
             # cores (its tests then run alone, where a priority changes nothing)
             second = subprocess.Popen([sys.executable, "-m", "pytest", *alone],
-                                      env={**os.environ, ALONE_AFTER: str(go), ALONE_SET_UP: str(set_up)},
+                                      env={**os.environ, ALONE_AFTER: str(go), ALONE_SET_UP: str(set_up), **api},
                                       stdout=output, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(19))
             try:
-                first = pytest_reporting(together, options.set_up_at, set_up.touch)
+                first = pytest_reporting(together, options.set_up_at, set_up.touch, api)
             except BaseException:
                 second.kill()
                 raise
@@ -123,6 +132,23 @@ def main(argv: list[str]) -> int:
             code = outcome([first, _followed(second, log)])
     template.wait()  # long done: it failing fails the first server that needs it, which says why
     return code
+
+
+@contextmanager
+def _shared_prefect_api(url_file: Path) -> Iterator[dict[str, str]]:
+    """One temporary Prefect API for both runs (tests/shared_prefect_api.py), started beside them:
+    the environment that names it to their test processes. It stops once its stdin closes."""
+    server = subprocess.Popen([sys.executable, "-m", "tests.shared_prefect_api", str(url_file)],
+                              cwd=Path(__file__).parents[1], stdin=subprocess.PIPE)
+    try:
+        yield {SHARED_API: str(url_file)}
+    finally:
+        server.stdin.close()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
 
 
 def _followed(process: subprocess.Popen, log: Path) -> int:

@@ -7,7 +7,9 @@ import textwrap
 import time
 from pathlib import Path
 
+import httpx
 import psutil
+import pytest
 
 from tests.conftest import still_running
 from tests.suite import DEFAULT_MARKERS, outcome, progress_of, pytest_runs, split_markers
@@ -39,14 +41,17 @@ def test_the_alone_run_is_set_up_late_in_the_first_run_and_its_tests_begin_once_
     """The second run makes its module's fixture only once the first has reported --set-up-at % of
     its tests, and before the first has ended (the first run's last test ends only once the fixture
     is made); the second's test finds the first ended. Waits on files, not on times: the second
-    runs at the lowest priority, beside whatever loads the machine."""
+    runs at the lowest priority, beside whatever loads the machine. Both runs' tests use one
+    Prefect API, which the suite stops after them."""
     root = Path(__file__).resolve().parents[1]
-    (tmp_path / "conftest.py").write_text("from tests.conftest import _after_the_first_run, "
+    (tmp_path / "conftest.py").write_text("from tests.conftest import _after_the_first_run, prefect_api, "
                                           "_set_up_late_in_the_first_run, pytest_collection_modifyitems  # noqa: F401\n")
     (tmp_path / "test_first_a.py").write_text(textwrap.dedent("""
         import pathlib
-        def test_before_the_mark():
+        from prefect.settings import PREFECT_API_URL
+        def test_before_the_mark(prefect_api):
             assert not (pathlib.Path(__file__).parent / "fixture-made").exists()
+            (pathlib.Path(__file__).parent / "first-api").write_text(PREFECT_API_URL.value())
     """))
     (tmp_path / "test_first_b.py").write_text(textwrap.dedent("""
         import pathlib, time
@@ -64,8 +69,10 @@ def test_the_alone_run_is_set_up_late_in_the_first_run_and_its_tests_begin_once_
         def made():
             (here / "fixture-made").touch()
         @pytest.mark.alone
-        def test_after_it(made):
+        def test_after_it(made, prefect_api):
+            from prefect.settings import PREFECT_API_URL
             assert (here / "first-ended").exists()
+            (here / "second-api").write_text(PREFECT_API_URL.value())
     """))
     done = subprocess.run([sys.executable, str(root / "tests" / "suite.py"), "--workers", "0", "--set-up-at", "50",
                            "-c", str(root / "pyproject.toml"), "-p", "no:cacheprovider", str(tmp_path)],
@@ -74,6 +81,10 @@ def test_the_alone_run_is_set_up_late_in_the_first_run_and_its_tests_begin_once_
     assert "2 passed" in done.stdout.split("(collected and set up beside the run above)")[0], done.stdout
     assert "1 passed" in done.stdout.split("(collected and set up beside the run above)")[1], done.stdout
     assert done.stdout.index("test_first_a.py") < done.stdout.index("(collected and set up beside the run above)")
+    api = (tmp_path / "first-api").read_text()
+    assert api.startswith("http://127.0.0.1:") and (tmp_path / "second-api").read_text() == api  # one API
+    with pytest.raises(httpx.ConnectError):  # stopped with the suite
+        httpx.get(f"{api}/health", timeout=5)
 
 
 def test_the_progress_pytest_reports_is_read_from_its_output():
