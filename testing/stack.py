@@ -23,6 +23,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gymflow.tasks.cluster.clocks import housekeeping_environment
 from gymflow.tasks.tracking.servers import basic_authorization
 from gymflow.testing.s3 import free_port
 
@@ -128,13 +129,15 @@ def _start(folder: Path, users: tuple[str, ...], dask_workers: int, say: Callabl
     _create_bucket(partial)
     pids["mlflow"] = _spawn(folder, "mlflow", _mlflow_command(partial, mlflow_port),
                             _mlflow_environment(partial, folder))
+    clocks = housekeeping_environment()  # gymflow's, as in a run's own LocalCluster
     pids["dask-scheduler"] = _spawn(folder, "dask-scheduler", [_dask(), "scheduler", "--host", "127.0.0.1", "--port",
-                                                               str(scheduler_port), "--dashboard-address", ":0"])
+                                                               str(scheduler_port), "--dashboard-address", ":0"],
+                                    clocks)
     scheduler_address = f"tcp://127.0.0.1:{scheduler_port}"
     for index in range(dask_workers):
         pids[f"dask-worker-{index}"] = _spawn(folder, f"dask-worker-{index}", [
             _dask(), "worker", scheduler_address, "--nthreads", "1", "--host", "127.0.0.1",
-            "--dashboard-address", ":0"], _s3_environment(partial))
+            "--dashboard-address", ":0"], {**_s3_environment(partial), **clocks})
 
     prefect_url, mlflow_url = f"http://127.0.0.1:{prefect_port}/api", f"http://127.0.0.1:{mlflow_port}"
     _wait_until(_prefect_ready(prefect_url, partial.prefect_auth_string), "the Prefect server", pids["prefect"],

@@ -148,6 +148,21 @@ def test_the_local_clusters_workers_run_without_dasks_malloc_trim_threshold_and_
         assert client.run_on_scheduler(_housekeeping_clocks) == {"tick": 500.0, "monitor": 1000.0}
 
 
+def test_the_housekeeping_clocks_environment_is_what_dask_reads_as_those_settings():
+    """`gymflow stack up` starts its Dask scheduler and workers with this environment: each variable
+    is read by Dask as the setting it stands for (its name's dots and hyphens as Dask spells them)."""
+    import copy
+
+    import dask
+    import distributed  # noqa: F401 (its defaults in dask's config)
+
+    from gymflow.tasks.cluster.clocks import HOUSEKEEPING_CLOCKS, housekeeping_environment
+
+    read = dask.config.update(copy.deepcopy(dask.config.config), dask.config.collect_env(housekeeping_environment()))
+    assert {key: dask.config.get(key, config=read) for key in HOUSEKEEPING_CLOCKS} == HOUSEKEEPING_CLOCKS
+    assert {key: dask.config.get(key) for key in HOUSEKEEPING_CLOCKS} != HOUSEKEEPING_CLOCKS  # Dask's own differ
+
+
 def _cluster_children() -> list[int]:
     children = psutil.Process().children(recursive=True)
     return [child.pid for child in children if _is_dask_worker(child)]

@@ -214,6 +214,18 @@ def test_a_retraining_deployment_and_someone_else_s_sweep_at_once_on_the_team_st
     assert bob.get_run(run.info.run_id).data.metrics["eval/return_mean"] == run.data.metrics["eval/return_mean"]
 
 
+def test_the_stack_s_dask_scheduler_and_workers_run_on_gymflow_s_housekeeping_clocks(stack):
+    import psutil
+
+    from gymflow.tasks.cluster.clocks import housekeeping_environment
+
+    dask_processes = [pid for name, pid in stack.pids.items() if name.startswith("dask-")]
+    assert len(dask_processes) == 3  # the scheduler and two workers
+    for pid in dask_processes:
+        environment = psutil.Process(pid).environ()
+        assert {name: environment.get(name) for name in housekeeping_environment()} == housekeeping_environment()
+
+
 # long tier: the servers' own restarts (the default run's test above restarts their database)
 @pytest.mark.slow
 def test_a_deployment_run_goes_on_through_a_prefect_server_restart_and_an_mlflow_server_restart(

@@ -25,6 +25,7 @@ from gymflow.errors import ClusterUnavailable, InvalidPreset
 from gymflow.logs import AnyLogger
 from gymflow.presets.model import DistributionConfig, TLSConfig
 from gymflow.presets.validate import Experiment
+from gymflow.tasks.cluster.clocks import HOUSEKEEPING_CLOCKS
 from gymflow.tasks.cluster.hosts import HostPool
 from gymflow.tasks.cluster.rounds import check_workers
 from gymflow.tasks.cluster.scheduler_link import SchedulerAddress, SchedulerLink
@@ -142,17 +143,11 @@ def local_cluster_started_beside(config: DistributionConfig | None) -> Iterator[
 # - Dask's statistical profiler, which samples every thread's stack every 10 ms on the worker's
 #   event loop: a job's thread waits for the GIL meanwhile (Breakout: the event loop's CPU time
 #   halved without it, and collecting inside a job came within 2-4% of a plain process).
-# - Dask's busiest housekeeping clocks, in the scheduler, every worker and nanny: the event loop's
-#   tick (every 20 ms), the memory monitor (100 ms) and the system monitor (500 ms). Together they
-#   cost an idle 2-worker cluster 5.1-6.4 CPU-s a minute, 0.9-1.2 at 500 ms, 500 ms and 1 s
-#   (benchmarks/cluster_idle.py): a core's share every job waits on for the GIL. A stalled event
-#   loop is still reported past `distributed.admin.tick.limit` (3 s), and a worker over its memory
-#   limit still stopped, half a second later at most.
+# - Dask's busiest housekeeping clocks, in the scheduler, every worker and nanny (tasks/cluster/clocks.py):
+#   a core's share every job waits on for the GIL.
 WORKER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
                  "distributed.worker.profile.enabled": False,
-                 "distributed.admin.tick.interval": "500ms",
-                 "distributed.worker.memory.monitor-interval": "500ms",
-                 "distributed.admin.system-monitor.interval": "1s"}
+                 **HOUSEKEEPING_CLOCKS}
 
 
 def _local_cluster(config: DistributionConfig, workers: int) -> LocalCluster:
