@@ -1,5 +1,5 @@
 """Dask's busiest housekeeping clocks as gymflow sets them in the clusters it starts (a run's
-LocalCluster, `distributed.slurm`'s jobs, `gymflow stack up`'s scheduler and workers): the event
+LocalCluster, `gymflow stack up`'s scheduler and workers; not yet `distribution.slurm`'s jobs): the event
 loop's tick (Dask: every 20 ms), the memory monitor (100 ms) and the system monitor (500 ms), in
 the scheduler, every worker and nanny, cost an idle 2-worker cluster 5.1-6.4 CPU-s a minute, 0.9-1.2
 at these (benchmarks/cluster_idle.py; docs/cluster.md says what a user gives up: finer dashboard
