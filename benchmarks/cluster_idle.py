@@ -21,9 +21,6 @@ import subprocess
 import sys
 import time
 
-DASKS_CLOCKS = ("distributed.admin.tick.interval", "distributed.worker.memory.monitor-interval",
-                "distributed.admin.system-monitor.interval")
-
 
 def idle_cpu_per_minute(workers: int, seconds: float, dasks_clocks: bool) -> float:
     """CPU seconds a minute of an idle LocalCluster as a run starts it (in this process)."""
@@ -32,9 +29,10 @@ def idle_cpu_per_minute(workers: int, seconds: float, dasks_clocks: bool) -> flo
 
     from gymflow.presets.model import DistributionConfig
     from gymflow.tasks.cluster import client as clusters
+    from gymflow.tasks.cluster.clocks import HOUSEKEEPING_CLOCKS
 
     if dasks_clocks:  # the same cluster, Dask's defaults for the three clocks
-        clusters.WORKER_CONFIG = {key: value for key, value in clusters.WORKER_CONFIG.items() if key not in DASKS_CLOCKS}
+        clusters.WORKER_CONFIG = {key: value for key, value in clusters.WORKER_CONFIG.items() if key not in HOUSEKEEPING_CLOCKS}
     with clusters._local_cluster(DistributionConfig(rollout_workers=workers), workers) as cluster, Client(cluster):
         this = psutil.Process()
         time.sleep(5)  # started and settled
