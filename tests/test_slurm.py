@@ -8,10 +8,12 @@ from __future__ import annotations
 import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from gymflow.errors import GymflowError
+from gymflow.tasks.cluster.clocks import housekeeping_environment
 from tests.conftest import local_overrides
 from tests.slurm import Slurm, slurm_on_this_machine, why_not
 from tests.stored import newest_published
@@ -35,18 +37,26 @@ def _on_slurm(workspace, **slurm) -> dict:
 
 
 class QueueWatch:
-    """The most jobs squeue listed running at once, and every job it listed, polled beside a run."""
+    """The most jobs squeue listed running at once, and every job it listed, polled beside a run;
+    and the Dask clocks its jobs' workers and its scheduler (in this process) ran on."""
 
     def __init__(self, slurm: Slurm):
         self.slurm, self.most, self.ids = slurm, 0, set()
+        self.worker_clocks: dict[int, dict[str, str]] = {}  # a job's Dask worker process: its DASK_* variables
+        self.scheduler_ticks: set[float] = set()  # each running scheduler's tick interval, s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
     def _poll(self) -> None:
+        from distributed import Scheduler
+
         while not self._stop.wait(0.2):
             listed = self.slurm.squeue()
             self.most = max(self.most, sum(line.endswith(" RUNNING") for line in listed))
             self.ids |= {line.split()[0] for line in listed}
+            self.worker_clocks.update(_job_workers_dask_variables())
+            self.scheduler_ticks |= {scheduler._tick_interval for scheduler in list(Scheduler._instances)
+                                     if scheduler.status.name == "running"}
 
     def __enter__(self) -> QueueWatch:
         self._thread.start()
@@ -55,6 +65,22 @@ class QueueWatch:
     def __exit__(self, *_) -> None:
         self._stop.set()
         self._thread.join(10)
+
+
+def _job_workers_dask_variables() -> dict[int, dict[str, str]]:
+    """The DASK_* variables of each `dask worker` command (its nanny) a SLURM job runs on this machine."""
+    found = {}
+    for process in Path("/proc").glob("[0-9]*"):
+        try:
+            command = (process / "cmdline").read_bytes()
+            environment = dict(line.partition(b"=")[::2] for line in (process / "environ").read_bytes().split(b"\0")
+                               if line)
+        except OSError:  # ended meanwhile
+            continue
+        if b"distributed.cli.dask_worker" in command and b"SLURM_JOB_ID" in environment:
+            found[int(process.name)] = {name.decode(): value.decode() for name, value in environment.items()
+                                        if name.startswith(b"DASK_")}
+    return found
 
 
 def _final_policy(root, summary) -> bytes:
@@ -97,6 +123,10 @@ def test_a_slurm_run_solves_cartpole_through_a_cancelled_job_to_a_local_cluster_
     canceller.join()
     assert clean.solved and on_slurm.solved, (clean.final_return, on_slurm.final_return)
     assert queue.most == 2  # one job a worker, running while it trained
+    # the jobs' workers and the run's scheduler on gymflow's clocks (tasks/cluster/clocks.py)
+    assert queue.worker_clocks and all(variables.items() >= housekeeping_environment().items()
+                                       for variables in queue.worker_clocks.values()), queue.worker_clocks
+    assert queue.scheduler_ticks == {0.5}, queue.scheduler_ticks
     assert cancelled and cancelled[0] in queue.ids and len(queue.ids) >= 3, (cancelled, queue.ids)  # and a fresh one
     assert on_slurm.versions_committed == clean.versions_committed
     assert _final_policy(workspace / "slurm", on_slurm) == _final_policy(workspace / "clean", clean)

@@ -1,5 +1,5 @@
 """Dask's busiest housekeeping clocks as gymflow sets them in the clusters it starts (a run's
-LocalCluster, `gymflow stack up`'s scheduler and workers; not yet `distribution.slurm`'s jobs): the event
+LocalCluster, `gymflow stack up`'s scheduler and workers, `distribution.slurm`'s scheduler and jobs): the event
 loop's tick (Dask: every 20 ms), the memory monitor (100 ms) and the system monitor (500 ms), in
 the scheduler, every worker and nanny, cost an idle 2-worker cluster 5.1-6.4 CPU-s a minute, 0.9-1.2
 at these (benchmarks/cluster_idle.py; docs/cluster.md says what a user gives up: finer dashboard
@@ -8,6 +8,8 @@ worker over its memory limit still stopped, half a second later at most. A clust
 keeps its own."""
 
 from __future__ import annotations
+
+import shlex
 
 HOUSEKEEPING_CLOCKS = {"distributed.admin.tick.interval": "500ms",
                        "distributed.worker.memory.monitor-interval": "500ms",
@@ -20,3 +22,8 @@ def housekeeping_environment() -> dict[str, str]:
     DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL)."""
     return {"DASK_" + key.replace(".", "__").replace("-", "_").upper(): value
             for key, value in HOUSEKEEPING_CLOCKS.items()}
+
+
+def housekeeping_exports() -> list[str]:
+    """housekeeping_environment() as shell lines, for a job script run before its Dask workers."""
+    return [f"export {name}={shlex.quote(value)}" for name, value in housekeeping_environment().items()]

@@ -24,8 +24,11 @@ import tempfile
 import threading
 from typing import TYPE_CHECKING
 
+import dask
+
 from gymflow.errors import ClusterUnavailable, InvalidPreset
 from gymflow.presets.model import DistributionConfig, SlurmConfig, slurm_seconds
+from gymflow.tasks.cluster.clocks import HOUSEKEEPING_CLOCKS, housekeeping_exports
 
 if TYPE_CHECKING:
     from dask_jobqueue import SLURMCluster
@@ -66,23 +69,25 @@ def slurm_cluster(config: DistributionConfig) -> SLURMCluster:
     check_against_partition(slurm)  # before a scheduler is started for it
     lifetime, stagger = worker_lifetime(slurm)
     resources = [f"{name}={amount:g}" for name, amount in config.rollout_resources.items()]
-    cluster = SLURMCluster(
-        queue=slurm.partition,
-        account=slurm.account,
-        walltime=slurm.walltime,
-        cores=slurm.cores,
-        memory=slurm.memory,
-        processes=slurm.processes,
-        job_extra_directives=[*([f"--gres=gpu:{slurm.gpus}"] if slurm.gpus else []), *slurm.directives],
-        job_script_prologue=slurm.prologue,
-        worker_extra_args=["--lifetime", f"{lifetime}s", "--lifetime-stagger", f"{stagger}s",
-                           *(["--resources", ",".join(resources)] if resources else [])],
-        python=slurm.python or sys.executable,
-        interface=slurm.interface,
-        log_directory=slurm.log_directory,
-        job_name=JOB_NAME,
-        scheduler_options={"dashboard_address": ":0"},
-    )
+    with dask.config.set(HOUSEKEEPING_CLOCKS):  # its scheduler is made here, in this process
+        cluster = SLURMCluster(
+            queue=slurm.partition,
+            account=slurm.account,
+            walltime=slurm.walltime,
+            cores=slurm.cores,
+            memory=slurm.memory,
+            processes=slurm.processes,
+            job_extra_directives=[*([f"--gres=gpu:{slurm.gpus}"] if slurm.gpus else []), *slurm.directives],
+            # the jobs' workers on gymflow's clocks, the user's lines after ours (theirs win)
+            job_script_prologue=[*housekeeping_exports(), *slurm.prologue],
+            worker_extra_args=["--lifetime", f"{lifetime}s", "--lifetime-stagger", f"{stagger}s",
+                               *(["--resources", ",".join(resources)] if resources else [])],
+            python=slurm.python or sys.executable,
+            interface=slurm.interface,
+            log_directory=slurm.log_directory,
+            job_name=JOB_NAME,
+            scheduler_options={"dashboard_address": ":0"},
+        )
     try:
         check_job_script(cluster.job_script())
     except BaseException:
