@@ -42,12 +42,19 @@ else:
     os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="gymflow-tests-prefect-"))
 
 
-# The files that take longest in the default run (the sum of their tests' durations, in this order:
-# docs/benchmarks.md, "The test suite in two tiers"), first: pytest-xdist's `--dist loadfile` hands each
-# process the next file as it finishes one, so a long file started last would run on alone at the end.
-LONGEST_FILES = ("test_deployments.py", "test_offline.py", "test_team_stack.py", "test_cluster.py", "test_network_hosts.py",
-                 "test_solves.py", "test_pbt.py", "test_s3_storage.py", "test_resume.py", "test_multi_agent.py",
-                 "test_dict_observations.py", "test_lake.py", "test_scheduler_loss.py", "test_stops.py")
+# The files that take longest in the default run, longest first (each file's tests' durations summed, beside
+# the other process's load: docs/benchmarks.md, session 51); the others follow in their order, each under
+# 10 s. tests/suite.py keeps this order in the two xdist processes (`--no-loadscope-reorder`; xdist's own puts
+# the files with the most tests first, which left the longest, with few tests each, to the end): each
+# process takes the next file as it finishes one, so the run ends on short files, not on one long file
+# while the other process idles.
+LONGEST_FILES = ("test_deployments.py", "test_team_stack.py", "test_network_hosts.py", "test_cluster.py", "test_offline.py",
+                 "test_slurm.py", "test_lake.py", "test_s3_storage.py", "test_what_users_see.py", "test_scheduler_loss.py",
+                 "test_stops.py", "test_retrain.py", "test_multi_agent.py", "test_faults.py", "test_inference.py",
+                 "test_pbt.py", "test_hosts.py", "test_errors.py", "test_solves.py", "test_async.py", "test_levels.py",
+                 "test_pixels.py", "test_layering.py", "test_suite_command.py", "test_agents.py", "test_resume.py",
+                 "test_appo.py", "test_reference_results.py", "test_improve_flow.py", "test_results_suite.py",
+                 "test_mujoco.py", "test_helper.py", "test_gpu_slot.py")
 
 
 # tests/suite.py names two files in its second run's environment (the tests marked `alone`, a run it starts

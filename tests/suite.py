@@ -43,9 +43,10 @@ ALONE_AFTER = "GYMFLOW_TESTS_ALONE_AFTER"
 ALONE_SET_UP = "GYMFLOW_TESTS_ALONE_SET_UP"
 # both runs' one Prefect API (tests/shared_prefect_api.py): a file that holds its URL once it answers
 SHARED_API = "GYMFLOW_TESTS_PREFECT_API"
-# % of the first run's tests reported. pytest reports every 72 results; in the default run (645 tests) its
-# last mark before 100% is 89%, ~4 of its ~9 minutes before its end at full speed (the longest files end last)
-SET_UP_AT = 85
+# % of the first run's tests reported. pytest reports every 72 results (~11% of the default run's ~646 tests);
+# the longest files run first (tests/conftest.py's LONGEST_FILES) and the many short tests last, so its 22% mark
+# comes ~3 of its ~9 minutes before its end at full speed
+SET_UP_AT = 20
 PROGRESS = re.compile(rb"\[\s*(\d{1,3})%\]")  # pytest's progress at the end of a line of results
 
 
@@ -167,7 +168,8 @@ def pytest_runs(workers: int, pytest_args: list[str]) -> list[list[str]]:
     """The two runs' arguments: the tests not marked `alone` in `workers` processes (one where
     `workers` < 2), then those marked `alone` in one."""
     markers, rest = split_markers(pytest_args)
-    together = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
+    # a file's tests in one process; the files in the order tests/conftest.py gives them (xdist's own: most tests first)
+    together = ["-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder"] if workers > 1 else []
     return [[*together, "-m", f"({markers}) and not alone", *rest], ["-m", f"({markers}) and alone", *rest]]
 
 

@@ -11,7 +11,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import still_running
+from tests.conftest import LONGEST_FILES, still_running
 from tests.suite import DEFAULT_MARKERS, outcome, progress_of, pytest_runs, split_markers
 
 
@@ -32,9 +32,16 @@ def test_the_exit_code_is_the_first_failure_and_nothing_collected_fails_only_whe
 
 def test_the_tests_not_marked_alone_run_in_two_processes_a_file_to_each_and_the_alone_ones_after_in_one():
     together, alone = pytest_runs(2, ["-ra", "-m", "slow or not slow"])
-    assert together == ["-n", "2", "--dist", "loadfile", "-m", "(slow or not slow) and not alone", "-ra"]
+    assert together == ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder", "-m", "(slow or not slow) and not alone",
+                        "-ra"]
     assert alone == ["-m", "(slow or not slow) and alone", "-ra"]
     assert pytest_runs(0, [])[0] == ["-m", f"({DEFAULT_MARKERS}) and not alone"]  # PYTEST_WORKERS=0: one process
+
+
+def test_the_longest_files_run_first_are_each_a_test_file_here():
+    """A file renamed would lose its place in the order unseen (and might then end the run alone)."""
+    assert [name for name in LONGEST_FILES if not Path(__file__).with_name(name).is_file()] == []
+    assert len(set(LONGEST_FILES)) == len(LONGEST_FILES)
 
 
 def test_the_alone_run_is_set_up_late_in_the_first_run_and_its_tests_begin_once_the_first_has_ended(tmp_path):
