@@ -17,8 +17,7 @@ from gymflow.agents.configs import ReplayOptions
 from gymflow.errors import InvalidPreset
 from gymflow.presets.model import Preset, field_models
 
-BUILTIN_PRESETS_FOLDER = "builtin"  # in the package: the built-in presets, one YAML file each
-_BUILTIN = resources.files("gymflow.presets") / BUILTIN_PRESETS_FOLDER
+_BUILTIN = resources.files("gymflow.presets") / "builtin"
 
 
 def builtin_presets() -> dict[str, str]:

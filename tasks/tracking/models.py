@@ -34,7 +34,6 @@ from gymflow.agents.rollout import evaluate
 from gymflow.envs.parts import Part, lay_out, observation_parts, unflatten_parts
 from gymflow.envs.vector import make_vector_env, observation_dtype
 from gymflow.errors import UnusableWarmStart
-from gymflow.presets.load import BUILTIN_PRESETS_FOLDER
 from gymflow.presets.model import EnvConfig
 from gymflow.tasks.tracking.store import tracking_client
 from gymflow.tasks.tracking.tracker import Tracker, patiently
@@ -261,10 +260,8 @@ def _part_dtype(part: Part) -> type:
 
 
 def _model_code(folder: str) -> str:
-    """A `gymflow` package holding what loading a policy needs (the modules of agents, envs and
-    presets), copied under `folder`: the model carries it, so loading it needs no gymflow install.
-    Not the built-in presets' YAML files: the model carries its own preset.yaml, and each file is
-    one more upload (a request through a tracking server) for every model logged."""
+    """A `gymflow` package holding what loading a policy needs (agents, envs, presets), copied
+    under `folder`: the model carries it, so loading it needs no gymflow install."""
     package = Path(folder, "code", "gymflow")
     package.mkdir(parents=True)
     for module in ("__init__.py", "errors.py"):
@@ -272,7 +269,7 @@ def _model_code(folder: str) -> str:
     for subpackage in (gymflow.agents, gymflow.envs, gymflow.presets):
         name = subpackage.__name__.rpartition(".")[2]
         shutil.copytree(Path(subpackage.__file__).parent, package / name,
-                        ignore=shutil.ignore_patterns("__pycache__", BUILTIN_PRESETS_FOLDER))
+                        ignore=shutil.ignore_patterns("__pycache__"))
     return str(package)
 
 
