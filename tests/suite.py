@@ -14,7 +14,7 @@ after them (SHARED_API names it to their test processes).
 The second run starts beside the first and collects; it makes its session's and modules' fixtures
 (a server with its deployment, a clean run: ~30 s) once the first has reported SET_UP_AT % of its
 tests (tests/conftest.py, ALONE_SET_UP): an idle Prefect server costs ~1.5-2.2 CPU-s a minute, and
-made at the start they idled through the whole first run (now through its last ~45%). Each of its
+made at the start they idled through the whole first run (now through its last ~third). Each of its
 tests begins once the first has ended (ALONE_AFTER). Its output follows the first's.
 
 pytest's arguments pass through to both. A `-m EXPR` among them selects within both runs (the

@@ -297,7 +297,8 @@ def test_workers_added_preempted_and_retired_mid_run_leave_a_sync_run_as_a_clean
 
 
 # default tier (one of its 25 slowest): the worker-churn drill kind (workers joining, preempted, retired)
-def test_an_async_run_through_workers_added_preempted_and_retired_accounts_for_every_chunk_once(hosts, workspace):
+def test_an_async_run_through_workers_added_preempted_and_retired_accounts_for_every_chunk_once(hosts, prefect_api,
+                                                                                             workspace):
     """APPO's chunks through the same churn: the preempted and the retired workers' chunks in
     flight are collected again (by their keys), and each lands once within the lag bound."""
     from tests.stored import check_every_chunk_once
@@ -317,7 +318,7 @@ def _worker_ports(client, host: Host) -> list[int]:
 
 # default tier (one of its 25 slowest): the network-partition drill kind (a worker host's and the S3 host's), on namespace hosts
 def test_an_async_run_through_partitions_of_a_worker_host_and_the_s3_host_accounts_for_every_chunk_once(
-        hosts, workspace):
+        hosts, prefect_api, workspace):
     from tests.stored import check_every_chunk_once
 
     worker, store = Partition(hosts.workers[1]), Partition(hosts.s3)
