@@ -44,7 +44,7 @@ else:
 
 # The files that take longest in the default run, longest first (each file's tests' durations summed, beside
 # the other process's load: docs/benchmarks.md, session 51); the others follow in their order, each under
-# 10 s. tests/suite.py keeps this order in the two xdist processes (`--no-loadscope-reorder`; xdist's own puts
+# 10 s. tests/suite.py keeps this order in the default run's two xdist processes (`--no-loadscope-reorder`; xdist's own puts
 # the files with the most tests first, which left the longest, with few tests each, to the end): each
 # process takes the next file as it finishes one, so the run ends on short files, not on one long file
 # while the other process idles.

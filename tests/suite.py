@@ -168,8 +168,10 @@ def pytest_runs(workers: int, pytest_args: list[str]) -> list[list[str]]:
     """The two runs' arguments: the tests not marked `alone` in `workers` processes (one where
     `workers` < 2), then those marked `alone` in one."""
     markers, rest = split_markers(pytest_args)
-    # a file's tests in one process; the files in the order tests/conftest.py gives them (xdist's own: most tests first)
-    together = ["-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder"] if workers > 1 else []
+    # a file's tests in one process. The default run's files in the order tests/conftest.py gives them, measured
+    # for it; any other selection (`make test-all`'s long files are others) in xdist's: most tests first
+    order = ["--no-loadscope-reorder"] if markers == DEFAULT_MARKERS else []
+    together = ["-n", str(workers), "--dist", "loadfile", *order] if workers > 1 else []
     return [[*together, "-m", f"({markers}) and not alone", *rest], ["-m", f"({markers}) and alone", *rest]]
 
 
