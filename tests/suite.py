@@ -12,7 +12,7 @@ Both use one temporary Prefect API (tests/shared_prefect_api.py), started beside
 after them (SHARED_API names it to their test processes).
 
 The second run starts beside the first and collects; it makes its session's and modules' fixtures
-(a server with its deployment, a clean run: ~30 s) once the first has reported SET_UP_AT % of its
+(a server with its deployment, a clean run: ~30 s) once the first has reported set_up_mark()'s % of its
 tests (tests/conftest.py, ALONE_SET_UP): an idle Prefect server costs ~1.5-2.2 CPU-s a minute, and
 made at the start they idled through the whole first run (now through its last ~third). Each of its
 tests begins once the first has ended (ALONE_AFTER). Its output follows the first's.
@@ -43,10 +43,12 @@ ALONE_AFTER = "GYMFLOW_TESTS_ALONE_AFTER"
 ALONE_SET_UP = "GYMFLOW_TESTS_ALONE_SET_UP"
 # both runs' one Prefect API (tests/shared_prefect_api.py): a file that holds its URL once it answers
 SHARED_API = "GYMFLOW_TESTS_PREFECT_API"
-# % of the first run's tests reported. pytest reports every 72 results (~11% of the default run's ~646 tests);
-# the longest files run first (tests/conftest.py's LONGEST_FILES) and the many short tests last, so its 22% mark
-# comes ~3 of its ~9 minutes before its end at full speed
+# % of the first run's tests reported. pytest reports every 72 results (~11% of the default run's ~646 tests).
+# In the default run the longest files run first (tests/conftest.py's LONGEST_FILES) and the many short tests
+# last, so its 22% mark comes ~3 of its ~9 minutes before its end at full speed. In xdist's order (any other
+# selection: the files with the most tests first) the longest files end the run: there 85%.
 SET_UP_AT = 20
+SET_UP_AT_MOST_TESTS_FIRST = 85
 PROGRESS = re.compile(rb"\[\s*(\d{1,3})%\]")  # pytest's progress at the end of a line of results
 
 
@@ -104,10 +106,12 @@ def outcome(codes: list[int]) -> int:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--workers", type=int, default=2, help="test processes for the tests not marked alone")
-    parser.add_argument("--set-up-at", type=int, default=SET_UP_AT,
-                        help="%% of the first run's tests reported when the second run makes its fixtures")
+    parser.add_argument("--set-up-at", type=int, default=None,
+                        help="%% of the first run's tests reported when the second run makes its fixtures "
+                             f"(default: {SET_UP_AT} in the default run, {SET_UP_AT_MOST_TESTS_FIRST} in any other)")
     options, pytest_args = parser.parse_known_args(argv)
     together, alone = pytest_runs(options.workers, pytest_args)
+    set_up_at = set_up_mark(split_markers(pytest_args)[0]) if options.set_up_at is None else options.set_up_at
     # the migrated empty Prefect database the tests' servers start on (tests/prefect_databases.py), made
     # while the runs below collect: on a new machine it is ready before their first server
     template = subprocess.Popen([sys.executable, "-c", "from tests.prefect_databases import migrated_template; "
@@ -122,7 +126,7 @@ def main(argv: list[str]) -> int:
                                       env={**os.environ, ALONE_AFTER: str(go), ALONE_SET_UP: str(set_up), **api},
                                       stdout=output, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(19))
             try:
-                first = pytest_reporting(together, options.set_up_at, set_up.touch, api)
+                first = pytest_reporting(together, set_up_at, set_up.touch, api)
             except BaseException:
                 second.kill()
                 raise
@@ -164,13 +168,22 @@ def _followed(process: subprocess.Popen, log: Path) -> int:
             time.sleep(0.5)
 
 
+def keeps_conftests_order(markers: str) -> bool:
+    """Whether the first run's processes take the files in tests/conftest.py's order (LONGEST_FILES,
+    measured for the default run): in the default run only; `make test-all`'s long files are others."""
+    return markers == DEFAULT_MARKERS
+
+
+def set_up_mark(markers: str) -> int:
+    """SET_UP_AT where the files come in tests/conftest.py's order, else SET_UP_AT_MOST_TESTS_FIRST."""
+    return SET_UP_AT if keeps_conftests_order(markers) else SET_UP_AT_MOST_TESTS_FIRST
+
+
 def pytest_runs(workers: int, pytest_args: list[str]) -> list[list[str]]:
     """The two runs' arguments: the tests not marked `alone` in `workers` processes (one where
     `workers` < 2), then those marked `alone` in one."""
     markers, rest = split_markers(pytest_args)
-    # a file's tests in one process. The default run's files in the order tests/conftest.py gives them, measured
-    # for it; any other selection (`make test-all`'s long files are others) in xdist's: most tests first
-    order = ["--no-loadscope-reorder"] if markers == DEFAULT_MARKERS else []
+    order = ["--no-loadscope-reorder"] if keeps_conftests_order(markers) else []  # else xdist's: most tests first
     together = ["-n", str(workers), "--dist", "loadfile", *order] if workers > 1 else []
     return [[*together, "-m", f"({markers}) and not alone", *rest], ["-m", f"({markers}) and alone", *rest]]
 

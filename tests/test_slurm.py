@@ -72,12 +72,13 @@ def _job_workers_dask_variables() -> dict[int, dict[str, str]]:
     found = {}
     for process in Path("/proc").glob("[0-9]*"):
         try:
-            command = (process / "cmdline").read_bytes()
+            if b"distributed.cli.dask_worker" not in (process / "cmdline").read_bytes():
+                continue
             environment = dict(line.partition(b"=")[::2] for line in (process / "environ").read_bytes().split(b"\0")
                                if line)
         except OSError:  # ended meanwhile
             continue
-        if b"distributed.cli.dask_worker" in command and b"SLURM_JOB_ID" in environment:
+        if b"SLURM_JOB_ID" in environment:
             found[int(process.name)] = {name.decode(): value.decode() for name, value in environment.items()
                                         if name.startswith(b"DASK_")}
     return found

@@ -12,7 +12,16 @@ import psutil
 import pytest
 
 from tests.conftest import LONGEST_FILES, still_running
-from tests.suite import DEFAULT_MARKERS, outcome, progress_of, pytest_runs, split_markers
+from tests.suite import (
+    DEFAULT_MARKERS,
+    SET_UP_AT,
+    SET_UP_AT_MOST_TESTS_FIRST,
+    outcome,
+    progress_of,
+    pytest_runs,
+    set_up_mark,
+    split_markers,
+)
 
 
 def test_a_marker_expression_among_pytests_arguments_selects_in_both_runs():
@@ -38,6 +47,8 @@ def test_the_tests_not_marked_alone_run_in_two_processes_a_file_to_each_and_the_
                                           f"({DEFAULT_MARKERS}) and not alone", "-ra"]
     assert alone == ["-m", "(slow or not slow) and alone", "-ra"]
     assert pytest_runs(0, [])[0] == ["-m", f"({DEFAULT_MARKERS}) and not alone"]  # PYTEST_WORKERS=0: one process
+    # the second run's set-up mark follows the order: early where the short files come last
+    assert (set_up_mark(DEFAULT_MARKERS), set_up_mark("slow or not slow")) == (SET_UP_AT, SET_UP_AT_MOST_TESTS_FIRST)
 
 
 def test_the_longest_files_run_first_are_each_a_test_file_here():
