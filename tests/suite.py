@@ -111,6 +111,10 @@ def main(argv: list[str]) -> int:
                              f"(default: {SET_UP_AT} in the default run, {SET_UP_AT_MOST_TESTS_FIRST} in any other)")
     options, pytest_args = parser.parse_known_args(argv)
     together, alone = pytest_runs(options.workers, pytest_args)
+    # Python's bytecode written and read again, as by default, in every process the suite starts: where the
+    # environment says not to write it (these machines' does), each test process compiled gymflow's modules
+    # and pytest rewrote every test file anew (a collection: 9.7 CPU-s against 7.3; docs/benchmarks.md, session 52)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     set_up_at = set_up_mark(split_markers(pytest_args)[0]) if options.set_up_at is None else options.set_up_at
     # the migrated empty Prefect database the tests' servers start on (tests/prefect_databases.py), made
     # while the runs below collect: on a new machine it is ready before their first server
