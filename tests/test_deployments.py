@@ -291,8 +291,8 @@ def _wait_for_state(env: dict, flow_run_id: str, states: set[str], seconds: floa
 
 
 # default tier (one of its 25 slowest): the Prefect-cancellation drill, and an improve deployment run through a worker, resumed to its end
-# alone: its cancellation must end within 10 s, in a process of its own after the rest (tests/suite.py), with a
-# server of its own holding the one deployment it runs
+# alone: its cancellation must end within 10 s, in a process of its own after the rest (tests/suite.py), with the
+# one deployment it runs on the tests' Prefect API
 @pytest.mark.alone
 def test_a_cancelled_deployment_run_stops_within_10_s_leaves_nothing_running_and_resumes_to_the_same_end(
         deployed_cartpole_ppo, cartpole_ppo_worker, clean_stopped_run, tmp_path):
