@@ -42,8 +42,9 @@ def _wait_for(url: str, seconds: float) -> None:
 
 
 @contextmanager
-def _server_with(tmp_path_factory) -> Iterator[dict]:
-    """A Prefect server (`prefect server start`, on a database of its own); the environment that reaches it."""
+def _server_with(tmp_path_factory, *deploy: str) -> Iterator[dict]:
+    """A Prefect server with the gymflow process work pool and the deployments `prefect deploy
+    *deploy` makes from prefect.yaml; the environment that reaches it."""
     home = tmp_path_factory.mktemp("prefect-home")
     seed_prefect_database(home / "prefect.db")
     port = free_port()
@@ -53,38 +54,28 @@ def _server_with(tmp_path_factory) -> Iterator[dict]:
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for(f"http://127.0.0.1:{port}/api/health", 120)
+        assert _prefect(env, "work-pool", "create", "gymflow", "--type", "process").returncode == 0
+        deployed = _prefect(env, "--no-prompt", "deploy", *deploy)
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         yield env
     finally:
         server.terminate()
         server.wait(timeout=30)
 
 
-def _deploy(env: dict, *deploy: str) -> None:
-    """The gymflow process work pool, and the deployments `prefect deploy *deploy` makes from prefect.yaml."""
-    created = _prefect(env, "work-pool", "create", "gymflow", "--type", "process", "--overwrite")
-    assert created.returncode == 0, created.stdout + created.stderr
-    deployed = _prefect(env, "--no-prompt", "deploy", *deploy)
-    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-
-
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory):
     """A Prefect server with every deployment of prefect.yaml."""
-    with _server_with(tmp_path_factory) as env:
-        _deploy(env, "--all")
+    with _server_with(tmp_path_factory, "--all") as env:
         yield env
 
 
 @pytest.fixture(scope="module")
-def deployed_cartpole_ppo(prefect_api):
-    """improve/cartpole-ppo alone, on the tests' Prefect API: all the cancelled run needs, in the suite's run
-    of the `alone` tests (`deploy --all` takes ~20 s more; a server of its own idled ~4 minutes there,
-    made at the set-up mark: ~13 CPU-s at full speed, docs/benchmarks.md, session 52)."""
-    from prefect.settings import PREFECT_API_URL
-
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
-    _deploy(env, "--name", "cartpole-ppo")
-    return env
+def deployed_cartpole_ppo(tmp_path_factory):
+    """A Prefect server with improve/cartpole-ppo alone: all the cancelled run needs, in the suite's
+    run of the `alone` tests (`deploy --all` takes ~20 s more)."""
+    with _server_with(tmp_path_factory, "--name", "cartpole-ppo") as env:
+        yield env
 
 
 def _wait_for_no_children(pid: int, seconds: float) -> None:
@@ -291,8 +282,8 @@ def _wait_for_state(env: dict, flow_run_id: str, states: set[str], seconds: floa
 
 
 # default tier (one of its 25 slowest): the Prefect-cancellation drill, and an improve deployment run through a worker, resumed to its end
-# alone: its cancellation must end within 10 s, in a process of its own after the rest (tests/suite.py), with the
-# one deployment it runs on the tests' Prefect API
+# alone: its cancellation must end within 10 s, in a process of its own after the rest (tests/suite.py), with a
+# server of its own holding the one deployment it runs
 @pytest.mark.alone
 def test_a_cancelled_deployment_run_stops_within_10_s_leaves_nothing_running_and_resumes_to_the_same_end(
         deployed_cartpole_ppo, cartpole_ppo_worker, clean_stopped_run, tmp_path):
