@@ -13,7 +13,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed
 from pydantic import Field
 
-from gymflow.flows.parameters import checked_flow, refusal_said
+from gymflow.flows.parameters import checked_flow, no_credentials_in_a_deployment_run, refusal_said
 from gymflow.flows.stopping import cancellable
 from gymflow.presets.overrides import PresetOverrides, as_dotted
 from gymflow.presets.validate import resolve_experiment
@@ -65,7 +65,8 @@ def improve(
             a population member's interval: its values, where it pauses, the member it copies.
     """
     with refusal_said():
-        experiment = resolve_experiment(preset, changed := as_dotted(overrides))  # bad input stops here
+        no_credentials_in_a_deployment_run(changed := as_dotted(overrides))
+        experiment = resolve_experiment(preset, changed)  # bad input stops here
         member = sweep_trial if isinstance(sweep_trial, PbtMember) else None
         run = prepare_run(experiment, warm_start, resume, run_id, member)  # so does an unusable root or server
     logger = get_run_logger()

@@ -3,7 +3,11 @@ the field and what is allowed: as an event `prefect deployment run --watch` prin
 state message (the UI's) and in its log. Prefect checks a run's parameters before its body runs,
 says what failed only in a multi-line message, and logs it where no flow run's log reaches (its
 engine's logger, before the run's logger exists); and `--watch` shows no state message, and
-logs only where the server streams them (Prefect's server does not by default)."""
+logs only where the server streams them (Prefect's server does not by default).
+
+What Prefect keeps of a run's parameters (its database, the UI, a retried run's input) has every
+credential masked; a deployment run, whose parameters Prefect stored before the flow could see
+them, is refused where they hold one, saying where a credential belongs."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from typing import Any, get_type_hints
 
 from prefect import Flow
 from prefect.client.schemas.objects import FlowRun
+from prefect.context import FlowRunContext
 from prefect.exceptions import ParameterTypeError
 from prefect.logging.loggers import flow_run_logger
 from prefect.runtime import flow_run as this_flow_run
@@ -22,6 +27,8 @@ from pydantic.errors import PydanticUserError
 
 from gymflow.errors import GymflowError, InvalidPreset
 from gymflow.presets.load import one_line
+from gymflow.presets.overrides import as_dotted
+from gymflow.presets.redaction import MASK, redacted
 from gymflow.tasks.tracking.events import flow_run_refused
 
 # Prefect's words at the start of the state message of a run whose parameters it refused
@@ -38,6 +45,11 @@ class CheckedFlow(Flow):
             self.parameter_types = get_type_hints(function, include_extras=True)
         except (NameError, TypeError):  # a type only named for type checkers: Prefect's own message stands
             self.parameter_types = {}
+
+    def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        """The parameters as Prefect stores and shows them: credentials masked (the run itself
+        is given them as they are)."""
+        return redacted(super().serialize_parameters(parameters))
 
     def validate_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -59,6 +71,23 @@ def refusal_said() -> Iterator[None]:
     except GymflowError as error:
         _said(error)
         raise
+
+
+CREDENTIALS_BELONG = ("a deployment run's parameters are kept in Prefect's database and shown in its UI; "
+                      "allowed: the credential in a Prefect Secret block (storage.options_block) or in the worker's "
+                      "environment (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, MLFLOW_TRACKING_USERNAME/"
+                      "MLFLOW_TRACKING_PASSWORD)")
+
+
+def no_credentials_in_a_deployment_run(overrides: Mapping[str, Any] | Any | None) -> None:
+    """Refuse (InvalidPreset naming the field) a deployment run whose overrides hold a credential:
+    a value under a secret key, a URI's password, a secret assigned in free text."""
+    context = FlowRunContext.get()
+    if not overrides or context is None or context.flow_run is None or not context.flow_run.deployment_id:
+        return
+    for field, value in as_dotted(overrides).items():
+        if redacted({field: value}) != {field: value} or MASK in repr(value):  # a masked one is no use either
+            raise InvalidPreset(field, f"holds a credential: {CREDENTIALS_BELONG}")
 
 
 def _said(error: GymflowError) -> None:

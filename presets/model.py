@@ -268,6 +268,14 @@ class DistributionConfig(_Strict):
         "--tls-ca-file/--tls-cert/--tls-key refuses clients without them. None: plain tcp:// (or Dask's own "
         "distributed.comm.tls configuration).",
     )
+    cluster_tls: bool = Field(
+        default=True,
+        description="The Dask cluster gymflow starts for the run (its LocalCluster, a SLURM run's cluster) speaks "
+        "mutual TLS, with certificates made for the run and handed to its own clients and workers only: a process "
+        "without them cannot connect, so cannot run code as you. false: plain tcp, where anyone who reaches the "
+        "scheduler's port runs code as you (the run says so once). A cluster at scheduler_address is the one its "
+        "owner started: see `tls`.",
+    )
     cluster_class: str | None = Field(
         default=None,
         description="A Dask cluster class as 'module.Class' (dask_jobqueue.SLURMCluster), "

@@ -1,7 +1,9 @@
 """What may leave the process: credentials masked wherever a preset, its overrides or a URI are
 logged, stored or sent (MLflow params, stored presets, Prefect events, flow-run parameters, log
 lines). A credential is a value under a key naming one (`secret`, `key`, `token`, `password`,
-`credential`), at any depth of a mapping, or the password of a URI (`http://user:PASSWORD@host`)."""
+`credential`), at any depth of a mapping, the password of a URI (`http://user:PASSWORD@host`), or
+the value a free-text field (a SLURM prologue, a directive) assigns to such a name
+(`export AWS_SECRET_ACCESS_KEY=...`, `--password=...`, `--token ...`)."""
 
 from __future__ import annotations
 
@@ -13,11 +15,19 @@ MASK = "***"
 _SECRET_WORDS = ("secret", "key", "token", "password", "credential")
 # scheme://user:password@host...; the password is everything up to the last @ before the host
 _URI_PASSWORD = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]*:)(?P<password>[^/\s]*)(?P<at>@)")
+_WORDS = "|".join(_SECRET_WORDS)
+# NAME=VALUE or --NAME VALUE in free text, NAME holding a secret word: the value (quoted or up to
+# the next blank or ;) is the credential
+_ASSIGNED_SECRET = re.compile(
+    rf"(?P<head>(?:^|(?<=[\s;'\"(]))(?:(?:[A-Za-z_][\w.-]*)?(?:{_WORDS})[\w.-]*=|--?[\w-]*(?:{_WORDS})[\w-]*\s+))"
+    r"(?P<value>'[^']*'|\"[^\"]*\"|[^\s;'\"]+)", re.IGNORECASE)
 
 
 def is_secret(field: str) -> bool:
-    """A field (or dotted key) whose value is a credential, never to be logged."""
-    return any(word in field.rpartition(".")[2].lower() for word in _SECRET_WORDS)
+    """A field (or dotted key) whose value is a credential, never to be logged; not one that names
+    where a credential is kept (`distribution.tls.key_file`: a path)."""
+    name = field.rpartition(".")[2].lower()
+    return any(word in name for word in _SECRET_WORDS) and not name.endswith(("_file", "_path"))
 
 
 def redacted(data: Any) -> Any:
@@ -30,8 +40,14 @@ def redacted(data: Any) -> Any:
     if isinstance(data, list | tuple):
         return [redacted(item) for item in data]
     if isinstance(data, str):
-        return redacted_uri(data)
+        return redacted_text(data)
     return data
+
+
+def redacted_text(text: str) -> str:
+    """Free text (a shell line, a URI) with its credentials masked: a URI's password and the value
+    assigned to a name holding a secret word (`export AWS_SECRET_ACCESS_KEY=***`, `--password ***`)."""
+    return _ASSIGNED_SECRET.sub(lambda match: f"{match['head']}{MASK}", redacted_uri(text))
 
 
 def redacted_uri(text: str) -> str:

@@ -1,7 +1,12 @@
 """A team's stack on one machine, for trials and tests: PostgreSQL, a Prefect server on it (with a
 login), an MLflow tracking server on it (the `basic-auth` app, its artifacts in an S3 bucket), the
-S3 server (moto) and a Dask scheduler with workers, each on loopback on a free port, started
-without systemd under one folder and stopped by pid (`gymflow stack up|down`, docs/deploy.md)."""
+S3 server (moto, which checks every request's key) and a Dask scheduler with workers (mutual TLS,
+certificates made for the stack), each on loopback on a free port, started without systemd under
+one folder and stopped by pid (`gymflow stack up|down`, docs/deploy.md).
+
+The folder is its maker's alone (0700), every secret in it is a file made 0600, and no password
+is on a command line (`ps` shows them to everyone): the servers read theirs from their
+environment or a file."""
 
 from __future__ import annotations
 
@@ -25,9 +30,10 @@ from pathlib import Path
 
 from gymflow.tasks.cluster.clocks import housekeeping_environment
 from gymflow.tasks.tracking.servers import basic_authorization
-from gymflow.testing.s3 import free_port
+from gymflow.testing.s3 import SET_UP_REQUESTS, free_port, user_and_bucket
 
 STATE_FILE = "stack.json"
+TLS_FOLDER = "tls"  # the Dask cluster's certificate (CA and key), 0600 files in a 0700 folder
 ADMIN = "admin"
 START_TIMEOUT_S = 120.0
 
@@ -61,13 +67,30 @@ class Stack:
         """s3fs's options; the keys come from the environment (`environment`), never from a preset."""
         return {"endpoint_url": self.s3_endpoint}
 
+    def tls_files(self) -> dict[str, str]:
+        """The Dask cluster's certificate files: `ca`, `cert`, `key`."""
+        folder = Path(self.folder) / TLS_FOLDER
+        return {"ca": str(folder / "ca.pem"), "cert": str(folder / "cert.pem"), "key": str(folder / "key.pem")}
+
+    def dask_environment(self) -> dict[str, str]:
+        """Dask's own settings for a client of the stack's cluster: its certificate, and TLS required."""
+        files = self.tls_files()
+        return {"DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
+                "DASK_DISTRIBUTED__COMM__TLS__CA_FILE": files["ca"],
+                "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT": files["cert"],
+                "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY": files["key"]}
+
     def environment(self, user: str) -> dict[str, str]:
         """What `user` sets to train against the stack: the servers' addresses and their own logins."""
-        return {"PREFECT_API_URL": self.prefect_api_url, "PREFECT_API_AUTH_STRING": self.prefect_auth_string,
+        return {**self.dask_environment(),
+                "PREFECT_API_URL": self.prefect_api_url, "PREFECT_API_AUTH_STRING": self.prefect_auth_string,
                 "MLFLOW_TRACKING_URI": self.mlflow_url, "MLFLOW_TRACKING_USERNAME": user,
                 "MLFLOW_TRACKING_PASSWORD": self.mlflow_passwords[user],
                 "AWS_ACCESS_KEY_ID": self.s3_key, "AWS_SECRET_ACCESS_KEY": self.s3_secret,
                 "MLFLOW_S3_ENDPOINT_URL": self.s3_endpoint,
+                # downloads through the MLflow server without presigned URLs, which moto's server refuses
+                # once it checks keys (a 500); a team's S3 takes them
+                "MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD": "false", "MLFLOW_ENABLE_PROXY_MULTIPART_UPLOAD": "false",
                 # Prefect's client tries 429, 502 and 503 again, not the 500 a server answers while its
                 # database fails over (its flow-run states would be lost): docs/deploy.md, "For a team"
                 "PREFECT_CLIENT_RETRY_EXTRA_CODES": "500"}
@@ -75,14 +98,18 @@ class Stack:
     def overrides(self, prefix: str) -> dict[str, object]:
         """A preset's fields for a run on the stack: its storage under `prefix` in the bucket, the
         MLflow server, the stack's Dask scheduler."""
+        files = self.tls_files()
         return {"storage.root": f"s3://{self.bucket}/{prefix}", "storage.options": self.storage_options(),
                 "tracking.tracking_uri": self.mlflow_url, "distribution.scheduler_address": self.scheduler_address,
+                "distribution.tls": {"ca_file": files["ca"], "cert_file": files["cert"], "key_file": files["key"]},
                 "storage.shared": True}
 
     def settings(self, prefix: str) -> list[str]:
         """`overrides` as the command line's KEY=VALUE settings."""
         return [f"storage.root=s3://{self.bucket}/{prefix}", f"storage.options.endpoint_url={self.s3_endpoint}",
                 f"tracking.tracking_uri={self.mlflow_url}", f"distribution.scheduler_address={self.scheduler_address}",
+                *(f"distribution.tls.{field}={path}" for field, path in
+                  zip(("ca_file", "cert_file", "key_file"), self.tls_files().values(), strict=True)),
                 "storage.shared=true"]
 
 
@@ -98,6 +125,7 @@ def start(folder: Path, users: tuple[str, ...] = ("alice", "bob"), dask_workers:
         raise StackError(f"{postgres_home(folder)}: PostgreSQL's folder of a stack under {folder} is there "
                          f"(`gymflow stack down --folder {folder}`)")
     folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)  # its maker's alone: logs, certificates, the state file
     pids: dict[str, int] = {}
     try:
         return _start(folder, users, dask_workers, say, pids)
@@ -109,7 +137,7 @@ def start(folder: Path, users: tuple[str, ...] = ("alice", "bob"), dask_workers:
 def _start(folder: Path, users: tuple[str, ...], dask_workers: int, say: Callable[[str], None],
            pids: dict[str, int]) -> Stack:
     started = time.monotonic()
-    postgres_password, s3_key, s3_secret = _password(), "gymflow-team", _password()
+    postgres_password = _password()
     home = postgres_home(folder)
     postgres_port = _start_postgres(home, postgres_password, pids)
     for database in ("prefect", "mlflow", "mlflow_auth"):
@@ -117,27 +145,35 @@ def _start(folder: Path, users: tuple[str, ...], dask_workers: int, say: Callabl
     say(f"PostgreSQL 127.0.0.1:{postgres_port} ({time.monotonic() - started:.1f} s)")
 
     s3_port = free_port()
-    pids["s3"] = _spawn(folder, "s3", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_port)])
+    # moto checks every request's signature after the set-up (its user and bucket, made below)
+    pids["s3"] = _spawn(folder, "s3", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_port)],
+                        {"INITIAL_NO_AUTH_ACTION_COUNT": str(SET_UP_REQUESTS)})
     s3_endpoint, bucket = f"http://127.0.0.1:{s3_port}", "team"
 
     partial = Stack(str(folder), postgres_port, postgres_password, "", f"{ADMIN}:{_password()}", "",
                     {ADMIN: _password(), **{user: _password() for user in users}}, s3_endpoint, bucket,
-                    s3_key, s3_secret, "", pids)
+                    "", "", "", pids)
     prefect_port, mlflow_port, scheduler_port = free_port(), free_port(), free_port()
     pids["prefect"] = _spawn(folder, "prefect", _prefect_command(prefect_port), _prefect_environment(partial, folder))
-    _wait_until(lambda: _answers(f"{s3_endpoint}/"), "the S3 server", pids["s3"], folder / "s3.log")
-    _create_bucket(partial)
+    _wait_until(lambda: _answers(f"{s3_endpoint}/moto-api/"), "the S3 server", pids["s3"], folder / "s3.log")
+    s3_key, s3_secret = user_and_bucket(s3_endpoint, bucket, user="gymflow-team")
+    partial = Stack(**{**asdict(partial), "s3_key": s3_key, "s3_secret": s3_secret})
     pids["mlflow"] = _spawn(folder, "mlflow", _mlflow_command(partial, mlflow_port),
                             _mlflow_environment(partial, folder))
     clocks = housekeeping_environment()  # gymflow's, as in a run's own LocalCluster
-    pids["dask-scheduler"] = _spawn(folder, "dask-scheduler", [_dask(), "scheduler", "--host", "127.0.0.1", "--port",
-                                                               str(scheduler_port), "--dashboard-address", ":0"],
-                                    clocks)
-    scheduler_address = f"tcp://127.0.0.1:{scheduler_port}"
+    tls = _tls_arguments(partial)
+    # dashboards on loopback too (":0" binds every interface, whatever --host says)
+    pids["dask-scheduler"] = _spawn(folder, "dask-scheduler", [
+        _dask(), "scheduler", "--protocol", "tls", "--host", "127.0.0.1", "--port", str(scheduler_port),
+        "--dashboard-address", "127.0.0.1:0", *tls], {**clocks, **partial.dask_environment()})
+    scheduler_address = f"tls://127.0.0.1:{scheduler_port}"
     for index in range(dask_workers):
+        working = folder / f"dask-worker-{index}"  # not the stack's folder, where its secrets are
+        working.mkdir(mode=0o700)
         pids[f"dask-worker-{index}"] = _spawn(folder, f"dask-worker-{index}", [
             _dask(), "worker", scheduler_address, "--nthreads", "1", "--host", "127.0.0.1",
-            "--dashboard-address", ":0"], {**_s3_environment(partial), **clocks})
+            "--dashboard-address", "127.0.0.1:0", *tls],
+            {**_s3_environment(partial), **clocks, **partial.dask_environment()}, cwd=working)
 
     prefect_url, mlflow_url = f"http://127.0.0.1:{prefect_port}/api", f"http://127.0.0.1:{mlflow_port}"
     _wait_until(_prefect_ready(prefect_url, partial.prefect_auth_string), "the Prefect server", pids["prefect"],
@@ -159,9 +195,36 @@ def _start(folder: Path, users: tuple[str, ...], dask_workers: int, say: Callabl
 
 def _save(stack: Stack) -> None:
     """The stack's state file: where each part answers, its pids (`stop` ends those), its passwords."""
-    state = Path(stack.folder) / STATE_FILE
-    state.write_text(json.dumps(asdict(stack), indent=2))
-    state.chmod(0o600)
+    _write_private(Path(stack.folder) / STATE_FILE, json.dumps(asdict(stack), indent=2))
+
+
+def _write_private(path: Path, text: str) -> None:
+    """`text` in `path`, readable by its owner alone from its first byte (made 0600, then moved in place)."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(text)
+    os.replace(temporary, path)
+
+
+def _make_certificates(stack: Stack) -> None:
+    """One key and self-signed certificate for the stack's cluster (Dask's `Security.temporary`),
+    which its scheduler, workers and every client present: who holds the key file gets in."""
+    from distributed.security import Security
+
+    made = Security.temporary()
+    (Path(stack.folder) / TLS_FOLDER).mkdir(mode=0o700)
+    files = stack.tls_files()
+    for name, pem in (("ca", made.tls_ca_file), ("cert", made.tls_scheduler_cert), ("key", made.tls_scheduler_key)):
+        _write_private(Path(files[name]), pem)
+
+
+def _tls_arguments(stack: Stack) -> list[str]:
+    """`dask scheduler|worker` options for the stack's certificate, made on the first call (paths, no secret)."""
+    files = stack.tls_files()
+    if not Path(files["key"]).exists():
+        _make_certificates(stack)
+    return ["--tls-ca-file", files["ca"], "--tls-cert", files["cert"], "--tls-key", files["key"]]
 
 
 def load(folder: Path) -> Stack:
@@ -246,7 +309,7 @@ def _start_postgres(home: Path, password: str, pids: dict[str, int]) -> int:
     port = free_port()
     home.mkdir(mode=0o700)
     password_file = home / "password"
-    password_file.write_text(password)
+    _write_private(password_file, password)
     if os.geteuid() == 0:
         account = pwd.getpwnam("postgres")
         for path in (home, password_file):
@@ -311,23 +374,23 @@ def _prefect_environment(stack: Stack, folder: Path) -> dict[str, str]:
 
 
 def _mlflow_command(stack: Stack, port: int) -> list[str]:
+    """Its database's URI (a password) comes from its environment (`_mlflow_environment`), not from here."""
     return [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
-            "--backend-store-uri", stack.database_url("mlflow"),
             "--artifacts-destination", f"s3://{stack.bucket}/mlflow-artifacts", "--app-name", "basic-auth",
             "--workers", "1"]  # one process: a password changed (its login cache) is changed for every request
 
 
 def _mlflow_environment(stack: Stack, folder: Path) -> dict[str, str]:
     config = folder / "mlflow-auth.ini"
-    config.write_text("[mlflow]\n"
+    _write_private(config, "[mlflow]\n"
                       "default_permission = NO_PERMISSIONS\n"  # the shipped READ lets everyone read everything
                       f"database_uri = {stack.database_url('mlflow_auth')}\n"
                       f"admin_username = {ADMIN}\n"
                       f"admin_password = {stack.mlflow_passwords[ADMIN]}\n"
                       "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
                       "auth_cache_ttl_seconds = 60\n")
-    config.chmod(0o600)
     return {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_FLASK_SERVER_SECRET_KEY": _password(),
+            "MLFLOW_BACKEND_STORE_URI": stack.database_url("mlflow"),
             # its job runner (GenAI scorers, trace roll-ups: nothing a training run uses) is 8 processes
             "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **_s3_environment(stack)}
 
@@ -337,21 +400,19 @@ def _s3_environment(stack: Stack) -> dict[str, str]:
             "AWS_SECRET_ACCESS_KEY": stack.s3_secret, "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-def _create_bucket(stack: Stack) -> None:
-    import s3fs
-
-    s3fs.S3FileSystem(**stack.storage_options(), key=stack.s3_key, secret=stack.s3_secret).mkdir(stack.bucket)
-
-
 def _dask() -> str:
     return str(Path(sys.executable).with_name("dask"))
 
 
 def _wait_for_dask_workers(stack: Stack, count: int, folder: Path) -> None:
     from distributed import Client
+    from distributed.security import Security
 
+    files = stack.tls_files()
+    security = Security(tls_ca_file=files["ca"], tls_client_cert=files["cert"], tls_client_key=files["key"],
+                        require_encryption=True)
     try:
-        with Client(stack.scheduler_address, timeout=START_TIMEOUT_S) as client:
+        with Client(stack.scheduler_address, timeout=START_TIMEOUT_S, security=security) as client:
             client.wait_for_workers(count, timeout=START_TIMEOUT_S)
     except (OSError, TimeoutError) as error:
         raise StackError(f"the Dask scheduler at {stack.scheduler_address}: {count} workers did not join "
@@ -360,11 +421,13 @@ def _wait_for_dask_workers(stack: Stack, count: int, folder: Path) -> None:
 
 # -- processes ----------------------------------------------------------------------------------
 
-def _spawn(folder: Path, name: str, command: list[str], environment: Mapping[str, str] | None = None) -> int:
+def _spawn(folder: Path, name: str, command: list[str], environment: Mapping[str, str] | None = None,
+           cwd: Path | None = None) -> int:
     """`command` in a session of its own (it outlives `gymflow stack up`), its output in NAME.log."""
     with open(folder / f"{name}.log", "ab") as log:
-        process = subprocess.Popen(command, cwd=folder, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env={**os.environ, **(environment or {})}, start_new_session=True)
+        process = subprocess.Popen(command, cwd=cwd or folder, stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, env={**os.environ, **(environment or {})},
+                                   start_new_session=True)
     return process.pid
 
 

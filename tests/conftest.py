@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 import os
 import signal
 import tempfile
@@ -26,7 +25,7 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from gymflow.flows.stopping import still_running  # noqa: F401 (the tests import it from here)
-from gymflow.testing.s3 import free_port, moto_on_loopback  # noqa: F401 (free_port: the tests import it from here)
+from gymflow.testing.s3 import SET_UP_REQUESTS, free_port, moto_on_loopback, user_and_bucket  # noqa: F401 (free_port: the tests import it from here)
 from tests.prefect_databases import harness_databases_seeded, seed_prefect_database
 from tests.shared_prefect_api import read_url
 from tests.suite import ALONE_AFTER, ALONE_SET_UP, SHARED_API
@@ -270,22 +269,6 @@ class S3Server:
         return {"endpoint_url": endpoint or self.endpoint, "key": self.key, "secret": self.secret}
 
 
-def s3_user_and_bucket(endpoint: str) -> tuple[str, str]:
-    """On a fresh moto server started with INITIAL_NO_AUTH_ACTION_COUNT=4: a user allowed
-    everything, its access key (returned: key, secret) and the bucket `gymflow`."""
-    import boto3
-
-    admin = {"endpoint_url": endpoint, "region_name": "us-east-1",
-             "aws_access_key_id": "setup", "aws_secret_access_key": "setup"}
-    iam = boto3.client("iam", **admin)
-    iam.create_user(UserName="gymflow")
-    iam.put_user_policy(UserName="gymflow", PolicyName="everything", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
-    key = iam.create_access_key(UserName="gymflow")["AccessKey"]
-    boto3.client("s3", **admin).create_bucket(Bucket="gymflow")
-    return key["AccessKeyId"], key["SecretAccessKey"]
-
-
 def running_processes() -> set[int]:
     """The ids of every process now: what a later `processes_started_since` leaves out."""
     import psutil
@@ -355,6 +338,6 @@ def s3_server():
 
     # The first four requests (the set-up below) go unauthenticated; every later one must be signed
     # with a key the server knows.
-    with moto_on_loopback({"INITIAL_NO_AUTH_ACTION_COUNT": "4"}) as endpoint:
-        key, secret = s3_user_and_bucket(endpoint)
+    with moto_on_loopback({"INITIAL_NO_AUTH_ACTION_COUNT": str(SET_UP_REQUESTS)}) as endpoint:
+        key, secret = user_and_bucket(endpoint, "gymflow")
         yield S3Server(endpoint, key, secret, "gymflow")

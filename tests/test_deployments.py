@@ -173,6 +173,10 @@ def test_every_deployment_is_listed_and_the_retraining_schedules_are_deployed_pa
 @pytest.mark.parametrize(("deployment", "bad", "says"), [
     ("improve/cartpole-ppo", {"overrides": {"agent.lr": -1}},
      "gymflow.flow-run.refused * agent.lr: Input should be greater than 0 (got -1)"),
+    # a credential in a deployment run's parameters: refused, saying where it belongs (Prefect has stored it)
+    ("improve/cartpole-ppo", {"overrides": {"storage.options.secret": "planted-s3cr3t"}},
+     "gymflow.flow-run.refused * storage.options.secret: holds a credential: a deployment run's parameters are kept "
+     "in Prefect's database and shown in its UI; allowed: the credential in a Prefect Secret block"),
     pytest.param("monitor/cartpole-ppo-champion", {"model_name": "nobody-s-model"},
                  "gymflow.flow-run.refused * model_name: 'nobody-s-model' has no champion", marks=pytest.mark.slow),
 ])

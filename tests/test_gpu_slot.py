@@ -108,3 +108,45 @@ def test_a_gpu_given_no_slots_is_refused_in_one_line(prefect_api):
                                                  rf"update {name} --limit 1`$"):
         with gpu_slot("cuda:0", _Said(), host=host):
             pass
+
+
+def test_a_link_planted_in_the_shared_folder_is_not_followed_and_a_foreign_folder_is_refused(
+        prefect_api, tmp_path, monkeypatch):
+    import gymflow.tasks.training.gpu_slot as slots
+
+    folder = tmp_path / "gpu-slots"
+    monkeypatch.setattr(slots, "SLOTS_FOLDER", folder)
+    host = f"planted-{uuid.uuid4().hex[:6]}"
+    name = slot_name("cuda:0", host)
+    with gpu_slot("cuda:0", _Said(), host=host):
+        assert (folder / f"{name}.0.holder").exists()
+    assert folder.stat().st_mode & 0o7777 == 0o1777  # sticky: nobody removes another user's files
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    (folder / f"{name}.0.holder").symlink_to(victim)  # a link where the next holder writes its name
+    with gpu_slot("cuda:0", _Said(), host=host) as held:
+        assert held == name
+    assert victim.read_text() == "mine"
+    (folder / f"{name}.0.lock").unlink()
+    (folder / f"{name}.0.lock").symlink_to(tmp_path / "made-through-the-link")
+    with pytest.raises(OSError):  # ELOOP: no lock taken through a link
+        with gpu_slot("cuda:0", _Said(), host=host):
+            pass
+    assert not (tmp_path / "made-through-the-link").exists()
+
+    for planted in ("link", "open", "foreign")[:3 if os.geteuid() == 0 else 2]:
+        other = tmp_path / f"other-{planted}"
+        other.mkdir()
+        other.chmod(0o777 if planted != "foreign" else 0o1777)  # open: anyone could swap the lock files
+        if planted == "link":
+            other = other.with_name("link-to-it")
+            other.symlink_to(tmp_path / "other-link")
+        if planted == "foreign":
+            os.chown(other, 65534, 65534)  # made first by another user of the host
+        monkeypatch.setattr(slots, "SLOTS_FOLDER", other)
+        what = {"link": "a link", "open": "writable by others, not sticky",
+                "foreign": "owned by (user nobody|uid 65534)"}[planted]
+        with pytest.raises(ClusterUnavailable, match=rf"^distribution.learner_device: {other} \({what}\) could be "
+                                                     rf"turned against this run; allowed: remove it, or have root"):
+            with gpu_slot("cuda:0", _Said(), host=host):
+                pass

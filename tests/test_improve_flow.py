@@ -132,3 +132,59 @@ def test_a_running_scheduler_address_is_used_instead_of_a_local_cluster(prefect_
         with Client(cluster) as client:
             worker_pids = set(client.run(os.getpid).values())
     assert {int(p.split(":")[1]) for p in summary.rollout_processes} == worker_pids
+
+
+def _intruders_refused(address: str) -> list[str]:
+    """What happens to two clients that are not the run's: one over plain tcp (no certificate), one
+    with a certificate of its own CA's; each refused, or what it got in."""
+    from distributed import Client
+    from distributed.security import Security
+
+    let_in = []
+    intruders = [("no certificate", address.replace("tls://", "tcp://"), None)]
+    if address.startswith("tls://"):
+        intruders.append(("its own certificate", address, Security.temporary()))
+    for name, url, security in intruders:
+        try:
+            with Client(url, security=security, timeout=3) as intruder:
+                let_in.append(f"{name}: ran {intruder.submit(os.getpid).result(timeout=10)}")
+        except (OSError, TimeoutError):
+            pass  # refused
+    return let_in
+
+
+# default tier: the one intruder drill on a run's own LocalCluster (mutual TLS, on by default); the plain-tcp
+# run that lets one in is in the long tier
+@pytest.mark.parametrize("tls", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_a_run_s_own_cluster_refuses_clients_without_its_certificate_while_the_run_goes_on(
+        prefect_api, workspace, tls, caplog):
+    import contextvars
+    import threading
+
+    from distributed import Client
+    from distributed.scheduler import Scheduler
+
+    from tests.conftest import drill_run
+
+    overrides = {**drill_run(workspace), "distribution.cluster_tls": tls}
+    finished: list = []
+    context = contextvars.copy_context()  # the test's Prefect API settings, which a new thread would not see
+    running = threading.Thread(target=lambda: finished.append(context.run(improve, "cartpole-ppo", overrides)))
+    running.start()
+    deadline = time.monotonic() + 120
+    while not (schedulers := [s for s in list(Scheduler._instances) if s.workers]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    (scheduler,) = schedulers
+    address = scheduler.address
+    let_in = _intruders_refused(address)
+    with Client(address, security=scheduler.security, timeout=10) as own:  # the run's own certificates: let in
+        assert len(own.scheduler_info()["workers"]) == 2
+    assert running.is_alive(), "the run ended before the intruders tried: nothing was tested"
+    running.join(timeout=240)
+    (summary,) = finished
+    assert summary.env_steps == 16384
+    plain_said = [r.getMessage() for r in caplog.records if "distribution.cluster_tls: false" in r.getMessage()]
+    if tls:
+        assert address.startswith("tls://127.0.0.1:") and let_in == [] and plain_said == []
+    else:  # plain tcp: anyone who reaches the port runs code as the run's user, and the run said so, once
+        assert address.startswith("tcp://127.0.0.1:") and len(let_in) == 1 and len(plain_said) == 1, let_in

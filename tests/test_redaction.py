@@ -57,3 +57,24 @@ def test_a_uri_loses_only_its_password():
     for plain in ("sqlite:///mlflow.db", "http://host:5000/path", "s3://bucket/prefix", "file:///tmp/a:b@c",
                   "http://alice@host"):
         assert redacted_uri(plain) == plain == without_password(plain)
+
+
+def test_a_secret_assigned_in_free_text_is_masked_and_other_text_kept():
+    from gymflow.presets.redaction import redacted_text
+
+    prologue = [f"export AWS_SECRET_ACCESS_KEY={PLANTED} && module load python/3.11",
+                f"PGPASSWORD='{PLANTED}' psql -h db", f"mytool --api-token {PLANTED} --constraint=skylake",
+                f"X_CREDENTIALS=\"{PLANTED} more\"; ls", f"source ~/.venv/bin/activate; TOKEN={PLANTED}"]
+    masked = redacted({"distribution": {"slurm": {"prologue": prologue, "directives": ["--qos=long"]}}})
+    assert PLANTED not in json.dumps(masked)
+    assert masked["distribution"]["slurm"]["prologue"] == [
+        "export AWS_SECRET_ACCESS_KEY=*** && module load python/3.11", "PGPASSWORD=*** psql -h db",
+        "mytool --api-token *** --constraint=skylake", "X_CREDENTIALS=***; ls", "source ~/.venv/bin/activate; TOKEN=***"]
+    for plain in ("module load python/3.11", "--constraint=skylake", "gymflow.testing.envs:KeyDoor",
+                  "envs.keyboard:Typing", "--qos=long", "sqlite:///mlflow.db"):
+        assert redacted_text(plain) == plain
+
+
+def test_a_field_naming_where_a_credential_is_kept_is_no_credential():
+    tls = {"distribution": {"tls": {"ca_file": "/etc/ca.pem", "cert_file": "/etc/c.pem", "key_file": "/etc/k.pem"}}}
+    assert redacted(tls) == tls  # a resumed run finds its certificates again

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from prefect.client.orchestration import get_client
 
 from gymflow.flows.cli import main
 from gymflow.flows.improve import improve
@@ -157,10 +158,10 @@ def test_the_usual_aws_environment_variables_configure_s3(s3_server, monkeypatch
 # no sink (MLflow, the bucket, Prefect's database and events) is checked here and in test_redaction's unit tests
 def test_credentials_kept_in_a_prefect_block_reach_s3_and_appear_nowhere_else(prefect_api, workspace, s3_server,
                                                                               tiny_budget):
-    """The block's options hold an access key of this test's own, its id at the top (`key`) and its
-    secret nested (`client_kwargs.aws_secret_access_key`, as botocore takes it): neither is in
-    anything the run wrote (MLflow's store and artifacts, the bucket) nor in Prefect's database
-    (parameters, logs, events, artifacts; the block itself is kept encrypted there)."""
+    """An access key of this test's own: its id in the block's options (`key`), its secret given as an
+    override (`storage.options.secret`, as a run started in Python or from the command line may):
+    neither is in anything the run wrote (MLflow's store and artifacts, the bucket) nor in Prefect's
+    database (the flow run's parameters, logs, events, artifacts; the block itself is kept encrypted there)."""
     import boto3
     from prefect.blocks.system import Secret
     from prefect.settings import get_current_settings
@@ -171,10 +172,9 @@ def test_credentials_kept_in_a_prefect_block_reach_s3_and_appear_nowhere_else(pr
                        aws_access_key_id=s3_server.key, aws_secret_access_key=s3_server.secret)
     planted = iam.create_access_key(UserName="gymflow")["AccessKey"]  # only here: other tests pass the session's
     key, secret = planted["AccessKeyId"], planted["SecretAccessKey"]
-    Secret(value={"key": key, "endpoint_url": s3_server.endpoint, "client_kwargs": {"aws_secret_access_key": secret}}
-           ).save("gymflow-test-s3", overwrite=True)
+    Secret(value={"key": key, "endpoint_url": s3_server.endpoint}).save("gymflow-test-s3", overwrite=True)
     prefix = f"block-{uuid.uuid4().hex[:6]}"
-    overrides = {**tiny_budget, "storage.root": f"s3://{s3_server.bucket}/{prefix}",
+    overrides = {**tiny_budget, "storage.root": f"s3://{s3_server.bucket}/{prefix}", "storage.options.secret": secret,
                  "storage.options_block": "secret/gymflow-test-s3", "tracking.tracking_uri": f"sqlite:///{workspace / 'mlflow.db'}"}
     summary = improve("cartpole-ppo", overrides)
     check_run_storage(_storage(s3_server, prefix), summary)  # IAM on: only the block's key could write them
@@ -182,7 +182,11 @@ def test_credentials_kept_in_a_prefect_block_reach_s3_and_appear_nowhere_else(pr
     client = MlflowClient(overrides["tracking.tracking_uri"])
     run = client.get_run(summary.mlflow_run_id)
     assert run.data.params["storage.options_block"] == "secret/gymflow-test-s3"
-    assert run.data.params["storage.options.key"] == run.data.params["storage.options.client_kwargs.aws_secret_access_key"] == "***"
+    assert run.data.params["storage.options.key"] == run.data.params["storage.options.secret"] == "***"
+    with get_client(sync_client=True) as prefect:  # what Prefect keeps of the run's parameters: masked
+        (kept,) = [run.parameters["overrides"] for run in prefect.read_flow_runs(limit=200)
+                   if (run.parameters.get("overrides") or {}).get("storage.root") == overrides["storage.root"]]
+    assert kept["storage.options.secret"] == "***" and kept["storage.options_block"] == "secret/gymflow-test-s3"
     prefect_events(f"gymflow.run.{summary.run_id}", ["gymflow.run.finished"])  # Prefect holds the run's events
     database = get_current_settings().server.database.connection_url.get_secret_value().split("///", 1)[1]
     bucket = Storage(StorageLocation(f"s3://{s3_server.bucket}", s3_server.options()))

@@ -87,7 +87,8 @@ def _mlflow_as(monkeypatch, stack: team.Stack, user: str):
 
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", user)
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", stack.mlflow_passwords[user])
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MLFLOW_S3_ENDPOINT_URL"):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MLFLOW_S3_ENDPOINT_URL",
+                 "MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD", "MLFLOW_ENABLE_PROXY_MULTIPART_UPLOAD"):
         monkeypatch.setenv(name, stack.environment(user)[name])
     return MlflowClient(stack.mlflow_url)
 
@@ -224,6 +225,57 @@ def test_the_stack_s_dask_scheduler_and_workers_run_on_gymflow_s_housekeeping_cl
     for pid in dask_processes:
         environment = psutil.Process(pid).environ()
         assert {name: environment.get(name) for name in housekeeping_environment()} == housekeeping_environment()
+
+
+# default tier: the one intruder drill on the stack (its Dask cluster, its S3, its listeners, its secrets)
+def test_nobody_without_the_stack_s_keys_gets_in_and_no_secret_is_readable_by_others(stack):
+    import psutil
+    import s3fs
+    from distributed import Client
+    from distributed.security import Security
+
+    from tests.test_improve_flow import _intruders_refused
+
+    assert stack.scheduler_address.startswith("tls://127.0.0.1:")
+    assert _intruders_refused(stack.scheduler_address) == []  # no certificate, or one of another CA's
+    files = stack.tls_files()
+    own = Security(tls_ca_file=files["ca"], tls_client_cert=files["cert"], tls_client_key=files["key"],
+                   require_encryption=True)
+    with Client(stack.scheduler_address, security=own, timeout=10) as member:  # the stack's certificate: let in
+        assert len(member.scheduler_info()["workers"]) == 2
+        working = set(member.run(os.getcwd).values())
+    assert stack.folder not in working and not any((Path(folder) / team.STATE_FILE).exists() for folder in working)
+
+    for key, secret in (("nobody", "wrong"), (stack.s3_key, "wrong")):  # the S3 server checks every request's key
+        stranger = s3fs.S3FileSystem(endpoint_url=stack.s3_endpoint, key=key, secret=secret, skip_instance_cache=True)
+        with pytest.raises(PermissionError):
+            stranger.ls(stack.bucket)
+        with pytest.raises(PermissionError):
+            stranger.pipe(f"{stack.bucket}/planted/checkpoint", b"not yours")
+    assert not _bucket(stack).exists(f"{stack.bucket}/planted")
+
+    processes = [psutil.Process(pid) for pid in stack.pids.values() if _alive(pid)]
+    processes += [child for process in list(processes) for child in process.children(recursive=True)]
+    listening = {(process.name(), connection.laddr.ip) for process in processes
+                 for connection in process.net_connections(kind="inet") if connection.status == psutil.CONN_LISTEN}
+    assert len(listening) >= 5 and {ip for _, ip in listening} == {"127.0.0.1"}, listening  # dashboards too
+    secrets = [stack.postgres_password, stack.s3_secret, stack.prefect_auth_string.split(":", 1)[1],
+               *stack.mlflow_passwords.values()]
+    shown = [process.name() for process in psutil.process_iter() for secret in secrets
+             if secret in " ".join(_command_line(process))]
+    assert shown == [], f"a password on the command line of {shown}"  # `ps` shows those to every user
+    assert Path(stack.folder).stat().st_mode & 0o777 == 0o700  # its maker's alone
+    holding = [path for path in Path(stack.folder).rglob("*") if path.is_file() and not path.is_symlink()
+               and any(secret.encode() in path.read_bytes() for secret in secrets)]
+    assert holding and [str(path) for path in holding if path.stat().st_mode & 0o077] == []  # each made 0600
+    assert {Path(path).stat().st_mode & 0o777 for path in files.values()} == {0o600}
+
+
+def _command_line(process) -> list[str]:
+    try:
+        return process.cmdline()
+    except Exception:  # noqa: BLE001 (ended meanwhile, or not ours to read)
+        return []
 
 
 # long tier: the servers' own restarts (the default run's test above restarts their database)

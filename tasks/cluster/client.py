@@ -160,6 +160,8 @@ def _local_cluster(config: DistributionConfig, workers: int) -> LocalCluster:
             processes=True,
             dashboard_address="127.0.0.1:0",  # loopback only: the dashboard shows the workers' logs
             silence_logs=logging.ERROR,
+            # mutual TLS, its certificates made here and handed to its workers and clients alone
+            security=Security.temporary() if config.cluster_tls else None,
             resources=config.rollout_resources or None,  # its workers offer what rollouts ask for
             preload=["gymflow.tasks.cluster.local_worker"],  # signals to the flow's group are the flow's
         )

@@ -36,6 +36,8 @@ def rollout_hosts(experiment: Experiment, logger: AnyLogger, run_id: str) -> Ite
         return
     if (note := workers_beyond_cores(experiment.preset, os.cpu_count() or 1)) is not None:
         logger.warning("%s", note)
+    if (note := plain_tcp_cluster(experiment.preset)) is not None:
+        logger.warning("%s", note)
     from gymflow.tasks.cluster.client import dask_client, job_hosts  # Dask: imported by the runs that use it
 
     resume_hint = f"`gymflow resume {run_id} --root {experiment.preset.storage.root}` continues the run"
@@ -53,3 +55,12 @@ def workers_beyond_cores(preset: Preset, cores: int) -> str | None:
     return (f"distribution.rollout_workers: {workers} rollout workers do not fit this machine's {cores} cores; "
             f"its LocalCluster starts {cores} worker processes and the other rollouts of each round wait for them "
             f"(fewer workers with more distribution.envs_per_worker step as many envs with less waiting)")
+
+
+def plain_tcp_cluster(preset: Preset) -> str | None:
+    """One line for a run whose own cluster (a LocalCluster, SLURM's) was asked to speak plain tcp."""
+    config = preset.distribution
+    if config.cluster_tls or config.scheduler_address or config.cluster_class:
+        return None
+    return ("distribution.cluster_tls: false: the run's Dask cluster speaks plain tcp, so any process that reaches "
+            "its scheduler's port can run code as this user")

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import getpass
 import logging
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+import weakref
 from typing import TYPE_CHECKING
 
 import dask
@@ -86,8 +88,13 @@ def slurm_cluster(config: DistributionConfig) -> SLURMCluster:
             interface=slurm.interface,
             log_directory=slurm.log_directory,
             job_name=JOB_NAME,
-            scheduler_options={"dashboard_address": ":0"},
+            scheduler_options={"dashboard_address": "127.0.0.1:0"},  # ":0" would bind every interface
+            # mutual TLS: certificates made for the run; the workers' copies in a 0700 folder the nodes share
+            security=config.cluster_tls or None,
+            shared_temp_directory=_certificates_folder(slurm) if config.cluster_tls else None,
         )
+        if config.cluster_tls:
+            weakref.finalize(cluster, shutil.rmtree, cluster.shared_temp_directory, True)
     try:
         check_job_script(cluster.job_script())
     except BaseException:
@@ -97,6 +104,14 @@ def slurm_cluster(config: DistributionConfig) -> SLURMCluster:
         config.rollout_workers, config.rollout_workers)
     cluster.adapt(minimum=minimum, maximum=maximum)
     return cluster
+
+
+def _certificates_folder(slurm: SlurmConfig) -> str:
+    """A folder of this run's alone (0700) for the certificates its jobs' workers present, where the
+    nodes read it too: the jobs' log folder, or the flow's working folder (as dask-jobqueue's default)."""
+    base = slurm.log_directory or os.getcwd()
+    os.makedirs(base, exist_ok=True)
+    return tempfile.mkdtemp(prefix=".gymflow-tls-", dir=base)
 
 
 def check_against_partition(slurm: SlurmConfig) -> None:

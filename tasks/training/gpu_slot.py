@@ -8,15 +8,22 @@ gpu-HOST-0 --limit 2`), which the Prefect UI shows, and one lock file per slot o
 (`SLOTS_FOLDER`), which the operating system lets go of when its holder dies however it dies
 (SIGKILL, the OOM killer). A lease in Prefect does not: the command's temporary Prefect API keeps
 its leases in memory and dies with the run, leaving the limit's count taken for good. So the lock is
-what decides; the limit follows it, and a count that no live holder's lock backs is given back."""
+what decides; the limit follows it, and a count that no live holder's lock backs is given back.
+
+The folder is shared by every user of the host, so nobody may turn it against another: it is used
+only as a real folder (not a link) that belongs to root or to this user and is sticky (nobody
+removes or renames another's files), and every file in it is opened with O_NOFOLLOW, so a link
+planted in a slot's name is refused instead of followed."""
 
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+import pwd
 import re
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -77,9 +84,7 @@ def gpu_slot(device: str, logger: AnyLogger, host: str | None = None, run: str =
 @contextmanager
 def _slot_lock(name: str, limit: int, logger: AnyLogger, run: str, wait_s: float) -> Iterator[None]:
     """One of the limit's lock files, held (and naming this run) while inside."""
-    SLOTS_FOLDER.mkdir(exist_ok=True)
-    with suppress(PermissionError):
-        SLOTS_FOLDER.chmod(0o1777)  # another user's runs on this host share the GPU too
+    _shared_folder_checked()
     deadline, said = time.monotonic() + wait_s, False
     while True:
         held = _try_lock(name, limit, run)
@@ -111,7 +116,7 @@ def _try_lock(name: str, limit: int, run: str) -> tuple[int, Path] | None:
     for index in range(limit):
         path = SLOTS_FOLDER / f"{name}.{index}.lock"
         # read-only: another user's lock file locks as well; no child process inherits it
-        descriptor = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        descriptor = _open_unlinked(path, os.O_RDONLY | os.O_CREAT, 0o666)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -119,7 +124,9 @@ def _try_lock(name: str, limit: int, run: str) -> tuple[int, Path] | None:
             continue
         holder_file = path.with_suffix(".holder")
         with suppress(OSError):
-            holder_file.write_text(json.dumps({"run": run, "pid": os.getpid(), "since": time.time()}))
+            holder = _open_unlinked(holder_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            with os.fdopen(holder, "w") as out:
+                out.write(json.dumps({"run": run, "pid": os.getpid(), "since": time.time()}))
         return descriptor, holder_file
     return None
 
@@ -128,8 +135,39 @@ def _holders(name: str, limit: int) -> list[SlotHolder]:
     holders = []
     for index in range(limit):
         with suppress(OSError, ValueError, TypeError, KeyError):
-            holders.append(SlotHolder(**json.loads((SLOTS_FOLDER / f"{name}.{index}.holder").read_text())))
+            with os.fdopen(_open_unlinked(SLOTS_FOLDER / f"{name}.{index}.holder", os.O_RDONLY)) as holder:
+                holders.append(SlotHolder(**json.loads(holder.read(4096))))
     return holders
+
+
+def _open_unlinked(path: Path, flags: int, mode: int = 0o600) -> int:
+    """`path` opened only if it is not a symbolic link (OSError ELOOP where it is one)."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+
+
+def _shared_folder_checked() -> None:
+    """SLOTS_FOLDER made (sticky and open to every user, whose runs share the GPU too) where it is not
+    there; refused in one line where it is a link, or belongs to another user, or lets anyone
+    remove its files."""
+    with suppress(FileExistsError):
+        SLOTS_FOLDER.mkdir()
+        with suppress(PermissionError):
+            SLOTS_FOLDER.chmod(0o1777)
+    found = SLOTS_FOLDER.lstat()
+    sticky = bool(found.st_mode & stat.S_ISVTX) or not found.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if stat.S_ISDIR(found.st_mode) and found.st_uid in (0, os.geteuid()) and sticky:
+        return
+    what = "a link" if stat.S_ISLNK(found.st_mode) else "not a folder" if not stat.S_ISDIR(found.st_mode) else \
+        f"owned by {_user(found.st_uid)}" if found.st_uid not in (0, os.geteuid()) else "writable by others, not sticky"
+    raise ClusterUnavailable("distribution.learner_device", f"{SLOTS_FOLDER} ({what}) could be turned against this "
+                             f"run; allowed: remove it, or have root make it with `install -d -m 1777 {SLOTS_FOLDER}`")
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name}"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def _described(holders: list[SlotHolder]) -> str:
