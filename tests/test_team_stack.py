@@ -256,9 +256,10 @@ def test_nobody_without_the_stack_s_keys_gets_in_and_no_secret_is_readable_by_ot
 
     processes = [psutil.Process(pid) for pid in stack.pids.values() if _alive(pid)]
     processes += [child for process in list(processes) for child in process.children(recursive=True)]
-    listening = {(process.name(), connection.laddr.ip) for process in processes
+    listening = {(process.name(), connection.laddr.port, connection.laddr.ip) for process in processes
                  for connection in process.net_connections(kind="inet") if connection.status == psutil.CONN_LISTEN}
-    assert len(listening) >= 5 and {ip for _, ip in listening} == {"127.0.0.1"}, listening  # dashboards too
+    # PostgreSQL, S3, Prefect, MLflow, the scheduler and its dashboard, each worker and its dashboard
+    assert len(listening) >= 8 and {ip for *_, ip in listening} == {"127.0.0.1"}, listening
     secrets = [stack.postgres_password, stack.s3_secret, stack.prefect_auth_string.split(":", 1)[1],
                *stack.mlflow_passwords.values()]
     shown = [process.name() for process in psutil.process_iter() for secret in secrets
