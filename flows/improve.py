@@ -13,9 +13,9 @@ from prefect.runtime import flow_run
 from prefect.states import Completed
 from pydantic import Field
 
-from gymflow.flows.parameters import checked_flow, no_credentials_in_a_deployment_run, refusal_said
+from gymflow.flows.parameters import checked_flow, overrides_checked, refusal_said
 from gymflow.flows.stopping import cancellable
-from gymflow.presets.overrides import PresetOverrides, as_dotted
+from gymflow.presets.overrides import PresetOverrides
 from gymflow.presets.validate import resolve_experiment
 from gymflow.tasks.cluster.placement import rollout_hosts
 from gymflow.tasks.sweep.trial import PbtMember, SweepTrial, TrialJudge
@@ -65,8 +65,7 @@ def improve(
             a population member's interval: its values, where it pauses, the member it copies.
     """
     with refusal_said():
-        no_credentials_in_a_deployment_run(changed := as_dotted(overrides))
-        experiment = resolve_experiment(preset, changed)  # bad input stops here
+        experiment = resolve_experiment(preset, changed := overrides_checked(overrides))  # bad input stops here
         member = sweep_trial if isinstance(sweep_trial, PbtMember) else None
         run = prepare_run(experiment, warm_start, resume, run_id, member)  # so does an unusable root or server
     logger = get_run_logger()

@@ -16,8 +16,8 @@ from prefect import get_run_logger
 from pydantic import Field
 
 from gymflow.errors import InvalidPreset
-from gymflow.flows.parameters import checked_flow, no_credentials_in_a_deployment_run, refusal_said
-from gymflow.presets.overrides import PresetOverrides, as_dotted
+from gymflow.flows.parameters import checked_flow, overrides_checked, refusal_said
+from gymflow.presets.overrides import PresetOverrides
 from gymflow.presets.redaction import redacted_uri, without_credentials
 from gymflow.presets.validate import resolve_experiment
 from gymflow.tasks.tracking.events import model_scored
@@ -57,7 +57,7 @@ def monitor(
         evaluation_episodes: Episodes to score it on, with seeds drawn for this run.
     """
     with refusal_said():
-        no_credentials_in_a_deployment_run(changes := as_dotted(overrides))
+        changes = overrides_checked(overrides)
         config = resolve_experiment(preset, changes).preset  # bad input stops here
         name = model_name or f"gymflow-{config.name}"
         check_tracking_server(config.tracking.tracking_uri, config.tracking.experiment)

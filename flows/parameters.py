@@ -17,7 +17,7 @@ from typing import Any, get_type_hints
 
 from prefect import Flow
 from prefect.client.schemas.objects import FlowRun
-from prefect.context import FlowRunContext
+from prefect.context import get_run_context
 from prefect.exceptions import ParameterTypeError
 from prefect.logging.loggers import flow_run_logger
 from prefect.runtime import flow_run as this_flow_run
@@ -79,15 +79,16 @@ CREDENTIALS_BELONG = ("a deployment run's parameters are kept in Prefect's datab
                       "MLFLOW_TRACKING_PASSWORD)")
 
 
-def no_credentials_in_a_deployment_run(overrides: Mapping[str, Any] | Any | None) -> None:
-    """Refuse (InvalidPreset naming the field) a deployment run whose overrides hold a credential:
-    a value under a secret key, a URI's password, a secret assigned in free text."""
-    context = FlowRunContext.get()
-    if not overrides or context is None or context.flow_run is None or not context.flow_run.deployment_id:
-        return
-    for field, value in as_dotted(overrides).items():
-        if redacted({field: value}) != {field: value} or MASK in repr(value):  # a masked one is no use either
-            raise InvalidPreset(field, f"holds a credential: {CREDENTIALS_BELONG}")
+def overrides_checked(overrides: Any) -> dict[str, Any]:
+    """A flow's overrides as dotted keys; in a deployment run, refused (InvalidPreset naming the
+    field) where one holds a credential: a value under a secret key, a URI's password, a secret
+    assigned in free text, or `***` (a masked one, of no use either)."""
+    changes = as_dotted(overrides)
+    if get_run_context().flow_run.deployment_id:
+        for field, value in changes.items():
+            if redacted({field: value}) != {field: value} or MASK in repr(value):
+                raise InvalidPreset(field, f"holds a credential: {CREDENTIALS_BELONG}")
+    return changes
 
 
 def _said(error: GymflowError) -> None:

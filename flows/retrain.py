@@ -16,9 +16,9 @@ from gymflow.agents.match import MatchResult
 from gymflow.envs.seeding import derive_seed
 from gymflow.errors import InvalidPreset
 from gymflow.flows.improve import improve
-from gymflow.flows.parameters import checked_flow, no_credentials_in_a_deployment_run, refusal_said
+from gymflow.flows.parameters import checked_flow, overrides_checked, refusal_said
 from gymflow.presets.model import Preset
-from gymflow.presets.overrides import PresetOverrides, as_dotted
+from gymflow.presets.overrides import PresetOverrides
 from gymflow.presets.validate import resolve_experiment
 from gymflow.tasks.tracking.events import model_decided
 from gymflow.tasks.tracking.logged import find_logged_experience
@@ -124,7 +124,7 @@ def retrain(
     judge = training.judge
     logger = get_run_logger()
     with refusal_said():
-        no_credentials_in_a_deployment_run(changes := as_dotted(overrides))
+        changes = overrides_checked(overrides)
         experiment = resolve_experiment(preset, changes)  # bad input stops here
         config = experiment.preset
         if judge == "match" and len(getattr(experiment.observation_space, "groups", ())) != 2:

@@ -26,7 +26,7 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from gymflow.flows.improve import improve
-from gymflow.flows.parameters import checked_flow, no_credentials_in_a_deployment_run, refusal_said
+from gymflow.flows.parameters import checked_flow, overrides_checked, refusal_said
 from gymflow.flows.population import train_population
 from gymflow.presets.sweep import Sweep, SweepSpec, check_sweep, sweep_spec
 from gymflow.tasks.cluster.client import shared_local_cluster
@@ -104,7 +104,7 @@ def sweep(spec: SweepSpec, sweep_id: str | None = None) -> SweepResult:
     """
     with refusal_said():
         checked = check_sweep(sweep_spec(spec))  # bad input stops here; nothing written
-        no_credentials_in_a_deployment_run(checked.spec.overrides)
+        overrides_checked(checked.spec.overrides)  # a credential in a deployment run's parameters stops here
         if checked.spec.pbt is not None:
             check_perturbable(checked)
         checked = replace(checked, base=preset_with_block_options(checked.base))  # storage credentials in a block

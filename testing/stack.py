@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from gymflow.tasks.cluster.clocks import housekeeping_environment
@@ -154,26 +154,14 @@ def _start(folder: Path, users: tuple[str, ...], dask_workers: int, say: Callabl
                     {ADMIN: _password(), **{user: _password() for user in users}}, s3_endpoint, bucket,
                     "", "", "", pids)
     prefect_port, mlflow_port, scheduler_port = free_port(), free_port(), free_port()
-    pids["prefect"] = _spawn(folder, "prefect", _prefect_command(prefect_port), _prefect_environment(partial, folder))
+    pids["prefect"] = _spawn(folder, "prefect", _prefect_command(prefect_port),
+                             _prefect_environment(partial, folder, prefect_port))
     _wait_until(lambda: _answers(f"{s3_endpoint}/moto-api/"), "the S3 server", pids["s3"], folder / "s3.log")
     s3_key, s3_secret = user_and_bucket(s3_endpoint, bucket, user="gymflow-team")
-    partial = Stack(**{**asdict(partial), "s3_key": s3_key, "s3_secret": s3_secret})
+    partial = replace(partial, s3_key=s3_key, s3_secret=s3_secret)  # the same `pids`, filled as parts start
     pids["mlflow"] = _spawn(folder, "mlflow", _mlflow_command(partial, mlflow_port),
                             _mlflow_environment(partial, folder))
-    clocks = housekeeping_environment()  # gymflow's, as in a run's own LocalCluster
-    tls = _tls_arguments(partial)
-    # dashboards on loopback too (":0" binds every interface, whatever --host says)
-    pids["dask-scheduler"] = _spawn(folder, "dask-scheduler", [
-        _dask(), "scheduler", "--protocol", "tls", "--host", "127.0.0.1", "--port", str(scheduler_port),
-        "--dashboard-address", "127.0.0.1:0", *tls], {**clocks, **partial.dask_environment()})
-    scheduler_address = f"tls://127.0.0.1:{scheduler_port}"
-    for index in range(dask_workers):
-        working = folder / f"dask-worker-{index}"  # not the stack's folder, where its secrets are
-        working.mkdir(mode=0o700)
-        pids[f"dask-worker-{index}"] = _spawn(folder, f"dask-worker-{index}", [
-            _dask(), "worker", scheduler_address, "--nthreads", "1", "--host", "127.0.0.1",
-            "--dashboard-address", "127.0.0.1:0", *tls],
-            {**_s3_environment(partial), **clocks, **partial.dask_environment()}, cwd=working)
+    scheduler_address = _spawn_dask(partial, scheduler_port, dask_workers)
 
     prefect_url, mlflow_url = f"http://127.0.0.1:{prefect_port}/api", f"http://127.0.0.1:{mlflow_port}"
     _wait_until(_prefect_ready(prefect_url, partial.prefect_auth_string), "the Prefect server", pids["prefect"],
@@ -191,6 +179,26 @@ def _start(folder: Path, users: tuple[str, ...], dask_workers: int, say: Callabl
     say(f"Dask {scheduler_address}, {dask_workers} workers ({time.monotonic() - started:.1f} s)")
     _save(stack)
     return stack
+
+
+def _spawn_dask(stack: Stack, port: int, workers: int) -> str:
+    """The stack's Dask scheduler and workers, on gymflow's clocks and on mutual TLS; its address."""
+    folder, pids = Path(stack.folder), stack.pids
+    clocks = housekeeping_environment()  # gymflow's, as in a run's own LocalCluster
+    tls = _tls_arguments(stack)
+    # dashboards on loopback too (":0" binds every interface, whatever --host says)
+    pids["dask-scheduler"] = _spawn(folder, "dask-scheduler", [
+        _dask(), "scheduler", "--protocol", "tls", "--host", "127.0.0.1", "--port", str(port),
+        "--dashboard-address", "127.0.0.1:0", *tls], {**clocks, **stack.dask_environment()})
+    address = f"tls://127.0.0.1:{port}"
+    for index in range(workers):
+        working = folder / f"dask-worker-{index}"  # not the stack's folder, where its secrets are
+        working.mkdir(mode=0o700)
+        pids[f"dask-worker-{index}"] = _spawn(folder, f"dask-worker-{index}", [
+            _dask(), "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
+            "--dashboard-address", "127.0.0.1:0", *tls],
+            {**_s3_environment(stack), **clocks, **stack.dask_environment()}, cwd=working)
+    return address
 
 
 def _save(stack: Stack) -> None:
@@ -273,7 +281,7 @@ def restart_server(stack: Stack, name: str, down_s: float = 0.0) -> None:
     port = int(stack.prefect_api_url.rsplit(":", 1)[1].split("/")[0] if name == "prefect"
                else stack.mlflow_url.rsplit(":", 1)[1])
     if name == "prefect":
-        stack.pids[name] = _spawn(folder, name, _prefect_command(port), _prefect_environment(stack, folder))
+        stack.pids[name] = _spawn(folder, name, _prefect_command(port), _prefect_environment(stack, folder, port))
     else:
         stack.pids[name] = _spawn(folder, name, _mlflow_command(stack, port), _mlflow_environment(stack, folder))
     _save(stack)
@@ -366,8 +374,9 @@ def _prefect_command(port: int) -> list[str]:
             "--port", str(port)]
 
 
-def _prefect_environment(stack: Stack, folder: Path) -> dict[str, str]:
+def _prefect_environment(stack: Stack, folder: Path, port: int) -> dict[str, str]:
     return {"PREFECT_HOME": str(folder / "prefect-home"),
+            "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",  # the UI talks to this API, not to port 4200
             "PREFECT_API_DATABASE_CONNECTION_URL": stack.database_url("prefect", "asyncpg"),
             "PREFECT_SERVER_API_AUTH_STRING": stack.prefect_auth_string,
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "true"}

@@ -343,7 +343,7 @@ def test_a_job_raising_an_exception_pickle_cannot_rebuild_fails_the_run_in_one_l
     assert done.returncode == 2 and time.monotonic() - started < 60
     output = done.stdout + done.stderr
     assert "Traceback" not in output and "Failed to deserialize" not in output, output[-3000:]
-    assert re.search(r"^gymflow: error: rollout job \S+ on the Dask worker tcp://127\.0\.0\.1:\d+: Stubborn: the corridor "
+    assert re.search(r"^gymflow: error: rollout job \S+ on the Dask worker tls://127\.0\.0\.1:\d+: Stubborn: the corridor "
                      r"caved in because the env said so$", done.stderr, re.MULTILINE), done.stderr[-3000:]
 
 

@@ -23,7 +23,8 @@ from gymflow.tasks.storage.checkpoints import latest_version, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 from gymflow.testing.network import Host, Network, unavailable
-from tests.conftest import drill_run, nothing_left_within, running_processes, s3_user_and_bucket
+from gymflow.testing.s3 import user_and_bucket
+from tests.conftest import drill_run, nothing_left_within, running_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 DASK = str(Path(sys.executable).with_name("dask"))
@@ -60,7 +61,7 @@ def _s3_with_a_key(host: Host) -> dict[str, str]:
                env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "4"})
     _answers(host.address, S3_PORT)
     endpoint = f"http://{host.address}:{S3_PORT}"
-    key, secret = s3_user_and_bucket(endpoint)
+    key, secret = user_and_bucket(endpoint, "gymflow")
     return {"endpoint_url": endpoint, "key": key, "secret": secret}
 
 

@@ -40,8 +40,13 @@ class QueueWatch:
     """The most jobs squeue listed running at once, and every job it listed, polled beside a run;
     and the Dask clocks its jobs' workers and its scheduler (in this process) ran on."""
 
-    def __init__(self, slurm: Slurm):
+    def __init__(self, slurm: Slurm, intruders: bool = False):
         self.slurm, self.most, self.ids = slurm, 0, set()
+        # with `intruders`: once the run's scheduler has workers, what two clients not the run's got
+        # in (tests/test_improve_flow.py's `_intruders_refused`), and the scheduler's address
+        self.intruders: list[str] | None = None
+        self.scheduler_address = ""
+        self._try_intruders = intruders
         self.worker_clocks: dict[int, dict[str, str]] = {}  # a job's Dask worker process: its DASK_* variables
         self.scheduler_ticks: set[float] = set()  # each running scheduler's tick interval, s
         self._stop = threading.Event()
@@ -57,6 +62,12 @@ class QueueWatch:
             self.worker_clocks.update(_job_workers_dask_variables())
             self.scheduler_ticks |= {scheduler._tick_interval for scheduler in list(Scheduler._instances)
                                      if scheduler.status.name == "running"}
+            serving = [scheduler for scheduler in list(Scheduler._instances) if scheduler.workers]
+            if self._try_intruders and self.intruders is None and serving:
+                from tests.test_improve_flow import _intruders_refused
+
+                self.scheduler_address = serving[0].address
+                self.intruders = _intruders_refused(self.scheduler_address)
 
     def __enter__(self) -> QueueWatch:
         self._thread.start()
@@ -119,10 +130,13 @@ def test_a_slurm_run_solves_cartpole_through_a_cancelled_job_to_a_local_cluster_
     cancelled: list[str] = []
     canceller = threading.Thread(target=_cancel_a_job_once, args=(slurm, workspace / "slurm", 2, cancelled))
     canceller.start()
-    with QueueWatch(slurm) as queue:
+    with QueueWatch(slurm, intruders=True) as queue:
         on_slurm = improve("cartpole-ppo", {**run, **_on_slurm(workspace), "storage.root": str(workspace / "slurm")})
     canceller.join()
     assert clean.solved and on_slurm.solved, (clean.final_return, on_slurm.final_return)
+    # its scheduler speaks mutual TLS: a client without the run's certificate was refused while it trained
+    assert queue.scheduler_address.startswith("tls://") and queue.intruders == [], (queue.scheduler_address,
+                                                                                   queue.intruders)
     assert queue.most == 2  # one job a worker, running while it trained
     # the jobs' workers and the run's scheduler on gymflow's clocks (tasks/cluster/clocks.py)
     assert queue.worker_clocks and all(variables.items() >= housekeeping_environment().items()

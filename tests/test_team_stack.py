@@ -270,6 +270,9 @@ def test_nobody_without_the_stack_s_keys_gets_in_and_no_secret_is_readable_by_ot
                and any(secret.encode() in path.read_bytes() for secret in secrets)]
     assert holding and [str(path) for path in holding if path.stat().st_mode & 0o077] == []  # each made 0600
     assert {Path(path).stat().st_mode & 0o777 for path in files.values()} == {0o600}
+    ui = httpx.get(stack.prefect_api_url.removesuffix("/api") + "/ui-settings", timeout=30,
+                   auth=tuple(stack.prefect_auth_string.split(":", 1)))
+    assert ui.json()["api_url"] == stack.prefect_api_url  # the stack's UI talks to its own API
 
 
 def _command_line(process) -> list[str]:

@@ -61,14 +61,34 @@ def worker_lifetime(slurm: SlurmConfig) -> tuple[int, int]:
 def slurm_cluster(config: DistributionConfig) -> SLURMCluster:
     """A SLURMCluster for the run's rollout workers, checked against the queue, then adaptive
     between `adaptive`'s bounds (or at rollout_workers)."""
-    from dask_jobqueue import SLURMCluster
-
     slurm = config.slurm
     assert slurm is not None
     if shutil.which("sbatch") is None:
         raise ClusterUnavailable(SLURM, "sbatch is not on this machine's PATH: run the flow on a SLURM login node "
                                         "(or a machine whose sbatch reaches the cluster)")
     check_against_partition(slurm)  # before a scheduler is started for it
+    certificates = _certificates_folder(slurm) if config.cluster_tls else None
+    try:
+        cluster = _started_cluster(config, certificates)
+    except BaseException:
+        if certificates:
+            shutil.rmtree(certificates, ignore_errors=True)
+        raise
+    if certificates:
+        weakref.finalize(cluster, shutil.rmtree, certificates, True)  # with the cluster, its certificates
+    minimum, maximum = (config.adaptive.minimum, config.adaptive.maximum) if config.adaptive else (
+        config.rollout_workers, config.rollout_workers)
+    cluster.adapt(minimum=minimum, maximum=maximum)
+    return cluster
+
+
+def _started_cluster(config: DistributionConfig, certificates: str | None) -> SLURMCluster:
+    """The SLURMCluster of `config.slurm` (its scheduler in this process); closed again if its job
+    script is not one the queue takes."""
+    from dask_jobqueue import SLURMCluster
+
+    slurm = config.slurm
+    assert slurm is not None
     lifetime, stagger = worker_lifetime(slurm)
     resources = [f"{name}={amount:g}" for name, amount in config.rollout_resources.items()]
     with dask.config.set(HOUSEKEEPING_CLOCKS):  # its scheduler is made here, in this process
@@ -90,19 +110,14 @@ def slurm_cluster(config: DistributionConfig) -> SLURMCluster:
             job_name=JOB_NAME,
             scheduler_options={"dashboard_address": "127.0.0.1:0"},  # ":0" would bind every interface
             # mutual TLS: certificates made for the run; the workers' copies in a 0700 folder the nodes share
-            security=config.cluster_tls or None,
-            shared_temp_directory=_certificates_folder(slurm) if config.cluster_tls else None,
+            security=certificates is not None or None,
+            shared_temp_directory=certificates,
         )
-        if config.cluster_tls:
-            weakref.finalize(cluster, shutil.rmtree, cluster.shared_temp_directory, True)
     try:
         check_job_script(cluster.job_script())
     except BaseException:
         cluster.close()
         raise
-    minimum, maximum = (config.adaptive.minimum, config.adaptive.maximum) if config.adaptive else (
-        config.rollout_workers, config.rollout_workers)
-    cluster.adapt(minimum=minimum, maximum=maximum)
     return cluster
 
 
