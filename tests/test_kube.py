@@ -51,9 +51,10 @@ def test_the_manifests_validate_and_carry_what_the_preset_and_options_ask_for(wr
     assert worker["replicas"] == 6 and container["image"] == IMAGE
     assert container["args"][:2] == ["dask", "worker"] and container["args"][-2:] == ["--resources", "ROLLOUT=1"]
     assert container["resources"]["requests"] == {"cpu": "2", "memory": "3Gi"}
-    assert _secret_refs(container) == {STORAGE_SECRET, TRACKING_SECRET}
+    assert _secret_refs(container) == {STORAGE_SECRET}  # the workers write shards, never to MLflow
     (scheduler,) = cluster["spec"]["scheduler"]["spec"]["containers"]
     assert scheduler["args"] == ["dask", "scheduler"] and scheduler["image"] == IMAGE
+    assert "envFrom" not in scheduler  # no credential reaches the scheduler, which runs any client's code
 
     job = job_as_the_worker_makes_it(written["work-pool-template.json"])
     (learner,) = job["spec"]["template"]["spec"]["containers"]

@@ -63,14 +63,16 @@ def manifests(preset: Preset, target: KubeTarget) -> dict[str, Any]:
     }
 
 
-def _secret_env() -> list[dict[str, Any]]:
+def _secret_env(names: tuple[str, ...] = (STORAGE_SECRET, TRACKING_SECRET)) -> list[dict[str, Any]]:
     """Credentials from the Secrets, optional: a store that needs none runs without them."""
-    return [{"secretRef": {"name": name, "optional": True}} for name in (STORAGE_SECRET, TRACKING_SECRET)]
+    return [{"secretRef": {"name": name, "optional": True}} for name in names]
 
 
-def _container(name: str, image: str, args: list[str], resources: dict[str, Any]) -> dict[str, Any]:
+def _container(name: str, image: str, args: list[str], resources: dict[str, Any],
+               secrets: tuple[str, ...] = (STORAGE_SECRET, TRACKING_SECRET)) -> dict[str, Any]:
+    """A pod's container, given only the Secrets it uses (`secrets`)."""
     return {"name": name, "image": image, "imagePullPolicy": "IfNotPresent", "args": args,
-            "envFrom": _secret_env(), "resources": resources}
+            **({"envFrom": _secret_env(secrets)} if secrets else {}), "resources": resources}
 
 
 def dask_cluster(preset: Preset, target: KubeTarget) -> dict[str, Any]:
@@ -83,8 +85,9 @@ def dask_cluster(preset: Preset, target: KubeTarget) -> dict[str, Any]:
         worker_args += ["--resources", ",".join(f"{k}={v:g}" for k, v in distribution.rollout_resources.items())]
     worker_resources = {"requests": {"cpu": target.worker_cpu, "memory": target.worker_memory},
                         "limits": {"cpu": target.worker_cpu, "memory": target.worker_memory}}
+    # the scheduler reads no store: no credential reaches it; the workers write shards, never to MLflow
     scheduler = _container("scheduler", target.image, ["dask", "scheduler"],
-                           {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}})
+                           {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}, secrets=())
     scheduler["ports"] = [{"name": "tcp-comm", "containerPort": SCHEDULER_PORT, "protocol": "TCP"},
                           {"name": "http-dashboard", "containerPort": DASHBOARD_PORT, "protocol": "TCP"}]
     return {
@@ -94,7 +97,8 @@ def dask_cluster(preset: Preset, target: KubeTarget) -> dict[str, Any]:
                      "labels": {"app.kubernetes.io/part-of": "gymflow"}},
         "spec": {
             "worker": {"replicas": distribution.rollout_workers,
-                       "spec": {"containers": [_container("worker", target.image, worker_args, worker_resources)]}},
+                       "spec": {"containers": [_container("worker", target.image, worker_args, worker_resources,
+                                                          secrets=(STORAGE_SECRET,))]}},
             "scheduler": {
                 "spec": {"containers": [scheduler]},
                 "service": {"type": "ClusterIP", "selector": {"dask.org/cluster-name": target.name,
