@@ -350,3 +350,40 @@ def test_inference_beside_the_learner_is_refused_for_what_it_cannot_serve(preset
     with pytest.raises(InvalidPreset) as refused:
         experiment_from(config)
     assert refused.value.field == "distribution.inference" and says in str(refused.value)
+
+
+def test_a_connect_to_a_server_that_never_accepts_is_bounded_and_the_worker_acts_on_its_cpu(tmp_path, monkeypatch):
+    import socket as sockets
+
+    from gymflow.tasks.cluster.inference_client import this_machine
+    from gymflow.tasks.cluster.messages import InferenceAddress
+
+    monkeypatch.setattr(inference_client, "CONNECT_TIMEOUT_S", 1.0)
+    listening = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)  # listens, never accepts nor shakes hands
+    listening.bind(str(tmp_path / "frozen.sock"))
+    listening.listen(1)
+    try:
+        address = InferenceAddress(str(tmp_path / "frozen.sock"), b"k" * 32, this_machine())
+        started = time.monotonic()
+        assert _within(10, lambda: connect(address)) is None  # multiprocessing's Client waited here for good
+        assert time.monotonic() - started < 5
+    finally:
+        listening.close()
+
+
+def test_a_rollout_that_raised_between_request_and_reply_leaves_no_reply_to_the_next(published):
+    """A connection is kept per thread: the replies a failed rollout was owed would be read by the
+    next rollout on that thread as its own (seen: asked for one batch, got the last one's)."""
+    server = _server(published)
+    policy, shape = _policy(published, seed=0), published.observation_space.shape
+    first, second = np.zeros((3, *shape), np.uint8), np.ones((2, *shape), np.uint8)
+    try:
+        with pytest.raises(RuntimeError), RemoteOutputs(connect(server.address), 0, policy) as failed:
+            failed.request(first)
+            raise RuntimeError("the env raised mid-rollout")
+        with RemoteOutputs(connect(server.address), 0, policy) as next_rollout:
+            next_rollout.request(second)
+            np.testing.assert_allclose(_within(10, next_rollout.receive), policy.outputs(second), rtol=1e-5, atol=1e-6)
+            assert next_rollout.remote_rows == 2  # served there, on a connection of its own
+    finally:
+        server.close()

@@ -5,7 +5,10 @@ itself once the server cannot answer; the wire format both sides speak.
 A request is one half of a worker's envs: a version and a batch of observations. A reply is the
 outputs' dtype and columns, then their bytes; columns -1 (`NOT_SERVED`) says the server did not
 serve it (a version retired there, a malformed request, a forward that raised), and the worker
-computes those outputs itself. A worker waits at most `REPLY_TIMEOUT_S` for a reply.
+computes those outputs itself. A worker waits at most `REPLY_TIMEOUT_S` for a reply, and at most
+`CONNECT_TIMEOUT_S` to connect (a server that never accepts, or never finishes the handshake). A
+rollout that ends with replies still owed to it (it raised between a request and its reply) drops
+its connection, so the next rollout on that thread never reads them as its own.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import struct
 import threading
 from collections import deque
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ NOT_SERVED = REPLY.pack(b"", -1)
 # the longest a worker waits for one reply: a forward takes milliseconds, a version's first load from
 # storage a second or two; past it the server counts as gone for this worker process
 REPLY_TIMEOUT_S = 30.0
+CONNECT_TIMEOUT_S = 5.0  # a server on this machine accepts and shakes hands in milliseconds
 
 
 @functools.cache  # a process never changes machine: read once
@@ -53,6 +57,15 @@ class RemoteOutputs:
         self.connection, self.version, self.policy = connection, version, policy
         self.asked: deque[np.ndarray] = deque()
         self.remote_rows = 0
+
+    def __enter__(self) -> RemoteOutputs:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        """The rollout is over: replies still owed on the connection would reach the next rollout
+        of this thread as its own, so a connection that owes any is dropped (and made anew)."""
+        if self.asked and self.connection is not None:
+            self._give_up(server_gone=False)
 
     def request(self, obs: np.ndarray) -> None:
         self.asked.append(obs)
@@ -106,13 +119,40 @@ def connect(address: InferenceAddress) -> Connection | None:
         _close_finished_runs_connections()  # a new connection: those to gone servers go first
         if address in _UNREACHABLE or address.machine != this_machine() or not os.path.exists(address.path):
             return None
-    try:
-        connection = Client(address.path, family="AF_UNIX", authkey=address.authkey)
-    except (OSError, EOFError, AuthenticationError):
+    connection = _connected(address)
+    if connection is None:
         return None
     with _CONNECTIONS_LOCK:
         _CONNECTIONS[key] = connection
     return connection
+
+
+def _connected(address: InferenceAddress) -> Connection | None:
+    """A connection to the server, its handshake done, within CONNECT_TIMEOUT_S; None where it
+    does not answer in time or refuses the key. Multiprocessing's own `Client` waits for good on a
+    listener that never accepts."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.settimeout(CONNECT_TIMEOUT_S)
+            sock.connect(address.path)
+            sock.settimeout(None)  # blocking again: the handshake's reads are bounded by the socket's own timeout
+            bounded = struct.pack("ll", int(CONNECT_TIMEOUT_S), 0)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, bounded)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, bounded)
+            connection = Connection(sock.detach())
+        except OSError:
+            return None
+    try:
+        answer_challenge(connection, address.authkey)
+        deliver_challenge(connection, address.authkey)
+        unbounded = socket.socket(fileno=os.dup(connection.fileno()))
+        with unbounded:  # later waits are the rollout's own (`poll`), not the socket's
+            unbounded.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))
+            unbounded.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", 0, 0))
+        return connection
+    except (OSError, EOFError, AuthenticationError):
+        connection.close()
+        return None
 
 
 def _close_finished_runs_connections() -> None:

@@ -108,7 +108,8 @@ def run_rollout(spec: RolloutSpec) -> ShardRef:
     if source is None:
         rollout, episodes = collect(policy, env, spec.steps_per_env, learning=learning)
     else:  # the envs step here, the network runs beside the learner
-        rollout, episodes = collect_in_halves(policy, env, spec.steps_per_env, source)
+        with source:  # a rollout that raises mid-way leaves no reply owed on the thread's connection
+            rollout, episodes = collect_in_halves(policy, env, spec.steps_per_env, source)
     seconds = time.perf_counter() - started
     return _land(spec, storage, version, env, Collected(rollout, episodes, env.cursor(), seconds))
 
