@@ -129,7 +129,8 @@ def test_a_link_planted_in_the_shared_folder_is_not_followed_and_a_foreign_folde
     assert victim.read_text() == "mine"
     (folder / f"{name}.0.lock").unlink()
     (folder / f"{name}.0.lock").symlink_to(tmp_path / "made-through-the-link")
-    with pytest.raises(OSError):  # ELOOP: no lock taken through a link
+    with pytest.raises(ClusterUnavailable, match=rf"^distribution.learner_device: {folder / name}.0.lock is a link, "
+                                                 r"which this run does not follow; allowed: remove it$"):
         with gpu_slot("cuda:0", _Said(), host=host):
             pass
     assert not (tmp_path / "made-through-the-link").exists()

@@ -14,6 +14,7 @@ with the queue's own words, and nothing is queued.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import logging
 import os
@@ -74,8 +75,9 @@ def slurm_cluster(config: DistributionConfig) -> SLURMCluster:
         if certificates:
             shutil.rmtree(certificates, ignore_errors=True)
         raise
-    if certificates:
-        weakref.finalize(cluster, shutil.rmtree, certificates, True)  # with the cluster, its certificates
+    if certificates:  # with the cluster, its certificates: dask-jobqueue's files (closed: removed), then their folder
+        files = [value for name, value in vars(cluster).items() if name.startswith("_job_")]
+        weakref.finalize(cluster, _remove_certificates, files, certificates)
     minimum, maximum = (config.adaptive.minimum, config.adaptive.maximum) if config.adaptive else (
         config.rollout_workers, config.rollout_workers)
     cluster.adapt(minimum=minimum, maximum=maximum)
@@ -127,6 +129,13 @@ def _certificates_folder(slurm: SlurmConfig) -> str:
     base = slurm.log_directory or os.getcwd()
     os.makedirs(base, exist_ok=True)
     return tempfile.mkdtemp(prefix=".gymflow-tls-", dir=base)
+
+
+def _remove_certificates(files: list, folder: str) -> None:
+    for file in files:
+        with contextlib.suppress(OSError):
+            file.close()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def check_against_partition(slurm: SlurmConfig) -> None:

@@ -17,6 +17,7 @@ planted in a slot's name is refused instead of followed."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -116,7 +117,13 @@ def _try_lock(name: str, limit: int, run: str) -> tuple[int, Path] | None:
     for index in range(limit):
         path = SLOTS_FOLDER / f"{name}.{index}.lock"
         # read-only: another user's lock file locks as well; no child process inherits it
-        descriptor = _open_unlinked(path, os.O_RDONLY | os.O_CREAT, 0o666)
+        try:
+            descriptor = _open_unlinked(path, os.O_RDONLY | os.O_CREAT, 0o666)
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                raise
+            raise ClusterUnavailable("distribution.learner_device", f"{path} is a link, which this run does not "
+                                     "follow; allowed: remove it") from None
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
