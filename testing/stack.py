@@ -68,17 +68,18 @@ class Stack:
         return {"endpoint_url": self.s3_endpoint}
 
     def tls_files(self) -> dict[str, str]:
-        """The Dask cluster's certificate files: `ca`, `cert`, `key`."""
+        """The Dask cluster's certificate files, by `distribution.tls`'s field names."""
         folder = Path(self.folder) / TLS_FOLDER
-        return {"ca": str(folder / "ca.pem"), "cert": str(folder / "cert.pem"), "key": str(folder / "key.pem")}
+        return {"ca_file": str(folder / "ca.pem"), "cert_file": str(folder / "cert.pem"),
+                "key_file": str(folder / "key.pem")}
 
     def dask_environment(self) -> dict[str, str]:
         """Dask's own settings for a client of the stack's cluster: its certificate, and TLS required."""
         files = self.tls_files()
         return {"DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
-                "DASK_DISTRIBUTED__COMM__TLS__CA_FILE": files["ca"],
-                "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT": files["cert"],
-                "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY": files["key"]}
+                "DASK_DISTRIBUTED__COMM__TLS__CA_FILE": files["ca_file"],
+                "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT": files["cert_file"],
+                "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY": files["key_file"]}
 
     def environment(self, user: str) -> dict[str, str]:
         """What `user` sets to train against the stack: the servers' addresses and their own logins."""
@@ -98,18 +99,16 @@ class Stack:
     def overrides(self, prefix: str) -> dict[str, object]:
         """A preset's fields for a run on the stack: its storage under `prefix` in the bucket, the
         MLflow server, the stack's Dask scheduler."""
-        files = self.tls_files()
         return {"storage.root": f"s3://{self.bucket}/{prefix}", "storage.options": self.storage_options(),
                 "tracking.tracking_uri": self.mlflow_url, "distribution.scheduler_address": self.scheduler_address,
-                "distribution.tls": {"ca_file": files["ca"], "cert_file": files["cert"], "key_file": files["key"]},
+                "distribution.tls": self.tls_files(),
                 "storage.shared": True}
 
     def settings(self, prefix: str) -> list[str]:
         """`overrides` as the command line's KEY=VALUE settings."""
         return [f"storage.root=s3://{self.bucket}/{prefix}", f"storage.options.endpoint_url={self.s3_endpoint}",
                 f"tracking.tracking_uri={self.mlflow_url}", f"distribution.scheduler_address={self.scheduler_address}",
-                *(f"distribution.tls.{field}={path}" for field, path in
-                  zip(("ca_file", "cert_file", "key_file"), self.tls_files().values(), strict=True)),
+                *(f"distribution.tls.{name}={path}" for name, path in self.tls_files().items()),
                 "storage.shared=true"]
 
 
@@ -185,7 +184,7 @@ def _spawn_dask(stack: Stack, port: int, workers: int) -> str:
     """The stack's Dask scheduler and workers, on gymflow's clocks and on mutual TLS; its address."""
     folder, pids = Path(stack.folder), stack.pids
     clocks = housekeeping_environment()  # gymflow's, as in a run's own LocalCluster
-    tls = _tls_arguments(stack)
+    tls = _made_certificates(stack)
     # dashboards on loopback too (":0" binds every interface, whatever --host says)
     pids["dask-scheduler"] = _spawn(folder, "dask-scheduler", [
         _dask(), "scheduler", "--protocol", "tls", "--host", "127.0.0.1", "--port", str(port),
@@ -215,24 +214,19 @@ def _write_private(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-def _make_certificates(stack: Stack) -> None:
+def _made_certificates(stack: Stack) -> list[str]:
     """One key and self-signed certificate for the stack's cluster (Dask's `Security.temporary`),
-    which its scheduler, workers and every client present: who holds the key file gets in."""
+    which its scheduler, workers and every client present (who holds the key file gets in), written
+    0600; the `dask scheduler|worker` options that name them (paths, no secret)."""
     from distributed.security import Security
 
     made = Security.temporary()
     (Path(stack.folder) / TLS_FOLDER).mkdir(mode=0o700)
     files = stack.tls_files()
-    for name, pem in (("ca", made.tls_ca_file), ("cert", made.tls_scheduler_cert), ("key", made.tls_scheduler_key)):
+    for name, pem in (("ca_file", made.tls_ca_file), ("cert_file", made.tls_scheduler_cert),
+                      ("key_file", made.tls_scheduler_key)):
         _write_private(Path(files[name]), pem)
-
-
-def _tls_arguments(stack: Stack) -> list[str]:
-    """`dask scheduler|worker` options for the stack's certificate, made on the first call (paths, no secret)."""
-    files = stack.tls_files()
-    if not Path(files["key"]).exists():
-        _make_certificates(stack)
-    return ["--tls-ca-file", files["ca"], "--tls-cert", files["cert"], "--tls-key", files["key"]]
+    return ["--tls-ca-file", files["ca_file"], "--tls-cert", files["cert_file"], "--tls-key", files["key_file"]]
 
 
 def load(folder: Path) -> Stack:
@@ -418,8 +412,8 @@ def _wait_for_dask_workers(stack: Stack, count: int, folder: Path) -> None:
     from distributed.security import Security
 
     files = stack.tls_files()
-    security = Security(tls_ca_file=files["ca"], tls_client_cert=files["cert"], tls_client_key=files["key"],
-                        require_encryption=True)
+    security = Security(tls_ca_file=files["ca_file"], tls_client_cert=files["cert_file"],
+                        tls_client_key=files["key_file"], require_encryption=True)
     try:
         with Client(stack.scheduler_address, timeout=START_TIMEOUT_S, security=security) as client:
             client.wait_for_workers(count, timeout=START_TIMEOUT_S)

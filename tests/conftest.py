@@ -269,6 +269,25 @@ class S3Server:
         return {"endpoint_url": endpoint or self.endpoint, "key": self.key, "secret": self.secret}
 
 
+def intruders_let_in(address: str) -> list[str]:
+    """What happens to two clients that are not the run's: one over plain tcp (no certificate), one
+    with a certificate of its own CA's; each refused, or what it got in."""
+    from distributed import Client
+    from distributed.security import Security
+
+    let_in = []
+    intruders = [("no certificate", address.replace("tls://", "tcp://"), None)]
+    if address.startswith("tls://"):
+        intruders.append(("its own certificate", address, Security.temporary()))
+    for name, url, security in intruders:
+        try:
+            with Client(url, security=security, timeout=3) as intruder:
+                let_in.append(f"{name}: ran {intruder.submit(os.getpid).result(timeout=10)}")
+        except (OSError, TimeoutError):
+            pass  # refused
+    return let_in
+
+
 def running_processes() -> set[int]:
     """The ids of every process now: what a later `processes_started_since` leaves out."""
     import psutil

@@ -16,7 +16,7 @@ from gymflow.tasks.storage.checkpoints import (
 from gymflow.tasks.storage.codec import decode_arrays
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
-from tests.conftest import local_overrides, written_files
+from tests.conftest import intruders_let_in, local_overrides, written_files
 from tests.stored import check_run_storage
 
 pytestmark = pytest.mark.e2e
@@ -134,25 +134,6 @@ def test_a_running_scheduler_address_is_used_instead_of_a_local_cluster(prefect_
     assert {int(p.split(":")[1]) for p in summary.rollout_processes} == worker_pids
 
 
-def _intruders_refused(address: str) -> list[str]:
-    """What happens to two clients that are not the run's: one over plain tcp (no certificate), one
-    with a certificate of its own CA's; each refused, or what it got in."""
-    from distributed import Client
-    from distributed.security import Security
-
-    let_in = []
-    intruders = [("no certificate", address.replace("tls://", "tcp://"), None)]
-    if address.startswith("tls://"):
-        intruders.append(("its own certificate", address, Security.temporary()))
-    for name, url, security in intruders:
-        try:
-            with Client(url, security=security, timeout=3) as intruder:
-                let_in.append(f"{name}: ran {intruder.submit(os.getpid).result(timeout=10)}")
-        except (OSError, TimeoutError):
-            pass  # refused
-    return let_in
-
-
 # default tier: the one intruder drill on a run's own LocalCluster (mutual TLS, on by default); the plain-tcp
 # run that lets one in is in the long tier
 @pytest.mark.parametrize("tls", [True, pytest.param(False, marks=pytest.mark.slow)])
@@ -176,7 +157,7 @@ def test_a_run_s_own_cluster_refuses_clients_without_its_certificate_while_the_r
         time.sleep(0.2)
     (scheduler,) = schedulers
     address = scheduler.address
-    let_in = _intruders_refused(address)
+    let_in = intruders_let_in(address)
     with Client(address, security=scheduler.security, timeout=10) as own:  # the run's own certificates: let in
         assert len(own.scheduler_info()["workers"]) == 2
     assert running.is_alive(), "the run ended before the intruders tried: nothing was tested"

@@ -43,7 +43,7 @@ class QueueWatch:
     def __init__(self, slurm: Slurm, intruders: bool = False):
         self.slurm, self.most, self.ids = slurm, 0, set()
         # with `intruders`: once the run's scheduler has workers, what two clients not the run's got
-        # in (tests/test_improve_flow.py's `_intruders_refused`), and the scheduler's address
+        # in (tests/conftest.py's `intruders_let_in`), and the scheduler's address
         self.intruders: list[str] | None = None
         self.scheduler_address = ""
         self._try_intruders = intruders
@@ -64,10 +64,10 @@ class QueueWatch:
                                      if scheduler.status.name == "running"}
             serving = [scheduler for scheduler in list(Scheduler._instances) if scheduler.workers]
             if self._try_intruders and self.intruders is None and serving:
-                from tests.test_improve_flow import _intruders_refused
+                from tests.conftest import intruders_let_in
 
                 self.scheduler_address = serving[0].address
-                self.intruders = _intruders_refused(self.scheduler_address)
+                self.intruders = intruders_let_in(self.scheduler_address)
 
     def __enter__(self) -> QueueWatch:
         self._thread.start()

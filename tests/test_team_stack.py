@@ -234,12 +234,12 @@ def test_nobody_without_the_stack_s_keys_gets_in_and_no_secret_is_readable_by_ot
     from distributed import Client
     from distributed.security import Security
 
-    from tests.test_improve_flow import _intruders_refused
+    from tests.conftest import intruders_let_in
 
     assert stack.scheduler_address.startswith("tls://127.0.0.1:")
-    assert _intruders_refused(stack.scheduler_address) == []  # no certificate, or one of another CA's
+    assert intruders_let_in(stack.scheduler_address) == []  # no certificate, or one of another CA's
     files = stack.tls_files()
-    own = Security(tls_ca_file=files["ca"], tls_client_cert=files["cert"], tls_client_key=files["key"],
+    own = Security(tls_ca_file=files["ca_file"], tls_client_cert=files["cert_file"], tls_client_key=files["key_file"],
                    require_encryption=True)
     with Client(stack.scheduler_address, security=own, timeout=10) as member:  # the stack's certificate: let in
         assert len(member.scheduler_info()["workers"]) == 2
