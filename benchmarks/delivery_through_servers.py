@@ -25,7 +25,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from gymflow.testing import stack as team
+from gymflow.flows import team_stack as team
 
 GYMFLOW = str(Path(sys.executable).with_name("gymflow"))
 _STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "

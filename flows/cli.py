@@ -97,10 +97,13 @@ def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
     if args.command == "resume":
         from gymflow.tasks.storage.objects import Storage, StorageLocation
         from gymflow.tasks.storage.records import read_run_record
+        from gymflow.tasks.training.resume import stored_tracking_uri
 
         options = parse_assignments(args.option)
         try:
-            read_run_record(Storage(StorageLocation(args.root, options)), args.run_id)
+            storage = Storage(StorageLocation(args.root, options))
+            read_run_record(storage, args.run_id)
+            stored_tracking_uri(storage, args.run_id)  # a password it cannot have is refused here
         except GymflowError as error:
             print(f"gymflow: error: {error}", file=sys.stderr)
             return 2
@@ -172,12 +175,14 @@ def _stack(args: argparse.Namespace) -> int:
     settings printed; `stack down`: all of it ended, by pid, and its folder removed."""
     import shlex
 
-    from gymflow.testing import stack
+    from gymflow.flows import team_stack as stack
 
     folder = Path(args.folder)
     if args.action == "down":
-        stack.stop(folder)
-        print(f"stack under {folder.resolve()}: stopped")
+        others = stack.stop(folder)
+        print(f"stack under {folder.resolve()}: stopped, its folders removed")
+        if others:  # a pid saved long ago that another process has taken since: not signalled
+            print(f"  left alone: {', '.join(others)} (their pids belong to other processes now)")
         return 0
     users = tuple(name for name in args.users.split(",") if name)
     try:

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from gymflow.errors import PrefectUnavailable
+from gymflow.last_steps import take_last_steps
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import State
@@ -296,6 +297,7 @@ def _exit_now(why: str) -> None:
     import psutil
 
     print(f"gymflow: {why}: ending the run's processes", file=sys.stderr)
+    take_last_steps()  # what is not a child process: a SLURM run's queued jobs
     children = psutil.Process().children(recursive=True)
     for child in children:
         try:

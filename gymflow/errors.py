@@ -36,6 +36,11 @@ class ServerRefused(GymflowError):
     what the run needs of it (a permission on its experiment)."""
 
 
+class ServerLost(ServerRefused):
+    """A server the run used that stopped answering for longer than its outage budget, or that
+    answered that what it held is gone: the run stops at its next commit."""
+
+
 class StorageRefused(GymflowError):
     """The storage root cannot be used: a missing bucket, refused credentials, an unreachable
     endpoint, a local path that is a file or not writable."""

@@ -410,6 +410,12 @@ class TrackingConfig(_Strict):
         description="MLflow tracking URI; the default is a SQLite file in the working folder.",
     )
     experiment: str = Field(default="gymflow", min_length=1, description="MLflow experiment.")
+    outage_budget_s: float = Field(
+        default=300.0, gt=0,
+        description="How long an MLflow server may go unanswered (down, restarting, its database lost) while the run "
+        "trains on and what it records waits; past it the run stops at its next commit, in one line, its "
+        "checkpoints and what MLflow did not get kept for `gymflow resume`.",
+    )
 
     @field_validator("tracking_uri")
     @classmethod

@@ -75,3 +75,34 @@ def without_credentials(overrides: Mapping[str, Any]) -> dict[str, Any]:
             value = without_password(value)
         kept[key] = value
     return kept
+
+
+def credentials_given_back(stored: Any, given: Any) -> Any:
+    """`stored` (a preset as stored: redacted) with each masked credential given back from `given`
+    (the caller's preset, as data) where `given` holds that same value unmasked: a population's or a
+    sweep's own base preset resuming its runs. A credential `given` lacks stays masked."""
+    if isinstance(stored, Mapping):
+        given = given if isinstance(given, Mapping) else {}
+        return {key: given[key] if _masked_secret(key, value, given.get(key))
+                else credentials_given_back(value, given.get(key)) for key, value in stored.items()}
+    if isinstance(stored, list):
+        given = given if isinstance(given, list) and len(given) == len(stored) else [None] * len(stored)
+        return [credentials_given_back(value, mate) for value, mate in zip(stored, given)]
+    if isinstance(stored, str) and MASK in stored and isinstance(given, str) and redacted_text(given) == stored:
+        return given
+    return stored
+
+
+def _masked_secret(key: Any, value: Any, given: Any) -> bool:
+    return is_secret(str(key)) and value == MASK and given not in (None, "", {}, MASK)
+
+
+def masked_password(uri: str) -> bool:
+    """Whether `uri`'s password is the mask (a stored preset's URI, its password not stored)."""
+    return any(match["password"] == MASK for match in _URI_PASSWORD.finditer(uri))
+
+
+def with_password(uri: str, password: str) -> str:
+    """`uri` with `password` in place of its masked one."""
+    return _URI_PASSWORD.sub(lambda match: f"{match['head']}{password}{match['at']}"
+                             if match["password"] == MASK else match[0], uri)

@@ -3,7 +3,6 @@ its own, on a free port."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -12,11 +11,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+# the team stack's (`gymflow stack`), where a user's S3 server is made the same way
+from gymflow.flows.team_stack import SET_UP_REQUESTS, free_port, user_and_bucket
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+__all__ = ["SET_UP_REQUESTS", "free_port", "moto_on_loopback", "user_and_bucket"]
 
 
 @contextmanager
@@ -41,25 +39,3 @@ def moto_on_loopback(env: dict[str, str] | None = None, start_timeout_s: float =
     finally:
         server.terminate()
         server.wait(timeout=10)
-
-
-# moto's server checks every request's signature once this many have gone unchecked (its IAM
-# authentication): the four of `user_and_bucket`
-SET_UP_REQUESTS = 4
-
-
-def user_and_bucket(endpoint: str, bucket: str, user: str = "gymflow") -> tuple[str, str]:
-    """On a fresh moto server started with INITIAL_NO_AUTH_ACTION_COUNT=SET_UP_REQUESTS: a user
-    allowed everything, its access key (returned: key, secret) and `bucket`. Every later request
-    must be signed with a key the server made."""
-    import boto3
-
-    admin = {"endpoint_url": endpoint, "region_name": "us-east-1",
-             "aws_access_key_id": "setup", "aws_secret_access_key": "setup"}
-    iam = boto3.client("iam", **admin)
-    iam.create_user(UserName=user)
-    iam.put_user_policy(UserName=user, PolicyName="everything", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
-    key = iam.create_access_key(UserName=user)["AccessKey"]
-    boto3.client("s3", **admin).create_bucket(Bucket=bucket)
-    return key["AccessKeyId"], key["SecretAccessKey"]

@@ -65,10 +65,11 @@ def split_markers(args: list[str]) -> tuple[str, list[str]]:
     return markers, rest
 
 
-def pytest_reporting(args: list[str], at: int, reached: Callable[[], None], env: dict[str, str] | None = None) -> int:
-    """pytest with `args` (`env` added to its environment), its output passed through as it comes;
-    `reached()` once its progress has reported `at` % of its tests (never, where it reports none:
-    the caller acts at its end)."""
+def pytest_reporting(args: list[str], at: int, reached: Callable[[], None], env: dict[str, str] | None = None,
+                     said: bytearray | None = None) -> int:
+    """pytest with `args` (`env` added to its environment), its output passed through as it comes
+    (and kept in `said`); `reached()` once its progress has reported `at` % of its tests (never,
+    where it reports none: the caller acts at its end)."""
     print(f"$ pytest {shlex.join(args)}", flush=True)
     # -u: its progress written as it comes (not in blocks of a pipe's buffer); its own, not inherited
     with subprocess.Popen([sys.executable, "-u", "-m", "pytest", *args], stdout=subprocess.PIPE,
@@ -78,6 +79,8 @@ def pytest_reporting(args: list[str], at: int, reached: Callable[[], None], env:
             while chunk := os.read(process.stdout.fileno(), 65536):
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
+                if said is not None:
+                    said += chunk
                 read = tail + chunk  # a mark split between two reads is whole here
                 if not called and (progress_of(read) or 0) >= at:
                     called = True
@@ -93,6 +96,15 @@ def progress_of(output: bytes) -> int | None:
     """The last progress pytest reported in `output` (its "[ 85%]" marks), in %."""
     marks = PROGRESS.findall(output)
     return int(marks[-1]) if marks else None
+
+
+def failures_in(output: bytes) -> list[str]:
+    """pytest's lines naming what failed (`-ra`'s FAILED and ERROR lines) and its last summary line."""
+    lines = output.decode(errors="replace").splitlines()
+    named = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
+    totals = [line for line in lines if line.startswith("=") and (" passed" in line or " failed" in line
+                                                                   or " error" in line)]
+    return [*named, *totals[-1:]]
 
 
 def outcome(codes: list[int]) -> int:
@@ -129,8 +141,9 @@ def main(argv: list[str]) -> int:
             second = subprocess.Popen([sys.executable, "-m", "pytest", *alone],
                                       env={**os.environ, ALONE_AFTER: str(go), ALONE_SET_UP: str(set_up), **api},
                                       stdout=output, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(19))
+            first_said = bytearray()
             try:
-                first = pytest_reporting(together, set_up_at, set_up.touch, api)
+                first = pytest_reporting(together, set_up_at, set_up.touch, api, first_said)
             except BaseException:
                 second.kill()
                 raise
@@ -139,6 +152,9 @@ def main(argv: list[str]) -> int:
                 go.touch()
             print(f"$ pytest {shlex.join(alone)}  (collected and set up beside the run above)", flush=True)
             code = outcome([first, _followed(second, log)])
+            if first not in (0, NOTHING_COLLECTED):  # said again last: a log's tail shows it beside the second run's
+                print("\nthe first run (the tests not marked alone), again:\n" + "\n".join(failures_in(first_said)),
+                      flush=True)
     template.wait()  # long done: it failing fails the first server that needs it, which says why
     return code
 

@@ -5,9 +5,19 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from gymflow.errors import InvalidPreset
 from gymflow.presets import load_preset
 from gymflow.presets.load import flatten
-from gymflow.presets.redaction import redacted, redacted_uri, without_credentials, without_password
+from gymflow.presets.redaction import (
+    credentials_given_back,
+    redacted,
+    redacted_uri,
+    without_credentials,
+    without_password,
+)
+from gymflow.tasks.training.resume import tracking_uri_logged_in
 from gymflow.tasks.training.run import run_tags
 
 PLANTED = "planted-s3cr3t"
@@ -78,3 +88,23 @@ def test_a_secret_assigned_in_free_text_is_masked_and_other_text_kept():
 def test_a_field_naming_where_a_credential_is_kept_is_no_credential():
     tls = {"distribution": {"tls": {"ca_file": "/etc/ca.pem", "cert_file": "/etc/c.pem", "key_file": "/etc/k.pem"}}}
     assert redacted(tls) == tls  # a resumed run finds its certificates again
+
+
+def test_a_stored_preset_s_credentials_come_back_only_from_a_caller_holding_the_same_ones(monkeypatch):
+    preset = _with_secrets_at_every_depth()
+    assert credentials_given_back(redacted(preset), preset) == preset  # a sweep's own base preset resuming a trial
+    other = _with_secrets_at_every_depth()
+    other["tracking"]["tracking_uri"] = "https://bob:his@mlflow.example.com:5000/"  # another login: not alice's
+    back = credentials_given_back(redacted(preset), other)
+    assert back["tracking"]["tracking_uri"] == "https://alice:***@mlflow.example.com:5000/"
+    assert credentials_given_back(redacted(preset), load_preset("cartpole-ppo").model_dump(mode="json")) == \
+        redacted(preset)  # a caller with none: they stay masked
+
+    stored = redacted(preset)["tracking"]["tracking_uri"]
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+    with pytest.raises(InvalidPreset, match=r"^tracking\.tracking_uri: run r1 logged in to "
+                                            r"https://alice:\*\*\*@mlflow\.example\.com:5000/ with a password"):
+        tracking_uri_logged_in(stored, "r1")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "from-the-environment")
+    assert tracking_uri_logged_in(stored, "r1") == "https://alice:from-the-environment@mlflow.example.com:5000/"
+    assert tracking_uri_logged_in("https://mlflow.example.com", "r1") == "https://mlflow.example.com"

@@ -5,6 +5,7 @@ refuse is refused before anything is queued, in one line naming the field."""
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -118,12 +119,24 @@ def _cancel_a_job_once(slurm: Slurm, root, at_version: int, cancelled: list[str]
 
 # default tier (one of its 25 slowest): SLURM's one end-to-end run, and its one fault (a job cancelled mid-run)
 def test_a_slurm_run_solves_cartpole_through_a_cancelled_job_to_a_local_cluster_runs_weights(
-        slurm, prefect_api, workspace):
+        slurm, prefect_api, workspace, monkeypatch):
     """Its two workers are SLURM jobs while it trains, and none is left after it. One job is
     cancelled mid-run (as preemption does): its rollout is sent to the other worker, a fresh job
     takes its place, and as SYNC rollouts are the same whichever worker runs them, the run ends
-    on a LocalCluster run's weights."""
+    on a LocalCluster run's weights. The watch of the queue fails once first (it used to end for
+    good then, and no ended job was replaced)."""
+    import gymflow.tasks.cluster.slurm as on_slurm_jobs
     from gymflow.flows.improve import improve
+
+    looked, real_look = [], on_slurm_jobs._alive_jobs
+
+    def fails_the_first_time() -> set[str] | None:
+        looked.append(time.monotonic())
+        if len(looked) == 1:
+            raise ValueError("not enough values to unpack (expected 2, got 1)")  # a line squeue cut short
+        return real_look()
+
+    monkeypatch.setattr(on_slurm_jobs, "_alive_jobs", fails_the_first_time)
 
     run = {"schedule.total_env_steps": 100_000, "distribution.rollout_workers": 2}
     clean = improve("cartpole-ppo", {**run, **local_overrides(workspace), "storage.root": str(workspace / "clean")})
@@ -143,6 +156,7 @@ def test_a_slurm_run_solves_cartpole_through_a_cancelled_job_to_a_local_cluster_
                                        for variables in queue.worker_clocks.values()), queue.worker_clocks
     assert queue.scheduler_ticks == {0.5}, queue.scheduler_ticks
     assert cancelled and cancelled[0] in queue.ids and len(queue.ids) >= 3, (cancelled, queue.ids)  # and a fresh one
+    assert len(looked) >= 3  # the watch went on after it failed
     assert on_slurm.versions_committed == clean.versions_committed
     assert _final_policy(workspace / "slurm", on_slurm) == _final_policy(workspace / "clean", clean)
     _wait_for_an_empty_queue(slurm)
@@ -175,17 +189,26 @@ def _wait_for_an_empty_queue(slurm: Slurm) -> None:
 
 
 def test_jobs_the_queue_keeps_pending_past_the_start_timeout_stop_the_run_in_one_line_saying_why(
-        slurm, prefect_api, workspace):
+        slurm, prefect_api, workspace, monkeypatch, caplog):
+    """While it waits it says so once, with what the queue says; as it stops, its jobs are cancelled."""
+    import gymflow.tasks.cluster.client as client_module
     from gymflow.errors import ClusterUnavailable
     from gymflow.flows.improve import improve
 
-    with slurm.partition_down(), pytest.raises(ClusterUnavailable) as stopped:
-        improve("cartpole-ppo", {**_on_slurm(workspace), "distribution.cluster_start_timeout_s": 5})
+    monkeypatch.setattr(client_module, "FIRST_WORKER_SAID_AFTER_S", 2.0)
+    with slurm.partition_down(), pytest.raises(ClusterUnavailable) as stopped, caplog.at_level(logging.INFO):
+        improve("cartpole-ppo", {**_on_slurm(workspace), "distribution.cluster_start_timeout_s": 6})
+    stopped_at = time.monotonic()
     assert stopped.value.field == "distribution.slurm"
-    assert re.fullmatch(r"no worker started within 5 s \(distribution.cluster_start_timeout_s\): "
+    assert re.fullmatch(r"no worker started within 6 s \(distribution.cluster_start_timeout_s\): "
                         r"\d+ PENDING \(PartitionDown\); \d+ PENDING \(PartitionDown\)", stopped.value.problem), \
         stopped.value.problem
-    _wait_for_an_empty_queue(slurm)
+    waited = [record.getMessage() for record in caplog.records if "waiting for a first SLURM worker" in record.getMessage()]
+    assert len(waited) == 1 and re.fullmatch(r"waiting for a first SLURM worker \(up to distribution\."
+                                             r"cluster_start_timeout_s, 6 s\): \d+ PENDING \(\w+\); \d+ PENDING "
+                                             r"\(\w+\)", waited[0]), waited
+    while slurm.squeue() and time.monotonic() < stopped_at + 3:  # cancelled in one scancel as the run stopped
+        time.sleep(0.2)
     assert slurm.squeue() == []
 
 

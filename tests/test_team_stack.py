@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 import pytest
 
-from gymflow.testing import stack as team
+from gymflow.flows import team_stack as team
 from tests.conftest import TINY_BUDGET
 from tests.prefect_workers import stop_worker
 
@@ -325,13 +325,19 @@ def test_a_deployment_run_goes_on_through_a_prefect_server_restart_and_an_mlflow
 @pytest.mark.slow
 def test_a_run_killed_on_the_team_stack_resumes_into_its_own_mlflow_run_and_its_experience_exports(
         stack, monkeypatch, tmp_path):
+    """Its login is its tracking URI's password (`http://alice:PASSWORD@...`), which runs never store:
+    `gymflow resume` takes it from MLFLOW_TRACKING_PASSWORD (it used to log in as `alice:***`)."""
+    password = stack.mlflow_passwords["alice"]
+    logged_in_uri = stack.mlflow_url.replace("://", f"://alice:{password}@", 1)
     settings = [*(f"{key}={json.dumps(value)}" for key, value in TINY_BUDGET.items()), *stack.settings("alice-resume"),
                 "tracking.experiment=alice-resume", "schedule.total_env_steps=3840", "schedule.evaluate_every_env_steps=1280",
-                "storage.keep_shards=all"]
+                "storage.keep_shards=all", f"tracking.tracking_uri={logged_in_uri}"]
     command = [GYMFLOW, "run", "cartpole-ppo", "--quiet", *[a for setting in settings for a in ("--set", setting)]]
+    no_login = {name: value for name, value in _as(stack, "alice").items()
+                if name not in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
     bucket, deadline = _bucket(stack), time.monotonic() + 240
     with open(tmp_path / "killed.log", "w") as log:
-        killed = subprocess.Popen(command, cwd=tmp_path, env=_as(stack, "alice"), stdout=log, stderr=subprocess.STDOUT,
+        killed = subprocess.Popen(command, cwd=tmp_path, env=no_login, stdout=log, stderr=subprocess.STDOUT,
                                   start_new_session=True)
         while len(bucket.glob(f"{stack.bucket}/alice-resume/runs/*/checkpoints/*/manifest.json")) < 2:
             assert killed.poll() is None and time.monotonic() < deadline, (tmp_path / "killed.log").read_text()[-3000:]
@@ -340,9 +346,15 @@ def test_a_run_killed_on_the_team_stack_resumes_into_its_own_mlflow_run_and_its_
         killed.wait()
     (run_id,) = [path.rsplit("/", 1)[1] for path in bucket.ls(f"{stack.bucket}/alice-resume/runs")]
     root = ["--root", f"s3://{stack.bucket}/alice-resume", "--option", f"endpoint_url={stack.s3_endpoint}"]
-    resumed = subprocess.run([GYMFLOW, "resume", run_id, *root, "--quiet"], cwd=tmp_path, env=_as(stack, "alice"),
+    refused = subprocess.run([GYMFLOW, "resume", run_id, *root, "--quiet"], cwd=tmp_path, env=no_login,
                              capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].endswith(
+        "which runs do not store; allowed: the password in MLFLOW_TRACKING_PASSWORD"), refused.stderr[-3000:]
+    resumed = subprocess.run([GYMFLOW, "resume", run_id, *root, "--quiet"], cwd=tmp_path,
+                             env={**no_login, "MLFLOW_TRACKING_PASSWORD": password}, capture_output=True, text=True,
+                             timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert password not in refused.stdout + refused.stderr + resumed.stdout + resumed.stderr
 
     alice = _mlflow_as(monkeypatch, stack, "alice")
     (run,) = alice.search_runs([alice.get_experiment_by_name("alice-resume").experiment_id])  # one run: its own
@@ -428,3 +440,66 @@ def _an_experiment_of_alice(stack: team.Stack, name: str) -> str:
                          auth=("alice", stack.mlflow_passwords["alice"]))
     made.raise_for_status()
     return made.json()["experiment_id"]
+
+
+def _saved(folder: Path) -> dict:
+    try:
+        return json.loads((folder / team.STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _nothing_left_of(saved: dict, folder: Path) -> None:
+    alive = [name for name, pid in saved["pids"].items() if _alive(pid)]
+    assert not alive, f"still running after `stack down`: {alive}"
+    assert not folder.exists() and not Path(saved["postgres_folder"]).exists()
+
+
+def _down(folder: Path) -> subprocess.CompletedProcess:
+    down = subprocess.run([GYMFLOW, "stack", "down", "--folder", str(folder)], capture_output=True, text=True,
+                          timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+    return down
+
+
+@pytest.mark.slow  # long tier (~3 min, three stacks): `down` from broken states; the default tier's goes down whole
+def test_stack_down_ends_a_stack_from_any_state_and_up_works_again_in_its_folder(tmp_path):
+    """An `up` killed during its waits (its parts run on in sessions of their own); a stack whose
+    PostgreSQL lost its data folder (it used to crash `down` on every try, and `up` then refused the
+    folder); a saved pid that another process has taken since (left alone, said)."""
+    if reason := _missing():
+        pytest.skip(reason)
+    folder, deadline = tmp_path / "stack", time.monotonic() + 180
+    up = subprocess.Popen([GYMFLOW, "stack", "up", "--folder", str(folder)], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+    while "mlflow" not in _saved(folder).get("pids", {}):
+        assert up.poll() is None and time.monotonic() < deadline, "`stack up` ended or never started MLflow"
+        time.sleep(0.05)
+    up.kill()  # while it waits for its servers to answer
+    up.wait()
+    killed_half_way = _saved(folder)
+    assert [name for name, pid in killed_half_way["pids"].items() if _alive(pid)]  # they outlive `up`
+    _down(folder)
+    _nothing_left_of(killed_half_way, folder)
+
+    up = subprocess.run([GYMFLOW, "stack", "up", "--folder", str(folder)], capture_output=True, text=True, timeout=300)
+    assert up.returncode == 0, up.stdout + up.stderr
+    lost = _saved(folder)
+    shutil.rmtree(Path(lost["postgres_folder"]) / "data")  # the database lost for good
+    _down(folder)
+    _nothing_left_of(lost, folder)
+
+    up = subprocess.run([GYMFLOW, "stack", "up", "--folder", str(folder)], capture_output=True, text=True, timeout=300)
+    assert up.returncode == 0, up.stdout + up.stderr  # the same folder, again
+    taken = _saved(folder)
+    moto = taken["pids"]["s3"]
+    sleeper = subprocess.Popen(["sleep", "60"])  # a process of someone else's at a saved pid
+    taken["pids"]["s3"] = sleeper.pid
+    (folder / team.STATE_FILE).write_text(json.dumps(taken))
+    try:
+        down = _down(folder)
+        assert sleeper.poll() is None and "left alone: s3 (their pids belong to other processes now)" in down.stdout
+    finally:
+        sleeper.kill()
+        os.kill(moto, signal.SIGKILL)
+    _nothing_left_of({**taken, "pids": {name: pid for name, pid in taken["pids"].items() if name != "s3"}}, folder)

@@ -33,6 +33,7 @@ from gymflow.tasks.cluster.shipping import code_shipped, code_to_ship, ship_code
 from gymflow.tasks.cluster.slurm import EndedJobsReplaced, jobs_waiting, slurm_cluster
 
 CONNECT_TIMEOUT_S = 10
+FIRST_WORKER_SAID_AFTER_S = 10.0  # a SLURM run that waits longer for its first worker says what the queue says
 
 
 _shared_client: Client | None = None  # a sweep's LocalCluster, used by every run started in this process
@@ -40,7 +41,10 @@ _runs_on_shared_cluster = itertools.count()  # each starts on the next worker
 
 
 @contextmanager
-def dask_client(config: DistributionConfig) -> Iterator[Client]:
+def dask_client(config: DistributionConfig, logger: AnyLogger | None = None) -> Iterator[Client]:
+    """A client of the run's cluster: the scheduler the preset names, or a cluster started for the run
+    (SLURM's, a cluster class's, a LocalCluster), ended with it. `logger`: where a wait is said."""
+    logger = logger or logging.getLogger(__name__)
     logging.getLogger("distributed").setLevel(logging.WARNING)
     if config.scheduler_address:
         client = _connect(config.scheduler_address, _security(config.tls))
@@ -65,24 +69,34 @@ def dask_client(config: DistributionConfig) -> Iterator[Client]:
     # a LocalCluster's workers are reachable from here: job calls go to them directly, not
     # through the scheduler (0.9 ms a call instead of 1.7 ms here)
     direct = isinstance(cluster, LocalCluster)
-    with cluster, EndedJobsReplaced(cluster) if config.slurm else nullcontext(), \
+    with cluster, EndedJobsReplaced(cluster, logger) if config.slurm else nullcontext(), \
             Client(cluster, direct_to_workers=direct) as client:
-        _first_worker(client, config)
+        _first_worker(client, config, logger)
         _check_resources(client, config.rollout_resources, config.cluster_start_timeout_s)
         yield client
 
 
-def _first_worker(client: Client, config: DistributionConfig) -> None:
-    """Wait for the cluster's first worker; a SLURM run that waits in vain says what the queue
-    says of its jobs."""
+def _first_worker(client: Client, config: DistributionConfig, logger: AnyLogger) -> None:
+    """Wait for the cluster's first worker. A SLURM run says what the queue says of its jobs when
+    one has not started within FIRST_WORKER_SAID_AFTER_S, and again when it waited in vain."""
+    timeout = config.cluster_start_timeout_s
+    said_after = FIRST_WORKER_SAID_AFTER_S if config.slurm else timeout
     try:
-        client.wait_for_workers(1, timeout=config.cluster_start_timeout_s)
+        client.wait_for_workers(1, timeout=min(said_after, timeout))
+        return
     except TimeoutError:
         if config.slurm is None:
             raise
-        waiting = jobs_waiting(client.cluster)
-        raise ClusterUnavailable("distribution.slurm", f"no worker started within {config.cluster_start_timeout_s:g} s "
-                                 f"(distribution.cluster_start_timeout_s): {waiting}") from None
+    if said_after < timeout:
+        logger.info("waiting for a first SLURM worker (up to distribution.cluster_start_timeout_s, %g s): %s",
+                    timeout, jobs_waiting(client.cluster))
+        try:
+            client.wait_for_workers(1, timeout=timeout - said_after)
+            return
+        except TimeoutError:
+            pass
+    raise ClusterUnavailable("distribution.slurm", f"no worker started within {timeout:g} s "
+                             f"(distribution.cluster_start_timeout_s): {jobs_waiting(client.cluster)}") from None
 
 
 @contextmanager

@@ -5,6 +5,9 @@
 - a Prefect Kubernetes work pool's base job template, whose Job runs the improve and retraining
   flows (the learner: its CPUs, memory and GPU);
 - the Secrets both read their credentials from (S3 storage, the MLflow server), as templates;
+- the Dask cluster's certificate as a Secret of its own (`distribution.cluster_tls`, on by
+  default): a key and certificate made here, mounted read-only in the scheduler, the workers and
+  the flow's Job, nowhere else, so the scheduler takes only their connections (mutual TLS);
 - the preset overrides that point a run at that cluster.
 
 Every object is checked against the Kubernetes API's schemas (kubernetes-validate, at
@@ -17,6 +20,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,12 +29,15 @@ import yaml
 
 from gymflow.errors import InvalidPreset
 from gymflow.presets.model import Preset
-from gymflow.presets.redaction import redacted_uri
+from gymflow.presets.redaction import redacted_uri, without_password
 from gymflow.tasks.tracking.servers import is_tracking_server
 
 KUBERNETES_VERSION = "1.33.0"  # the API the manifests are checked against
 DASK_OPERATOR = "dask-kubernetes 2026.3.0"  # whose DaskCluster CRD they are checked against
-STORAGE_SECRET, TRACKING_SECRET = "gymflow-storage", "gymflow-tracking"
+STORAGE_SECRET, TRACKING_SECRET, TLS_SECRET = "gymflow-storage", "gymflow-tracking", "gymflow-dask-tls"
+TLS_MOUNT = "/etc/gymflow/dask-tls"  # where the pods that speak to the scheduler read its certificate
+TLS_FILES = {"ca_file": "ca.pem", "cert_file": "cert.pem", "key_file": "key.pem"}  # distribution.tls's fields
+TLS_SECRET_FILE = "dask-tls-secret.yaml"  # holds a private key: written 0600
 SCHEDULER_PORT, DASHBOARD_PORT = 8786, 8787
 GPU = "nvidia.com/gpu"  # the device plugin's resource name
 
@@ -48,19 +55,46 @@ class KubeTarget:
     learner_memory: str = "8Gi"
     learner_gpus: int = 0
 
-    @property
-    def scheduler_address(self) -> str:
-        return f"tcp://{self.name}-scheduler.{self.namespace}.svc.cluster.local:{SCHEDULER_PORT}"
+    def scheduler_address(self, tls: bool) -> str:
+        return f"{'tls' if tls else 'tcp'}://{self.name}-scheduler.{self.namespace}.svc.cluster.local:{SCHEDULER_PORT}"
 
 
 def manifests(preset: Preset, target: KubeTarget) -> dict[str, Any]:
     """file name -> content: each a dict (YAML or JSON) or a list of dicts (several YAML documents)."""
+    tls = preset.distribution.cluster_tls
     return {
         "daskcluster.yaml": dask_cluster(preset, target),
         "secrets.yaml": secrets(target),
-        "work-pool-template.json": work_pool_template(target),
+        **({TLS_SECRET_FILE: tls_secret(target)} if tls else {}),
+        "work-pool-template.json": work_pool_template(target, tls),
         "overrides.yaml": overrides(preset, target),
     }
+
+
+def tls_secret(target: KubeTarget) -> dict[str, Any]:
+    """The cluster's key and self-signed certificate (Dask's `Security.temporary`: the CA its peers
+    check each other against), made here for this cluster: who holds the key file gets in."""
+    from distributed.security import Security
+
+    made = Security.temporary()
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": TLS_SECRET, "namespace": target.namespace},
+            "stringData": {TLS_FILES["ca_file"]: made.tls_ca_file, TLS_FILES["cert_file"]: made.tls_scheduler_cert,
+                           TLS_FILES["key_file"]: made.tls_scheduler_key}}
+
+
+def _tls_options() -> list[str]:
+    """`dask scheduler|worker` options naming the mounted certificate files (paths, no secret)."""
+    mounted = {field: f"{TLS_MOUNT}/{name}" for field, name in TLS_FILES.items()}
+    return ["--tls-ca-file", mounted["ca_file"], "--tls-cert", mounted["cert_file"], "--tls-key", mounted["key_file"]]
+
+
+def _with_certificate(pod: dict[str, Any]) -> dict[str, Any]:
+    """`pod`'s spec with the certificate Secret mounted read-only in its one container."""
+    (container,) = pod["containers"]
+    container["volumeMounts"] = [{"name": "dask-tls", "mountPath": TLS_MOUNT, "readOnly": True}]
+    pod["volumes"] = [{"name": "dask-tls", "secret": {"secretName": TLS_SECRET, "defaultMode": 0o400}}]
+    return pod
 
 
 def _secret_env(names: tuple[str, ...] = (STORAGE_SECRET, TRACKING_SECRET)) -> list[dict[str, Any]]:
@@ -79,15 +113,19 @@ def dask_cluster(preset: Preset, target: KubeTarget) -> dict[str, Any]:
     """The operator's DaskCluster: a scheduler, and rollout_workers worker pods of one thread each
     offering the preset's rollout resources."""
     distribution = preset.distribution
-    worker_args = ["dask", "worker", "--name", "$(DASK_WORKER_NAME)", "--nthreads", "1", "--dashboard-address",
-                   f":{DASHBOARD_PORT}"]
+    tls = distribution.cluster_tls
+    # the scheduler's address given (tls://), not the operator's DASK_SCHEDULER_ADDRESS (tcp://)
+    worker_args = ["dask", "worker", *([target.scheduler_address(tls), *_tls_options()] if tls else []),
+                   "--name", "$(DASK_WORKER_NAME)", "--nthreads", "1", "--dashboard-address", f":{DASHBOARD_PORT}"]
     if distribution.rollout_resources:
         worker_args += ["--resources", ",".join(f"{k}={v:g}" for k, v in distribution.rollout_resources.items())]
     worker_resources = {"requests": {"cpu": target.worker_cpu, "memory": target.worker_memory},
                         "limits": {"cpu": target.worker_cpu, "memory": target.worker_memory}}
     # the scheduler reads no store: no credential reaches it; the workers write shards, never to MLflow
-    scheduler = _container("scheduler", target.image, ["dask", "scheduler"],
+    scheduler = _container("scheduler", target.image,
+                           ["dask", "scheduler", *(["--protocol", "tls", *_tls_options()] if tls else [])],
                            {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}, secrets=())
+    certified = _with_certificate if tls else (lambda pod: pod)
     scheduler["ports"] = [{"name": "tcp-comm", "containerPort": SCHEDULER_PORT, "protocol": "TCP"},
                           {"name": "http-dashboard", "containerPort": DASHBOARD_PORT, "protocol": "TCP"}]
     return {
@@ -97,10 +135,10 @@ def dask_cluster(preset: Preset, target: KubeTarget) -> dict[str, Any]:
                      "labels": {"app.kubernetes.io/part-of": "gymflow"}},
         "spec": {
             "worker": {"replicas": distribution.rollout_workers,
-                       "spec": {"containers": [_container("worker", target.image, worker_args, worker_resources,
-                                                          secrets=(STORAGE_SECRET,))]}},
+                       "spec": certified({"containers": [_container("worker", target.image, worker_args,
+                                                                    worker_resources, secrets=(STORAGE_SECRET,))]})},
             "scheduler": {
-                "spec": {"containers": [scheduler]},
+                "spec": certified({"containers": [scheduler]}),
                 "service": {"type": "ClusterIP", "selector": {"dask.org/cluster-name": target.name,
                                                               "dask.org/component": "scheduler"},
                             "ports": [{"name": "tcp-comm", "protocol": "TCP", "port": SCHEDULER_PORT,
@@ -130,17 +168,19 @@ def learner_resources(target: KubeTarget) -> dict[str, Any]:
     return {"requests": {"cpu": target.learner_cpu, "memory": target.learner_memory}, "limits": limits}
 
 
-def work_pool_template(target: KubeTarget) -> dict[str, Any]:
+def work_pool_template(target: KubeTarget, tls: bool = True) -> dict[str, Any]:
     """A Prefect Kubernetes work pool's base job template (`prefect work-pool create --type kubernetes
-    --base-job-template`): the flow run's Job, with the learner's resources and the Secrets."""
+    --base-job-template`): the flow run's Job, with the learner's resources and the Secrets (`tls`:
+    the cluster's certificate too, which its Dask client presents)."""
     container = _container("prefect-job", "{{ image }}", "{{ command }}", learner_resources(target))
     container["env"] = "{{ env }}"
+    pod = {"restartPolicy": "Never", "containers": [container]}
     job = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"labels": "{{ labels }}", "namespace": "{{ namespace }}", "generateName": "{{ name }}-"},
         "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": "{{ finished_job_ttl }}",
-                 "template": {"spec": {"restartPolicy": "Never", "containers": [container]}}},
+                 "template": {"spec": _with_certificate(pod) if tls else pod}},
     }
     variables = {
         "image": {"type": "string", "default": target.image, "description": "gymflow's image (the Dockerfile)"},
@@ -190,8 +230,12 @@ def overrides(preset: Preset, target: KubeTarget) -> dict[str, Any]:
         raise InvalidPreset("tracking.tracking_uri", f"{redacted_uri(preset.tracking.tracking_uri)!r} is a store in "
                                                      "the flow's pod, lost with it; allowed: an MLflow server's "
                                                      "http(s):// URL")
-    return {"distribution.scheduler_address": target.scheduler_address, "storage.root": preset.storage.root,
-            "tracking.tracking_uri": redacted_uri(preset.tracking.tracking_uri)}
+    tls = preset.distribution.cluster_tls
+    return {"distribution.scheduler_address": target.scheduler_address(tls), "storage.root": preset.storage.root,
+            # its password left out: the flow's pod logs in with the MLflow Secret's MLFLOW_TRACKING_PASSWORD
+            "tracking.tracking_uri": without_password(preset.tracking.tracking_uri),
+            **({"distribution.tls": {field: f"{TLS_MOUNT}/{name}" for field, name in TLS_FILES.items()}}
+               if tls else {})}
 
 
 def check(files: dict[str, Any]) -> None:
@@ -199,7 +243,8 @@ def check(files: dict[str, Any]) -> None:
     against the operator's CRD; a failure is one line naming the object and the field."""
     import kubernetes_validate
 
-    objects = [files["daskcluster.yaml"], *files["secrets.yaml"],
+    objects = [files["daskcluster.yaml"], *files["secrets.yaml"], *([files[TLS_SECRET_FILE]] if TLS_SECRET_FILE in files
+                                                                     else []),
                job_as_the_worker_makes_it(files["work-pool-template.json"])]
     for manifest in objects:
         name = f"{manifest['kind']}/{manifest['metadata'].get('name') or manifest['metadata'].get('generateName')}"
@@ -248,15 +293,26 @@ def dask_cluster_schema() -> dict[str, Any]:
 
 
 def write(files: dict[str, Any], folder: Path) -> list[Path]:
+    """Each file written whole; the certificate Secret's readable by its owner alone from its first byte."""
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for name, content in files.items():
         path = folder / name
         if name.endswith(".json"):
-            path.write_text(json.dumps(content, indent=2) + "\n")
+            text = json.dumps(content, indent=2) + "\n"
         elif isinstance(content, list):
-            path.write_text(yaml.safe_dump_all(content, sort_keys=False))
+            text = yaml.safe_dump_all(content, sort_keys=False)
         else:
-            path.write_text(yaml.safe_dump(content, sort_keys=False))
+            text = yaml.safe_dump(content, sort_keys=False)
+        _write_whole(path, text, 0o600 if name == TLS_SECRET_FILE else 0o644)
         written.append(path)
     return written
+
+
+def _write_whole(path: Path, text: str, mode: int) -> None:
+    temporary = path.with_name(f".{path.name}.partial")
+    temporary.unlink(missing_ok=True)
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(text)
+    os.replace(temporary, path)

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING
 import dask
 
 from gymflow.errors import ClusterUnavailable, InvalidPreset
+from gymflow.last_steps import before_exit_now
+from gymflow.logs import AnyLogger
 from gymflow.presets.model import DistributionConfig, SlurmConfig, slurm_seconds
 from gymflow.tasks.cluster.clocks import HOUSEKEEPING_CLOCKS, housekeeping_exports
 
@@ -76,7 +78,8 @@ def slurm_cluster(config: DistributionConfig) -> SLURMCluster:
             shutil.rmtree(certificates, ignore_errors=True)
         raise
     if certificates:  # with the cluster, its certificates: dask-jobqueue's files (closed: removed), then their folder
-        files = [value for name, value in vars(cluster).items() if name.startswith("_job_")]
+        # the temporary files dask-jobqueue keeps as `_job_<key>` (beside them, `_job_kwargs`: a dict)
+        files = [value for name, value in vars(cluster).items() if name.startswith("_job_") and hasattr(value, "close")]
         weakref.finalize(cluster, _remove_certificates, files, certificates)
     minimum, maximum = (config.adaptive.minimum, config.adaptive.maximum) if config.adaptive else (
         config.rollout_workers, config.rollout_workers)
@@ -248,16 +251,23 @@ class EndedJobsReplaced:
     """Takes the jobs the queue says have ended out of the cluster's plan, so that its adaptive
     scaling submits fresh ones: dask-jobqueue keeps an ended job in its plan, and a cluster whose
     jobs are cancelled or reach their walltime never grows back (dask-jobqueue #611, #691). Meanwhile
-    the scheduler's lines about departing workers stay off the terminal (WorkerDepartures)."""
+    the scheduler's lines about departing workers stay off the terminal (WorkerDepartures). A look
+    at the queue that fails is said once and tried again at the next (the watch never ends early).
+    At the end every job still queued is cancelled in one `scancel` (dask-jobqueue's close cancels
+    them one by one), also where the run ends at once (gymflow.last_steps)."""
 
-    def __init__(self, cluster: SLURMCluster):
+    def __init__(self, cluster: SLURMCluster, logger: AnyLogger | None = None):
         self.cluster = cluster
         self.replaced: list[str] = []  # the ended jobs' ids, in the order they were seen
+        self._logger = logger or logging.getLogger(__name__)
+        self._failed_said = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="gymflow-slurm-jobs", daemon=True)
+        self._last_step = before_exit_now(self.cancel_jobs)
 
     def __enter__(self) -> EndedJobsReplaced:
         self._thread.start()
+        self._last_step.__enter__()
         for name in _DEPARTURE_LOGGERS:
             logging.getLogger(name).addFilter(_DEPARTURES)
         return self
@@ -267,17 +277,34 @@ class EndedJobsReplaced:
         self._thread.join(COMMAND_TIMEOUT_S + REAP_EVERY_S)
         for name in _DEPARTURE_LOGGERS:
             logging.getLogger(name).removeFilter(_DEPARTURES)
+        self.cancel_jobs()
+        self._last_step.__exit__(None, None, None)
+
+    def cancel_jobs(self) -> None:
+        """Every job of the cluster's, cancelled in one `scancel` (bounded by COMMAND_TIMEOUT_S)."""
+        if ids := self._job_ids():
+            _ask(["scancel", *sorted(set(ids.values()))])
+
+    def _job_ids(self) -> dict[str, str]:
+        return {name: job.job_id for name, job in list(self.cluster.workers.items()) if getattr(job, "job_id", None)}
 
     def _watch(self) -> None:
         while not self._stop.wait(REAP_EVERY_S):
-            jobs = {name: job.job_id for name, job in list(self.cluster.workers.items())
-                    if getattr(job, "job_id", None)}
-            alive = _alive_jobs()
-            if jobs and alive is not None:
-                ended = [name for name, job_id in jobs.items() if job_id not in alive]
-                if ended:
-                    self.replaced += [jobs[name] for name in ended]
-                    self.cluster.loop.add_callback(self._forget, ended)
+            try:
+                self._replace_ended()
+            except Exception as error:  # a queue that answers oddly once: looked at again next time
+                if not self._failed_said:
+                    self._failed_said = True
+                    self._logger.warning("distribution.slurm: looking at the queue failed (%s: %s); the run goes on "
+                                         "and looks again every %g s", type(error).__name__, error, REAP_EVERY_S)
+
+    def _replace_ended(self) -> None:
+        jobs, alive = self._job_ids(), _alive_jobs()
+        if jobs and alive is not None:
+            ended = [name for name, job_id in jobs.items() if job_id not in alive]
+            if ended:
+                self.replaced += [jobs[name] for name in ended]
+                self.cluster.loop.add_callback(self._forget, ended)
 
     def _forget(self, names: list[str]) -> None:
         for name in names:

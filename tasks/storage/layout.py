@@ -101,6 +101,11 @@ class RunLayout:
         return f"{self.prefix}/videos/v{version:06d}.mp4"
 
     @property
+    def tracking_backlog(self) -> str:
+        """What MLflow had not got when a checkpoint was committed during its outage (sent on resume)."""
+        return f"{self.prefix}/tracking-backlog.json"
+
+    @property
     def ledger(self) -> str:
         """async: the ledger's segments, one per checkpoint that landed shards."""
         return f"{self.prefix}/ledger"

@@ -29,7 +29,7 @@ from gymflow.tasks.storage.objects import StorageLocation, open_storage
 from gymflow.tasks.sweep.aggregate import Estimate, curve_band, iqm_with_interval
 from gymflow.tasks.sweep.study import Configuration
 from gymflow.tasks.tracking.store import tracking_client
-from gymflow.tasks.tracking.tracker import Tracker
+from gymflow.tasks.tracking.tracker import Tracker, TrackerOptions
 
 PARENT_RUN_ATTR = "mlflow_parent_run_id"  # on the study: a restarted sweep reopens its MLflow run
 PLOTTED_CONFIGURATIONS = 8  # the best ones; more bands on one plot are unreadable
@@ -160,7 +160,7 @@ def sweep_parent_run(sweep: Sweep, sweep_id: str, study: optuna.Study, flow_run_
     tracker = Tracker(tracking.tracking_uri, tracking.experiment, run_name=f"sweep {sweep_id}",
                       tags={"gymflow.sweep_id": sweep_id, "gymflow.sweep.role": "parent",
                             "prefect.flow_run_id": flow_run_id, "gymflow.preset": sweep.base.name},
-                      artifact_location=tracking.artifact_location, existing_run_id=existing)
+                      existing_run_id=existing, options=TrackerOptions.of(tracking))
     if existing is None:
         spec = redacted(sweep.spec.model_dump(mode="json"))  # its overrides may name a password or key
         tracker.log_params(flatten({key: value for key, value in spec.items() if key != "space"}))

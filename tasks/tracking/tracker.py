@@ -1,23 +1,31 @@
 """MLflow tracking for a run: one MLflow run per flow run, logged from the flow's process only
-(many writers on one SQLite file lock it)."""
+(many writers on one SQLite file lock it). What the run records is written by a thread of the
+tracker's own, so a server that does not answer for a while (tasks/tracking/outage.py) holds up
+that thread, not training; what it has not written yet is `unsent()`, for the run to keep."""
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 import os
 import tempfile
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from gymflow.tasks.tracking.outage import Outage, unanswered
 
 if TYPE_CHECKING:
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
+
+    from gymflow.presets.model import TrackingConfig
 
 # MLflow (~1 s to import) is imported where a tracker is made or used: importing a flow costs none of it
 
@@ -31,9 +39,23 @@ _METRICS_HELD = 1000  # metrics held before they are sent, however recent the la
 # A login the tracking server took, then refused: its auth database reconnecting in a failover
 # answered 401 for a moment (docs/deploy.md, "For a team"). Tried again with backoff this long.
 LOGIN_RETRY_S = 120.0
+OUTAGE_PAUSE_S = 2.0  # how often a call the server did not answer is tried again
 _logger = logging.getLogger(__name__)
 # MLflow 3's UI opens an experiment in its GenAI view unless this tag says it is for model training
 EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+
+
+@dataclass(frozen=True)
+class TrackerOptions:
+    """A tracker's settings beyond where it logs: a new experiment's artifact location, and how long
+    the server may go unanswered (tracking.outage_budget_s)."""
+
+    artifact_location: str | None = None
+    outage_budget_s: float = 300.0
+
+    @classmethod
+    def of(cls, tracking: TrackingConfig) -> TrackerOptions:
+        return cls(tracking.artifact_location, tracking.outage_budget_s)
 
 
 class Tracker:
@@ -43,13 +65,17 @@ class Tracker:
         experiment: str,
         run_name: str,
         tags: Mapping[str, str],
-        artifact_location: str | None = None,
         existing_run_id: str | None = None,
+        options: TrackerOptions | None = None,
     ):
         """A new MLflow run, or `existing_run_id` reopened (a resumed run logs into its own)."""
+        options = options or TrackerOptions()
+        artifact_location, outage_budget_s = options.artifact_location, options.outage_budget_s
         from gymflow.tasks.tracking.store import tracking_client
 
+        bounded_mlflow_requests()
         client, self.tracking_uri = tracking_client(tracking_uri), tracking_uri
+        self.outage = Outage(tracking_uri, outage_budget_s)
         if existing_run_id is not None:
             run = client.get_run(existing_run_id)
             client.update_run(existing_run_id, status="RUNNING")
@@ -66,21 +92,38 @@ class Tracker:
                     client.set_experiment_tag(experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
             self.run_id = client.create_run(experiment_id, run_name=run_name, tags=dict(tags)).info.run_id
             self.experiment_id = experiment_id
-        self.client = PatientClient(client)  # the login was taken: a refusal from here on may pass
+        self.client = PatientClient(client, self.outage)  # the login was taken: a refusal from here on may pass
         self._start_queue()
 
     def _start_queue(self) -> None:
         # Batches are written in order by a thread of the tracker's own, not by MLflow's
         # asynchronous logging, whose thread waits up to a second for its queue when the run ends
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gymflow-mlflow-writer")
-        self._pending: deque[Future] = deque()  # batches handed to the writer
+        self._pending: deque[tuple[Future, Unsent]] = deque()  # what was handed to the writer, with what it writes
         self._held: list[Metric] = []  # metrics not yet handed over
         self._sent_at = time.monotonic()
         self._newest_step: int | None = None
         self._newest: dict[str, Metric] = {}  # the metrics logged at the newest step, by key
 
     def _write_batch(self, **batch: Any) -> None:
-        self._pending.append(self._writer.submit(self.client.log_batch, self.run_id, **batch))
+        unsent = Unsent(metrics=tuple(batch.get("metrics", ())))
+        self._pending.append((self._writer.submit(self.client.log_batch, self.run_id, **batch), unsent))
+
+    def send_again(self, unsent: Unsent, read: Callable[[str], bytes]) -> None:
+        """What an earlier process of the run had not written (`unsent()`, kept with a checkpoint),
+        written now; `read` gives a film's bytes from its storage key."""
+        for start in range(0, len(unsent.metrics), 1000):
+            self._write_batch(metrics=list(unsent.metrics[start : start + 1000]))
+        for key, folder, name in unsent.films:
+            self.log_bytes(read(key), folder, name, source=key)
+        self.flush()
+
+    def unsent(self) -> Unsent:
+        """What was logged and is not known to be written (the newest may be written meanwhile: a
+        resume sends it again, and MLflow keeps one row of a metric logged twice alike)."""
+        waiting = [unsent for future, unsent in self._pending if not future.done() or future.exception() is not None]
+        return Unsent(tuple(self._held) + tuple(m for unsent in waiting for m in unsent.metrics),
+                      tuple(film for unsent in waiting for film in unsent.films))
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         """Written by the tracker's writer thread, before any metric logged after them (the first
@@ -111,8 +154,9 @@ class Tracker:
         held, self._held, self._sent_at = self._held, [], time.monotonic()
         for start in range(0, len(held), 1000):  # MLflow's most metrics a batch
             self._write_batch(metrics=held[start : start + 1000])
-        while len(self._pending) > _MAX_PENDING:  # long runs: hold a bounded queue, the oldest long written
-            self._pending.popleft().result()
+        # long runs: hold a bounded queue, the oldest long written (not while the server is out: training goes on)
+        while len(self._pending) > _MAX_PENDING and not self.outage.going_on:
+            self._pending.popleft()[0].result()
 
     def metrics_at(self, step: int) -> list[Metric]:
         """The metrics this tracker logged at `step`, where it is the newest step it logged; else none."""
@@ -161,8 +205,13 @@ class Tracker:
         else:
             self.client.log_artifact(self.run_id, local_path, artifact_path)
 
-    def log_bytes(self, data: bytes, artifact_path: str, name: str) -> None:
-        """`data` as the artifact `artifact_path/name`."""
+    def log_bytes(self, data: bytes, artifact_path: str, name: str, source: str | None = None) -> None:
+        """`data` as the artifact `artifact_path/name`, written by the writer thread after what was
+        logged before it; `source`: where the run keeps it (its storage key), for `unsent()`."""
+        unsent = Unsent(films=((source, artifact_path, name),) if source else ())
+        self._pending.append((self._writer.submit(self._log_bytes_now, data, artifact_path, name), unsent))
+
+    def _log_bytes_now(self, data: bytes, artifact_path: str, name: str) -> None:
         with tempfile.TemporaryDirectory() as folder:
             path = os.path.join(folder, name)
             with open(path, "wb") as handle:
@@ -170,18 +219,52 @@ class Tracker:
             self.client.log_artifact(self.run_id, path, artifact_path)
 
     def flush(self) -> None:
-        """Wait until every metric logged so far is written."""
+        """Wait until everything logged so far is written (raises ServerLost past the outage budget)."""
         self.send()
         while self._pending:
-            self._pending.popleft().result()
+            self._pending[0][0].result()
+            self._pending.popleft()
+
+    def written_or_out(self) -> bool:
+        """Wait until everything logged so far is written (True), or until the server is seen not
+        to answer (False: what it has not got is `unsent()`)."""
+        self.send()
+        while self._pending:
+            future = self._pending[0][0]
+            while not future.done():
+                if self.outage.going_on:
+                    return False
+                wait([future], timeout=0.2)
+            if self.outage.going_on:
+                return False
+            future.result()
+            self._pending.popleft()
+        return True
 
     def finish(self, status: str) -> None:
-        """End the MLflow run as FINISHED, FAILED or KILLED."""
+        """End the MLflow run as FINISHED, FAILED or KILLED; with a server that is lost, nothing is
+        asked of it (the run's end is not held up for another budget)."""
+        if self.outage.lost is not None:
+            self._writer.shutdown(wait=False, cancel_futures=True)
+            return
         try:
             self.flush()
         finally:
             self._writer.shutdown()
         self.client.set_terminated(self.run_id, status)
+
+
+# MLflow's client tries a request that got no answer again for minutes on its own (7 retries, backoff
+# factor 2), and waits 120 s for a reply: an outage would hold a call that long before the tracker's
+# budget (tasks/tracking/outage.py) could count it. These keep each call short; the budget tries again.
+MLFLOW_REQUEST_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                           "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+
+
+def bounded_mlflow_requests() -> None:
+    """MLflow's request retries and timeout kept short in this process (a user's own settings stay)."""
+    for name, value in MLFLOW_REQUEST_DEFAULTS.items():
+        os.environ.setdefault(name, value)
 
 
 def source_tags() -> dict[str, str]:
@@ -219,26 +302,56 @@ def s3_artifact_environment(storage_options: Mapping[str, Any]) -> Iterator[None
             os.environ.pop(name, None)
 
 
-class PatientClient:
-    """An MlflowClient whose calls are tried again (`patiently`) while the server refuses a login it took."""
+@dataclass(frozen=True)
+class Unsent:
+    """What a tracker was given and has not written: metrics, and films (their storage key,
+    artifact folder and name)."""
 
-    def __init__(self, client: MlflowClient):
-        self.inner = client
+    metrics: tuple[Metric, ...] = ()
+    films: tuple[tuple[str, str, str], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.metrics or self.films)
+
+    def to_json(self) -> bytes:
+        return json.dumps({"metrics": [[m.key, m.value, m.timestamp, m.step] for m in self.metrics],
+                           "films": [list(film) for film in self.films]}).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Unsent:
+        from mlflow.entities import Metric
+
+        kept = json.loads(data)
+        return cls(tuple(Metric(key, float(value), int(timestamp), int(step)) for key, value, timestamp, step
+                         in kept["metrics"]), tuple((key, folder, name) for key, folder, name in kept["films"]))
+
+
+class PatientClient:
+    """An MlflowClient whose calls are tried again (`patiently`) while the server refuses a login it
+    took, and while it does not answer, within the run's outage budget (`outage`)."""
+
+    def __init__(self, client: MlflowClient, outage: Outage | None = None):
+        self.inner, self.outage = client, outage
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self.inner, name)
-        return functools.partial(patiently, attribute) if callable(attribute) else attribute
+        return functools.partial(patiently, attribute, outage=self.outage) if callable(attribute) else attribute
 
 
-def patiently(call: Any, *args: Any, **kwargs: Any) -> Any:
+def patiently(call: Any, *args: Any, outage: Outage | None = None, **kwargs: Any) -> Any:
     """`call(*args, **kwargs)`, tried again with backoff for up to LOGIN_RETRY_S while the tracking
     server answers 401 (MLflow's own client tries 5xx answers and refused connections again, for
-    minutes, but not a refused login)."""
+    minutes, but not a refused login), and while it does not answer, until `outage` says it is lost."""
+    if outage is not None:
+        outage.check()
     deadline, pause, refused = time.monotonic() + LOGIN_RETRY_S, 0.5, None
     while True:
         try:
             result = call(*args, **kwargs)
         except Exception as error:
+            if outage is not None and unanswered(error):
+                time.sleep(min(OUTAGE_PAUSE_S, max(0.0, outage.failed(error))))  # raises once it is lost
+                continue
             if not _refused_login(error) or time.monotonic() + pause > deadline:
                 raise
             if refused is None:
@@ -250,6 +363,8 @@ def patiently(call: Any, *args: Any, **kwargs: Any) -> Any:
             continue
         if refused is not None:
             _logger.warning("the MLflow server took the login again after %.1f s", time.monotonic() - refused)
+        if outage is not None:
+            outage.answered()
         return result
 
 

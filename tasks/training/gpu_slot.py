@@ -9,6 +9,9 @@ gpu-HOST-0 --limit 2`), which the Prefect UI shows, and one lock file per slot o
 (SIGKILL, the OOM killer). A lease in Prefect does not: the command's temporary Prefect API keeps
 its leases in memory and dies with the run, leaving the limit's count taken for good. So the lock is
 what decides; the limit follows it, and a count that no live holder's lock backs is given back.
+For the same reason a lease the server loses (a restart: Prefect keeps leases in memory; an outage
+longer than its renewals' retries) never stops training: it is said in one line, and Prefect's own
+renewal errors are kept off the terminal.
 
 The folder is shared by every user of the host, so nobody may turn it against another: it is used
 only as a real folder (not a link) that belongs to root or to this user and is sticky (nobody
@@ -20,6 +23,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import logging
 import os
 import pwd
 import re
@@ -42,6 +46,11 @@ from gymflow.logs import AnyLogger
 
 FIRST_TRY_SECONDS = 2.0  # a free slot is taken within this; past it, the run says it waits
 POLL_SECONDS = 2.0  # how often a waiting run tries the slots again
+LEASE_SECONDS = 300.0  # the limit's lease, renewed by Prefect's thread every 3/4 of it
+# where Prefect's lease renewal logs (its own logger, or the run's logger when inside a run)
+RENEWAL_LOGGERS = ("prefect.concurrency", "prefect.flow_runs", "prefect.task_runs")
+RENEWAL_THREAD = "concurrency-lease-renewal-"  # Prefect's renewal thread's name starts so
+RENEWAL_GAVE_UP = "Concurrency lease renewal failed"  # its last record, once its retries are spent
 SLOTS_FOLDER = Path(tempfile.gettempdir()) / "gymflow-gpu-slots"  # every user's runs on this host meet here
 
 
@@ -186,7 +195,7 @@ def _occupy_limit(stack: ExitStack, name: str, limit: int, logger: AnyLogger) ->
     full counts a holder that died without letting go: its count is given back, once per slot."""
     for _ in range(limit + 1):
         try:
-            stack.enter_context(concurrency(name, occupy=1, timeout_seconds=FIRST_TRY_SECONDS, strict=True))
+            stack.enter_context(_counted_in_limit(name, logger))
             return
         except TimeoutError:
             logger.warning("%s: a run that held it ended without letting go; its slot is given back", name)
@@ -194,6 +203,49 @@ def _occupy_limit(stack: ExitStack, name: str, limit: int, logger: AnyLogger) ->
                 client.release_concurrency_slots(names=[name], slots=1, occupancy_seconds=0.001)  # must be > 0
     raise ClusterUnavailable("distribution.learner_device", f"the Prefect limit {name} stays full though no run "
                              f"holds it; allowed: `prefect gcl update {name} --active-slots 0` first")
+
+
+@contextmanager
+def _counted_in_limit(name: str, logger: AnyLogger) -> Iterator[None]:
+    """One of the limit's slots while inside (TimeoutError if none is free). A lease the server loses
+    and a count that cannot be given back at the end are each one line; neither stops training."""
+    said = _LeaseLostSaid(name, logger)
+    for renewal_logger in RENEWAL_LOGGERS:
+        logging.getLogger(renewal_logger).addFilter(said)
+    try:
+        lease = ExitStack()
+        lease.enter_context(concurrency(name, occupy=1, timeout_seconds=FIRST_TRY_SECONDS, strict=True,
+                                        lease_duration=LEASE_SECONDS, raise_on_lease_renewal_failure=False))
+        try:
+            yield
+        finally:
+            try:
+                lease.close()
+            except Exception as error:  # the server out of reach at the end: the next run that takes it puts it right
+                logger.warning("%s: its count in Prefect could not be given back (%s); the next run that takes "
+                               "this GPU gives it back", name, f"{type(error).__name__}: {error}".splitlines()[0])
+    finally:
+        for renewal_logger in RENEWAL_LOGGERS:
+            logging.getLogger(renewal_logger).removeFilter(said)
+
+
+class _LeaseLostSaid(logging.Filter):
+    """Prefect's lease renewal's records (a warning per failed try, a traceback, a last warning),
+    kept off the terminal; in their place one line, the first time."""
+
+    def __init__(self, name: str, logger: AnyLogger) -> None:
+        super().__init__()
+        self.slot, self.logger, self.said = name, logger, False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.threadName or not record.threadName.startswith(RENEWAL_THREAD):
+            return True
+        if not self.said and record.getMessage().startswith(RENEWAL_GAVE_UP):
+            self.said = True
+            self.logger.warning("%s: the Prefect server no longer answers for this run's lease on it (restarted, "
+                                "or out of reach); training goes on, the GPU still this run's by its lock file",
+                                self.slot)
+        return False
 
 
 def _limit(name: str) -> int:

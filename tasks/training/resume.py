@@ -12,6 +12,7 @@ prioritized replay restarts its priorities at the largest one.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -19,9 +20,10 @@ from typing import Any
 
 from gymflow.agents.batches import Rollout
 from gymflow.agents.core import Learner, ReplayLearner
-from gymflow.errors import UnusableWarmStart
+from gymflow.errors import InvalidPreset, UnusableWarmStart
 from gymflow.presets.load import with_settings
 from gymflow.presets.model import Preset
+from gymflow.presets.redaction import credentials_given_back, masked_password, with_password
 from gymflow.presets.validate import Experiment, experiment_from
 from gymflow.tasks.lake.source import ExperienceDataset
 from gymflow.tasks.storage.checkpoints import (
@@ -52,13 +54,34 @@ def stored_experiment(storage: Storage, run_id: str, caller: Experiment,
                       settings: Mapping[str, Any] | None = None) -> Experiment:
     """The run's own preset, with the caller's storage location (where the run was found, with
     credentials the stored copy has redacted); its retention and checkpoint cadence stay its own,
-    and so does `shared` (a folder every worker mounts) unless the caller says otherwise.
+    and so does `shared` (a folder every worker mounts) unless the caller says otherwise. The
+    credentials the stored copy masked come back from the caller's preset where it holds them (a
+    sweep's, a population's), the tracking URI's password from MLFLOW_TRACKING_PASSWORD.
     `settings`: dotted fields changed from here on (a population member's values)."""
-    data = read_stored_preset(storage, run_id)
+    data = credentials_given_back(read_stored_preset(storage, run_id), caller.preset.model_dump(mode="json"))
     given = {"root", "options"} | ({"shared"} & caller.preset.storage.model_fields_set)
     location = caller.preset.storage.model_dump(mode="json", include=given)
     data["storage"] = {**data.get("storage", {}), **location}
+    if uri := data.get("tracking", {}).get("tracking_uri"):
+        data["tracking"]["tracking_uri"] = tracking_uri_logged_in(uri, run_id)
     return experiment_from(with_settings(data, settings or {}))
+
+
+def stored_tracking_uri(storage: Storage, run_id: str) -> str:
+    """The run's tracking URI, logged in (`tracking_uri_logged_in`): a resume's check before any work."""
+    return tracking_uri_logged_in(read_stored_preset(storage, run_id).get("tracking", {}).get("tracking_uri", ""),
+                                  run_id)
+
+
+def tracking_uri_logged_in(uri: str, run_id: str) -> str:
+    """The stored tracking URI, its masked password (never stored) given from MLFLOW_TRACKING_PASSWORD;
+    refused in one line where the environment has none."""
+    if not masked_password(uri):
+        return uri
+    if password := os.environ.get("MLFLOW_TRACKING_PASSWORD"):
+        return with_password(uri, password)
+    raise InvalidPreset("tracking.tracking_uri", f"run {run_id} logged in to {uri} with a password, which runs do not "
+                        "store; allowed: the password in MLFLOW_TRACKING_PASSWORD")
 
 
 def restore(storage: Storage, run_id: str, learner: Learner, preset: Preset,

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from gymflow.agents.core import Learner, ReplayLearner
-from gymflow.errors import InvalidPreset
+from gymflow.errors import InvalidPreset, ServerLost
 from gymflow.logs import AnyLogger
 from gymflow.presets.load import flatten
 from gymflow.presets.model import DatasetConfig, Preset
@@ -42,7 +42,7 @@ from gymflow.tasks.tracking.events import RunEvents
 from gymflow.tasks.tracking.progress import ProgressLog
 from gymflow.tasks.tracking.servers import check_tracking_server, refusal_of
 from gymflow.tasks.tracking.system_metrics import SystemMetrics
-from gymflow.tasks.tracking.tracker import Tracker, s3_artifact_environment, source_tags
+from gymflow.tasks.tracking.tracker import Tracker, TrackerOptions, s3_artifact_environment, source_tags
 from gymflow.tasks.training.batch_stream import BatchStream
 from gymflow.tasks.training.collection import Collection, OfflineSteps, SyncRounds
 from gymflow.tasks.training.commits import Commits
@@ -187,8 +187,8 @@ def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str]) 
             "gymflow.preset": run.preset.name, **extra_tags}
     try:
         tracker = Tracker(tracking.tracking_uri, tracking.experiment, run_name=run.run_id, tags=tags,
-                          artifact_location=tracking.artifact_location,
-                          existing_run_id=run.record.mlflow_run_id if run.record else None)
+                          existing_run_id=run.record.mlflow_run_id if run.record else None,
+                          options=TrackerOptions.of(tracking))
     except Exception as error:  # a server's refusal (a user who may read the experiment, not run in it): one line
         if (refusal := refusal_of(error, tracking.tracking_uri, tracking.experiment)) is not None:
             raise refusal from None
@@ -201,6 +201,11 @@ def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str]) 
             record = RunRecord(tracker.run_id, tracking.experiment, tracking.tracking_uri)
             write_run_record(run.storage, run.run_id, record)
         yield tracker
+    except ServerLost as lost:  # the tracking server: the run stops at the commit after its budget ran out
+        RunEvents(run.run_id, run.preset.name, tracker.run_id).failed(lost)
+        raise ServerLost(lost.field, f"{lost.problem}; what was committed stays, with what MLflow did not get: "
+                         f"`gymflow resume {run.run_id} --root {run.preset.storage.root}` continues the run once "
+                         "it answers") from None
     except BaseException as ended:  # KeyboardInterrupt, Prefect's TerminationSignal: a stop, not an error
         status = "FAILED" if isinstance(ended, Exception) else "KILLED"
         RunEvents(run.run_id, run.preset.name, tracker.run_id).failed(ended)
@@ -212,7 +217,9 @@ def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str]) 
 def run_recorder(run: PreparedRun, tracker: Tracker, logger: AnyLogger) -> RunRecorder:
     budget = Budget.of(run.preset)
     progress = ProgressLog(logger, budget.total, views=[ProgressArtifact(run.run_id)], unit=budget.unit)
-    recorder = (RunRecorder.resumed if run.restored else RunRecorder)(tracker, progress, budget, run.storage)
+    backlog = RunLayout(run.run_id).tracking_backlog
+    recorder = RunRecorder.resumed(tracker, progress, budget, run.storage, backlog) if run.restored else \
+        RunRecorder(tracker, progress, budget, run.storage, backlog_key=backlog)
     preset = run.preset
     recorder.shows_training_return = not preset.offline and preset.schedule.evaluation_opponent != "random"
     recorder.events = RunEvents(run.run_id, preset.name, tracker.run_id)

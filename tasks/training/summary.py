@@ -12,7 +12,7 @@ from gymflow.tasks.tracking.events import RunEvents
 from gymflow.tasks.tracking.plots import PLOTTED_METRICS
 from gymflow.tasks.tracking.progress import ProgressLog
 from gymflow.tasks.tracking.system_metrics import SystemMetrics
-from gymflow.tasks.tracking.tracker import Tracker
+from gymflow.tasks.tracking.tracker import Tracker, Unsent
 from gymflow.tasks.training.evaluation import Scored
 from gymflow.tasks.training.ledger import Ledger
 from gymflow.tasks.training.loop import StepReport
@@ -88,13 +88,19 @@ class RunRecorder:
     shows_training_return: bool = True
     events: RunEvents | None = None  # Prefect events of its evaluations and its end
     system: SystemMetrics | None = None  # per node: CPU, memory, GPU
+    backlog_key: str | None = None  # where what MLflow has not got is kept at a commit (RunLayout.tracking_backlog)
+    _backlog_kept: bool = False
     _episode_return: float = float("nan")
     _step: int = 0  # the newest step logged
 
     @classmethod
-    def resumed(cls, tracker: Tracker, progress: ProgressLog, budget: Budget, storage: Storage | None = None
-                ) -> RunRecorder:
-        recorder = cls(tracker, progress, budget, storage,
+    def resumed(cls, tracker: Tracker, progress: ProgressLog, budget: Budget, storage: Storage | None = None,
+                backlog_key: str | None = None) -> RunRecorder:
+        """The recorder of a resumed run: what MLflow had not got from its last process sent first."""
+        if storage is not None and backlog_key is not None and storage.exists(backlog_key):
+            tracker.send_again(Unsent.from_json(storage.read(backlog_key)), storage.read)
+            storage.delete([backlog_key])
+        recorder = cls(tracker, progress, budget, storage, backlog_key=backlog_key,
                        evaluations=[EvaluationRow(*row) for row in tracker.evaluation_rows()])
         for row in tracker.metric_rows(PLOTTED_METRICS):
             recorder._keep_for_curve(row)
@@ -112,11 +118,28 @@ class RunRecorder:
         self.progress.update(self.budget.spent(report.state), self._status(report.state))
 
     def committed(self, state: LoopState, timings: dict[str, float]) -> None:
+        """After the commit: a tracking server lost for good stops the run here, its checkpoint made."""
+        self.tracker.outage.check()
         self.tracker.log_metrics(timings, step=self.budget.spent(state))
 
     def settle(self) -> None:
-        """What a resume from the checkpoint about to be committed will not log again is written now."""
-        self.tracker.flush()
+        """What a resume from the checkpoint about to be committed will not log again is written now;
+        while the tracking server does not answer, kept in storage instead (training goes on, and a
+        resume sends it)."""
+        if self.storage is None or self.backlog_key is None:
+            self.tracker.flush()
+            return
+        if self.tracker.written_or_out():
+            self._forget_backlog()
+            return
+        if unsent := self.tracker.unsent():
+            self.storage.write(self.backlog_key, unsent.to_json())
+            self._backlog_kept = True
+
+    def _forget_backlog(self) -> None:
+        if self._backlog_kept and self.storage is not None and self.backlog_key is not None:
+            self.storage.delete([self.backlog_key])
+            self._backlog_kept = False
 
     def evaluated(self, scored: Scored, waited: bool = False) -> None:
         self.tracker.log_metrics(scored.metrics(), step=scored.step)
@@ -143,7 +166,7 @@ class RunRecorder:
             self.progress.logger.info("no video of v%d: %s", scored.version, scored.result.no_film)
         if film is None or self.storage is None:
             return
-        self.tracker.log_bytes(self.storage.read(film.key), FILMS, name)
+        self.tracker.log_bytes(self.storage.read(film.key), FILMS, name, source=film.key)
         self.films.append(f"{FILMS}/{name}")
 
     def _keep_for_curve(self, metrics: dict[str, float]) -> None:

@@ -17,6 +17,7 @@ import pwd
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,6 @@ from pathlib import Path
 
 from gymflow.tasks.cluster.clocks import housekeeping_environment
 from gymflow.tasks.tracking.servers import basic_authorization
-from gymflow.testing.s3 import SET_UP_REQUESTS, free_port, user_and_bucket
 
 STATE_FILE = "stack.json"
 TLS_FOLDER = "tls"  # the Dask cluster's certificate (CA and key), 0600 files in a 0700 folder
@@ -59,6 +59,9 @@ class Stack:
     s3_secret: str
     scheduler_address: str
     pids: dict[str, int] = field(default_factory=dict)  # part -> process id (PostgreSQL: its postmaster)
+    # part -> [pid, start time (clock ticks after boot), program]: what proves a pid is still that part
+    identities: dict[str, list] = field(default_factory=dict)
+    postgres_folder: str = ""  # PostgreSQL's data, socket and log (postgres_home, where `up` put it)
 
     def database_url(self, database: str, driver: str = "psycopg") -> str:
         return f"postgresql+{driver}://postgres:{self.postgres_password}@127.0.0.1:{self.postgres_port}/{database}"
@@ -129,38 +132,34 @@ def start(folder: Path, users: tuple[str, ...] = ("alice", "bob"), dask_workers:
     try:
         return _start(folder, users, dask_workers, say, pids)
     except BaseException:
-        _stop_pids(folder, pids)
+        _stop_pids(postgres_home(folder), pids)
         raise
 
 
 def _start(folder: Path, users: tuple[str, ...], dask_workers: int, say: Callable[[str], None],
            pids: dict[str, int]) -> Stack:
     started = time.monotonic()
-    postgres_password = _password()
-    home = postgres_home(folder)
-    postgres_port = _start_postgres(home, postgres_password, pids)
-    for database in ("prefect", "mlflow", "mlflow_auth"):
-        _create_database(home, postgres_port, database)
-    say(f"PostgreSQL 127.0.0.1:{postgres_port} ({time.monotonic() - started:.1f} s)")
-
+    partial = _with_postgres(folder, users, pids)
+    say(f"PostgreSQL 127.0.0.1:{partial.postgres_port} ({time.monotonic() - started:.1f} s)")
     s3_port = free_port()
     # moto checks every request's signature after the set-up (its user and bucket, made below)
     pids["s3"] = _spawn(folder, "s3", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_port)],
                         {"INITIAL_NO_AUTH_ACTION_COUNT": str(SET_UP_REQUESTS)})
-    s3_endpoint, bucket = f"http://127.0.0.1:{s3_port}", "team"
-
-    partial = Stack(str(folder), postgres_port, postgres_password, "", f"{ADMIN}:{_password()}", "",
-                    {ADMIN: _password(), **{user: _password() for user in users}}, s3_endpoint, bucket,
-                    "", "", "", pids)
+    partial = replace(partial, s3_endpoint=f"http://127.0.0.1:{s3_port}")
+    s3_endpoint, bucket = partial.s3_endpoint, partial.bucket
+    _save(partial)
     prefect_port, mlflow_port, scheduler_port = free_port(), free_port(), free_port()
     pids["prefect"] = _spawn(folder, "prefect", _prefect_command(prefect_port),
                              _prefect_environment(partial, folder, prefect_port))
+    _save(partial)
     _wait_until(lambda: _answers(f"{s3_endpoint}/moto-api/"), "the S3 server", pids["s3"], folder / "s3.log")
     s3_key, s3_secret = user_and_bucket(s3_endpoint, bucket, user="gymflow-team")
     partial = replace(partial, s3_key=s3_key, s3_secret=s3_secret)  # the same `pids`, filled as parts start
     pids["mlflow"] = _spawn(folder, "mlflow", _mlflow_command(partial, mlflow_port),
                             _mlflow_environment(partial, folder))
+    _save(partial)
     scheduler_address = _spawn_dask(partial, scheduler_port, dask_workers)
+    _save(partial)
 
     prefect_url, mlflow_url = f"http://127.0.0.1:{prefect_port}/api", f"http://127.0.0.1:{mlflow_port}"
     _wait_until(_prefect_ready(prefect_url, partial.prefect_auth_string), "the Prefect server", pids["prefect"],
@@ -173,11 +172,26 @@ def _start(folder: Path, users: tuple[str, ...], dask_workers: int, say: Callabl
                      {"username": user, "password": partial.mlflow_passwords[user]})
     say(f"MLflow {mlflow_url} ({time.monotonic() - started:.1f} s)")
     stack = Stack(**{**asdict(partial), "prefect_api_url": prefect_url, "mlflow_url": mlflow_url,
-                     "scheduler_address": scheduler_address, "pids": pids})
+                     "scheduler_address": scheduler_address, "pids": pids, "identities": partial.identities})
     _wait_for_dask_workers(stack, dask_workers, folder)
     say(f"Dask {scheduler_address}, {dask_workers} workers ({time.monotonic() - started:.1f} s)")
     _save(stack)
     return stack
+
+
+def _with_postgres(folder: Path, users: tuple[str, ...], pids: dict[str, int]) -> Stack:
+    """The stack's passwords made and its PostgreSQL started with its databases; the state saved
+    before and after (from here on as each part starts: `down` ends what a killed `up` had started)."""
+    home = postgres_home(folder)
+    partial = Stack(str(folder), 0, _password(), "", f"{ADMIN}:{_password()}", "",
+                    {ADMIN: _password(), **{user: _password() for user in users}}, "", "team", "", "", "", pids,
+                    postgres_folder=str(home))
+    _save(partial)
+    partial = replace(partial, postgres_port=_start_postgres(home, partial.postgres_password, pids))
+    _save(partial)
+    for database in ("prefect", "mlflow", "mlflow_auth"):
+        _create_database(home, partial.postgres_port, database)
+    return partial
 
 
 def _spawn_dask(stack: Stack, port: int, workers: int) -> str:
@@ -201,7 +215,11 @@ def _spawn_dask(stack: Stack, port: int, workers: int) -> str:
 
 
 def _save(stack: Stack) -> None:
-    """The stack's state file: where each part answers, its pids (`stop` ends those), its passwords."""
+    """The stack's state file: where each part answers, its pids and what proves them its own (`stop`
+    ends those), its passwords."""
+    for name, pid in stack.pids.items():
+        if stack.identities.get(name, [None])[0] != pid:
+            stack.identities[name] = [pid, *_identity(pid)]
     _write_private(Path(stack.folder) / STATE_FILE, json.dumps(asdict(stack), indent=2))
 
 
@@ -237,13 +255,43 @@ def load(folder: Path) -> Stack:
     return Stack(**json.loads(path.read_text()))
 
 
-def stop(folder: Path, remove: bool = True) -> None:
-    """Every part of the stack under `folder` ended (by its pid), then the folder removed."""
+def stop(folder: Path, remove: bool = True) -> list[str]:
+    """Every part of the stack under `folder` that still runs ended, then its folders removed, from
+    whatever state it is in: an `up` killed half-way, parts already dead, PostgreSQL's folder or the
+    state file gone. Only a process proven to be the part it was (its pid, start time and program,
+    as saved when it started) is signalled; returns the parts whose pid is now another process's."""
     folder = Path(folder).resolve()
-    with suppress(StackError):
-        _stop_pids(folder, load(folder).pids)
+    state = _state_or_none(folder)
+    home = Path(state.postgres_folder) if state and state.postgres_folder else postgres_home(folder)
+    owned = {name: pid for name, pid in state.pids.items() if _proven(state, name)} if state else {}
+    _stop_pids(home, owned)
     if remove:
         shutil.rmtree(folder, ignore_errors=True)
+    return sorted(name for name, pid in (state.pids if state else {}).items() if name not in owned and _alive(pid))
+
+
+def _state_or_none(folder: Path) -> Stack | None:
+    """The stack's state file read, or None where there is none to read (gone, never written, cut short)."""
+    try:
+        return load(folder)
+    except (StackError, OSError, ValueError, TypeError):
+        return None
+
+
+def _identity(pid: int) -> list:
+    """[start time in clock ticks after boot, program's name] of a running process; [] if there is none."""
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19])
+        program = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except (OSError, IndexError, ValueError):
+        return []
+    return [ticks, Path(program).name]
+
+
+def _proven(stack: Stack, name: str) -> bool:
+    """Whether the part's pid is still the process it started as (not one that took its pid since)."""
+    saved, pid = stack.identities.get(name), stack.pids[name]
+    return bool(saved) and saved[0] == pid and len(saved) == 3 and _identity(pid) == saved[1:]
 
 
 @contextmanager
@@ -258,7 +306,7 @@ def running(folder: Path, **options) -> Iterator[Stack]:
 
 def restart_postgres(stack: Stack, down_s: float = 0.0) -> None:
     """PostgreSQL stopped (fast: its connections cut, as in a failover), `down_s` seconds without it, started again."""
-    home = postgres_home(Path(stack.folder))
+    home = Path(stack.postgres_folder)
     _stop_postgres(home)
     time.sleep(down_s)
     _pg_ctl_start(home, stack.postgres_port)
@@ -427,7 +475,9 @@ def _wait_for_dask_workers(stack: Stack, count: int, folder: Path) -> None:
 def _spawn(folder: Path, name: str, command: list[str], environment: Mapping[str, str] | None = None,
            cwd: Path | None = None) -> int:
     """`command` in a session of its own (it outlives `gymflow stack up`), its output in NAME.log."""
-    with open(folder / f"{name}.log", "ab") as log:
+    # its log made 0600 from its first byte: a server may write a connection string into it
+    descriptor = os.open(folder / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(descriptor, "ab") as log:
         process = subprocess.Popen(command, cwd=cwd or folder, stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, env={**os.environ, **(environment or {})},
                                    start_new_session=True)
@@ -444,17 +494,18 @@ def _wait_until(ready: Callable[[], bool], what: str, pid: int, log: Path) -> No
         time.sleep(0.2)
 
 
-def _stop_pids(folder: Path, pids: Mapping[str, int]) -> None:
+def _stop_pids(home: Path, pids: Mapping[str, int]) -> None:
     """The Dask workers first (a worker whose scheduler goes first waits to reconnect), then the
-    servers at once, PostgreSQL last, its folder removed."""
+    servers at once, PostgreSQL last (where its data is still there to stop it by), its folder
+    `home` removed."""
     workers = [pid for name, pid in pids.items() if name.startswith("dask-worker")]
     servers = [pid for name, pid in pids.items() if not name.startswith("dask-worker") and name != "postgres"]
     _end_groups(workers)
     _end_groups(servers)
-    home = postgres_home(folder)
-    if "postgres" in pids:
-        with suppress(StackError):
+    if (home / "data" / "postmaster.pid").exists():
+        with suppress(StackError, OSError):
             _stop_postgres(home)
+    if "postgres" in pids:
         _end_groups([pids["postgres"]])
     shutil.rmtree(home, ignore_errors=True)
 
@@ -522,3 +573,33 @@ def _mlflow_call(url: str, login: str, endpoint: str, body: Mapping[str, object]
 
 def _password() -> str:
     return secrets.token_urlsafe(18)
+
+
+# -- S3 (moto) ----------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# moto's server checks every request's signature once this many have gone unchecked (its IAM
+# authentication): the four of `user_and_bucket`
+SET_UP_REQUESTS = 4
+
+
+def user_and_bucket(endpoint: str, bucket: str, user: str = "gymflow") -> tuple[str, str]:
+    """On a fresh moto server started with INITIAL_NO_AUTH_ACTION_COUNT=SET_UP_REQUESTS: a user
+    allowed everything, its access key (returned: key, secret) and `bucket`. Every later request
+    must be signed with a key the server made."""
+    import boto3
+
+    admin = {"endpoint_url": endpoint, "region_name": "us-east-1",
+             "aws_access_key_id": "setup", "aws_secret_access_key": "setup"}
+    iam = boto3.client("iam", **admin)
+    iam.create_user(UserName=user)
+    iam.put_user_policy(UserName=user, PolicyName="everything", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+    key = iam.create_access_key(UserName=user)["AccessKey"]
+    boto3.client("s3", **admin).create_bucket(Bucket=bucket)
+    return key["AccessKeyId"], key["SecretAccessKey"]
