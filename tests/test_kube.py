@@ -71,7 +71,7 @@ def test_the_manifests_validate_and_carry_what_the_preset_and_options_ask_for(wr
     address = "tls://gymflow-scheduler.rl.svc.cluster.local:8786"  # the scheduler's Service, mutual TLS
     tls_options = ["--tls-ca-file", f"{TLS_MOUNT}/ca.pem", "--tls-cert", f"{TLS_MOUNT}/cert.pem",
                    "--tls-key", f"{TLS_MOUNT}/key.pem"]
-    assert container["args"][:7] == ["dask", "worker", address, *tls_options]
+    assert container["args"][:9] == ["dask", "worker", address, *tls_options]
     assert container["args"][-2:] == ["--resources", "ROLLOUT=1"]
     assert container["resources"]["requests"] == {"cpu": "2", "memory": "3Gi"}
     assert _secret_refs(container) == {STORAGE_SECRET}  # the workers write shards, never to MLflow

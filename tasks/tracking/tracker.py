@@ -262,9 +262,11 @@ MLFLOW_REQUEST_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_
 
 
 def bounded_mlflow_requests() -> None:
-    """MLflow's request retries and timeout kept short in this process (a user's own settings stay)."""
+    """MLflow's request retries and timeout kept short in this process (a user's own settings stay),
+    and urllib3's line for each retry off the terminal: the tracker says an outage once."""
     for name, value in MLFLOW_REQUEST_DEFAULTS.items():
         os.environ.setdefault(name, value)
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 
 
 def source_tags() -> dict[str, str]:
