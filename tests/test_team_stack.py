@@ -354,7 +354,8 @@ def test_a_run_killed_on_the_team_stack_resumes_into_its_own_mlflow_run_and_its_
                              env={**no_login, "MLFLOW_TRACKING_PASSWORD": password}, capture_output=True, text=True,
                              timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert password not in refused.stdout + refused.stderr + resumed.stdout + resumed.stderr
+    said = (tmp_path / "killed.log").read_text() + refused.stdout + refused.stderr + resumed.stdout + resumed.stderr
+    assert password not in said  # not even in MLflow's own "View run ... at: URL" lines
 
     alice = _mlflow_as(monkeypatch, stack, "alice")
     (run,) = alice.search_runs([alice.get_experiment_by_name("alice-resume").experiment_id])  # one run: its own

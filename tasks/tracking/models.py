@@ -123,8 +123,9 @@ def log_policy_model(tracker: Tracker, model: PolicyModel, step: int) -> str:
         if model.policy_name is not None:  # which of the network's policies acts
             Path(folder, "policy_name.txt").write_text(model.policy_name)
             artifacts["policy_name"] = os.path.join(folder, "policy_name.txt")
-        patiently(  # a login refused for a moment (a failover) is tried again
+        patiently(  # a login refused for a moment (a failover), a server out within its budget: tried again
             Model.log,
+            outage=tracker.outage,
             artifact_path=None,
             name=model.name,
             flavor=mlflow.pyfunc,

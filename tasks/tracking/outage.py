@@ -13,7 +13,7 @@ import threading
 import time
 
 from gymflow.errors import ServerLost
-from gymflow.presets.redaction import without_password
+from gymflow.presets.redaction import redacted_text, without_password
 
 FIELD = "tracking.outage_budget_s"
 _logger = logging.getLogger(__name__)
@@ -79,5 +79,5 @@ class Outage:
 
 
 def _reason(error: BaseException) -> str:
-    text = " ".join(str(error).split())
+    text = " ".join(redacted_text(str(error)).split())  # its URL may carry the login's password
     return f"{type(error).__name__}: {text[:200]}" if text else type(error).__name__

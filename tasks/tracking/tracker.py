@@ -19,10 +19,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gymflow.presets.redaction import redacted_uri
 from gymflow.tasks.tracking.outage import Outage, unanswered
 
 if TYPE_CHECKING:
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
     from gymflow.presets.model import TrackingConfig
@@ -69,13 +70,14 @@ class Tracker:
         options: TrackerOptions | None = None,
     ):
         """A new MLflow run, or `existing_run_id` reopened (a resumed run logs into its own)."""
-        options = options or TrackerOptions()
-        artifact_location, outage_budget_s = options.artifact_location, options.outage_budget_s
         from gymflow.tasks.tracking.store import tracking_client
 
+        options = options or TrackerOptions()
         bounded_mlflow_requests()
+        if redacted_uri(tracking_uri) != tracking_uri:  # MLflow's "View run ... at: URL" would print its password
+            os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         client, self.tracking_uri = tracking_client(tracking_uri), tracking_uri
-        self.outage = Outage(tracking_uri, outage_budget_s)
+        self.outage = Outage(tracking_uri, options.outage_budget_s)
         if existing_run_id is not None:
             run = client.get_run(existing_run_id)
             client.update_run(existing_run_id, status="RUNNING")
@@ -84,7 +86,7 @@ class Tracker:
         else:
             found = client.get_experiment_by_name(experiment)
             if found is None:
-                experiment_id = client.create_experiment(experiment, artifact_location=artifact_location,
+                experiment_id = client.create_experiment(experiment, artifact_location=options.artifact_location,
                                                          tags={EXPERIMENT_KIND: MODEL_TRAINING})
             else:
                 experiment_id = found.experiment_id
@@ -106,12 +108,14 @@ class Tracker:
         self._newest: dict[str, Metric] = {}  # the metrics logged at the newest step, by key
 
     def _write_batch(self, **batch: Any) -> None:
-        unsent = Unsent(metrics=tuple(batch.get("metrics", ())))
+        unsent = Unsent(metrics=tuple(batch.get("metrics", ())), params=tuple(batch.get("params", ())))
         self._pending.append((self._writer.submit(self.client.log_batch, self.run_id, **batch), unsent))
 
     def send_again(self, unsent: Unsent, read: Callable[[str], bytes]) -> None:
         """What an earlier process of the run had not written (`unsent()`, kept with a checkpoint),
         written now; `read` gives a film's bytes from its storage key."""
+        for start in range(0, len(unsent.params), _BATCH):
+            self._write_batch(params=list(unsent.params[start : start + _BATCH]))
         for start in range(0, len(unsent.metrics), 1000):
             self._write_batch(metrics=list(unsent.metrics[start : start + 1000]))
         for key, folder, name in unsent.films:
@@ -123,7 +127,8 @@ class Tracker:
         resume sends it again, and MLflow keeps one row of a metric logged twice alike)."""
         waiting = [unsent for future, unsent in self._pending if not future.done() or future.exception() is not None]
         return Unsent(tuple(self._held) + tuple(m for unsent in waiting for m in unsent.metrics),
-                      tuple(film for unsent in waiting for film in unsent.films))
+                      tuple(film for unsent in waiting for film in unsent.films),
+                      tuple(param for unsent in waiting for param in unsent.params))
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         """Written by the tracker's writer thread, before any metric logged after them (the first
@@ -306,26 +311,29 @@ def s3_artifact_environment(storage_options: Mapping[str, Any]) -> Iterator[None
 
 @dataclass(frozen=True)
 class Unsent:
-    """What a tracker was given and has not written: metrics, and films (their storage key,
-    artifact folder and name)."""
+    """What a tracker was given and has not written: metrics, films (their storage key, artifact
+    folder and name) and params."""
 
     metrics: tuple[Metric, ...] = ()
     films: tuple[tuple[str, str, str], ...] = ()
+    params: tuple[Param, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.metrics or self.films)
+        return bool(self.metrics or self.films or self.params)
 
     def to_json(self) -> bytes:
         return json.dumps({"metrics": [[m.key, m.value, m.timestamp, m.step] for m in self.metrics],
-                           "films": [list(film) for film in self.films]}).encode()
+                           "films": [list(film) for film in self.films],
+                           "params": [[param.key, param.value] for param in self.params]}).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> Unsent:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric, Param
 
         kept = json.loads(data)
         return cls(tuple(Metric(key, float(value), int(timestamp), int(step)) for key, value, timestamp, step
-                         in kept["metrics"]), tuple((key, folder, name) for key, folder, name in kept["films"]))
+                         in kept["metrics"]), tuple((key, folder, name) for key, folder, name in kept["films"]),
+                   tuple(Param(key, value) for key, value in kept.get("params", [])))
 
 
 class PatientClient:
