@@ -227,6 +227,7 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready:
     `distribution` asks for one, starts beside them. Ctrl-C or SIGTERM stops it within seconds
     (flows/stopping.py). `log`: the log file's name and what the console shows. Returns what the
     flow returned, or an exit code."""
+    from gymflow import last_steps
     from gymflow.flows.console import forget_log, gymflow_errors_in_one_line_on_the_console, log_to_file_and_console
     from gymflow.flows.stopping import stopping_cleanly
 
@@ -246,6 +247,7 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready:
             if log_file is not None:
                 forget_log(log_file)
             print(f"gymflow: error: {error}", file=sys.stderr)
+            last_steps.said(f"gymflow: error: {error}")  # a lost server's deadline does not say it again
             return 2
         except KeyboardInterrupt:
             print(f"{said}gymflow: stopped. {stopped}", file=sys.stderr)

@@ -412,9 +412,9 @@ class TrackingConfig(_Strict):
     experiment: str = Field(default="gymflow", min_length=1, description="MLflow experiment.")
     outage_budget_s: float = Field(
         default=300.0, gt=0,
-        description="How long an MLflow server may go unanswered (down, restarting, its database lost) while the run "
-        "trains on and what it records waits; past it the run stops at its next commit, in one line, its "
-        "checkpoints and what MLflow did not get kept for `gymflow resume`.",
+        description="How long the MLflow server, and apart from it the Prefect API, may each go unanswered (down, "
+        "restarting, its database lost) while the run goes on and what it records waits; past it the run stops at "
+        "its next commit, in one line, its checkpoints and what MLflow did not get kept for `gymflow resume`.",
     )
 
     @field_validator("tracking_uri")

@@ -12,9 +12,7 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
-import httpx
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
@@ -23,8 +21,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 import gymflow.tasks.training.gpu_slot as slots
 from gymflow.errors import ClusterUnavailable
 from gymflow.tasks.training.gpu_slot import gpu_slot, slot_name
-from gymflow.testing.s3 import free_port
-from tests.prefect_databases import seed_prefect_database
+from tests.servers import PrefectServer
 
 
 class _Said:
@@ -157,37 +154,6 @@ def test_a_link_planted_in_the_shared_folder_is_not_followed_and_a_foreign_folde
                 pass
 
 
-class _PrefectServer:
-    """A Prefect server of the test's own, on one port and one database, stopped and started again
-    as an operator restarts one: what it kept in memory (its leases) is gone when it comes back."""
-
-    def __init__(self, folder: Path) -> None:
-        self.database, self.port, self.process = folder / "prefect.db", free_port(), None
-        seed_prefect_database(self.database)
-        self.url = f"http://127.0.0.1:{self.port}/api"
-
-    def start(self) -> None:
-        environment = {**os.environ, "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{self.database}",
-                       "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",
-             "--port", str(self.port), "--log-level", "error"], env=environment)
-        deadline = time.monotonic() + 120
-        while not self._answers():
-            assert self.process.poll() is None and time.monotonic() < deadline, "the test's Prefect server did not start"
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=30)
-
-    def _answers(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-
 def test_a_slot_held_through_a_prefect_server_restart_keeps_training_and_says_so_in_one_line(
         tmp_path, monkeypatch, caplog):
     """The server keeps leases in memory: after a restart the next renewal is refused (410 Gone). The
@@ -197,12 +163,12 @@ def test_a_slot_held_through_a_prefect_server_restart_keeps_training_and_says_so
 
     monkeypatch.setattr(leases, "_RENEWAL_FRACTION", 0.05)  # renewed every 3 s (the server's shortest lease: 60 s)
     monkeypatch.setattr(slots, "LEASE_SECONDS", 60.0)
-    server, said, host = _PrefectServer(tmp_path), _Said(), f"restart-{uuid.uuid4().hex[:6]}"
+    server, said, host = PrefectServer(tmp_path), _Said(), f"restart-{uuid.uuid4().hex[:6]}"
     server.start()
     try:
         with temporary_settings({PREFECT_API_URL: server.url}), caplog.at_level(logging.DEBUG):
             with gpu_slot("cuda:0", said, host=host, run="trains") as name:
-                server.stop()
+                server.kill()
                 server.start()
                 deadline = time.monotonic() + 60
                 while not said.lines and time.monotonic() < deadline:
@@ -218,4 +184,4 @@ def test_a_slot_held_through_a_prefect_server_restart_keeps_training_and_says_so
                 assert taken == name  # the count the lost lease left is given back by the next holder
             assert again.lines == [f"{name}: a run that held it ended without letting go; its slot is given back"]
     finally:
-        server.stop()
+        server.kill()

@@ -1,56 +1,26 @@
 """A server lost for good mid-run (tasks/tracking/outage.py): the run trains on through the outage
 budget, then stops at its next commit in one line with the command that continues it; nothing it
 recorded is lost, and the resumed run finishes in the same MLflow run. A real MLflow server on
-loopback, killed as a machine that is lost kills it."""
+loopback, and a Prefect server (long tier), each killed as a machine that is lost kills it."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.conftest import TINY_BUDGET, free_port
+from tests.conftest import TINY_BUDGET
+from tests.servers import MlflowServer, PrefectServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
-GYMFLOW, MLFLOW = (str(Path(sys.executable).with_name(name)) for name in ("gymflow", "mlflow"))
+GYMFLOW = str(Path(sys.executable).with_name("gymflow"))
 BUDGET_S = 5
 TOTAL, EVERY = 25_600, 2560  # 200 rounds of 128 env steps: the run is far from its end when its budget runs out
-
-
-class _MlflowServer:
-    """`mlflow server` on a SQLite store of its own, on one port: killed, then started again on it."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder, self.port, self.process = folder, free_port(), None
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [MLFLOW, "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-             "--backend-store-uri", f"sqlite:///{self.folder}/mlflow.db",
-             "--artifacts-destination", str(self.folder / "artifacts")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while not self._answers():
-            assert self.process.poll() is None and time.monotonic() < deadline, "the MLflow server did not start"
-            time.sleep(0.3)
-
-    def kill(self) -> None:
-        os.killpg(self.process.pid, signal.SIGKILL)  # its workers too: lost with its machine
-        self.process.wait()
-
-    def _answers(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
 
 
 def _checkpoints(root: Path) -> int:
@@ -59,7 +29,7 @@ def _checkpoints(root: Path) -> int:
 
 # default tier: the first of its capability (a server lost for good)
 def test_an_mlflow_server_lost_mid_run_stops_it_in_one_line_past_its_budget_and_a_resume_loses_nothing(tmp_path):
-    server, root = _MlflowServer(tmp_path), tmp_path / "data"
+    server, root = MlflowServer(tmp_path), tmp_path / "data"
     server.start()
     settings = {**TINY_BUDGET, "schedule.total_env_steps": TOTAL, "schedule.evaluate_every_env_steps": EVERY,
                 "storage.root": str(root), "tracking.tracking_uri": server.url, "tracking.experiment": "outage",
@@ -85,7 +55,7 @@ def test_an_mlflow_server_lost_mid_run_stops_it_in_one_line_past_its_budget_and_
         last = stderr.strip().splitlines()[-1]
         assert last.startswith(f"gymflow: error: tracking.tracking_uri: the MLflow server at {server.url} has not "
                                f"answered for {BUDGET_S} s (tracking.outage_budget_s): "), last
-        assert last.endswith(f"`gymflow resume {run_id} --root {root}` continues the run once it answers"), last
+        assert last.endswith(f"`gymflow resume {run_id} --root {root}` continues the run once the server answers"), last
         assert "Traceback" not in stderr, stderr[-3000:]  # one line, not a wall of tracebacks
 
         server.start()  # back, with what it held
@@ -105,5 +75,54 @@ def test_an_mlflow_server_lost_mid_run_stops_it_in_one_line_past_its_budget_and_
         assert rounds == list(range(rounds[0], TOTAL + 1, rounds[0])), rounds  # every round's, none missing
         assert not (root / "runs" / run_id / "tracking-backlog.json").exists()  # sent, then forgotten
     finally:
-        if server.process.poll() is None:
-            server.kill()
+        server.kill()
+
+
+@pytest.mark.slow  # long tier: the Prefect API's loss (the default tier's is the MLflow server's)
+def test_a_prefect_api_lost_mid_run_ends_it_in_one_line_past_its_budget_and_it_resumes_under_another(tmp_path):
+    """The run's Prefect server killed for good: the run trains on through the budget, then stops
+    with one line (it used to go on retrying Prefect's requests for ten minutes), and resumes to its
+    end under the command's own temporary API."""
+    server, root = PrefectServer(tmp_path), tmp_path / "data"
+    server.start()
+    settings = {**TINY_BUDGET, "schedule.total_env_steps": TOTAL, "schedule.evaluate_every_env_steps": EVERY,
+                "storage.root": str(root), "tracking.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+                "tracking.experiment": "prefect-outage", "tracking.outage_budget_s": BUDGET_S}
+    command = [GYMFLOW, "run", "cartpole-ppo", "--quiet",
+               *[part for key, value in settings.items() for part in ("--set", f"{key}={json.dumps(value)}")]]
+    try:
+        run = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PREFECT_API_URL": server.url})
+        deadline = time.monotonic() + 240
+        while _checkpoints(root) < 2:
+            assert run.poll() is None and time.monotonic() < deadline, run.stderr.read()[-3000:]
+            time.sleep(0.1)
+        server.kill()
+        lost_at = time.monotonic()
+        stderr = run.stderr.read()
+        run.wait(timeout=300)
+        (tmp_path / "run.stderr").write_text(stderr)
+        ended_after = time.monotonic() - lost_at
+    finally:
+        server.kill()
+    (run_id,) = [path.name for path in (root / "runs").iterdir()]
+    assert run.returncode == 2, stderr[-3000:]
+    assert ended_after < BUDGET_S + 90, ended_after  # the watch's 5 s, the end's grace (60 s) at most
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"gymflow: error: PREFECT_API_URL: the Prefect API at {server.url} has not answered "
+                           f"for {BUDGET_S} s (tracking.outage_budget_s): "), last
+    assert f"`gymflow resume {run_id} --root {root}` continues the run" in last, last
+    assert "Traceback" not in stderr, stderr[-3000:]
+
+    environment = {name: value for name, value in os.environ.items() if name != "PREFECT_API_URL"}
+    resumed = subprocess.run([GYMFLOW, "resume", run_id, "--root", str(root), "--quiet"], cwd=tmp_path,
+                             env=environment, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    from mlflow import MlflowClient
+
+    client = MlflowClient(settings["tracking.tracking_uri"])
+    (mlflow_run,) = client.search_runs([client.get_experiment_by_name("prefect-outage").experiment_id])
+    assert mlflow_run.info.status == "FINISHED"
+    evaluations = {int(metric.step) for metric in client.get_metric_history(mlflow_run.info.run_id, "eval/return_mean")}
+    # every one (one scored after the last checkpoint is scored again by the resume, as after a kill)
+    assert sorted(evaluations) == list(range(EVERY, TOTAL + 1, EVERY)), sorted(evaluations)

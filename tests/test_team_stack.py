@@ -504,3 +504,56 @@ def test_stack_down_ends_a_stack_from_any_state_and_up_works_again_in_its_folder
         sleeper.kill()
         os.kill(moto, signal.SIGKILL)
     _nothing_left_of({**taken, "pids": {name: pid for name, pid in taken["pids"].items() if name != "s3"}}, folder)
+
+
+@pytest.mark.slow  # long tier (~5 min: two stacks): PostgreSQL lost for good; the default tier restarts it
+def test_a_run_whose_stack_loses_its_database_for_good_ends_in_one_line_and_the_stack_comes_down_and_up_again(
+        tmp_path):
+    """PostgreSQL's data folder removed under a stack while a run trains against it (the postmaster
+    dies of it within a minute): the run used to freeze for ten minutes of tracebacks; it ends
+    within its outage budget and a minute, in one line with the command that continues it. Then
+    `stack down` leaves nothing (it used to crash on the missing folder) and `stack up` in the same
+    folder works."""
+    if reason := _missing():
+        pytest.skip(reason)
+    folder, budget_s = tmp_path / "stack", 10
+    up = subprocess.run([GYMFLOW, "stack", "up", "--folder", str(folder)], capture_output=True, text=True, timeout=300)
+    assert up.returncode == 0, up.stdout + up.stderr
+    stack = team.load(folder)
+    settings = [*(f"{key}={json.dumps(value)}" for key, value in TINY_BUDGET.items()), *stack.settings("alice-lost"),
+                "tracking.experiment=alice-lost", "schedule.total_env_steps=256000",
+                "schedule.evaluate_every_env_steps=12800", f"tracking.outage_budget_s={budget_s}"]
+    command = [GYMFLOW, "run", "cartpole-ppo", "--quiet", *[a for setting in settings for a in ("--set", setting)]]
+    bucket, deadline = _bucket(stack), time.monotonic() + 240
+    try:
+        run = subprocess.Popen(command, cwd=tmp_path, env=_as(stack, "alice"), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+        while len(bucket.glob(f"{stack.bucket}/alice-lost/runs/*/checkpoints/*/manifest.json")) < 2:
+            assert run.poll() is None and time.monotonic() < deadline, run.stderr.read()[-3000:]
+            time.sleep(0.2)
+        (run_id,) = [path.rsplit("/", 1)[1] for path in bucket.ls(f"{stack.bucket}/alice-lost/runs")]
+        shutil.rmtree(Path(stack.postgres_folder) / "data")  # lost for good
+        lost_at = time.monotonic()
+        stderr = run.stderr.read()
+        run.wait(timeout=400)
+        ended_after = time.monotonic() - lost_at
+    finally:
+        if run.poll() is None:  # it did not end: the test fails, and nothing of it is left running
+            os.killpg(run.pid, signal.SIGKILL)  # with its flow's processes (a session of its own)
+        down = subprocess.run([GYMFLOW, "stack", "down", "--folder", str(folder)], capture_output=True, text=True,
+                              timeout=120)
+    assert run.returncode == 2, stderr[-3000:]
+    assert ended_after < 60 + budget_s + 60 + 30, ended_after  # PostgreSQL's own minute, the budget, the end's
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("gymflow: error: ") and f"has not answered for {budget_s} s (tracking.outage_budget_s)" in last \
+        and f"`gymflow resume {run_id} --root s3://{stack.bucket}/alice-lost" in last, last
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert down.returncode == 0, down.stdout + down.stderr
+    alive = [name for name, pid in stack.pids.items() if _alive(pid)]
+    assert not alive and not folder.exists() and not Path(stack.postgres_folder).exists(), alive
+    again = subprocess.run([GYMFLOW, "stack", "up", "--folder", str(folder)], capture_output=True, text=True,
+                           timeout=300)
+    try:
+        assert again.returncode == 0, again.stdout + again.stderr
+    finally:
+        _down(folder)

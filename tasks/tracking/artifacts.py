@@ -12,6 +12,8 @@ from functools import partial
 
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 
+from gymflow.tasks.tracking.outage import Outage
+
 PROGRESS_KEY, EVALUATIONS_KEY = "improve-progress", "improve-evaluations"
 _logger = logging.getLogger(__name__)
 
@@ -26,14 +28,17 @@ class ProgressArtifact:
     API refuses (a server whose database is failing over answers 500) is passed over, said once:
     the bar is not worth a run."""
 
-    def __init__(self, run_id: str, every_s: float = 2.0):
-        self.run_id, self.every_s = run_id, every_s
+    def __init__(self, run_id: str, every_s: float = 2.0, prefect: Outage | None = None):
+        """`prefect`: the API's outage (tasks/tracking/prefect_watch.py): no update is sent while it lasts."""
+        self.run_id, self.every_s, self.prefect = run_id, every_s, prefect
         self.artifact_id = create_progress_artifact(0.0, key=PROGRESS_KEY, description=f"gymflow run {run_id}")
         self._sent = 0.0
         self._out: threading.Thread | None = None
         self._failing = False
 
     def update(self, done: int, total: int, unit: str, status: str) -> None:
+        if self.prefect is not None and self.prefect.going_on:  # each try would wait out Prefect's retries
+            return
         now = time.monotonic()
         final = done >= total
         if not final and (now - self._sent < self.every_s or (self._out is not None and self._out.is_alive())):

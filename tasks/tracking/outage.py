@@ -1,10 +1,12 @@
-"""How long the MLflow server has gone unanswered, against the run's budget (`tracking.outage_budget_s`).
+"""How long a server the run records to (the MLflow server, the Prefect API) has gone unanswered,
+against the run's budget (`tracking.outage_budget_s`, each server on a clock of its own).
 
 A call that gets no answer (refused or cut connections, a timeout, a 5xx: the server down,
 restarting, or without its database) starts the outage; the next call that is answered ends it.
 Within the budget the caller tries again and the run trains on; once the outage has lasted the
-budget, the server is lost: every call from then on raises `ServerLost` at once, and the run
-stops at its next commit (tasks/training/summary.py)."""
+budget, or at once where the server answers that what it held is gone, the server is lost: every
+call from then on raises `ServerLost` at once, and the run stops at its next commit
+(tasks/training/summary.py)."""
 
 from __future__ import annotations
 
@@ -40,8 +42,12 @@ def unanswered(error: BaseException) -> bool:
 class Outage:
     """The tracking server's current outage, shared by every thread that calls it."""
 
-    def __init__(self, tracking_uri: str, budget_s: float):
-        self.where, self.budget_s = f"the MLflow server at {without_password(tracking_uri)}", budget_s
+    def __init__(self, tracking_uri: str, budget_s: float, where: str | None = None,
+                 field: str = "tracking.tracking_uri"):
+        """`where`: the server's name in what is said (default: the MLflow server at `tracking_uri`);
+        `field`: the one a refusal names."""
+        self.where = where or f"the MLflow server at {without_password(tracking_uri)}"
+        self.budget_s, self.field = budget_s, field
         self._lock = threading.Lock()
         self._since: float | None = None
         self.lost: ServerLost | None = None
@@ -72,10 +78,16 @@ class Outage:
                                 "%s (%g s)", self.where, _reason(error), FIELD, self.budget_s)
             left = self._since + self.budget_s - now
             if left <= 0 and self.lost is None:
-                self.lost = ServerLost("tracking.tracking_uri", f"{self.where} has not answered for "
-                                       f"{self.budget_s:g} s ({FIELD}): {_reason(error)}")
+                self.lost = ServerLost(self.field, f"{self.where} has not answered for {self.budget_s:g} s ({FIELD}): "
+                                       f"{_reason(error)}")
         self.check()
         return left
+
+    def gone(self, what: str) -> None:
+        """The server answered that what the run holds there is gone: lost at once."""
+        with self._lock:
+            if self.lost is None:
+                self.lost = ServerLost(self.field, f"{self.where} answered that {what}")
 
 
 def _reason(error: BaseException) -> str:

@@ -78,6 +78,7 @@ class Tracker:
             os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         client, self.tracking_uri = tracking_client(tracking_uri), tracking_uri
         self.outage = Outage(tracking_uri, options.outage_budget_s)
+        self.prefect_outage: Outage | None = None  # the Prefect API's, where the run is watched (prefect_watch.py)
         if existing_run_id is not None:
             run = client.get_run(existing_run_id)
             client.update_run(existing_run_id, status="RUNNING")

@@ -39,6 +39,8 @@ from gymflow.tasks.sweep.trial import PbtCopy, PbtMember, log_member_interval
 from gymflow.tasks.tracking.artifacts import ProgressArtifact
 from gymflow.tasks.tracking.blocks import with_block_options
 from gymflow.tasks.tracking.events import RunEvents
+from gymflow.tasks.tracking.outage import Outage
+from gymflow.tasks.tracking.prefect_watch import prefect_watched
 from gymflow.tasks.tracking.progress import ProgressLog
 from gymflow.tasks.tracking.servers import check_tracking_server, refusal_of
 from gymflow.tasks.tracking.system_metrics import SystemMetrics
@@ -168,8 +170,10 @@ def tracked_run(run: PreparedRun, flow_run_id: str, tags: Mapping[str, str] | No
     error) or KILLED (stopped from outside: Ctrl-C, SIGTERM, a Prefect cancellation);
     MLflow reaches artifacts on S3 with the storage's endpoint and credentials. A new run's
     parameters, stored preset and record are written here."""
-    with s3_artifact_environment(run.preset.storage.options):
-        yield from _tracked(run, flow_run_id, tags or {})
+    resume = f"`gymflow resume {run.run_id} --root {run.preset.storage.root}` continues the run"
+    with s3_artifact_environment(run.preset.storage.options), \
+            prefect_watched(flow_run_id, run.preset.tracking.outage_budget_s, resume) as prefect:
+        yield from _tracked(run, flow_run_id, tags or {}, prefect)
 
 
 def run_tags(overrides: Mapping[str, Any], extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -181,7 +185,8 @@ def run_tags(overrides: Mapping[str, Any], extra: Mapping[str, str] | None = Non
     return {"gymflow.overrides": changed[:5000] or "(none)", **(extra or {})}
 
 
-def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str]) -> Iterator[Tracker]:
+def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str], prefect: Outage | None
+             ) -> Iterator[Tracker]:
     tracking = run.preset.tracking
     tags = {**source_tags(), "gymflow.run_id": run.run_id, "prefect.flow_run_id": flow_run_id,
             "gymflow.preset": run.preset.name, **extra_tags}
@@ -193,6 +198,7 @@ def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str]) 
         if (refusal := refusal_of(error, tracking.tracking_uri, tracking.experiment)) is not None:
             raise refusal from None
         raise
+    tracker.prefect_outage = prefect  # the Prefect API's, watched beside MLflow's (tasks/tracking/prefect_watch.py)
     status = "FINISHED"
     try:
         if run.record is None:
@@ -201,11 +207,12 @@ def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str]) 
             record = RunRecord(tracker.run_id, tracking.experiment, tracking.tracking_uri)
             write_run_record(run.storage, run.run_id, record)
         yield tracker
-    except ServerLost as lost:  # the tracking server: the run stops at the commit after its budget ran out
-        RunEvents(run.run_id, run.preset.name, tracker.run_id).failed(lost)
-        raise ServerLost(lost.field, f"{lost.problem}; what was committed stays, with what MLflow did not get: "
-                         f"`gymflow resume {run.run_id} --root {run.preset.storage.root}` continues the run once "
-                         "it answers") from None
+    except ServerLost as lost:  # a server it records to: the run stops at the commit after its budget ran out
+        if prefect is None or prefect.lost is None:  # its events go to the Prefect API
+            RunEvents(run.run_id, run.preset.name, tracker.run_id).failed(lost)
+        raise ServerLost(lost.field, f"{lost.problem}; what was committed stays (and what MLflow did not get, "
+                         f"beside it): `gymflow resume {run.run_id} --root {run.preset.storage.root}` continues the "
+                         "run once the server answers") from None
     except BaseException as ended:  # KeyboardInterrupt, Prefect's TerminationSignal: a stop, not an error
         status = "FAILED" if isinstance(ended, Exception) else "KILLED"
         RunEvents(run.run_id, run.preset.name, tracker.run_id).failed(ended)
@@ -216,7 +223,8 @@ def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str]) 
 
 def run_recorder(run: PreparedRun, tracker: Tracker, logger: AnyLogger) -> RunRecorder:
     budget = Budget.of(run.preset)
-    progress = ProgressLog(logger, budget.total, views=[ProgressArtifact(run.run_id)], unit=budget.unit)
+    progress = ProgressLog(logger, budget.total, views=[ProgressArtifact(run.run_id, prefect=tracker.prefect_outage)],
+                           unit=budget.unit)
     backlog = RunLayout(run.run_id).tracking_backlog
     recorder = RunRecorder.resumed(tracker, progress, budget, run.storage, backlog) if run.restored else \
         RunRecorder(tracker, progress, budget, run.storage, backlog_key=backlog)

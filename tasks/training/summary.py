@@ -118,8 +118,10 @@ class RunRecorder:
         self.progress.update(self.budget.spent(report.state), self._status(report.state))
 
     def committed(self, state: LoopState, timings: dict[str, float]) -> None:
-        """After the commit: a tracking server lost for good stops the run here, its checkpoint made."""
+        """After the commit: a server it records to lost for good stops the run here, its checkpoint made."""
         self.tracker.outage.check()
+        if self.tracker.prefect_outage is not None:
+            self.tracker.prefect_outage.check()
         self.tracker.log_metrics(timings, step=self.budget.spent(state))
 
     def settle(self) -> None:

@@ -1,0 +1,99 @@
+"""The Prefect API a run reports to, watched: asked every WATCH_EVERY_S for the run's flow run, on
+a request of its own (one try, ASK_TIMEOUT_S), against the run's outage budget
+(`tracking.outage_budget_s`, tasks/tracking/outage.py).
+
+Within the budget the run trains on (Prefect's own clients try their requests again; the progress
+artifact is passed over while the API is out). Past it, or at once where the API answers that it
+has no such flow run (its database lost), the run stops at its next commit in one line, and the
+process ends within END_GRACE_S of that even where Prefect's engine would go on trying to report
+the run's end to an API that is gone (gymflow.last_steps.end_within)."""
+
+from __future__ import annotations
+
+import base64
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+
+from gymflow.errors import ServerLost
+from gymflow.last_steps import end_within
+from gymflow.presets.redaction import without_password
+from gymflow.tasks.tracking.outage import Outage
+
+WATCH_EVERY_S = 5.0
+ASK_TIMEOUT_S = 5.0
+END_GRACE_S = 60.0  # from the API's loss to the process's end, at the latest
+
+
+class PrefectWatch:
+    def __init__(self, api_url: str, flow_run_id: str, budget_s: float, resume_hint: str):
+        self.url, self.flow_run_id, self.resume_hint = api_url.rstrip("/"), flow_run_id, resume_hint
+        self.outage = Outage(api_url, budget_s, where=f"the Prefect API at {without_password(api_url)}",
+                             field="PREFECT_API_URL")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="gymflow-prefect-watch", daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCH_EVERY_S):
+            try:
+                self._ask()
+            except ServerLost as lost:
+                end_within(END_GRACE_S, f"gymflow: error: {lost}; what was committed stays: {self.resume_hint} "
+                                        "once the server answers")
+                return
+
+    def _ask(self) -> None:
+        try:
+            answer = httpx.get(f"{self.url}/flow_runs/{self.flow_run_id}", headers=_login(), timeout=ASK_TIMEOUT_S,
+                               verify=_verify())
+        except httpx.HTTPError as error:  # no answer: refused, cut, timed out
+            self.outage.failed(error)
+            return
+        if answer.status_code == 404:
+            self.outage.gone(f"it has no flow run {self.flow_run_id} (its database lost or replaced)")
+            self.outage.check()
+        elif answer.status_code >= 500:
+            self.outage.failed(httpx.HTTPStatusError(f"{answer.status_code} {answer.reason_phrase}",
+                                                     request=answer.request, response=answer))
+        else:
+            self.outage.answered()
+
+
+def _login() -> dict[str, str]:
+    """The headers Prefect's own client sends: its API key, or a self-hosted server's basic auth."""
+    from prefect.settings import get_current_settings
+
+    api = get_current_settings().api
+    if api.key is not None:
+        return {"Authorization": f"Bearer {api.key.get_secret_value()}"}
+    if api.auth_string is not None:
+        return {"Authorization": "Basic " + base64.b64encode(api.auth_string.get_secret_value().encode()).decode()}
+    return {}
+
+
+def _verify() -> bool | str:
+    """An https API's certificate checked as Prefect's own client checks it."""
+    from prefect.settings import get_current_settings
+
+    api = get_current_settings().api
+    return False if api.tls_insecure_skip_verify else (api.ssl_cert_file or True)
+
+
+@contextmanager
+def prefect_watched(flow_run_id: str, budget_s: float, resume_hint: str) -> Iterator[Outage | None]:
+    """The watch while inside (its outage: what the run's recorder checks at each commit); none
+    for a run outside a flow run."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not flow_run_id or not url:
+        yield None
+        return
+    watch = PrefectWatch(url, flow_run_id, budget_s, resume_hint)
+    watch._thread.start()
+    try:
+        yield watch.outage
+    finally:
+        watch._stop.set()
