@@ -4,6 +4,10 @@ end to end, under storage faults, with bad buckets and credentials, and with dam
 from __future__ import annotations
 
 import json
+import stat
+import tempfile
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -199,3 +203,108 @@ def test_credentials_kept_in_a_prefect_block_reach_s3_and_appear_nowhere_else(pr
 
     with pytest.raises(InvalidPreset, match=r"^storage.options_block: cannot read Prefect block 'secret/none-such'"):
         improve("cartpole-ppo", {**overrides, "storage.options_block": "secret/none-such"})
+
+
+class _CommandLines:
+    """Every process's command line, sampled every 0.2 s while inside: what `ps` shows every user."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> _CommandLines:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        import psutil
+
+        while not self._stop.wait(0.2):
+            for process in psutil.process_iter():
+                try:
+                    self.seen.add(" ".join(process.cmdline()))
+                except psutil.Error:
+                    pass
+
+
+@pytest.mark.slow  # long tier: a run and a sweep with a secret at each entrance; the default tier's is the block test
+def test_a_secret_at_every_entrance_of_a_run_and_a_sweep_is_found_nowhere_after_them(
+        prefect_api, workspace, s3_server, tiny_budget, monkeypatch, tmp_path):
+    """Secrets planted at each entrance gymflow has: an override (`storage.options.secret`), a Secret
+    block (`storage.options_block`'s key), the environment (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY),
+    and a tracking URI's password (a real MLflow server, which ignores it). After a run and a sweep,
+    none is in the MLflow server's store or artifacts, the bucket, Prefect's database, the working
+    folder, any file written meanwhile under the temporary folder that others may read, or any
+    command line sampled while they ran. (A deployment run's parameters refuse credentials:
+    tests/test_deployments.py; free text holding one is masked: tests/test_redaction.py.)"""
+    import boto3
+    from prefect.blocks.system import Secret
+    from prefect.settings import get_current_settings
+
+    from gymflow.flows.sweep import sweep
+    from tests.servers import MlflowServer
+
+    iam = boto3.client("iam", endpoint_url=s3_server.endpoint, region_name="us-east-1",
+                       aws_access_key_id=s3_server.key, aws_secret_access_key=s3_server.secret)
+    block_key, env_key = (iam.create_access_key(UserName="gymflow")["AccessKey"] for _ in range(2))
+    Secret(value={"key": block_key["AccessKeyId"], "endpoint_url": s3_server.endpoint}).save(
+        "gymflow-every-entrance", overwrite=True)
+    password = f"uri-{uuid.uuid4().hex}"
+    tracking = MlflowServer(tmp_path)
+    tracking.start()
+    secrets = [block_key["AccessKeyId"], block_key["SecretAccessKey"], env_key["AccessKeyId"],
+               env_key["SecretAccessKey"], password]
+    uri, started = tracking.url.replace("://", f"://alice:{password}@", 1), time.time()
+    try:
+        with _CommandLines() as command_lines:
+            run = improve("cartpole-ppo", {**tiny_budget, "storage.root": f"s3://{s3_server.bucket}/entrances",
+                                           "storage.options_block": "secret/gymflow-every-entrance",
+                                           "storage.options.secret": block_key["SecretAccessKey"],
+                                           "tracking.tracking_uri": uri, "tracking.experiment": "entrances"})
+            monkeypatch.setenv("AWS_ACCESS_KEY_ID", env_key["AccessKeyId"])
+            monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", env_key["SecretAccessKey"])
+            swept = sweep({"preset": "cartpole-ppo", "sampler": "grid", "seeds": 1,
+                           "space": {"agent.lr": {"values": [0.01]}},
+                           "overrides": {**tiny_budget, "storage.root": f"s3://{s3_server.bucket}/entrances-sweep",
+                                         "storage.options.endpoint_url": s3_server.endpoint,
+                                         "tracking.tracking_uri": uri, "tracking.experiment": "entrances"},
+                           "study_storage": f"sqlite:///{workspace / 'sweeps.db'}"}, sweep_id="entrances")
+    finally:
+        tracking.kill()
+    assert run.versions_committed and [row["outcome"] for row in swept.ranking] == ["complete"]
+
+    bucket = Storage(StorageLocation(f"s3://{s3_server.bucket}", s3_server.options()))
+    database = get_current_settings().server.database.connection_url.get_secret_value().split("///", 1)[1]
+    written = {**{str(path): path.read_bytes() for path in [*workspace.rglob("*"), *tmp_path.rglob("*")]
+                  if path.is_file()},
+               **{f"s3://{key}": bucket.read(key) for key in bucket.list("")},
+               **{f"prefect:{end}": Path(f"{database}{end}").read_bytes() for end in ("", "-wal")
+                  if Path(f"{database}{end}").exists()}}
+    assert any("mlflow.db" in where for where in written) and any("entrances-sweep" in where for where in written)
+    leaks = [(where, secret[:6]) for where, data in written.items() for secret in secrets if secret.encode() in data]
+    assert leaks == [], leaks
+    readable = [str(path) for path in Path(tempfile.gettempdir()).rglob("*") if _others_may_read(path, started)
+                and any(secret.encode() in _read_or_nothing(path) for secret in secrets)]
+    assert readable == [], readable
+    shown = [line[:120] for line in command_lines.seen for secret in secrets if secret in line]
+    assert shown == [], shown
+
+
+def _others_may_read(path: Path, since: float) -> bool:
+    try:
+        status = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISREG(status.st_mode) and bool(status.st_mode & 0o004) and status.st_mtime >= since
+
+
+def _read_or_nothing(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
