@@ -51,6 +51,14 @@ class CheckedFlow(Flow):
         is given them as they are)."""
         return redacted(super().serialize_parameters(parameters))
 
+    def with_options(self, **options: Any) -> CheckedFlow:
+        """The flow with other options (a run name: a sweep's trials), still masking and checking:
+        Prefect makes a plain Flow of it, which stored a trial's credentials as they were."""
+        changed = super().with_options(**options)
+        changed.__class__ = type(self)
+        changed.parameter_types = self.parameter_types
+        return changed
+
     def validate_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         try:
             return super().validate_parameters(parameters)

@@ -35,6 +35,7 @@ from gymflow.agents.algorithms import algorithm_of
 from gymflow.errors import GymflowError, InvalidPreset
 from gymflow.presets.load import load_preset
 from gymflow.presets.model import Preset
+from gymflow.presets.redaction import redacted
 
 ChoiceValue = bool | int | float | str
 # fields a trial may not vary: its seed, name, storage and tracking are the sweep's
@@ -119,9 +120,10 @@ class SweepSpec(_Strict):
         return space
 
     def fingerprint(self) -> str:
-        """The spec as a canonical string: a restarted sweep must be given the same one."""
+        """The spec as a canonical string, its credentials masked (it is kept in the study's storage): a
+        restarted sweep must be given the same one."""
         unset = {"pbt"} if self.pbt is None else set()  # a spec written before PBT existed keeps its print
-        return yaml.safe_dump(self.model_dump(mode="json", exclude=unset), sort_keys=True)
+        return yaml.safe_dump(redacted(self.model_dump(mode="json", exclude=unset)), sort_keys=True)
 
 
 @dataclass(frozen=True)

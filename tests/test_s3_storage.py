@@ -251,7 +251,10 @@ def test_a_secret_at_every_entrance_of_a_run_and_a_sweep_is_found_nowhere_after_
 
     iam = boto3.client("iam", endpoint_url=s3_server.endpoint, region_name="us-east-1",
                        aws_access_key_id=s3_server.key, aws_secret_access_key=s3_server.secret)
-    block_key, env_key = (iam.create_access_key(UserName="gymflow")["AccessKey"] for _ in range(2))
+    iam.create_user(UserName="gymflow-environment")  # moto holds two keys a user: the session's, the block's
+    iam.put_user_policy(UserName="gymflow-environment", PolicyName="everything", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+    block_key, env_key = (iam.create_access_key(UserName=user)["AccessKey"] for user in ("gymflow", "gymflow-environment"))
     Secret(value={"key": block_key["AccessKeyId"], "endpoint_url": s3_server.endpoint}).save(
         "gymflow-every-entrance", overwrite=True)
     password = f"uri-{uuid.uuid4().hex}"
@@ -260,14 +263,16 @@ def test_a_secret_at_every_entrance_of_a_run_and_a_sweep_is_found_nowhere_after_
     secrets = [block_key["AccessKeyId"], block_key["SecretAccessKey"], env_key["AccessKeyId"],
                env_key["SecretAccessKey"], password]
     uri, started = tracking.url.replace("://", f"://alice:{password}@", 1), time.time()
+    # the environment's key, set before the first cluster starts (its workers' processes fork from a server
+    # made then, as a user's would from the command's): the sweep's storage finds no other
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", env_key["AccessKeyId"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", env_key["SecretAccessKey"])
     try:
         with _CommandLines() as command_lines:
             run = improve("cartpole-ppo", {**tiny_budget, "storage.root": f"s3://{s3_server.bucket}/entrances",
                                            "storage.options_block": "secret/gymflow-every-entrance",
                                            "storage.options.secret": block_key["SecretAccessKey"],
                                            "tracking.tracking_uri": uri, "tracking.experiment": "entrances"})
-            monkeypatch.setenv("AWS_ACCESS_KEY_ID", env_key["AccessKeyId"])
-            monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", env_key["SecretAccessKey"])
             swept = sweep({"preset": "cartpole-ppo", "sampler": "grid", "seeds": 1,
                            "space": {"agent.lr": {"values": [0.01]}},
                            "overrides": {**tiny_budget, "storage.root": f"s3://{s3_server.bucket}/entrances-sweep",

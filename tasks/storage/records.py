@@ -21,7 +21,7 @@ RUN_RECORD = "run.json"
 class RunRecord:
     mlflow_run_id: str
     experiment: str
-    tracking_uri: str
+    tracking_uri: str  # its password masked: a run record is data at rest
 
 
 def write_run_record(storage: Storage, run_id: str, record: RunRecord) -> None:

@@ -17,7 +17,7 @@ from gymflow.errors import InvalidPreset, ServerLost
 from gymflow.logs import AnyLogger
 from gymflow.presets.load import flatten
 from gymflow.presets.model import DatasetConfig, Preset
-from gymflow.presets.redaction import MASK, is_secret, redacted
+from gymflow.presets.redaction import MASK, is_secret, redacted, redacted_uri
 from gymflow.presets.validate import Experiment, inference_beside_learner, learner_device
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.inference import InferenceServer, InferenceUnavailable
@@ -204,7 +204,7 @@ def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str], 
         if run.record is None:
             tracker.log_params(run.params())
             write_stored_preset(run.storage, run.run_id, run.preset_yaml())
-            record = RunRecord(tracker.run_id, tracking.experiment, tracking.tracking_uri)
+            record = RunRecord(tracker.run_id, tracking.experiment, redacted_uri(tracking.tracking_uri))
             write_run_record(run.storage, run.run_id, record)
         yield tracker
     except ServerLost as lost:  # a server it records to: the run stops at the commit after its budget ran out
