@@ -214,6 +214,17 @@ def test_a_retraining_deployment_and_someone_else_s_sweep_at_once_on_the_team_st
     team.grant(stack, run.info.experiment_id, "bob", "READ")
     assert bob.get_run(run.info.run_id).data.metrics["eval/return_mean"] == run.data.metrics["eval/return_mean"]
 
+    # a deployment run and a sweep later, no credential of theirs (the worker's and bob's environments) in
+    # Prefect's database: flow-run parameters, logs, events, artifacts, every table
+    import psycopg
+
+    secrets = [stack.mlflow_passwords["alice"], stack.mlflow_passwords["bob"], stack.s3_secret]
+    with psycopg.connect(stack.database_url("prefect").replace("postgresql+psycopg://", "postgresql://")) as db:
+        tables = [name for (name,) in db.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
+        holding = [table for table in tables for secret in secrets if db.execute(
+            f'SELECT 1 FROM "{table}" AS row WHERE row::text LIKE %s LIMIT 1', (f"%{secret}%",)).fetchone()]
+    assert len(tables) > 10 and holding == [], holding
+
 
 def test_the_stack_s_dask_scheduler_and_workers_run_on_gymflow_s_housekeeping_clocks(stack):
     import psutil
