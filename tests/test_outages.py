@@ -126,3 +126,20 @@ def test_a_prefect_api_lost_mid_run_ends_it_in_one_line_past_its_budget_and_it_r
     evaluations = {int(metric.step) for metric in client.get_metric_history(mlflow_run.info.run_id, "eval/return_mean")}
     # every one (one scored after the last checkpoint is scored again by the resume, as after a kill)
     assert sorted(evaluations) == list(range(EVERY, TOTAL + 1, EVERY)), sorted(evaluations)
+
+
+def test_only_a_server_that_does_not_answer_counts_against_the_budget():
+    """No reply, a timeout or a 5xx is an outage; a refusal it answered (a 401: a login, tried again
+    apart; a 404) is not."""
+    import requests
+    from mlflow.exceptions import MlflowException
+
+    from gymflow.tasks.tracking.outage import unanswered
+
+    no_reply = "API request to http://m/api/2.0/mlflow/runs/log-batch failed with exception HTTPConnectionPool"
+    assert unanswered(MlflowException(no_reply)) and unanswered(requests.ConnectionError("refused"))
+    assert unanswered(MlflowException("API request to http://m/x failed with timeout exception ReadTimeout."))
+    assert unanswered(MlflowException("API request to endpoint /x failed with error code 503 != 200. Response body"))
+    assert not unanswered(MlflowException("API request to endpoint /x failed with error code 401 != 200. Response"))
+    assert not unanswered(MlflowException("RESOURCE_DOES_NOT_EXIST: Run 'abc' not found"))
+    assert not unanswered(ValueError("a bug"))

@@ -11,6 +11,7 @@ call from then on raises `ServerLost` at once, and the run stops at its next com
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 
@@ -18,6 +19,7 @@ from gymflow.errors import ServerLost
 from gymflow.presets.redaction import redacted_text, without_password
 
 FIELD = "tracking.outage_budget_s"
+_ANSWERED = re.compile(r"failed with error code (?P<status>\d{3}) ")
 _logger = logging.getLogger(__name__)
 
 
@@ -33,9 +35,12 @@ def unanswered(error: BaseException) -> bool:
         return error.response is None or error.response.status_code >= 500
     if isinstance(error, RestException):
         return error.get_http_status_code() >= 500
-    if isinstance(error, MlflowException):  # MLflow's own wrapping of a request that got no reply
+    if isinstance(error, MlflowException):  # MLflow's own wrapping of a request: no reply, or its status
         message = str(error)
-        return message.startswith("API request to") and "failed with" in message
+        if answered := _ANSWERED.search(message):  # "failed with error code 401 != 200": it answered
+            return int(answered["status"]) >= 500
+        return message.startswith("API request to") and ("failed with exception" in message
+                                                         or "failed with timeout exception" in message)
     return False
 
 
