@@ -29,6 +29,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from gymflow.files import write_whole
 from gymflow.tasks.cluster.clocks import housekeeping_environment
 from gymflow.tasks.tracking.servers import basic_authorization
 
@@ -220,16 +221,7 @@ def _save(stack: Stack) -> None:
     for name, pid in stack.pids.items():
         if stack.identities.get(name, [None])[0] != pid:
             stack.identities[name] = [pid, *_identity(pid)]
-    _write_private(Path(stack.folder) / STATE_FILE, json.dumps(asdict(stack), indent=2))
-
-
-def _write_private(path: Path, text: str) -> None:
-    """`text` in `path`, readable by its owner alone from its first byte (made 0600, then moved in place)."""
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(descriptor, "w") as out:
-        out.write(text)
-    os.replace(temporary, path)
+    write_whole(Path(stack.folder) / STATE_FILE, json.dumps(asdict(stack), indent=2))
 
 
 def _made_certificates(stack: Stack) -> list[str]:
@@ -243,7 +235,7 @@ def _made_certificates(stack: Stack) -> list[str]:
     files = stack.tls_files()
     for name, pem in (("ca_file", made.tls_ca_file), ("cert_file", made.tls_scheduler_cert),
                       ("key_file", made.tls_scheduler_key)):
-        _write_private(Path(files[name]), pem)
+        write_whole(Path(files[name]), pem)
     return ["--tls-ca-file", files["ca_file"], "--tls-cert", files["cert_file"], "--tls-key", files["key_file"]]
 
 
@@ -359,7 +351,7 @@ def _start_postgres(home: Path, password: str, pids: dict[str, int]) -> int:
     port = free_port()
     home.mkdir(mode=0o700)
     password_file = home / "password"
-    _write_private(password_file, password)
+    write_whole(password_file, password)
     if os.geteuid() == 0:
         account = pwd.getpwnam("postgres")
         for path in (home, password_file):
@@ -433,7 +425,7 @@ def _mlflow_command(stack: Stack, port: int) -> list[str]:
 
 def _mlflow_environment(stack: Stack, folder: Path) -> dict[str, str]:
     config = folder / "mlflow-auth.ini"
-    _write_private(config, "[mlflow]\n"
+    write_whole(config, "[mlflow]\n"
                       "default_permission = NO_PERMISSIONS\n"  # the shipped READ lets everyone read everything
                       f"database_uri = {stack.database_url('mlflow_auth')}\n"
                       f"admin_username = {ADMIN}\n"

@@ -27,6 +27,26 @@ def _checkpoints(root: Path) -> int:
     return len(list(root.glob("runs/*/checkpoints/*/manifest.json")))
 
 
+def _run_until_its_server_is_lost(settings: dict, root: Path, server, folder: Path,
+                                  environment: dict[str, str] | None = None) -> tuple[int, str, float]:
+    """`gymflow run` with `settings`, `server` killed once it has committed two checkpoints: its exit
+    code, its stderr, and the seconds from the kill to its end."""
+    command = [GYMFLOW, "run", "cartpole-ppo", "--quiet",
+               *[part for key, value in settings.items() for part in ("--set", f"{key}={json.dumps(value)}")]]
+    run = subprocess.Popen(command, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           env=environment)
+    deadline = time.monotonic() + 240
+    while _checkpoints(root) < 2:
+        assert run.poll() is None and time.monotonic() < deadline, run.stderr.read()[-3000:]
+        time.sleep(0.1)
+    server.kill()
+    lost_at = time.monotonic()
+    stderr = run.stderr.read()
+    run.wait(timeout=300)
+    (folder / "run.stderr").write_text(stderr)
+    return run.returncode, stderr, time.monotonic() - lost_at
+
+
 # default tier: the first of its capability (a server lost for good)
 def test_an_mlflow_server_lost_mid_run_stops_it_in_one_line_past_its_budget_and_a_resume_loses_nothing(tmp_path):
     server, root = MlflowServer(tmp_path), tmp_path / "data"
@@ -34,23 +54,10 @@ def test_an_mlflow_server_lost_mid_run_stops_it_in_one_line_past_its_budget_and_
     settings = {**TINY_BUDGET, "schedule.total_env_steps": TOTAL, "schedule.evaluate_every_env_steps": EVERY,
                 "storage.root": str(root), "tracking.tracking_uri": server.url, "tracking.experiment": "outage",
                 "tracking.outage_budget_s": BUDGET_S}
-    command = [GYMFLOW, "run", "cartpole-ppo", "--quiet",
-               *[part for key, value in settings.items() for part in ("--set", f"{key}={json.dumps(value)}")]]
     try:
-        with open(tmp_path / "run.log", "w") as log:
-            run = subprocess.Popen(command, cwd=tmp_path, stdout=log, stderr=subprocess.PIPE, text=True)
-            deadline = time.monotonic() + 240
-            while _checkpoints(root) < 2:
-                assert run.poll() is None and time.monotonic() < deadline, run.stderr.read()[-3000:]
-                time.sleep(0.1)
-            server.kill()
-            lost_at = time.monotonic()
-            stderr = run.stderr.read()
-            run.wait(timeout=BUDGET_S + 120)
-        (tmp_path / "run.stderr").write_text(stderr)
-        ended_after = time.monotonic() - lost_at
+        code, stderr, ended_after = _run_until_its_server_is_lost(settings, root, server, tmp_path)
         (run_id,) = [path.name for path in (root / "runs").iterdir()]
-        assert run.returncode == 2, stderr[-3000:]
+        assert code == 2, stderr[-3000:]
         assert ended_after < BUDGET_S + 60, ended_after
         last = stderr.strip().splitlines()[-1]
         assert last.startswith(f"gymflow: error: tracking.tracking_uri: the MLflow server at {server.url} has not "
@@ -88,25 +95,13 @@ def test_a_prefect_api_lost_mid_run_ends_it_in_one_line_past_its_budget_and_it_r
     settings = {**TINY_BUDGET, "schedule.total_env_steps": TOTAL, "schedule.evaluate_every_env_steps": EVERY,
                 "storage.root": str(root), "tracking.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
                 "tracking.experiment": "prefect-outage", "tracking.outage_budget_s": BUDGET_S}
-    command = [GYMFLOW, "run", "cartpole-ppo", "--quiet",
-               *[part for key, value in settings.items() for part in ("--set", f"{key}={json.dumps(value)}")]]
     try:
-        run = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PREFECT_API_URL": server.url})
-        deadline = time.monotonic() + 240
-        while _checkpoints(root) < 2:
-            assert run.poll() is None and time.monotonic() < deadline, run.stderr.read()[-3000:]
-            time.sleep(0.1)
-        server.kill()
-        lost_at = time.monotonic()
-        stderr = run.stderr.read()
-        run.wait(timeout=300)
-        (tmp_path / "run.stderr").write_text(stderr)
-        ended_after = time.monotonic() - lost_at
+        code, stderr, ended_after = _run_until_its_server_is_lost(settings, root, server, tmp_path,
+                                                                  {**os.environ, "PREFECT_API_URL": server.url})
     finally:
         server.kill()
     (run_id,) = [path.name for path in (root / "runs").iterdir()]
-    assert run.returncode == 2, stderr[-3000:]
+    assert code == 2, stderr[-3000:]
     assert ended_after < BUDGET_S + 90, ended_after  # the watch's 5 s, the end's grace (60 s) at most
     last = stderr.strip().splitlines()[-1]
     assert last.startswith(f"gymflow: error: PREFECT_API_URL: the Prefect API at {server.url} has not answered "

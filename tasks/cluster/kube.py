@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import yaml
 
 from gymflow.errors import InvalidPreset
+from gymflow.files import write_whole
 from gymflow.presets.model import Preset
 from gymflow.presets.redaction import redacted_uri, without_password
 from gymflow.tasks.tracking.servers import is_tracking_server
@@ -304,15 +304,6 @@ def write(files: dict[str, Any], folder: Path) -> list[Path]:
             text = yaml.safe_dump_all(content, sort_keys=False)
         else:
             text = yaml.safe_dump(content, sort_keys=False)
-        _write_whole(path, text, 0o600 if name == TLS_SECRET_FILE else 0o644)
+        write_whole(path, text, 0o600 if name == TLS_SECRET_FILE else 0o644)
         written.append(path)
     return written
-
-
-def _write_whole(path: Path, text: str, mode: int) -> None:
-    temporary = path.with_name(f".{path.name}.partial")
-    temporary.unlink(missing_ok=True)
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    with os.fdopen(descriptor, "w") as out:
-        out.write(text)
-    os.replace(temporary, path)

@@ -228,10 +228,15 @@ def refusal(said: str) -> InvalidPreset | ClusterUnavailable:
     return InvalidPreset(SLURM, f"the queue refuses the job: {words}")
 
 
+def job_ids(cluster: SLURMCluster) -> dict[str, str]:
+    """The cluster's jobs that the queue gave an id, by their worker's name."""
+    return {name: job.job_id for name, job in list(cluster.workers.items()) if getattr(job, "job_id", None)}
+
+
 def jobs_waiting(cluster: SLURMCluster) -> str:
     """What the queue says of the cluster's jobs ('12 PENDING (Resources)'), for a run that
     waited for its first worker in vain."""
-    ids = [job.job_id for job in cluster.workers.values() if getattr(job, "job_id", None)]
+    ids = list(job_ids(cluster).values())
     if not ids:
         return "no job was queued"
     listed = _ask(["squeue", "-h", "-j", ",".join(ids), "-o", "%i %T (%r)"])
@@ -282,11 +287,8 @@ class EndedJobsReplaced:
 
     def cancel_jobs(self) -> None:
         """Every job of the cluster's, cancelled in one `scancel` (bounded by COMMAND_TIMEOUT_S)."""
-        if ids := self._job_ids():
+        if ids := job_ids(self.cluster):
             _ask(["scancel", *sorted(set(ids.values()))])
-
-    def _job_ids(self) -> dict[str, str]:
-        return {name: job.job_id for name, job in list(self.cluster.workers.items()) if getattr(job, "job_id", None)}
 
     def _watch(self) -> None:
         while not self._stop.wait(REAP_EVERY_S):
@@ -299,7 +301,7 @@ class EndedJobsReplaced:
                                          "and looks again every %g s", type(error).__name__, error, REAP_EVERY_S)
 
     def _replace_ended(self) -> None:
-        jobs, alive = self._job_ids(), _alive_jobs()
+        jobs, alive = job_ids(self.cluster), _alive_jobs()
         if jobs and alive is not None:
             ended = [name for name, job_id in jobs.items() if job_id not in alive]
             if ended:

@@ -45,14 +45,11 @@ def unanswered(error: BaseException) -> bool:
 
 
 class Outage:
-    """The tracking server's current outage, shared by every thread that calls it."""
+    """A server's current outage, shared by every thread that calls it. `where`: the server as what
+    is said names it; `field`: the one its loss names."""
 
-    def __init__(self, tracking_uri: str, budget_s: float, where: str | None = None,
-                 field: str = "tracking.tracking_uri"):
-        """`where`: the server's name in what is said (default: the MLflow server at `tracking_uri`);
-        `field`: the one a refusal names."""
-        self.where = where or f"the MLflow server at {without_password(tracking_uri)}"
-        self.budget_s, self.field = budget_s, field
+    def __init__(self, where: str, budget_s: float, field: str):
+        self.where, self.budget_s, self.field = where, budget_s, field
         self._lock = threading.Lock()
         self._since: float | None = None
         self.lost: ServerLost | None = None
@@ -93,6 +90,10 @@ class Outage:
         with self._lock:
             if self.lost is None:
                 self.lost = ServerLost(self.field, f"{self.where} answered that {what}")
+
+
+def mlflow_outage(tracking_uri: str, budget_s: float) -> Outage:
+    return Outage(f"the MLflow server at {without_password(tracking_uri)}", budget_s, "tracking.tracking_uri")
 
 
 def _reason(error: BaseException) -> str:

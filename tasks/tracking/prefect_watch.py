@@ -30,10 +30,16 @@ END_GRACE_S = 60.0  # from the API's loss to the process's end, at the latest
 class PrefectWatch:
     def __init__(self, api_url: str, flow_run_id: str, budget_s: float, resume_hint: str):
         self.url, self.flow_run_id, self.resume_hint = api_url.rstrip("/"), flow_run_id, resume_hint
-        self.outage = Outage(api_url, budget_s, where=f"the Prefect API at {without_password(api_url)}",
-                             field="PREFECT_API_URL")
+        self.outage = Outage(f"the Prefect API at {without_password(api_url)}", budget_s, "PREFECT_API_URL")
+        self._login, self._verify = _login(), _verify()  # as Prefect's own client sends them, read once
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="gymflow-prefect-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
 
     def _watch(self) -> None:
         while not self._stop.wait(WATCH_EVERY_S):
@@ -46,8 +52,8 @@ class PrefectWatch:
 
     def _ask(self) -> None:
         try:
-            answer = httpx.get(f"{self.url}/flow_runs/{self.flow_run_id}", headers=_login(), timeout=ASK_TIMEOUT_S,
-                               verify=_verify())
+            answer = httpx.get(f"{self.url}/flow_runs/{self.flow_run_id}", headers=self._login, timeout=ASK_TIMEOUT_S,
+                               verify=self._verify)
         except httpx.HTTPError as error:  # no answer: refused, cut, timed out
             self.outage.failed(error)
             return
@@ -92,8 +98,8 @@ def prefect_watched(flow_run_id: str, budget_s: float, resume_hint: str) -> Iter
         yield None
         return
     watch = PrefectWatch(url, flow_run_id, budget_s, resume_hint)
-    watch._thread.start()
+    watch.start()
     try:
         yield watch.outage
     finally:
-        watch._stop.set()
+        watch.stop()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gymflow.presets.redaction import redacted_uri
-from gymflow.tasks.tracking.outage import Outage, unanswered
+from gymflow.tasks.tracking.outage import Outage, mlflow_outage, unanswered
 
 if TYPE_CHECKING:
     from mlflow.entities import Metric, Param
@@ -77,7 +77,7 @@ class Tracker:
         if redacted_uri(tracking_uri) != tracking_uri:  # MLflow's "View run ... at: URL" would print its password
             os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         client, self.tracking_uri = tracking_client(tracking_uri), tracking_uri
-        self.outage = Outage(tracking_uri, options.outage_budget_s)
+        self.outage = mlflow_outage(tracking_uri, options.outage_budget_s)
         self.prefect_outage: Outage | None = None  # the Prefect API's, where the run is watched (prefect_watch.py)
         if existing_run_id is not None:
             run = client.get_run(existing_run_id)
