@@ -60,7 +60,7 @@ class Stack:
     s3_secret: str
     scheduler_address: str
     pids: dict[str, int] = field(default_factory=dict)  # part -> process id (PostgreSQL: its postmaster)
-    # part -> [pid, start time (clock ticks after boot), program]: what proves a pid is still that part
+    # part -> [pid, start time (clock ticks after boot)]: what proves a pid is still that part
     identities: dict[str, list] = field(default_factory=dict)
     postgres_folder: str = ""  # PostgreSQL's data, socket and log (postgres_home, where `up` put it)
 
@@ -250,7 +250,7 @@ def load(folder: Path) -> Stack:
 def stop(folder: Path, remove: bool = True) -> list[str]:
     """Every part of the stack under `folder` that still runs ended, then its folders removed, from
     whatever state it is in: an `up` killed half-way, parts already dead, PostgreSQL's folder or the
-    state file gone. Only a process proven to be the part it was (its pid, start time and program,
+    state file gone. Only a process proven to be the part it was (its pid and start time,
     as saved when it started) is signalled; returns the parts whose pid is now another process's."""
     folder = Path(folder).resolve()
     state = _state_or_none(folder)
@@ -271,19 +271,18 @@ def _state_or_none(folder: Path) -> Stack | None:
 
 
 def _identity(pid: int) -> list:
-    """[start time in clock ticks after boot, program's name] of a running process; [] if there is none."""
+    """[start time in clock ticks after boot] of a running process; [] if there is none. Its start
+    time, not its command line, which a server may rewrite as it runs (a Dask worker's process title)."""
     try:
-        ticks = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19])
-        program = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        return [int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19])]
     except (OSError, IndexError, ValueError):
         return []
-    return [ticks, Path(program).name]
 
 
 def _proven(stack: Stack, name: str) -> bool:
     """Whether the part's pid is still the process it started as (not one that took its pid since)."""
     saved, pid = stack.identities.get(name), stack.pids[name]
-    return bool(saved) and saved[0] == pid and len(saved) == 3 and _identity(pid) == saved[1:]
+    return bool(saved) and saved[0] == pid and len(saved) == 2 and _identity(pid) == saved[1:]
 
 
 @contextmanager
