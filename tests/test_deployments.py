@@ -55,7 +55,9 @@ def _server_with(tmp_path_factory, *deploy: str) -> Iterator[dict]:
     try:
         _wait_for(f"http://127.0.0.1:{port}/api/health", 120)
         assert _prefect(env, "work-pool", "create", "gymflow", "--type", "process").returncode == 0
-        deployed = _prefect(env, "--no-prompt", "deploy", *deploy)
+        # `deploy --all` loads the flow once for each of prefect.yaml's 20 deployments and asks the server
+        # ~20 times for each: ~50 s on a quiet 2-core VM, past 120 s beside the suite's other process
+        deployed = _prefect(env, "--no-prompt", "deploy", *deploy, timeout=600)
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         yield env
     finally:
