@@ -136,17 +136,23 @@ class TemporaryApi:
                                                  f"{where}; Prefect {prefect.__version__}); {_instead}")
 
     def stop(self, wait: bool = True) -> None:
-        """Ask the server to stop; with `wait`, until it has (killed after 5 s)."""
+        """Ask the server to stop, killed if it has not after 5 s; with `wait`, until it has (without:
+        the kill from a thread of its own, so a caller that goes on keeps no server)."""
         if self.process.poll() is None:
             self.process.terminate()
             if wait:
-                try:
-                    self.process.wait(5)
-                except subprocess.TimeoutExpired:
-                    self.process.kill()
-                    self.process.wait()
+                self._killed_after(5)
+            else:
+                threading.Thread(target=self._killed_after, args=(5,), name="gymflow-api-stop", daemon=True).start()
         self.socket.close()
         self.errors.close()
+
+    def _killed_after(self, seconds: float) -> None:
+        try:
+            self.process.wait(seconds)
+        except subprocess.TimeoutExpired:  # a server still starting, or slow to shut down under load
+            self.process.kill()
+            self.process.wait()
 
 
 def _server_checked() -> None:
