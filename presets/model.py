@@ -375,6 +375,12 @@ class StorageConfig(_Strict):
         description="The local-folder root is mounted at the same path on every Dask worker "
         "(NFS, a shared disk), so a remote cluster may use it.",
     )
+    outage_budget_s: float = Field(
+        default=300.0, gt=0,
+        description="How long an S3 object store may go unanswered (down, restarting) while what the run reads "
+        "and writes there waits and is tried again; past it, or at once where the store answers that the bucket is "
+        "gone, the run stops in one line, what it committed kept for `gymflow resume`.",
+    )
     checkpoint_replay: bool = Field(
         default=False,
         description="Include the replay memory in every checkpoint (off-policy agents), so a resume loads it "

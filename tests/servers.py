@@ -1,6 +1,7 @@
 """Servers of a test's own, on one port and one store each, killed and started again as an operator
 (or a lost machine) would: a Prefect server (what it kept in memory, its leases, is gone when it
-comes back) and an MLflow tracking server."""
+comes back), an MLflow tracking server, and an S3 API server (moto's: it keeps its objects in memory
+alone, so one started again holds none, not even the bucket)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,27 @@ class MlflowServer(_Server):
         self._started([MLFLOW, "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
                        "--backend-store-uri", f"sqlite:///{self.folder}/mlflow.db",
                        "--artifacts-destination", str(self.folder / "artifacts")])
+
+
+class MotoServer(_Server):
+    """moto's S3 server; `start` makes it answer with an empty store (no bucket)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.health = f"{self.url}/moto-api/"
+
+    def start(self) -> None:
+        self._started([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)])
+
+    def options(self) -> dict[str, str]:
+        """The storage options that reach it (moto takes any key)."""
+        return {"endpoint_url": self.url, "key": "testing", "secret": "testing"}
+
+    def with_bucket(self, bucket: str) -> MotoServer:
+        import boto3
+
+        boto3.client("s3", endpoint_url=self.url, aws_access_key_id="testing", aws_secret_access_key="testing",
+                     region_name="us-east-1").create_bucket(Bucket=bucket)
+        return self

@@ -1,21 +1,27 @@
-"""A server lost for good mid-run (tasks/tracking/outage.py): the run trains on through the outage
+"""A server lost for good mid-run (gymflow/outage.py): the run trains on through the outage
 budget, then stops at its next commit in one line with the command that continues it; nothing it
 recorded is lost, and the resumed run finishes in the same MLflow run. A real MLflow server on
-loopback, and a Prefect server (long tier), each killed as a machine that is lost kills it."""
+loopback, a Prefect server and an S3 server (long tier), each killed as a machine that is lost
+kills it; the object store's budget on a real S3 server behind a proxy that fails its requests."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_BUDGET
-from tests.servers import MlflowServer, PrefectServer
+from gymflow.errors import ServerLost
+from gymflow.tasks.storage.objects import Storage, StorageLocation
+from gymflow.testing.faults import FaultyProxy
+from tests.conftest import TINY_BUDGET, free_port
+from tests.servers import MlflowServer, MotoServer, PrefectServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 GYMFLOW = str(Path(sys.executable).with_name("gymflow"))
@@ -23,14 +29,16 @@ BUDGET_S = 5
 TOTAL, EVERY = 25_600, 2560  # 200 rounds of 128 env steps: the run is far from its end when its budget runs out
 
 
-def _checkpoints(root: Path) -> int:
+def _checkpoints(root: Path | Storage) -> int:
+    if isinstance(root, Storage):
+        return sum(key.endswith("/manifest.json") and "/checkpoints/" in key for key in root.list("runs"))
     return len(list(root.glob("runs/*/checkpoints/*/manifest.json")))
 
 
-def _run_until_its_server_is_lost(settings: dict, root: Path, server, folder: Path,
+def _run_until_its_server_is_lost(settings: dict, root: Path | Storage, server, folder: Path,
                                   environment: dict[str, str] | None = None) -> tuple[int, str, float]:
-    """`gymflow run` with `settings`, `server` killed once it has committed two checkpoints: its exit
-    code, its stderr, and the seconds from the kill to its end."""
+    """`gymflow run` with `settings`, `server` killed once it has committed two checkpoints in `root`
+    (a folder, or the store): its exit code, its stderr, and the seconds from the kill to its end."""
     command = [GYMFLOW, "run", "cartpole-ppo", "--quiet",
                *[part for key, value in settings.items() for part in ("--set", f"{key}={json.dumps(value)}")]]
     run = subprocess.Popen(command, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -138,3 +146,93 @@ def test_only_a_server_that_does_not_answer_counts_against_the_budget():
     assert not unanswered(MlflowException("API request to endpoint /x failed with error code 401 != 200. Response"))
     assert not unanswered(MlflowException("RESOURCE_DOES_NOT_EXIST: Run 'abc' not found"))
     assert not unanswered(ValueError("a bug"))
+
+
+@pytest.mark.slow  # long tier: the object store's loss (the default tier's is the MLflow server's)
+def test_an_object_store_lost_mid_run_ends_it_in_one_line_past_its_budget(tmp_path):
+    """The run's S3 server killed for good: what the run reads and writes waits through the budget,
+    then the run ends in one line naming the store, its budget and the command that continues it."""
+    server = MotoServer()
+    server.start()
+    root = "s3://gymflow/outage"
+    settings = {**TINY_BUDGET, "schedule.total_env_steps": TOTAL, "schedule.evaluate_every_env_steps": EVERY,
+                "storage.root": root, "storage.options": server.with_bucket("gymflow").options(),
+                "storage.outage_budget_s": BUDGET_S, "tracking.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    try:
+        store = Storage(StorageLocation(root, server.options()))
+        code, stderr, ended_after = _run_until_its_server_is_lost(settings, store, server, tmp_path)
+    finally:
+        server.kill()
+    assert code == 2, stderr[-3000:]
+    assert ended_after < BUDGET_S + 60, ended_after
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("gymflow: error: ") and "Traceback" not in stderr, stderr[-3000:]
+    assert f"storage.root: the object store at {server.url} has not answered for {BUDGET_S} s " \
+           "(storage.outage_budget_s): " in last, last
+    assert re.search(rf"`gymflow resume \S+ --root {root}` continues it once the store answers$", last), last
+
+
+def _store(endpoint: str, budget_s: float) -> Storage:
+    """A store at `endpoint` whose calls botocore tries once: each outage is the budget's to try again."""
+    options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing",
+               "config_kwargs": {"retries": {"mode": "standard", "total_max_attempts": 1}}}
+    return Storage(StorageLocation("s3://gymflow/data", options, budget_s))
+
+
+def test_an_object_store_out_within_its_budget_is_waited_for_and_one_lost_past_it_ends_the_call_in_one_line(
+        caplog):
+    server = MotoServer()
+    server.start()
+    try:
+        with FaultyProxy(server.with_bucket("gymflow").url, fault_rate=1.0, faults=("503", "reset")) as proxy:
+            store = _store(proxy.url, budget_s=60)
+            threading.Timer(4, setattr, (proxy, "fault_rate", 0.0)).start()  # every request failed for 4 s
+            started = time.monotonic()
+            store.write("runs/r1/shards/v000001/w000.npz", b"shard")
+            assert time.monotonic() - started >= 4 and store.read("runs/r1/shards/v000001/w000.npz") == b"shard"
+        said = [record.getMessage() for record in caplog.records if record.name == "gymflow.outage"]
+        assert len(said) == 2 and "does not answer" in said[0] and "answers again after" in said[1], said
+
+        server.kill()
+        server.start()  # back without what it held: the bucket is gone, and so is the run's store
+        store = _store(server.url, budget_s=300)
+        started = time.monotonic()
+        with pytest.raises(ServerLost, match=f"the object store at {server.url} answered that bucket 'gymflow' "
+                                             "does not exist any more"):
+            store.read("runs/r1/run.json")
+        assert time.monotonic() - started < 5  # at once, not after the budget
+    finally:
+        server.kill()
+
+    nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    store, started = _store(nobody, budget_s=2), time.monotonic()
+    with pytest.raises(ServerLost) as lost:
+        store.write("runs/r1/shards/v000001/w000.npz", b"shard")
+    assert 2 <= time.monotonic() - started < 15
+    assert str(lost.value).startswith(f"storage.root: the object store at {nobody} has not answered for 2 s "
+                                      "(storage.outage_budget_s): EndpointConnectionError: "), lost.value
+    assert str(lost.value).endswith("`gymflow resume r1 --root s3://gymflow/data` continues it once the store "
+                                    "answers"), lost.value
+    started = time.monotonic()
+    with pytest.raises(ServerLost):  # lost: every call after it at once
+        store.read("runs/r1/run.json")
+    assert time.monotonic() - started < 1
+
+
+def test_only_an_object_store_that_does_not_answer_counts_against_its_budget():
+    from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
+
+    from gymflow.tasks.storage.objects import BUCKET_GONE, store_unanswered
+
+    def answered(status: int, code: str) -> OSError:
+        error = OSError(code)
+        error.__cause__ = ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                                      "PutObject")
+        return error
+
+    assert store_unanswered(EndpointConnectionError(endpoint_url="http://s3"))
+    assert store_unanswered(ReadTimeoutError(endpoint_url="http://s3"))
+    assert store_unanswered(answered(503, "SlowDown")) and store_unanswered(answered(500, "InternalError"))
+    assert store_unanswered(answered(404, "NoSuchBucket")) == BUCKET_GONE
+    assert not store_unanswered(answered(403, "AccessDenied")) and not store_unanswered(FileNotFoundError("key"))
+    assert not store_unanswered(ValueError("a bug"))

@@ -6,7 +6,10 @@ heavier than that crosses a process boundary.
 On S3, transient failures (timeouts, 5xx, throttling, dropped connections) are retried by
 botocore's "standard" retry mode with exponential backoff, configured here as a default that a
 preset's `storage.options.config_kwargs` can override; s3fs adds its own retries for a few
-low-level read errors. Listing caches are off, so a key written by another process is seen.
+low-level read errors. A call that still gets no answer is tried again every few seconds while the
+store's outage lasts less than `storage.outage_budget_s` (gymflow/outage.py); past it, or at once
+where the store answers that the bucket is gone, it raises ServerLost. Listing caches are off, so
+a key written by another process is seen.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import os
 import shutil
 import threading
+import time
 import uuid
 import weakref
 from collections import Counter
@@ -26,12 +30,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from gymflow.errors import StorageFull, StorageRefused
+from gymflow.errors import ServerLost, StorageFull, StorageRefused
+from gymflow.outage import Budget, Outage
 
 if TYPE_CHECKING:
     from gymflow.presets.model import StorageConfig
@@ -40,7 +45,7 @@ S3_PROTOCOLS = ("s3", "s3a")
 S3_DEFAULTS: dict[str, Any] = {
     "use_listings_cache": False,
     "config_kwargs": {
-        "retries": {"mode": "standard", "total_max_attempts": 10},
+        "retries": {"mode": "standard", "total_max_attempts": 5},  # then the outage budget's own tries
         "connect_timeout": 10,
         "read_timeout": 60,
     },
@@ -56,10 +61,17 @@ def filesystem_options(root: str, options: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+OUTAGE_BUDGET_FIELD = "storage.outage_budget_s"
+STORE_FIELD = "storage.root"  # what a lost object store's line names
+OUTAGE_PAUSE_S = 5.0  # between tries of a call the object store did not answer
+T = TypeVar("T")
+
+
 @dataclass(frozen=True)
 class StorageLocation:
     root: str
     options: dict[str, Any] = field(default_factory=dict)
+    outage_budget_s: float = 300.0  # how long an object store may go unanswered (storage.outage_budget_s)
 
 
 # what a file system says when it takes no more: full, over quota, read-only
@@ -76,6 +88,7 @@ class Storage:
         self.local = isinstance(self.fs, LocalFileSystem)
         self.reads: Counter[str] = Counter()  # objects read by this process, by kind (`read_kind`)
         self._behind: _WritesBehind | None = None
+        self.outage = None if self.local else _store_outage(location)
 
     def path(self, key: str) -> str:
         return f"{self.base}/{key}"
@@ -119,10 +132,44 @@ class Storage:
     def _write_now(self, key: str, data: bytes) -> None:
         path = self.path(key)
         if not self.local:
-            self.fs.pipe_file(path, data)
+            self._answered(key, lambda: self.fs.pipe_file(path, data))
             return
         with self._refused_writes_said(key):
             _appear_at_once(path, lambda temporary: Path(temporary).write_bytes(data))
+
+    def _answered(self, key: str, call: Callable[[], T]) -> T:
+        """`call` to the object store, about `key`; tried again while the store goes unanswered
+        within its outage budget. Past it, ServerLost naming the command that continues the run."""
+        if self.outage is None:
+            return call()
+        try:
+            return self._within_budget(call, self.outage)
+        except ServerLost as lost:
+            raise self._lost_said(key, lost) from None
+
+    def _within_budget(self, call: Callable[[], T], outage: Outage) -> T:
+        while True:
+            outage.check()
+            asked_at = time.monotonic()
+            try:
+                answer = call()
+            except Exception as error:
+                if not (unanswered := store_unanswered(error)):
+                    raise
+                if unanswered == BUCKET_GONE:
+                    outage.gone(f"bucket {self.base.split('/')[0]!r} does not exist any more")
+                else:  # raises ServerLost once the budget is spent
+                    time.sleep(min(OUTAGE_PAUSE_S, max(outage.failed(error, asked_at), 0.0)))
+                continue
+            outage.answered()
+            return answer
+
+    def _lost_said(self, key: str, lost: ServerLost) -> ServerLost:
+        parts = key.split("/")
+        if len(parts) < 2 or parts[0] != "runs":
+            return lost
+        return ServerLost(lost.field, f"{lost.problem}; what the run committed stays: `gymflow resume {parts[1]} "
+                          f"--root {self.location.root}` continues it once the store answers")
 
     @contextlib.contextmanager
     def _refused_writes_said(self, key: str) -> Iterator[None]:
@@ -145,7 +192,7 @@ class Storage:
         self.settled()
         path = self.path(key)
         if not self.local:
-            self.fs.put_file(local_path, path)
+            self._answered(key, lambda: self.fs.put_file(local_path, path))
             return
         with self._refused_writes_said(key):
             _appear_at_once(path, lambda temporary: shutil.copyfile(local_path, temporary))
@@ -153,37 +200,41 @@ class Storage:
     def read(self, key: str) -> bytes:
         self.settled()
         self.reads[read_kind(key)] += 1
-        return self.fs.cat_file(self.path(key))
+        return self._answered(key, lambda: self.fs.cat_file(self.path(key)))
 
     def exists(self, key: str) -> bool:
         self.settled()
-        return self._exists(self.path(key))
+        return self._exists(key)
 
-    def _exists(self, path: str) -> bool:
+    def _exists(self, key: str) -> bool:
         """A local path is asked of the OS: fsspec's own `exists` catches everything, so a Ctrl-C or
         SIGTERM (KeyboardInterrupt, Prefect's TerminationSignal) arriving inside it turned into
         "no such object" and the stop into a "shard is missing" failure."""
-        return os.path.exists(path) if self.local else self.fs.exists(path)
+        path = self.path(key)
+        if self.local:
+            return os.path.exists(path)
+        return self._answered(key, lambda: self.fs.exists(path))
 
     def list(self, prefix: str) -> list[str]:
         """Keys of the objects under `prefix`, sorted."""
         self.settled()
         root = self.path(prefix)
-        if not self._exists(root):
+        if not self._exists(prefix):
             return []
-        found = self.fs.find(root)
+        found = self._answered(prefix, lambda: self.fs.find(root))
         return sorted(path[len(self.base) + 1 :] for path in found if ".tmp-" not in path)
 
     def delete(self, keys: Iterable[str]) -> None:
         """Remove objects (keys already gone are skipped); on a local folder, also the folders
         this leaves empty."""
         self.settled()
+        keys = list(keys)
         paths = [self.path(key) for key in keys]
         if not paths:
             return
         if not self.local:
             with contextlib.suppress(FileNotFoundError):
-                self.fs.rm(paths)
+                self._answered(keys[0], lambda: self.fs.rm(paths))
             return
         for path in paths:
             with contextlib.suppress(FileNotFoundError):
@@ -272,23 +323,51 @@ def read_kind(key: str) -> str:
     return f"{parts[2]}/{parts[-1]}" if parts[2] in ("policies", "checkpoints") else parts[2]
 
 
+BUCKET_GONE = "bucket gone"
+
+
+def store_unanswered(error: BaseException) -> bool | str:
+    """Whether `error` is the object store not answering (no connection, a timeout, a 5xx), or
+    BUCKET_GONE where it answered that the bucket is not there (a store restarted without its data);
+    False for any other answer (a missing key, a refused login)."""
+    from botocore.exceptions import ClientError, HTTPClientError
+    from botocore.exceptions import ConnectionError as NoConnection
+
+    seen: BaseException | None = error
+    while seen is not None:  # s3fs raises an OSError made from botocore's error, which is its cause
+        if isinstance(seen, (NoConnection, HTTPClientError, TimeoutError, ConnectionError)):
+            return True
+        if isinstance(seen, ClientError):
+            if seen.response.get("Error", {}).get("Code") == "NoSuchBucket":
+                return BUCKET_GONE
+            return seen.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _store_outage(location: StorageLocation) -> Outage:
+    endpoint = location.options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL") or "AWS S3"
+    budget = Budget(location.outage_budget_s, OUTAGE_BUDGET_FIELD, "what the run reads and writes there waits")
+    return Outage(f"the object store at {endpoint}", budget, STORE_FIELD)
+
+
 def storage_location(config: StorageConfig) -> StorageLocation:
     """Where a preset's `storage` section points; a relative local folder as an absolute path,
     which a worker in another working folder (or on another machine, sharing it) finds too."""
     root = config.root
     if fsspec.utils.get_protocol(root) == "file" and "://" not in root:
         root = os.path.abspath(root)
-    return StorageLocation(root, dict(config.options))
+    return StorageLocation(root, dict(config.options), config.outage_budget_s)
 
 
 def open_storage(location: StorageLocation) -> Storage:
     """One Storage per location and process."""
-    return _open_cached(location.root, json.dumps(location.options, sort_keys=True))
+    return _open_cached(location.root, json.dumps(location.options, sort_keys=True), location.outage_budget_s)
 
 
 @lru_cache(maxsize=16)
-def _open_cached(root: str, options_json: str) -> Storage:
-    return Storage(StorageLocation(root, json.loads(options_json)))
+def _open_cached(root: str, options_json: str, outage_budget_s: float) -> Storage:
+    return Storage(StorageLocation(root, json.loads(options_json), outage_budget_s))
 
 
 def check_storage(location: StorageLocation) -> None:

@@ -19,8 +19,7 @@ import httpx
 
 from gymflow.errors import ServerLost
 from gymflow.last_steps import end_within
-from gymflow.presets.redaction import without_password
-from gymflow.tasks.tracking.outage import Outage
+from gymflow.tasks.tracking.outage import Outage, prefect_outage
 
 WATCH_EVERY_S = 5.0
 ASK_TIMEOUT_S = 5.0
@@ -30,7 +29,7 @@ END_GRACE_S = 60.0  # from the API's loss to the process's end, at the latest
 class PrefectWatch:
     def __init__(self, api_url: str, flow_run_id: str, budget_s: float, resume_hint: str):
         self.url, self.flow_run_id, self.resume_hint = api_url.rstrip("/"), flow_run_id, resume_hint
-        self.outage = Outage(f"the Prefect API at {without_password(api_url)}", budget_s, "PREFECT_API_URL")
+        self.outage = prefect_outage(api_url, budget_s)
         self._login, self._verify = _login(), _verify()  # as Prefect's own client sends them, read once
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="gymflow-prefect-watch", daemon=True)

@@ -26,7 +26,7 @@ from gymflow.tasks.cluster.rounds import RoundPlan
 from gymflow.tasks.lake.source import ExperienceDataset, open_dataset
 from gymflow.tasks.storage.checkpoints import committed_versions
 from gymflow.tasks.storage.layout import RunLayout, new_run_id
-from gymflow.tasks.storage.objects import Storage, ready_storage, storage_location
+from gymflow.tasks.storage.objects import STORE_FIELD, Storage, ready_storage, storage_location
 from gymflow.tasks.storage.records import (
     RunRecord,
     has_run_record,
@@ -208,8 +208,11 @@ def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str], 
             write_run_record(run.storage, run.run_id, record)
         yield tracker
     except ServerLost as lost:  # a server it records to: the run stops at the commit after its budget ran out
+        status = "FAILED"
         if prefect is None or prefect.lost is None:  # its events go to the Prefect API
             RunEvents(run.run_id, run.preset.name, tracker.run_id).failed(lost)
+        if lost.field == STORE_FIELD:  # the object store's: its line names the command that continues the run
+            raise
         raise ServerLost(lost.field, f"{lost.problem}; what was committed stays (and what MLflow did not get, "
                          f"beside it): `gymflow resume {run.run_id} --root {run.preset.storage.root}` continues the "
                          "run once the server answers") from None
