@@ -26,7 +26,7 @@ from gymnasium import spaces
 
 from gymflow.envs.make import PETTINGZOO, EnvSpecError
 from gymflow.envs.seeding import derive_seed
-from gymflow.envs.vector import EnvCursor, VectorStep
+from gymflow.envs.steps import EnvCursor, VectorStep
 
 
 def make_parallel_env(env_id: str, kwargs: dict[str, Any] | None = None, render_mode: str | None = None) -> Any:

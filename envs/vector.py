@@ -14,51 +14,29 @@ episode, and the last observation of the finished one is handed back separately.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
 from gymflow.envs.make import LIFE_LOST, Preprocessing, is_multi_agent, make_env
 from gymflow.envs.seeding import derive_seed
+from gymflow.envs.steps import EnvCursor, VectorStep, observation_dtype
+
+__all__ = ["AnyVectorEnv", "EnvCursor", "SeededVectorEnv", "VectorStep", "make_vector_env", "observation_dtype"]
 
 if TYPE_CHECKING:
     from gymflow.envs.agents import SeededAgentVectorEnv
-
-
-def observation_dtype(space: Any) -> type:
-    """How observations are kept: images as their uint8, everything else as float32."""
-    return np.uint8 if space.dtype == np.uint8 else np.float32
-
-
-@dataclass(frozen=True)
-class EnvCursor:
-    """Where each env stands: its episode index and the actions taken since that episode began."""
-
-    episode_index: np.ndarray  # [N] int64
-    action_counts: np.ndarray  # [N] int64
-    actions: np.ndarray  # [sum(action_counts), *action_shape]
-    memory: np.ndarray | None = None  # [2, N, H] a recurrent policy's memory of the envs (None: none kept)
-
-    def actions_of(self, env_index: int) -> np.ndarray:
-        start = int(self.action_counts[:env_index].sum())
-        return self.actions[start : start + int(self.action_counts[env_index])]
-
-
-class VectorStep(NamedTuple):
-    obs: np.ndarray  # [N, *obs_shape], next observations (first of a new episode where done)
-    rewards: np.ndarray  # [N] float32
-    terminated: np.ndarray  # [N] bool
-    truncated: np.ndarray  # [N] bool
-    done_envs: list[int]  # envs whose episode ended on this step
-    done_obs: list[np.ndarray]  # the final observation of each of those episodes
-    episode_returns: list[float]  # undiscounted return of each episode that ended
-    episode_lengths: list[int]
+    from gymflow.envs.envpool_backend import EnvPoolVectorEnv
 
 
 def make_vector_env(env_id: str, env_kwargs: dict[str, Any], num_envs: int, seed: int,
-                    preprocessing: Preprocessing | None = None) -> AnyVectorEnv:
-    """`num_envs` envs of an id, seeded; a PettingZoo env's games give a row to each of their agents."""
+                    preprocessing: Preprocessing | None = None, backend: str = "gymnasium") -> AnyVectorEnv:
+    """`num_envs` envs of an id, seeded; a PettingZoo env's games give a row to each of their agents;
+    `backend` "envpool": stepped by EnvPool's threads (envs/envpool_backend.py)."""
+    if backend == "envpool":
+        from gymflow.envs.envpool_backend import EnvPoolVectorEnv, pool_task
+
+        return EnvPoolVectorEnv(pool_task(env_id, env_kwargs, preprocessing or Preprocessing()), num_envs, seed)
     if is_multi_agent(env_id):
         from gymflow.envs.agents import SeededAgentVectorEnv  # it imports this module
 
@@ -166,4 +144,4 @@ class SeededVectorEnv:
             self.obs[i] = next_obs
 
 
-AnyVectorEnv: TypeAlias = "SeededVectorEnv | SeededAgentVectorEnv"
+AnyVectorEnv: TypeAlias = "SeededVectorEnv | SeededAgentVectorEnv | EnvPoolVectorEnv"

@@ -6,11 +6,12 @@ import importlib.util
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from gymnasium import spaces
 
 from gymflow.agents.algorithms import ALGORITHMS, Algorithm, algorithm_of
+from gymflow.envs.envpool_backend import envpool_installed, pool_task
 from gymflow.envs.make import EnvSpecError, check_env, is_image, is_multi_agent, reads_pixels
 from gymflow.envs.parts import image_parts
 from gymflow.errors import InvalidPreset
@@ -69,6 +70,7 @@ def experiment_from(config: Preset) -> Experiment:
         raise InvalidPreset(error.field, error.problem) from None
     _check_images(config, observation_space)
     _check_agents(config, algorithm, observation_space)
+    _check_backend(config)
     if config.remote_cluster and _is_local_folder(config.storage.root) and not config.storage.shared:
         raise InvalidPreset(
             "storage.root",
@@ -97,6 +99,35 @@ def experiment_from(config: Preset) -> Experiment:
         raise InvalidPreset("schedule.heatup_env_steps", f"must be 0 for the on-policy {algorithm.name}")
     _check_dataset(config, algorithm)
     return Experiment(config, algorithm, observation_space, action_space)
+
+
+def rollout_backend(config: Preset) -> Literal["gymnasium", "envpool"]:
+    """What steps the rollout workers' envs: env.backend, with `auto` resolved: envpool where it has
+    the task and the run is async (whose resume does not replay envs), else gymnasium."""
+    if config.env.backend != "auto":
+        return config.env.backend
+    if config.distribution.mode != "async" or not envpool_installed() or is_multi_agent(config.env.id):
+        return "gymnasium"
+    try:
+        pool_task(config.env.id, config.env.kwargs, config.env.preprocessing())
+    except EnvSpecError:
+        return "gymnasium"
+    return "envpool"
+
+
+def _check_backend(config: Preset) -> None:
+    """env.backend envpool: a task EnvPool has, in a run whose resume does not replay its envs."""
+    if config.env.backend != "envpool":
+        return
+    mode = config.distribution.mode
+    if mode != "async":
+        raise InvalidPreset("env.backend", f"envpool cannot replay its envs from an env cursor, which a {mode} run's "
+                                           "exact resume needs (docs/fault-tolerance.md); allowed with "
+                                           f"distribution.mode {mode}: gymnasium, auto")
+    try:
+        pool_task(config.env.id, config.env.kwargs, config.env.preprocessing())
+    except EnvSpecError as error:
+        raise InvalidPreset(error.field, error.problem) from None
 
 
 def _mode_refused(algorithm: Algorithm, mode: str) -> str:

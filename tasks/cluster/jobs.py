@@ -30,6 +30,7 @@ from gymflow.agents.rollout import (
     collect_together,
     evaluate,
 )
+from gymflow.envs.envpool_backend import pool_task
 from gymflow.envs.make import EnvSpecError, check_env, is_multi_agent
 from gymflow.envs.seeding import derive_seed
 from gymflow.envs.vector import AnyVectorEnv, make_vector_env
@@ -86,6 +87,8 @@ def check_worker(spec: WorkerCheckSpec) -> WorkerCheck:
     try:
         observation_space, action_space = check_env(spec.env_id, spec.env_kwargs, spec.action_spaces, spec.algo,
                                                     spec.preprocessing, spec.images)
+        if spec.backend == "envpool":  # installed there, with the task
+            pool_task(spec.env_id, spec.env_kwargs, spec.preprocessing)
     except EnvSpecError as error:
         return WorkerCheck(address, error.field, error.problem)
     if (observation_space, action_space) != (spec.observation_space, spec.action_space):
@@ -265,7 +268,7 @@ def _take_live_envs(spec: RolloutSpec) -> AnyVectorEnv:
         return cached[1]
     if cached is not None:
         cached[1].close()
-    env = make_vector_env(spec.env_id, spec.env_kwargs, spec.num_envs, spec.env_seed, spec.preprocessing)
+    env = make_vector_env(spec.env_id, spec.env_kwargs, spec.num_envs, spec.env_seed, spec.preprocessing, spec.backend)
     cursor = read_cursor(open_storage(spec.storage), spec.resume_from) if spec.resume_from else None
     env.reset(cursor)
     return env

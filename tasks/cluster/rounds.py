@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
@@ -20,7 +21,7 @@ from gymflow.envs.seeding import derive_seed
 from gymflow.errors import ClusterUnavailable
 from gymflow.logs import AnyLogger
 from gymflow.presets.model import Preset
-from gymflow.presets.validate import Experiment
+from gymflow.presets.validate import Experiment, rollout_backend
 from gymflow.tasks.cluster.hosts import Call, Hosts, wait_first
 from gymflow.tasks.cluster.jobs import check_worker, run_evaluation, run_rollout, run_rollouts
 from gymflow.tasks.cluster.messages import (
@@ -46,6 +47,11 @@ class RoundPlan:
     @property
     def workers(self) -> int:
         return self.preset.distribution.rollout_workers
+
+    @cached_property
+    def backend(self) -> str:
+        """What steps the rollout workers' envs (env.backend, `auto` resolved)."""
+        return rollout_backend(self.preset)
 
     @property
     def heatup_steps_per_env(self) -> int:
@@ -108,7 +114,7 @@ class RoundPlan:
             policy_version=version, worker=worker,
             num_envs=preset.distribution.envs_per_worker, steps_per_env=steps,
             env_seed=derive_seed(preset.seed, "envs", worker), policy_seed=policy_seed,
-            exploration=exploration, resume_from=cursor, inference=self.inference,
+            exploration=exploration, resume_from=cursor, inference=self.inference, backend=self.backend,
         )
 
 
@@ -119,7 +125,7 @@ def check_workers(hosts: Hosts, experiment: Experiment, logger: AnyLogger) -> No
     preset, algorithm = experiment.preset, experiment.algorithm
     spec = WorkerCheckSpec(preset.env.id, dict(preset.env.kwargs), preset.env.preprocessing(), algorithm.name,
                            algorithm.action_spaces, algorithm.reads_images, experiment.observation_space,
-                           experiment.action_space, storage_location(preset.storage))
+                           experiment.action_space, storage_location(preset.storage), rollout_backend(preset))
     checks = run_round(hosts, check_worker, [spec] * hosts.distinct_slots(preset.distribution.rollout_workers),
                        logger)
     for check in checks:

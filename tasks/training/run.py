@@ -18,7 +18,7 @@ from gymflow.logs import AnyLogger
 from gymflow.presets.load import flatten
 from gymflow.presets.model import DatasetConfig, Preset
 from gymflow.presets.redaction import MASK, is_secret, redacted, redacted_uri
-from gymflow.presets.validate import Experiment, inference_beside_learner, learner_device
+from gymflow.presets.validate import Experiment, inference_beside_learner, learner_device, rollout_backend
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.inference import InferenceServer, InferenceUnavailable
 from gymflow.tasks.cluster.messages import InferenceAddress
@@ -189,7 +189,7 @@ def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str], 
              ) -> Iterator[Tracker]:
     tracking = run.preset.tracking
     tags = {**source_tags(), "gymflow.run_id": run.run_id, "prefect.flow_run_id": flow_run_id,
-            "gymflow.preset": run.preset.name, **extra_tags}
+            "gymflow.preset": run.preset.name, "gymflow.env_backend": rollout_backend(run.preset), **extra_tags}
     try:
         tracker = Tracker(tracking.tracking_uri, tracking.experiment, run_name=run.run_id, tags=tags,
                           existing_run_id=run.record.mlflow_run_id if run.record else None,

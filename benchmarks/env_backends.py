@@ -1,0 +1,130 @@
+"""Env steps per second on one core: EnvPool's C++ envs stepping alone, gymflow's collection on
+them, and gymflow's collection on the Gymnasium (Python) path, for Breakout and HalfCheetah.
+
+    .venv/bin/python benchmarks/env_backends.py                  # 8 envs, 3 rounds of 6 s a side
+    .venv/bin/python benchmarks/env_backends.py --envs 16 --seconds 10 --rounds 5
+
+Each side runs in this process, pinned to one core (the first this process may use), with one
+EnvPool thread: what one rollout worker process gets.
+- **envpool alone**: `envpool.make(...).step` with uniformly random actions, nothing else.
+- **gymflow on envpool**: the rollout job a Dask worker runs (tasks/cluster/jobs.py's
+  `run_rollout`: heatup's random policy, the envs live between jobs, each job's shard written to a
+  local folder) with `env.backend: envpool`.
+- **gymflow on gymnasium**: the same job on the Python path (`env.backend: gymnasium`).
+
+Breakout: ALE/Breakout-v5 under gymflow's Atari preprocessing (noop 30, frame skip 4 with
+max-pool, 84x84 grey, 4 stacked, sticky actions 0.25, life loss signalled); HalfCheetah-v5 as
+Gymnasium defines it. The sides alternate round by round (this VM's speed drifts by tens of
+percent within minutes); each figure is the median over rounds, each ratio the median of the
+rounds' own ratios. The last line:
+
+    collection on the fast backend / its stepping alone: R (Breakout), R (HalfCheetah)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+TASKS = {  # name: (Gymnasium id, kwargs, Atari's preprocessing, steps a job takes per env)
+    "Breakout": ("ALE/Breakout-v5", {"repeat_action_probability": 0.25}, True, 128),
+    "HalfCheetah": ("HalfCheetah-v5", {}, False, 256),
+}
+
+
+def envpool_alone(name: str, envs: int, seconds: float) -> float:
+    import envpool
+
+    from gymflow.envs.envpool_backend import pool_task
+    from gymflow.envs.make import Preprocessing
+
+    env_id, kwargs, atari, _ = TASKS[name]
+    task = pool_task(env_id, kwargs, Preprocessing(frame_stack=4, atari=True) if atari else Preprocessing())
+    pool = envpool.make(task.task_id, env_type="gymnasium", num_envs=envs, seed=0, num_threads=1, **task.options)
+    pool.reset()
+    space, rng = pool.action_space, np.random.default_rng(0)
+    random_actions = (lambda: rng.integers(0, space.n, envs)) if not space.shape else \
+        (lambda: rng.uniform(space.low, space.high, (envs, *space.shape)))
+    steps, deadline = 0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        pool.step(random_actions())
+        steps += envs
+    pool.close()
+    return steps / seconds
+
+
+def gymflow_collection(name: str, backend: str, envs: int, seconds: float, folder: str) -> Callable[[], float]:
+    """A function that runs rollout jobs for `seconds` and returns their env steps per second; the
+    envs stay live between its calls, as on a worker."""
+    from gymflow.envs.make import Preprocessing
+    from gymflow.presets.load import load_preset
+    from gymflow.tasks.cluster.jobs import run_rollout
+    from gymflow.tasks.cluster.messages import RolloutSpec
+    from gymflow.tasks.storage.objects import StorageLocation
+
+    env_id, kwargs, atari, steps = TASKS[name]
+    preset = load_preset("breakout-appo" if atari else "halfcheetah-sac")
+    spec = RolloutSpec(StorageLocation(os.path.join(folder, backend)), f"{name.lower()}-{backend}", env_id, kwargs,
+                       Preprocessing(frame_stack=4, atari=True) if atari else Preprocessing(), preset.agent,
+                       policy_version=None, worker=0, num_envs=envs, steps_per_env=steps, env_seed=0, policy_seed=0,
+                       exploration=1.0, resume_from=None, backend=backend)
+    state = {"chunk": 0, "cursor": None}
+
+    def collect_for_a_while() -> float:
+        done, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            job = replace(spec, chunk=state["chunk"], resume_from=state["cursor"], policy_seed=state["chunk"])
+            state["cursor"], state["chunk"] = run_rollout(job).key, state["chunk"] + 1
+            done += envs * steps
+        return done / (time.perf_counter() - started)
+
+    return collect_for_a_while
+
+
+def _paired(sides: list[float], against: list[float]) -> float:
+    """The median of each round's ratio: the sides ran seconds apart, so the VM's drift cancels."""
+    return statistics.median(side / other for side, other in zip(sides, against, strict=True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    core = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
+    print(f"one core (cpu {core}), {args.envs} envs, {args.rounds} rounds of {args.seconds:g} s a side, "
+          f"{os.cpu_count()} cores here")
+    ratios = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for name in TASKS:
+            sides = {"envpool alone": lambda name=name: envpool_alone(name, args.envs, args.seconds),
+                     "gymflow on envpool": gymflow_collection(name, "envpool", args.envs, args.seconds, folder),
+                     "gymflow on gymnasium": gymflow_collection(name, "gymnasium", args.envs, args.seconds, folder)}
+            for side in sides.values():
+                side()  # warm: imports, the envs made, the first shard's files
+            figures: dict[str, list[float]] = {side: [] for side in sides}
+            for _ in range(args.rounds):
+                for side, measure in sides.items():
+                    figures[side].append(measure())
+            medians = {side: statistics.median(values) for side, values in figures.items()}
+            for side, value in medians.items():
+                print(f"{name:12s} {side:22s} {value:10,.0f} env steps/s  (rounds: "
+                      f"{', '.join(f'{v:,.0f}' for v in figures[side])})")
+            ratios[name] = _paired(figures["gymflow on envpool"], figures["envpool alone"])
+            print(f"{name:12s} gymflow on envpool / on gymnasium: "
+                  f"{_paired(figures['gymflow on envpool'], figures['gymflow on gymnasium']):.2f}")
+    print("collection on the fast backend / its stepping alone: "
+          + ", ".join(f"{ratio:.2f} ({name})" for name, ratio in ratios.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""EnvPool's C++ envs behind gymflow's vector env (envs/envpool_backend.py): the same task as the
+Gymnasium path (MuJoCo's dynamics step for step from the same state; Atari's games alike over
+episodes), gymflow's episode semantics (same-step autoreset, a lost life terminal for learning,
+the cursor a shard keeps), and the presets that choose it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gymflow.envs.envpool_backend import EnvPoolVectorEnv, pool_task
+from gymflow.envs.make import Preprocessing, make_env
+from gymflow.envs.vector import SeededVectorEnv, make_vector_env
+from gymflow.errors import InvalidPreset
+from gymflow.presets.load import load_preset
+from gymflow.presets.validate import experiment_from, rollout_backend
+
+pytest.importorskip("envpool")
+ATARI = Preprocessing(frame_stack=4, atari=True)
+
+
+@pytest.mark.parametrize("env_id", ["Hopper-v5", "HalfCheetah-v5"])
+def test_a_mujoco_task_steps_as_gymnasiums_from_the_same_state(env_id):
+    """From EnvPool's first state (as gymflow keeps it, in float32), set in Gymnasium's env, the same
+    actions give the same observations and rewards, to that rounding (which the dynamics amplify
+    step by step: HalfCheetah's drift past 1e-4 after ~40 steps)."""
+    pool = EnvPoolVectorEnv(pool_task(env_id, {}, Preprocessing()), 1, seed=0)
+    first = pool.reset()[0].astype(np.float64)
+    env = make_env(env_id)
+    env.reset(seed=0)
+    model = env.unwrapped.model
+    hidden = model.nq + model.nv - len(first)  # positions the observation leaves out (x; x and y)
+    env.unwrapped.set_state(np.concatenate([np.zeros(hidden), first[: model.nq - hidden]]), first[model.nq - hidden:])
+    assert pool.observation_space.shape == env.observation_space.shape and pool.action_space == env.action_space
+    actions = np.random.default_rng(0).uniform(-1, 1, size=(10, *env.action_space.shape)).astype(np.float32)
+    for t, action in enumerate(actions):
+        step = pool.step(action[None])
+        obs, reward, terminated, truncated, _ = env.step(action)
+        assert np.allclose(step.obs[0], obs, atol=1e-4) and abs(step.rewards[0] - reward) < 1e-4, t
+        assert bool(step.terminated[0]) == terminated and step.done_envs == ([0] if terminated else []), t
+    pool.close()
+
+
+def test_an_atari_game_plays_as_on_gymnasium_over_episodes():
+    """Breakout under gymflow's Atari preprocessing: the same frames, actions and score scale; a
+    random policy's whole games alike on both (EnvPool draws its no-op starts apart)."""
+    pool = make_vector_env("ALE/Breakout-v5", {"repeat_action_probability": 0.25}, 4, 0, ATARI.evaluation(), "envpool")
+    python = SeededVectorEnv("ALE/Breakout-v5", {"repeat_action_probability": 0.25}, 4, 0, ATARI.evaluation())
+    assert pool.observation_space == python.observation_space and pool.action_space == python.action_space
+    returns = {}
+    for name, env in (("envpool", pool), ("gymnasium", python)):
+        env.reset()
+        rng, played = np.random.default_rng(1), []
+        while len(played) < 12:
+            step = env.step(rng.integers(0, 4, size=4))
+            played += step.episode_returns
+        returns[name] = np.mean(played)
+        env.close()
+    assert 0.5 < returns["envpool"] < 3.5 and 0.5 < returns["gymnasium"] < 3.5, returns  # random play: ~1.5
+    assert abs(returns["envpool"] - returns["gymnasium"]) < 1.0, returns
+
+
+def test_envpools_envs_reset_on_the_step_that_ends_an_episode_and_a_lost_life_ends_it_for_learning():
+    env = EnvPoolVectorEnv(pool_task("ALE/Breakout-v5", {"repeat_action_probability": 0.0}, ATARI), 2, seed=3)
+    env.reset()
+    lives_lost, ended = 0, None
+    for _ in range(2000):
+        step = env.step(np.ones(2, dtype=np.int64))  # FIRE and nothing else: the ball served and lost, life by life
+        lives_lost += int(step.terminated.sum()) - len(step.done_envs)
+        if step.done_envs:
+            ended = step
+            break
+    assert ended is not None and lives_lost >= 4  # every life but the last ended learning, not the game
+    i = ended.done_envs[0]
+    assert not np.array_equal(ended.done_obs[0], ended.obs[i])  # the game's last frame apart; obs: a new game
+    assert ended.episode_lengths[0] > 0 and ended.rewards.dtype == np.float32
+    cursor = env.cursor()
+    for j in range(2):  # a game that ended has just begun its next; one that goes on holds its actions
+        assert (cursor.episode_index[j], cursor.action_counts[j] == 0) == (1, True) if j in ended.done_envs else \
+            (cursor.episode_index[j], len(cursor.actions_of(j))) == (0, ended.episode_lengths[0])
+    env.close()
+
+
+def test_envpool_continues_from_a_cursor_with_new_episodes():
+    """EnvPool seeds a pool once: a cursor's episodes cannot be replayed; the envs start the next
+    ones, from a seed the cursor draws (the same cursor: the same new episodes)."""
+    task = pool_task("Hopper-v5", {}, Preprocessing())
+    env = EnvPoolVectorEnv(task, 2, seed=0)
+    env.reset()
+    for _ in range(5):
+        env.step(np.zeros((2, 3), dtype=np.float32))
+    cursor = env.cursor()
+    again, other = EnvPoolVectorEnv(task, 2, seed=0), EnvPoolVectorEnv(task, 2, seed=0)
+    assert np.array_equal(again.reset(cursor), other.reset(cursor))
+    assert list(again.cursor().episode_index) == [1, 1] and not again.cursor().action_counts.any()
+    for vector in (env, again, other):
+        vector.close()
+
+
+def test_the_backend_is_envpool_where_a_run_is_async_and_envpool_has_the_task():
+    assert rollout_backend(load_preset("breakout-appo")) == "envpool"
+    assert rollout_backend(load_preset("halfcheetah-sac", {"distribution.mode": "async"})) == "envpool"
+    assert rollout_backend(load_preset("breakout-ppo")) == "gymnasium"  # sync: its resume replays envs
+    assert rollout_backend(load_preset("cartpole-dqn-async")) == "gymnasium"  # a task envpool does not have
+    assert rollout_backend(load_preset("halfcheetah-sac", {"distribution.mode": "async", "env.backend": "gymnasium"})
+                           ) == "gymnasium"
+
+
+@pytest.mark.parametrize(("preset", "overrides", "says"), [
+    ("breakout-ppo", {"env.backend": "envpool"}, "env.backend: envpool cannot replay its envs from an env cursor, "
+                                                 "which a sync run's exact resume needs"),
+    ("cartpole-dqn-async", {"env.backend": "envpool"}, "env.backend: envpool has no task that is 'CartPole-v1'"),
+    ("halfcheetah-sac", {"env.backend": "envpool", "distribution.mode": "async", "env.kwargs": {"width": 64}},
+     "env.backend: envpool's HalfCheetah-v5 does not take env.kwargs ['width']"),
+    ("halfcheetah-sac", {"env.backend": "envpool", "distribution.mode": "async", "env.hide": [0]},
+     "env.backend: envpool observes whole vectors"),
+])
+def test_envpool_is_refused_in_one_line_where_it_would_not_be_the_task_or_keep_the_promise(preset, overrides, says):
+    with pytest.raises(InvalidPreset) as refused:
+        experiment_from(load_preset(preset, overrides))
+    assert str(refused.value).startswith(says), refused.value
+    assert "\n" not in str(refused.value)
+
+
+SMALL = {"distribution.rollout_workers": 2, "distribution.envs_per_worker": 2, "schedule.rollout_steps_per_env": 64,
+         "schedule.total_env_steps": 1024, "schedule.evaluate_every_env_steps": 512,
+         "schedule.evaluation_episodes": 2, "agent.hidden_sizes": [32, 32]}
+
+
+def _envpool_run(preset: str, overrides: dict, workspace) -> None:
+    """A tiny run of `preset` whose rollouts step on EnvPool (auto, async): the checks the Gymnasium
+    path's end-to-end tests make (its steps, its evaluations in MLflow, an evaluation's film)."""
+    from mlflow.tracking import MlflowClient
+
+    from gymflow.flows.improve import improve
+    from tests.conftest import local_overrides
+
+    summary = improve(preset, {**SMALL, **overrides, **local_overrides(workspace)})
+    assert summary.env_steps >= 1024
+    client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
+    run = client.get_run(summary.mlflow_run_id)
+    assert run.data.tags["gymflow.env_backend"] == "envpool"
+    assert run.info.status == "FINISHED" and "eval/return_mean" in run.data.metrics
+    (film,) = client.list_artifacts(summary.mlflow_run_id, "videos")  # evaluation: on Gymnasium
+    assert film.path.endswith(".mp4") and film.file_size > 1000
+
+
+OFF_POLICY = {"distribution.mode": "async", "schedule.heatup_env_steps": 256, "agent.batch_size": 32,
+              "agent.train_steps_per_iteration": 8}
+
+
+# default tier: the first of its capability (rollouts on a C++ backend); Hopper's early falls keep its
+# evaluations and film short
+@pytest.mark.e2e
+def test_an_async_hopper_td3_run_collects_on_envpool_end_to_end(prefect_api, workspace):
+    _envpool_run("hopper-td3", {**OFF_POLICY, "distribution.learner_threads": 1}, workspace)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow  # long tier: the second of its capability (146 s here: HalfCheetah's 1,000-step evaluations)
+def test_an_async_halfcheetah_sac_run_collects_on_envpool_end_to_end(prefect_api, workspace):
+    _envpool_run("halfcheetah-sac", OFF_POLICY, workspace)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow  # long tier: a third of its capability
+def test_a_breakout_appo_run_collects_on_envpool_end_to_end(prefect_api, workspace):
+    _envpool_run("breakout-appo", {"agent.hidden_sizes": [64], "agent.minibatch_size": 64}, workspace)
