@@ -42,10 +42,6 @@ class Outage:
         self.lost: ServerLost | None = None
 
     @property
-    def budget_s(self) -> float:
-        return self.budget.seconds
-
-    @property
     def going_on(self) -> bool:
         return self._since is not None or self.lost is not None
 

@@ -160,6 +160,10 @@ def workspace(tmp_path: Path, monkeypatch) -> Path:
 
 # A SYNC run in a second: the test corridor, 2 workers x 4 envs x 16 steps = 128 env steps a round,
 # 640 in all, evaluated every 256.
+# a MuJoCo preset's end-to-end run on a tiny budget: 1,024 env steps, two evaluations of 2 episodes
+TINY_MUJOCO = {"distribution.rollout_workers": 2, "distribution.envs_per_worker": 2, "schedule.rollout_steps_per_env": 64,
+               "schedule.total_env_steps": 1024, "schedule.evaluate_every_env_steps": 512,
+               "schedule.evaluation_episodes": 2, "agent.hidden_sizes": [32, 32]}
 TINY_BUDGET = {
     "env.id": "gymflow.testing.envs:Corridor",
     "distribution.rollout_workers": 2,

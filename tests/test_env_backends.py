@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from mlflow.tracking import MlflowClient
 
 from gymflow.envs.envpool_backend import EnvPoolVectorEnv, pool_task
 from gymflow.envs.make import Preprocessing, make_env
 from gymflow.envs.vector import SeededVectorEnv, make_vector_env
 from gymflow.errors import InvalidPreset
+from gymflow.flows.improve import improve
 from gymflow.presets.load import load_preset
 from gymflow.presets.validate import experiment_from, rollout_backend
+from tests.conftest import TINY_MUJOCO, local_overrides
 
 pytest.importorskip("envpool")
 ATARI = Preprocessing(frame_stack=4, atari=True)
@@ -122,20 +125,10 @@ def test_envpool_is_refused_in_one_line_where_it_would_not_be_the_task_or_keep_t
     assert "\n" not in str(refused.value)
 
 
-SMALL = {"distribution.rollout_workers": 2, "distribution.envs_per_worker": 2, "schedule.rollout_steps_per_env": 64,
-         "schedule.total_env_steps": 1024, "schedule.evaluate_every_env_steps": 512,
-         "schedule.evaluation_episodes": 2, "agent.hidden_sizes": [32, 32]}
-
-
 def _envpool_run(preset: str, overrides: dict, workspace) -> None:
     """A tiny run of `preset` whose rollouts step on EnvPool (auto, async): the checks the Gymnasium
     path's end-to-end tests make (its steps, its evaluations in MLflow, an evaluation's film)."""
-    from mlflow.tracking import MlflowClient
-
-    from gymflow.flows.improve import improve
-    from tests.conftest import local_overrides
-
-    summary = improve(preset, {**SMALL, **overrides, **local_overrides(workspace)})
+    summary = improve(preset, {**TINY_MUJOCO, **overrides, **local_overrides(workspace)})
     assert summary.env_steps >= 1024
     client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
     run = client.get_run(summary.mlflow_run_id)

@@ -7,12 +7,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from gymflow.flows.improve import improve
-from tests.conftest import local_overrides
+from tests.conftest import TINY_MUJOCO, local_overrides
 
 pytestmark = pytest.mark.e2e
-SMALL = {"distribution.rollout_workers": 2, "distribution.envs_per_worker": 2, "schedule.rollout_steps_per_env": 64,
-         "schedule.total_env_steps": 1024, "schedule.evaluate_every_env_steps": 512,
-         "schedule.evaluation_episodes": 2, "agent.hidden_sizes": [32, 32]}
 
 
 @pytest.mark.parametrize(("preset", "extra"), [
@@ -24,7 +21,7 @@ SMALL = {"distribution.rollout_workers": 2, "distribution.envs_per_worker": 2, "
                     "distribution.learner_threads": 1}),
 ])
 def test_a_mujoco_preset_runs_end_to_end(preset, extra, prefect_api, workspace):
-    summary = improve(preset, {**SMALL, **extra, **local_overrides(workspace)})
+    summary = improve(preset, {**TINY_MUJOCO, **extra, **local_overrides(workspace)})
     rounds = (1024 - extra.get("schedule.heatup_env_steps", 0)) // 256  # heatup's steps count in the budget
     assert summary.env_steps == 1024 and summary.versions_committed == rounds + 1
     client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])

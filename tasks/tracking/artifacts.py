@@ -12,7 +12,7 @@ from functools import partial
 
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 
-from gymflow.tasks.tracking.outage import Outage
+from gymflow.outage import Outage
 
 PROGRESS_KEY, EVALUATIONS_KEY = "improve-progress", "improve-evaluations"
 _logger = logging.getLogger(__name__)

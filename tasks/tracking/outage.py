@@ -9,8 +9,6 @@ import re
 from gymflow.outage import Budget, Outage
 from gymflow.presets.redaction import without_password
 
-__all__ = ["FIELD", "Outage", "mlflow_outage", "prefect_outage", "unanswered"]
-
 FIELD = "tracking.outage_budget_s"
 _ANSWERED = re.compile(r"failed with error code (?P<status>\d{3}) ")
 

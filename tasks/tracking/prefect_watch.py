@@ -19,7 +19,8 @@ import httpx
 
 from gymflow.errors import ServerLost
 from gymflow.last_steps import end_within
-from gymflow.tasks.tracking.outage import Outage, prefect_outage
+from gymflow.outage import Outage
+from gymflow.tasks.tracking.outage import prefect_outage
 
 WATCH_EVERY_S = 5.0
 ASK_TIMEOUT_S = 5.0

@@ -19,8 +19,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gymflow.outage import Outage
 from gymflow.presets.redaction import redacted_uri
-from gymflow.tasks.tracking.outage import Outage, mlflow_outage, unanswered
+from gymflow.tasks.tracking.outage import mlflow_outage, unanswered
 
 if TYPE_CHECKING:
     from mlflow.entities import Metric, Param

@@ -15,6 +15,7 @@ import yaml
 from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.errors import InvalidPreset, ServerLost
 from gymflow.logs import AnyLogger
+from gymflow.outage import Outage
 from gymflow.presets.load import flatten
 from gymflow.presets.model import DatasetConfig, Preset
 from gymflow.presets.redaction import MASK, is_secret, redacted, redacted_uri
@@ -39,7 +40,6 @@ from gymflow.tasks.sweep.trial import PbtCopy, PbtMember, log_member_interval
 from gymflow.tasks.tracking.artifacts import ProgressArtifact
 from gymflow.tasks.tracking.blocks import with_block_options
 from gymflow.tasks.tracking.events import RunEvents
-from gymflow.tasks.tracking.outage import Outage
 from gymflow.tasks.tracking.prefect_watch import prefect_watched
 from gymflow.tasks.tracking.progress import ProgressLog
 from gymflow.tasks.tracking.servers import check_tracking_server, refusal_of
