@@ -153,7 +153,9 @@ def test_a_run_s_own_cluster_refuses_clients_without_its_certificate_while_the_r
     running = threading.Thread(target=lambda: finished.append(context.run(improve, "cartpole-ppo", overrides)))
     running.start()
     deadline = time.monotonic() + 120
-    while not (schedulers := [s for s in list(Scheduler._instances) if s.workers]) and time.monotonic() < deadline:
+    # both of the run's workers registered (a first one alone: the second may still be shaking hands)
+    while not (schedulers := [s for s in list(Scheduler._instances) if len(s.workers) >= 2]) and \
+            time.monotonic() < deadline:
         time.sleep(0.2)
     (scheduler,) = schedulers
     address = scheduler.address
