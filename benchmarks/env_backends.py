@@ -1,15 +1,18 @@
-"""Env steps per second on one core: EnvPool's C++ envs stepping alone, gymflow's collection on
-them, and gymflow's collection on the Gymnasium (Python) path, for Breakout and HalfCheetah.
+"""Env steps per second on one core: the C++ backends' envs stepping alone (EnvPool's; for Breakout
+the ALE's vector env's too), gymflow's collection on them, and gymflow's collection on the Gymnasium
+(Python) path, for Breakout and HalfCheetah.
 
     .venv/bin/python benchmarks/env_backends.py                  # 8 envs, 3 rounds of 6 s a side
     .venv/bin/python benchmarks/env_backends.py --envs 16 --seconds 10 --rounds 5
 
 Each side runs in this process, pinned to one core (the first this process may use), with one
-EnvPool thread: what one rollout worker process gets.
-- **envpool alone**: `envpool.make(...).step` with uniformly random actions, nothing else.
-- **gymflow on envpool**: the rollout job a Dask worker runs (tasks/cluster/jobs.py's
-  `run_rollout`: heatup's random policy, the envs live between jobs, each job's shard written to a
-  local folder) with `env.backend: envpool`.
+C++ thread: what one rollout worker process gets.
+- **envpool alone**, **ale alone**: `envpool.make(...).step`, `AtariVectorEnv(...).step` with
+  uniformly random actions, nothing else.
+- **gymflow on envpool**, **gymflow on ale**: the rollout job a Dask worker runs
+  (tasks/cluster/jobs.py's `run_rollout`: heatup's random policy, the envs live between jobs, each
+  job's shard written to a local folder) with `env.backend: envpool` (async runs' default) or
+  `ale` (sync and single Atari runs' default).
 - **gymflow on gymnasium**: the same job on the Python path (`env.backend: gymnasium`).
 
 Breakout: ALE/Breakout-v5 under gymflow's Atari preprocessing (noop 30, frame skip 4 with
@@ -19,6 +22,8 @@ percent within minutes); each figure is the median over rounds, each ratio the m
 rounds' own ratios. The last line:
 
     collection on the fast backend / its stepping alone: R (Breakout), R (HalfCheetah)
+
+(EnvPool's figures; the ALE vector env's Breakout ratio is on the line before.)
 """
 
 from __future__ import annotations
@@ -33,37 +38,54 @@ from dataclasses import replace
 
 import numpy as np
 
+BACKENDS = {"Breakout": ("envpool", "ale"), "HalfCheetah": ("envpool",)}  # the C++ backends that have the task
 TASKS = {  # name: (Gymnasium id, kwargs, Atari's preprocessing, steps a job takes per env)
     "Breakout": ("ALE/Breakout-v5", {"repeat_action_probability": 0.25}, True, 128),
     "HalfCheetah": ("HalfCheetah-v5", {}, False, 256),
 }
 
 
-def envpool_alone(name: str, envs: int, seconds: float) -> float:
-    import envpool
-
-    from gymflow.envs.envpool_backend import pool_task
+def _preprocessing(name: str):
     from gymflow.envs.make import Preprocessing
 
-    env_id, kwargs, atari, _ = TASKS[name]
-    task = pool_task(env_id, kwargs, Preprocessing(frame_stack=4, atari=True) if atari else Preprocessing())
-    pool = envpool.make(task.task_id, env_type="gymnasium", num_envs=envs, seed=0, num_threads=1, **task.options)
-    pool.reset()
-    space, rng = pool.action_space, np.random.default_rng(0)
-    random_actions = (lambda: rng.integers(0, space.n, envs)) if not space.shape else \
+    return Preprocessing(frame_stack=4, atari=True) if TASKS[name][2] else Preprocessing()
+
+
+def backend_alone(name: str, backend: str, envs: int, seconds: float) -> float:
+    """A C++ backend's envs stepping alone with random actions: env steps per second."""
+    env_id, kwargs, _, _ = TASKS[name]
+    if backend == "envpool":
+        import envpool
+
+        from gymflow.envs.envpool_backend import pool_task
+
+        task = pool_task(env_id, kwargs, _preprocessing(name))
+        made = envpool.make(task.task_id, env_type="gymnasium", num_envs=envs, seed=0, num_threads=1, **task.options)
+        made.reset()
+        space = made.action_space
+    else:
+        from ale_py.vector_env import AtariVectorEnv
+
+        from gymflow.envs.ale_backend import ale_game
+
+        game = ale_game(env_id, kwargs, _preprocessing(name))
+        made = AtariVectorEnv(game.game, envs, num_threads=1, **game.options)
+        made.reset(seed=0)
+        space = made.single_action_space
+    rng = np.random.default_rng(0)
+    random_actions = (lambda: rng.integers(0, space.n, envs, dtype=np.int32)) if not space.shape else \
         (lambda: rng.uniform(space.low, space.high, (envs, *space.shape)))
     steps, deadline = 0, time.perf_counter() + seconds
     while time.perf_counter() < deadline:
-        pool.step(random_actions())
+        made.step(random_actions())
         steps += envs
-    pool.close()
+    made.close()
     return steps / seconds
 
 
 def gymflow_collection(name: str, backend: str, envs: int, seconds: float, folder: str) -> Callable[[], float]:
     """A function that runs rollout jobs for `seconds` and returns their env steps per second; the
     envs stay live between its calls, as on a worker."""
-    from gymflow.envs.make import Preprocessing
     from gymflow.presets.load import load_preset
     from gymflow.tasks.cluster.jobs import run_rollout
     from gymflow.tasks.cluster.messages import RolloutSpec
@@ -72,8 +94,7 @@ def gymflow_collection(name: str, backend: str, envs: int, seconds: float, folde
     env_id, kwargs, atari, steps = TASKS[name]
     preset = load_preset("breakout-appo" if atari else "halfcheetah-sac")
     spec = RolloutSpec(StorageLocation(os.path.join(folder, backend)), f"{name.lower()}-{backend}", env_id, kwargs,
-                       Preprocessing(frame_stack=4, atari=True) if atari else Preprocessing(), preset.agent,
-                       policy_version=None, worker=0, num_envs=envs, steps_per_env=steps, env_seed=0, policy_seed=0,
+                       _preprocessing(name), preset.agent, policy_version=None, worker=0, num_envs=envs, steps_per_env=steps, env_seed=0, policy_seed=0,
                        exploration=1.0, resume_from=None, backend=backend)
     state = {"chunk": 0, "cursor": None}
 
@@ -106,24 +127,32 @@ def main() -> None:
     ratios = {}
     with tempfile.TemporaryDirectory() as folder:
         for name in TASKS:
-            sides = {"envpool alone": lambda name=name: envpool_alone(name, args.envs, args.seconds),
-                     "gymflow on envpool": gymflow_collection(name, "envpool", args.envs, args.seconds, folder),
-                     "gymflow on gymnasium": gymflow_collection(name, "gymnasium", args.envs, args.seconds, folder)}
-            for side in sides.values():
-                side()  # warm: imports, the envs made, the first shard's files
-            figures: dict[str, list[float]] = {side: [] for side in sides}
-            for _ in range(args.rounds):
-                for side, measure in sides.items():
-                    figures[side].append(measure())
-            medians = {side: statistics.median(values) for side, values in figures.items()}
-            for side, value in medians.items():
-                print(f"{name:12s} {side:22s} {value:10,.0f} env steps/s  (rounds: "
-                      f"{', '.join(f'{v:,.0f}' for v in figures[side])})")
-            ratios[name] = _paired(figures["gymflow on envpool"], figures["envpool alone"])
-            print(f"{name:12s} gymflow on envpool / on gymnasium: "
-                  f"{_paired(figures['gymflow on envpool'], figures['gymflow on gymnasium']):.2f}")
+            figures = _measure(name, BACKENDS[name], args, folder)
+            for fast in BACKENDS[name]:
+                ratios[(name, fast)] = _paired(figures[f"gymflow on {fast}"], figures[f"{fast} alone"])
+                print(f"{name:12s} gymflow on {fast} / {fast} alone: {ratios[(name, fast)]:.2f}; "
+                      f"/ gymflow on gymnasium: {_paired(figures[f'gymflow on {fast}'], figures['gymflow on gymnasium']):.2f}")
     print("collection on the fast backend / its stepping alone: "
-          + ", ".join(f"{ratio:.2f} ({name})" for name, ratio in ratios.items()))
+          + ", ".join(f"{ratios[(name, 'envpool')]:.2f} ({name})" for name in TASKS))
+
+
+def _measure(name: str, backends: tuple[str, ...], args: argparse.Namespace, folder: str) -> dict[str, list[float]]:
+    """Each side's env steps per second, round by round, the sides alternating; printed as medians."""
+    sides: dict[str, Callable[[], float]] = {}
+    for backend in backends:
+        sides[f"{backend} alone"] = lambda backend=backend: backend_alone(name, backend, args.envs, args.seconds)
+        sides[f"gymflow on {backend}"] = gymflow_collection(name, backend, args.envs, args.seconds, folder)
+    sides["gymflow on gymnasium"] = gymflow_collection(name, "gymnasium", args.envs, args.seconds, folder)
+    for side in sides.values():
+        side()  # warm: imports, the envs made, the first shard's files
+    figures: dict[str, list[float]] = {side: [] for side in sides}
+    for _ in range(args.rounds):
+        for side, measure in sides.items():
+            figures[side].append(measure())
+    for side, values in figures.items():
+        print(f"{name:12s} {side:22s} {statistics.median(values):10,.0f} env steps/s  (rounds: "
+              f"{', '.join(f'{v:,.0f}' for v in values)})")
+    return figures
 
 
 if __name__ == "__main__":

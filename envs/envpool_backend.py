@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from gymflow.envs.batched import ActionLog, BatchedVectorEnv, PoolReply
 from gymflow.envs.make import EnvSpecError, Preprocessing, is_mujoco
 from gymflow.envs.seeding import derive_seed
-from gymflow.envs.steps import EnvCursor, VectorStep, observation_dtype
+from gymflow.envs.steps import EnvCursor, VectorStep
 
 ATARI_FRAMES_PER_EPISODE = 108_000  # the ALE v5 ids' cap, in frames: 27,000 steps of 4
 # Gymnasium's ALE kwargs that EnvPool's Atari tasks take under the same name and meaning
@@ -96,28 +97,17 @@ def _envpool_tasks() -> frozenset[str]:
     return frozenset(envpool.list_all_envs())
 
 
-class EnvPoolVectorEnv:
-    """`num_envs` envs of a PoolTask stepped by EnvPool's threads; the seeded vector env's interface
-    (envs/vector.py): same-step autoreset, episode returns, the cursor a shard keeps."""
+class EnvPoolVectorEnv(BatchedVectorEnv):
+    """`num_envs` envs of a PoolTask stepped by EnvPool's threads, as envs/batched.py keeps them."""
 
     def __init__(self, task: PoolTask, num_envs: int, seed: int, threads: int = 1):
         import envpool
 
-        self.task, self.num_envs, self.seed, self.threads = task, num_envs, seed, threads
-        self._pool: Any = None
         made = envpool.make_spec(task.task_id, **task.options)
-        self.observation_space = _observation_space(made.observation_space)
-        self.action_space = _action_space(made.action_space)
-        self._discrete = not self.action_space.shape
-        self.episode_index = np.zeros(num_envs, dtype=np.int64)
-        self.episode_return = np.zeros(num_envs, dtype=np.float64)
-        self.episode_length = np.zeros(num_envs, dtype=np.int64)
-        self._log = _ActionLog(num_envs)
-        self._lives = np.zeros(num_envs, dtype=np.int64)
-        self.memory: np.ndarray | None = None
-        self.obs = np.zeros((num_envs, *self.observation_space.shape), dtype=observation_dtype(self.observation_space))
-        self.agents: np.ndarray | None = None
-        self.alive: np.ndarray | None = None
+        super().__init__(_observation_space(made.observation_space), _action_space(made.action_space), num_envs,
+                         seed, task.lives_matter)
+        self.task, self.threads = task, threads
+        self._pool: Any = None
 
     def reset(self, cursor: EnvCursor | None = None) -> np.ndarray:
         """Start every env at episode 0; with a `cursor`, at a new episode after the one it names
@@ -135,96 +125,39 @@ class EnvPoolVectorEnv:
                                   num_threads=self.threads, **self.task.options)
         self.memory = None if cursor is None else cursor.memory
         self.episode_index[:] = started
+        self._log = ActionLog(self.num_envs)
         self.obs = np.zeros_like(self.obs)  # not the last step's, which its caller may keep
-        self._begin(*self._pool.reset())
+        self._begin(*self._replied(*self._pool.reset()))
         return self.obs
-
-    def step(self, actions: np.ndarray) -> VectorStep:
-        return self.step_rows(slice(0, self.num_envs), actions)
 
     def step_rows(self, rows: slice, actions: np.ndarray) -> VectorStep:
         """Step the envs of `rows` alone; the others stand (as envs/vector.py's)."""
         first, stop, _ = rows.indices(self.num_envs)
-        ids = np.arange(first, stop, dtype=np.int32)
-        sent = np.array(actions, dtype=np.int32 if self._discrete else np.float64)
-        obs, rewards, terminated, truncated, info = self._pool.step(sent, ids)
-        replied = np.asarray(info["env_id"])
-        if not np.array_equal(replied, ids):  # the pool's replies by env
-            order = np.argsort(replied)
-            obs, rewards, terminated, truncated, replied = (obs[order], rewards[order], terminated[order],
-                                                            truncated[order], replied[order])
-            info = {"lives": np.asarray(info["lives"])[order]} if self.task.lives_matter else info
-        self._log.add(first, sent)
-        self.episode_return[first:stop] += rewards
-        self.episode_length[first:stop] += 1
-        ended = terminated | truncated
-        learning_end = terminated.copy()
-        if self.task.lives_matter:
-            lives = np.asarray(info["lives"])
-            learning_end |= (lives < self._lives[first:stop]) & ~ended
-            self._lives[first:stop] = lives
-        # the step's own arrays (EnvPool's replies are fresh each step), as envs/vector.py's: a caller may keep them
-        stepped = obs if obs.dtype == self.obs.dtype else obs.astype(self.obs.dtype)
-        if stop - first == self.num_envs:
-            self.obs = stepped
-        else:
-            self.obs = self.obs.copy()
-            self.obs[first:stop] = stepped
-        if not ended.any():
-            return VectorStep(stepped, rewards.astype(np.float32), learning_end, truncated.astype(bool), [], [], [], [])
-        done = ids[ended]
-        step = VectorStep(stepped, rewards.astype(np.float32), learning_end, truncated.astype(bool), done.tolist(),
-                          list(stepped[ended]), self.episode_return[done].tolist(), self.episode_length[done].tolist())
-        self.episode_index[done] += 1
-        self._begin(*self._pool.reset(done))
-        step.obs[ended] = self.obs[done]
-        return step
-
-    def cursor(self) -> EnvCursor:
-        dtype = np.int64 if self._discrete else np.float32
-        taken = [np.asarray(self._log.of(i), dtype=dtype).reshape(-1, *self.action_space.shape)
-                 for i in range(self.num_envs)]
-        counts = np.array([len(actions) for actions in taken], dtype=np.int64)
-        return EnvCursor(self.episode_index.copy(), counts, np.concatenate(taken), self.memory)
+        return self._step_envs(first, stop, actions)
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
 
-    def _begin(self, obs: np.ndarray, info: dict[str, Any]) -> None:
-        """Episodes begun: the pool's replies to a reset, `obs` and `info`, each naming its env."""
-        ids = np.asarray(info["env_id"])
-        self.obs[ids] = obs
-        if self.task.lives_matter:
-            self._lives[ids] = info["lives"]
-        self.episode_return[ids], self.episode_length[ids] = 0.0, 0
-        self._log.began(ids)
+    def _step_pool(self, ids: np.ndarray, actions: np.ndarray) -> PoolReply:
+        obs, rewards, terminated, truncated, info = self._pool.step(actions, ids)
+        replied = np.asarray(info["env_id"])
+        lives = np.asarray(info["lives"]) if self.lives_matter else None
+        if np.array_equal(replied, ids):
+            return PoolReply(obs, rewards, terminated, truncated, lives)
+        order = np.argsort(replied)  # the pool's replies by env
+        return PoolReply(obs[order], rewards[order], terminated[order], truncated[order],
+                         None if lives is None else lives[order])
 
+    def _start_episodes(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, None]:
+        replied, obs, lives = self._replied(*self._pool.reset(ids))
+        order = np.argsort(replied)
+        return obs[order], None if lives is None else lives[order], None
 
-class _ActionLog:
-    """The actions each env took since its episode began, logged one array a step (not one append an
-    env a step); the cursor gathers each env's once a rollout."""
-
-    def __init__(self, num_envs: int):
-        self._steps: list[tuple[int, np.ndarray]] = []  # (first row, the actions of the rows from it)
-        self._base = 0  # the step number of _steps[0]
-        self._began = np.zeros(num_envs, dtype=np.int64)  # the step number each env's episode began at
-
-    def add(self, first_row: int, actions: np.ndarray) -> None:
-        self._steps.append((first_row, actions))
-
-    def began(self, ids: np.ndarray) -> None:
-        """Episodes begun at `ids`: the steps no env's episode holds any more are let go."""
-        self._began[ids] = self._base + len(self._steps)
-        unheld = int(self._began.min()) - self._base
-        if unheld >= 256:
-            del self._steps[:unheld]
-            self._base += unheld
-
-    def of(self, env: int) -> list[np.ndarray]:
-        start = int(self._began[env]) - self._base
-        return [actions[env - first] for first, actions in self._steps[start:] if first <= env < first + len(actions)]
+    def _replied(self, obs: np.ndarray, info: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """A reset's reply: the envs it names, their observations and lives."""
+        return np.asarray(info["env_id"]), obs, np.asarray(info["lives"]) if self.lives_matter else None
 
 
 def _observation_space(space: spaces.Box) -> spaces.Box:

@@ -22,10 +22,25 @@ class EnvCursor:
     action_counts: np.ndarray  # [N] int64
     actions: np.ndarray  # [sum(action_counts), *action_shape]
     memory: np.ndarray | None = None  # [2, N, H] a recurrent policy's memory of the envs (None: none kept)
+    # where an env's episodes do not each start from a seed (envs/ale_backend.py): the episodes it ended
+    # since its last seeded start, and their actions, which a replay plays first (None: every episode seeded)
+    prelude_episodes: np.ndarray | None = None  # [N] int64
+    prelude_counts: np.ndarray | None = None  # [N] int64
+    prelude_actions: np.ndarray | None = None  # [sum(prelude_counts), *action_shape]
 
     def actions_of(self, env_index: int) -> np.ndarray:
-        start = int(self.action_counts[:env_index].sum())
-        return self.actions[start : start + int(self.action_counts[env_index])]
+        return _part(self.actions, self.action_counts, env_index)
+
+    def prelude_of(self, env_index: int) -> np.ndarray:
+        """The actions of the episodes env `env_index` ended since its last seeded start (maybe none)."""
+        if self.prelude_counts is None or self.prelude_actions is None:
+            return self.actions[:0]
+        return _part(self.prelude_actions, self.prelude_counts, env_index)
+
+
+def _part(flat: np.ndarray, counts: np.ndarray, env_index: int) -> np.ndarray:
+    start = int(counts[:env_index].sum())
+    return flat[start : start + int(counts[env_index])]
 
 
 class VectorStep(NamedTuple):

@@ -26,13 +26,19 @@ __all__ = ["AnyVectorEnv", "EnvCursor", "SeededVectorEnv", "VectorStep", "make_v
 
 if TYPE_CHECKING:
     from gymflow.envs.agents import SeededAgentVectorEnv
+    from gymflow.envs.ale_backend import AleVectorEnv
     from gymflow.envs.envpool_backend import EnvPoolVectorEnv
 
 
 def make_vector_env(env_id: str, env_kwargs: dict[str, Any], num_envs: int, seed: int,
                     preprocessing: Preprocessing | None = None, backend: str = "gymnasium") -> AnyVectorEnv:
     """`num_envs` envs of an id, seeded; a PettingZoo env's games give a row to each of their agents;
-    `backend` "envpool": stepped by EnvPool's threads (envs/envpool_backend.py)."""
+    `backend` "envpool": stepped by EnvPool's threads (envs/envpool_backend.py); "ale": by the ALE's
+    vector env (envs/ale_backend.py)."""
+    if backend == "ale":
+        from gymflow.envs.ale_backend import AleVectorEnv, ale_game
+
+        return AleVectorEnv(ale_game(env_id, env_kwargs, preprocessing or Preprocessing()), num_envs, seed)
     if backend == "envpool":
         from gymflow.envs.envpool_backend import EnvPoolVectorEnv, pool_task
 
@@ -144,4 +150,4 @@ class SeededVectorEnv:
             self.obs[i] = next_obs
 
 
-AnyVectorEnv: TypeAlias = "SeededVectorEnv | SeededAgentVectorEnv | EnvPoolVectorEnv"
+AnyVectorEnv: TypeAlias = "SeededVectorEnv | SeededAgentVectorEnv | EnvPoolVectorEnv | AleVectorEnv"

@@ -69,12 +69,13 @@ class EnvConfig(_Strict):
         "without its velocities: [1, 3]; Pendulum without its angular velocity: [2]).",
     )
 
-    backend: Literal["auto", "gymnasium", "envpool"] = Field(
+    backend: Literal["auto", "gymnasium", "envpool", "ale"] = Field(
         default="auto",
         description="What steps the rollout workers' envs: gymnasium (each env in Python, exactly replayable from "
         "its seed), envpool (EnvPool's C++ threads, a batch a call: MuJoCo's v5 tasks, ALE games with env.atari; "
-        "its envs cannot be replayed, so for distribution.mode async only), or auto: envpool where it has the task "
-        "and the run is async, else gymnasium. Evaluation always plays on gymnasium.",
+        "its envs cannot be replayed, so for distribution.mode async only), ale (the ALE's C++ vector env: ALE "
+        "games with env.atari, replayable from their seeds), or auto: envpool where it has the task and the run is "
+        "async, ale for a sync or single run's Atari games, else gymnasium. Evaluation always plays on gymnasium.",
     )
     global_state: bool = Field(
         default=False,

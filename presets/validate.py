@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from gymnasium import spaces
 
 from gymflow.agents.algorithms import ALGORITHMS, Algorithm, algorithm_of
+from gymflow.envs.ale_backend import ale_game
 from gymflow.envs.envpool_backend import envpool_installed, pool_task
-from gymflow.envs.make import EnvSpecError, check_env, is_image, is_multi_agent, reads_pixels
+from gymflow.envs.make import EnvSpecError, Preprocessing, check_env, is_image, is_multi_agent, reads_pixels
 from gymflow.envs.parts import image_parts
 from gymflow.errors import InvalidPreset
 from gymflow.presets.load import load_preset
@@ -101,31 +102,44 @@ def experiment_from(config: Preset) -> Experiment:
     return Experiment(config, algorithm, observation_space, action_space)
 
 
-def rollout_backend(config: Preset) -> Literal["gymnasium", "envpool"]:
-    """What steps the rollout workers' envs: env.backend, with `auto` resolved: envpool where it has
-    the task and the run is async (whose resume does not replay envs), else gymnasium."""
+def rollout_backend(config: Preset) -> Literal["gymnasium", "envpool", "ale"]:
+    """What steps the rollout workers' envs: env.backend, with `auto` resolved: for async runs, envpool
+    where it has the task; for sync and single runs, the ALE's vector env for Atari games (its envs
+    replay exactly, as a sync run's resume needs), unless the learner computes the workers' outputs;
+    else gymnasium."""
     if config.env.backend != "auto":
         return config.env.backend
-    if config.distribution.mode != "async" or not envpool_installed() or is_multi_agent(config.env.id):
+    if is_multi_agent(config.env.id):
         return "gymnasium"
+    if config.distribution.mode == "async":
+        return "envpool" if envpool_installed() and _fits(pool_task, config) else "gymnasium"
+    return "ale" if config.distribution.inference != "learner" and _fits(ale_game, config) else "gymnasium"
+
+
+def _fits(backend_task: Callable[[str, dict, Preprocessing], object], config: Preset) -> bool:
     try:
-        pool_task(config.env.id, config.env.kwargs, config.env.preprocessing())
+        backend_task(config.env.id, config.env.kwargs, config.env.preprocessing())
     except EnvSpecError:
-        return "gymnasium"
-    return "envpool"
+        return False
+    return True
 
 
 def _check_backend(config: Preset) -> None:
-    """env.backend envpool: a task EnvPool has, in a run whose resume does not replay its envs."""
-    if config.env.backend != "envpool":
-        return
-    mode = config.distribution.mode
-    if mode != "async":
+    """env.backend envpool: a task EnvPool has, in a run whose resume does not replay its envs; ale: a
+    game the ALE's vector env has, its workers acting on their CPU."""
+    backend, mode = config.env.backend, config.distribution.mode
+    if backend == "envpool" and mode != "async":
         raise InvalidPreset("env.backend", f"envpool cannot replay its envs from an env cursor, which a {mode} run's "
                                            "exact resume needs (docs/fault-tolerance.md); allowed with "
-                                           f"distribution.mode {mode}: gymnasium, auto")
+                                           f"distribution.mode {mode}: ale (Atari), gymnasium, auto")
+    if backend == "ale" and config.distribution.inference == "learner":
+        raise InvalidPreset("env.backend", "ale steps a worker's whole batch a call, and distribution.inference "
+                                           "learner steps half of it at a time; allowed with it: envpool, gymnasium, "
+                                           "auto")
+    if backend not in ("envpool", "ale"):
+        return
     try:
-        pool_task(config.env.id, config.env.kwargs, config.env.preprocessing())
+        (pool_task if backend == "envpool" else ale_game)(config.env.id, config.env.kwargs, config.env.preprocessing())
     except EnvSpecError as error:
         raise InvalidPreset(error.field, error.problem) from None
 

@@ -103,7 +103,8 @@ def test_envpool_continues_from_a_cursor_with_new_episodes():
 def test_the_backend_is_envpool_where_a_run_is_async_and_envpool_has_the_task():
     assert rollout_backend(load_preset("breakout-appo")) == "envpool"
     assert rollout_backend(load_preset("halfcheetah-sac", {"distribution.mode": "async"})) == "envpool"
-    assert rollout_backend(load_preset("breakout-ppo")) == "gymnasium"  # sync: its resume replays envs
+    assert rollout_backend(load_preset("breakout-ppo")) == "ale"  # sync: its resume replays envs (tests/test_ale_backend.py)
+    assert rollout_backend(load_preset("halfcheetah-sac")) == "gymnasium"  # sync, and envpool's cannot be replayed
     assert rollout_backend(load_preset("cartpole-dqn-async")) == "gymnasium"  # a task envpool does not have
     assert rollout_backend(load_preset("halfcheetah-sac", {"distribution.mode": "async", "env.backend": "gymnasium"})
                            ) == "gymnasium"

@@ -9,7 +9,7 @@ import pytest
 from gymflow.agents.rollout import RandomPolicy, collect, evaluate
 from gymflow.envs.catch import Catch
 from gymflow.envs.make import Preprocessing, make_env
-from gymflow.envs.vector import SeededVectorEnv
+from gymflow.envs.vector import SeededVectorEnv, make_vector_env
 from gymflow.flows.improve import improve
 from gymflow.presets.validate import resolve_experiment
 from gymflow.tasks.storage.objects import Storage, StorageLocation
@@ -56,13 +56,14 @@ def test_catch_is_lost_by_chance_and_won_by_reading_the_drift_from_two_frames():
     assert evaluate(Tracker(), env).returns.mean() == 1.0
 
 
-@pytest.mark.parametrize(("env_id", "preprocessing", "steps"), [
-    (CATCH, Preprocessing(frame_stack=4), 40),  # four episodes a env, each ending inside the rollout
-    ("ALE/Breakout-v5", Preprocessing(frame_stack=4, atari=True), 64),
+@pytest.mark.parametrize(("env_id", "preprocessing", "steps", "backend"), [
+    (CATCH, Preprocessing(frame_stack=4), 40, "gymnasium"),  # four episodes a env, each ending inside the rollout
+    ("ALE/Breakout-v5", Preprocessing(frame_stack=4, atari=True), 64, "gymnasium"),
+    ("ALE/Breakout-v5", Preprocessing(frame_stack=4, atari=True), 400, "ale"),  # games ending: blank frames first
 ])
 def test_a_pixel_shard_stores_each_frame_once_and_reads_back_byte_identical_stacks(env_id, preprocessing, steps,
-                                                                                   tmp_path):
-    env = SeededVectorEnv(env_id, {}, 3, seed=5, preprocessing=preprocessing)
+                                                                                   backend, tmp_path):
+    env = make_vector_env(env_id, {}, 3, seed=5, preprocessing=preprocessing, backend=backend)
     env.reset()
     rollout, episodes = collect(RandomPolicy(env.action_space, seed=0), env, steps)
     assert rollout.obs.dtype == np.uint8 and rollout.obs.shape[2] == 4

@@ -57,6 +57,11 @@ LONG = pytest.mark.slow
                                    "agent.hidden_sizes": [16], "agent.normalize_rewards": True, "storage.keep_shards": "all",
                                    **NORMALIZED}, marks=LONG),
     pytest.param("hopper-td3", {**TD3_ON_THE_CORRIDOR, **NORMALIZED}, marks=LONG),
+    # on the ALE's vector env, its cursors replayed: killed at v4, after 256 steps an env (its first games ended)
+    pytest.param("breakout-ppo", {"env.id": "ALE/Breakout-v5", "agent.hidden_sizes": [32], "agent.minibatch_size": 64,
+                                  "agent.epochs": 1, "schedule.rollout_steps_per_env": 64, "schedule.total_env_steps": 5120,
+                                  "schedule.evaluate_every_env_steps": 100_000, "schedule.evaluation_episodes": 1},
+                 marks=LONG),
     pytest.param("spread-ippo", {"env.id": "pettingzoo:gymflow.testing.agents:Exits", "env.kwargs": {},  # agents leaving games,
                                  "agent.policies": {"guide": "guides"},  # a policy for each of its two groups
                                  "agent.minibatch_size": 64, "agent.hidden_sizes": [16], **NORMALIZED}, marks=LONG),

@@ -30,6 +30,7 @@ from gymflow.agents.rollout import (
     collect_together,
     evaluate,
 )
+from gymflow.envs.ale_backend import ale_game
 from gymflow.envs.envpool_backend import pool_task
 from gymflow.envs.make import EnvSpecError, check_env, is_multi_agent
 from gymflow.envs.seeding import derive_seed
@@ -61,6 +62,7 @@ _NETWORKS: OrderedDict[tuple[str, str, int], nn.Module] = OrderedDict()
 _CACHE_SIZE = 32
 _NODE_BLOBS = BlobCache.for_this_machine()  # a policy blob is read from storage once a machine, not once a process
 _RETIRED_ATTEMPTS = 5
+BACKEND_TASKS = {"envpool": pool_task, "ale": ale_game}  # a C++ backend's check that it has the env
 
 
 def import_job_machinery() -> None:
@@ -87,8 +89,8 @@ def check_worker(spec: WorkerCheckSpec) -> WorkerCheck:
     try:
         observation_space, action_space = check_env(spec.env_id, spec.env_kwargs, spec.action_spaces, spec.algo,
                                                     spec.preprocessing, spec.images)
-        if spec.backend == "envpool":  # installed there, with the task
-            pool_task(spec.env_id, spec.env_kwargs, spec.preprocessing)
+        if spec.backend in BACKEND_TASKS:  # installed there, with the task
+            BACKEND_TASKS[spec.backend](spec.env_id, spec.env_kwargs, spec.preprocessing)
     except EnvSpecError as error:
         return WorkerCheck(address, error.field, error.problem)
     if (observation_space, action_space) != (spec.observation_space, spec.action_space):

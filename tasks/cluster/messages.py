@@ -47,7 +47,7 @@ class RolloutSpec:
     chunk: int | None = None  # async: this worker's chunk number, which names its shard
     opponent_version: int | None = None  # two-player self-play: a past version playing one side of each game
     inference: InferenceAddress | None = None  # a server beside the learner that computes the outputs it acts on
-    backend: str = "gymnasium"  # what steps the envs: gymnasium, or envpool (envs/envpool_backend.py)
+    backend: str = "gymnasium"  # what steps the envs: gymnasium, envpool or ale (envs/*_backend.py)
 
     @property
     def shard_key(self) -> str:

@@ -47,6 +47,7 @@ def shards_kept_in_process() -> Iterator[None]:
 
 
 NO_POLICY = -1  # a shard's policy_version where heatup's uniform random policy acted
+PRELUDE = ("prelude_episodes", "prelude_counts", "prelude_actions")  # an env cursor's optional arrays, in order
 
 
 class ShardError(RuntimeError):
@@ -94,6 +95,7 @@ def write_shard(storage: Storage, key: str, version: int | None, worker: int, co
         "cursor_action_counts": cursor.action_counts,
         "cursor_actions": cursor.actions,
         **({"cursor_memory": cursor.memory} if cursor.memory is not None else {}),
+        **{f"cursor_{name}": getattr(cursor, name) for name in PRELUDE if getattr(cursor, name) is not None},
         "policy_version": np.int64(NO_POLICY if version is None else version),  # for exports: chunk keys lack it
     }
     pixels = is_frame_stacks(rollout.obs)
@@ -172,7 +174,7 @@ def read_stored_shard(storage: Storage, key: str) -> StoredShard:
 
 def _cursor(arrays: dict[str, np.ndarray]) -> EnvCursor:
     return EnvCursor(arrays["cursor_episode_index"], arrays["cursor_action_counts"], arrays["cursor_actions"],
-                     arrays.get("cursor_memory"))
+                     arrays.get("cursor_memory"), *(arrays.get(f"cursor_{name}") for name in PRELUDE))
 
 
 def _read_verified(storage: Storage, ref: ShardRef) -> dict[str, np.ndarray]:

@@ -1,0 +1,147 @@
+"""What gymflow's C++ backends (envs/envpool_backend.py, envs/ale_backend.py) share below their
+pools: the seeded vector env's interface (envs/vector.py) over a pool that steps a batch of envs
+in one call — same-step autoreset, episode returns and lengths, a lost life terminal for learning
+while the game goes on, and the actions each env took since its episode began (the cursor a shard
+keeps). A backend says how its pool steps envs and how it starts their episodes."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from gymnasium import spaces
+
+from gymflow.envs.steps import EnvCursor, VectorStep, observation_dtype
+
+
+class PoolReply(NamedTuple):
+    """A pool's reply to a step of some envs, in their order."""
+
+    obs: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    lives: np.ndarray | None  # Atari in training: each env's lives left (None: lives do not matter)
+
+
+class BatchedVectorEnv:
+    """The bookkeeping of `num_envs` envs a pool steps; a backend supplies `_step_pool` and
+    `_start_episodes` (and makes its pool in `reset`)."""
+
+    def __init__(self, observation_space: spaces.Box, action_space: spaces.Space, num_envs: int, seed: int,
+                 lives_matter: bool):
+        self.observation_space, self.action_space = observation_space, action_space
+        self.num_envs, self.seed, self.lives_matter = num_envs, seed, lives_matter
+        self._discrete = not action_space.shape
+        self.episode_index = np.zeros(num_envs, dtype=np.int64)
+        self.episode_return = np.zeros(num_envs, dtype=np.float64)
+        self.episode_length = np.zeros(num_envs, dtype=np.int64)
+        self._log = ActionLog(num_envs)
+        self._lives = np.zeros(num_envs, dtype=np.int64)
+        self.memory: np.ndarray | None = None  # a recurrent policy's memory of these envs, carried between rounds
+        self.obs = np.zeros((num_envs, *observation_space.shape), dtype=observation_dtype(observation_space))
+        self.agents: np.ndarray | None = None  # one env, one agent
+        self.alive: np.ndarray | None = None
+
+    def _step_pool(self, ids: np.ndarray, actions: np.ndarray) -> PoolReply:
+        raise NotImplementedError
+
+    def _start_episodes(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Begin the episodes `episode_index` names at envs `ids`: their first observations, lives, and
+        which of them keep their earlier episodes' actions for a replay (None: none)."""
+        raise NotImplementedError
+
+    def step(self, actions: np.ndarray) -> VectorStep:
+        return self._step_envs(0, self.num_envs, actions)
+
+    def cursor(self) -> EnvCursor:
+        dtype = np.int64 if self._discrete else np.float32
+        taken = [np.asarray(self._log.of(i), dtype=dtype).reshape(-1, *self.action_space.shape)
+                 for i in range(self.num_envs)]
+        counts = np.array([len(actions) for actions in taken], dtype=np.int64)
+        return EnvCursor(self.episode_index.copy(), counts, np.concatenate(taken), self.memory)
+
+    def _sent(self, actions: np.ndarray) -> np.ndarray:
+        return np.array(actions, dtype=np.int32 if self._discrete else np.float64)
+
+    def _step_envs(self, first: int, stop: int, actions: np.ndarray) -> VectorStep:
+        """Step envs `first` to `stop` (the others stand); a finished episode's env begins its next."""
+        ids = np.arange(first, stop, dtype=np.int32)
+        sent = self._sent(actions)
+        reply = self._step_pool(ids, sent)
+        self._log.add(first, sent)
+        self.episode_return[first:stop] += reply.rewards
+        self.episode_length[first:stop] += 1
+        ended = reply.terminated | reply.truncated
+        learning_end = reply.terminated.astype(bool)
+        if reply.lives is not None:
+            learning_end |= (reply.lives < self._lives[first:stop]) & ~ended
+            self._lives[first:stop] = reply.lives
+        # the step's own arrays (a pool's replies are fresh each step), as envs/vector.py's: a caller may keep them
+        obs = reply.obs if reply.obs.dtype == self.obs.dtype else reply.obs.astype(self.obs.dtype)
+        if stop - first == self.num_envs:
+            self.obs = obs
+        else:
+            self.obs = self.obs.copy()
+            self.obs[first:stop] = obs
+        rewards, truncated = reply.rewards.astype(np.float32), reply.truncated.astype(bool)
+        if not ended.any():
+            return VectorStep(obs, rewards, learning_end, truncated, [], [], [], [])
+        done = ids[ended]
+        step = VectorStep(obs, rewards, learning_end, truncated, done.tolist(), list(obs[ended]),
+                          self.episode_return[done].tolist(), self.episode_length[done].tolist())
+        self.episode_index[done] += 1
+        self._begin(done, *self._start_episodes(done))
+        step.obs[ended] = self.obs[done]
+        return step
+
+    def _begin(self, ids: np.ndarray, obs: np.ndarray, lives: np.ndarray | None,
+               keep_earlier: np.ndarray | None = None) -> None:
+        """Episodes begun at envs `ids`, with first observations `obs` and `lives` left; the envs
+        `keep_earlier` marks keep their earlier episodes' actions."""
+        self.obs[ids] = obs
+        if lives is not None:
+            self._lives[ids] = lives
+        self.episode_return[ids], self.episode_length[ids] = 0.0, 0
+        self._log.began(ids, keep_earlier)
+
+
+class ActionLog:
+    """The actions each env took since its episode began (and, where a backend keeps them, since an
+    earlier episode's start), logged one array a step (not one append an env a step); the cursor
+    gathers each env's once a rollout."""
+
+    def __init__(self, num_envs: int):
+        self._steps: list[tuple[int, np.ndarray]] = []  # (first row, the actions of the rows from it)
+        self._base = 0  # the step number of _steps[0]
+        self._began = np.zeros(num_envs, dtype=np.int64)  # the step number each env's episode began at
+        self._kept = np.zeros(num_envs, dtype=np.int64)  # the step number each env's actions are kept from
+
+    def add(self, first_row: int, actions: np.ndarray) -> None:
+        self._steps.append((first_row, actions))
+
+    def began(self, ids: np.ndarray, keep_earlier: np.ndarray | None = None) -> None:
+        """Episodes begun at `ids`, their earlier actions kept where `keep_earlier` says; the steps no
+        env keeps any more are let go."""
+        now = self._base + len(self._steps)
+        self._began[ids] = now
+        self._kept[ids if keep_earlier is None else ids[~keep_earlier]] = now
+        unheld = int(self._kept.min()) - self._base
+        if unheld >= 256:
+            del self._steps[:unheld]
+            self._base += unheld
+
+    def of(self, env: int) -> list[np.ndarray]:
+        return self._between(env, int(self._began[env]), self._base + len(self._steps))
+
+    def earlier_of(self, env: int) -> list[np.ndarray]:
+        """The actions kept of the episodes before env `env`'s current one."""
+        return self._between(env, int(self._kept[env]), int(self._began[env]))
+
+    def steps_kept(self, ids: np.ndarray) -> np.ndarray:
+        """The steps logged since each env's actions are kept from: its own, where every step steps every env."""
+        return self._base + len(self._steps) - self._kept[ids]
+
+    def _between(self, env: int, start: int, stop: int) -> list[np.ndarray]:
+        return [actions[env - first] for first, actions in self._steps[start - self._base : stop - self._base]
+                if first <= env < first + len(actions)]
