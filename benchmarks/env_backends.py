@@ -83,7 +83,8 @@ def backend_alone(name: str, backend: str, envs: int, seconds: float) -> float:
     return steps / seconds
 
 
-def gymflow_collection(name: str, backend: str, envs: int, seconds: float, folder: str) -> Callable[[], float]:
+def gymflow_collection(name: str, backend: str, envs: int, seconds: float, folder: str,
+                       threads: int = 1) -> Callable[[], float]:
     """A function that runs rollout jobs for `seconds` and returns their env steps per second; the
     envs stay live between its calls, as on a worker."""
     from gymflow.presets.load import load_preset
@@ -95,7 +96,7 @@ def gymflow_collection(name: str, backend: str, envs: int, seconds: float, folde
     preset = load_preset("breakout-appo" if atari else "halfcheetah-sac")
     spec = RolloutSpec(StorageLocation(os.path.join(folder, backend)), f"{name.lower()}-{backend}", env_id, kwargs,
                        _preprocessing(name), preset.agent, policy_version=None, worker=0, num_envs=envs, steps_per_env=steps, env_seed=0, policy_seed=0,
-                       exploration=1.0, resume_from=None, backend=backend)
+                       exploration=1.0, resume_from=None, backend=backend, env_threads=threads)
     state = {"chunk": 0, "cursor": None}
 
     def collect_for_a_while() -> float:
@@ -119,6 +120,7 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     args = parser.parse_args()
     core = min(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {core})
@@ -126,14 +128,14 @@ def main() -> None:
           f"{os.cpu_count()} cores here")
     ratios = {}
     with tempfile.TemporaryDirectory() as folder:
-        for name in TASKS:
+        for name in args.tasks:
             figures = _measure(name, BACKENDS[name], args, folder)
             for fast in BACKENDS[name]:
                 ratios[(name, fast)] = _paired(figures[f"gymflow on {fast}"], figures[f"{fast} alone"])
                 print(f"{name:12s} gymflow on {fast} / {fast} alone: {ratios[(name, fast)]:.2f}; "
                       f"/ gymflow on gymnasium: {_paired(figures[f'gymflow on {fast}'], figures['gymflow on gymnasium']):.2f}")
     print("collection on the fast backend / its stepping alone: "
-          + ", ".join(f"{ratios[(name, 'envpool')]:.2f} ({name})" for name in TASKS))
+          + ", ".join(f"{ratios[(name, 'envpool')]:.2f} ({name})" for name in args.tasks))
 
 
 def _measure(name: str, backends: tuple[str, ...], args: argparse.Namespace, folder: str) -> dict[str, list[float]]:

@@ -102,7 +102,7 @@ class AleVectorEnv(BatchedVectorEnv):
         return self.obs
 
     def cursor(self) -> EnvCursor:
-        earlier = [np.asarray(self._log.earlier_of(i), dtype=np.int64) for i in range(self.num_envs)]
+        earlier = [np.asarray(actions, dtype=np.int64) for actions in self._log.earlier()]
         return replace(super().cursor(), prelude_episodes=self.episode_index - self._seeded_episode,
                        prelude_counts=np.array([len(actions) for actions in earlier], dtype=np.int64),
                        prelude_actions=np.concatenate(earlier))
@@ -112,6 +112,11 @@ class AleVectorEnv(BatchedVectorEnv):
 
     def _step_pool(self, ids: np.ndarray, actions: np.ndarray) -> PoolReply:
         obs, rewards, terminated, truncated, info = self._games.step(actions)
+        replied = np.asarray(info["env_id"])
+        if not (replied == ids).all():  # in env order (as the ALE replies with one thread, and with several here)
+            order = np.argsort(replied)
+            obs, rewards, terminated, truncated = obs[order], rewards[order], terminated[order], truncated[order]
+            info = {"lives": np.asarray(info["lives"])[order]}
         return PoolReply(obs, rewards, terminated, truncated, self._lives_of(info, ids))
 
     def _start_episodes(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
@@ -122,7 +127,7 @@ class AleVectorEnv(BatchedVectorEnv):
             self._seeded(ids[~keep])
         mask = np.zeros(self.num_envs, dtype=bool)
         mask[ids[keep]] = True
-        obs, info = self._games.reset(options={"reset_mask": mask})  # masked-out envs report where they stand
+        obs, info = self._reset_games(mask)  # masked-out envs report where they stand
         return obs[ids], self._lives_of(info, ids), keep
 
     def _seeded(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -130,9 +135,18 @@ class AleVectorEnv(BatchedVectorEnv):
         seeds = np.array([derive_seed(self.seed, int(i), int(self.episode_index[i])) % 2**31 for i in ids])
         mask = np.zeros(self.num_envs, dtype=bool)
         mask[ids] = True
-        obs, info = self._games.reset(seed=seeds, options=None if mask.all() else {"reset_mask": mask})
+        obs, info = self._reset_games(mask, seeds)
         self._seeded_episode[ids] = self.episode_index[ids]
         return obs[ids], self._lives_of(info, ids)
+
+    def _reset_games(self, mask: np.ndarray, seeds: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        """Reset the envs `mask` marks (from `seeds`, or their RNG): every env's observation and info, in env order."""
+        obs, info = self._games.reset(seed=seeds, options=None if mask.all() else {"reset_mask": mask})
+        replied = np.asarray(info["env_id"])
+        if (replied == self._every_id).all():
+            return obs, info
+        order = np.argsort(replied)
+        return obs[order], {"lives": np.asarray(info["lives"])[order]}
 
     def _lives_of(self, info: dict[str, Any], ids: np.ndarray) -> np.ndarray | None:
         return np.asarray(info["lives"])[ids] if self.lives_matter else None

@@ -33,6 +33,7 @@ class BatchedVectorEnv:
         self.observation_space, self.action_space = observation_space, action_space
         self.num_envs, self.seed, self.lives_matter = num_envs, seed, lives_matter
         self._discrete = not action_space.shape
+        self._every_id = np.arange(num_envs, dtype=np.int32)
         self.episode_index = np.zeros(num_envs, dtype=np.int64)
         self.episode_return = np.zeros(num_envs, dtype=np.float64)
         self.episode_length = np.zeros(num_envs, dtype=np.int64)
@@ -56,8 +57,8 @@ class BatchedVectorEnv:
 
     def cursor(self) -> EnvCursor:
         dtype = np.int64 if self._discrete else np.float32
-        taken = [np.asarray(self._log.of(i), dtype=dtype).reshape(-1, *self.action_space.shape)
-                 for i in range(self.num_envs)]
+        shape = self.action_space.shape
+        taken = [np.asarray(actions, dtype=dtype).reshape(-1, *shape) for actions in self._log.current()]
         counts = np.array([len(actions) for actions in taken], dtype=np.int64)
         return EnvCursor(self.episode_index.copy(), counts, np.concatenate(taken), self.memory)
 
@@ -66,16 +67,16 @@ class BatchedVectorEnv:
 
     def _step_envs(self, first: int, stop: int, actions: np.ndarray) -> VectorStep:
         """Step envs `first` to `stop` (the others stand); a finished episode's env begins its next."""
-        ids = np.arange(first, stop, dtype=np.int32)
+        ids = self._every_id if stop - first == self.num_envs else np.arange(first, stop, dtype=np.int32)
         sent = self._sent(actions)
         reply = self._step_pool(ids, sent)
         self._log.add(first, sent)
         self.episode_return[first:stop] += reply.rewards
         self.episode_length[first:stop] += 1
         ended = reply.terminated | reply.truncated
-        learning_end = reply.terminated.astype(bool)
+        learning_end = reply.terminated.astype(bool, copy=False)
         if reply.lives is not None:
-            learning_end |= (reply.lives < self._lives[first:stop]) & ~ended
+            learning_end = learning_end | ((reply.lives < self._lives[first:stop]) & ~ended)
             self._lives[first:stop] = reply.lives
         # the step's own arrays (a pool's replies are fresh each step), as envs/vector.py's: a caller may keep them
         obs = reply.obs if reply.obs.dtype == self.obs.dtype else reply.obs.astype(self.obs.dtype)
@@ -84,7 +85,7 @@ class BatchedVectorEnv:
         else:
             self.obs = self.obs.copy()
             self.obs[first:stop] = obs
-        rewards, truncated = reply.rewards.astype(np.float32), reply.truncated.astype(bool)
+        rewards, truncated = reply.rewards.astype(np.float32), reply.truncated.astype(bool, copy=False)
         if not ended.any():
             return VectorStep(obs, rewards, learning_end, truncated, [], [], [], [])
         done = ids[ended]
@@ -131,17 +132,24 @@ class ActionLog:
             del self._steps[:unheld]
             self._base += unheld
 
-    def of(self, env: int) -> list[np.ndarray]:
-        return self._between(env, int(self._began[env]), self._base + len(self._steps))
+    def current(self) -> list[np.ndarray | list[np.ndarray]]:
+        """Each env's actions since its episode began."""
+        return self._each(self._began, np.full_like(self._began, self._base + len(self._steps)))
 
-    def earlier_of(self, env: int) -> list[np.ndarray]:
-        """The actions kept of the episodes before env `env`'s current one."""
-        return self._between(env, int(self._kept[env]), int(self._began[env]))
+    def earlier(self) -> list[np.ndarray | list[np.ndarray]]:
+        """Each env's actions kept of the episodes before its current one."""
+        return self._each(self._kept, self._began)
 
     def steps_kept(self, ids: np.ndarray) -> np.ndarray:
         """The steps logged since each env's actions are kept from: its own, where every step steps every env."""
         return self._base + len(self._steps) - self._kept[ids]
 
-    def _between(self, env: int, start: int, stop: int) -> list[np.ndarray]:
-        return [actions[env - first] for first, actions in self._steps[start - self._base : stop - self._base]
-                if first <= env < first + len(actions)]
+    def _each(self, starts: np.ndarray, stops: np.ndarray) -> list[np.ndarray | list[np.ndarray]]:
+        """Each env's actions logged from step `starts[env]` to `stops[env]`."""
+        steps, n = self._steps, len(starts)
+        spans = [(env, start - self._base, stop - self._base) for env, (start, stop) in enumerate(zip(starts, stops))]
+        if steps and all(first == 0 and len(actions) == n for first, actions in steps):  # each step stepped every env
+            stacked = np.stack([actions for _, actions in steps])
+            return [stacked[start:stop, env] for env, start, stop in spans]
+        return [[actions[env - first] for first, actions in steps[start:stop] if first <= env < first + len(actions)]
+                for env, start, stop in spans]

@@ -144,7 +144,7 @@ class EnvPoolVectorEnv(BatchedVectorEnv):
         obs, rewards, terminated, truncated, info = self._pool.step(actions, ids)
         replied = np.asarray(info["env_id"])
         lives = np.asarray(info["lives"]) if self.lives_matter else None
-        if np.array_equal(replied, ids):
+        if (replied == ids).all():
             return PoolReply(obs, rewards, terminated, truncated, lives)
         order = np.argsort(replied)  # the pool's replies by env
         return PoolReply(obs[order], rewards[order], terminated[order], truncated[order],

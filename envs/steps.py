@@ -1,5 +1,5 @@
 """What every vector env of gymflow's (envs/vector.py's, envs/agents.py's, a C++ backend's) hands
-its caller: a step's arrays, and the cursor that says where each env stands."""
+its caller: a step's arrays, and the cursor that says where each env stands; and what steps them."""
 
 from __future__ import annotations
 
@@ -41,6 +41,15 @@ class EnvCursor:
 def _part(flat: np.ndarray, counts: np.ndarray, env_index: int) -> np.ndarray:
     start = int(counts[:env_index].sum())
     return flat[start : start + int(counts[env_index])]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What steps a worker's envs: gymnasium (each in Python), or a C++ backend, envpool or ale, on
+    `threads` threads."""
+
+    name: str = "gymnasium"
+    threads: int = 1
 
 
 class VectorStep(NamedTuple):

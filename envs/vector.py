@@ -20,7 +20,7 @@ import numpy as np
 
 from gymflow.envs.make import LIFE_LOST, Preprocessing, is_multi_agent, make_env
 from gymflow.envs.seeding import derive_seed
-from gymflow.envs.steps import EnvCursor, VectorStep, observation_dtype
+from gymflow.envs.steps import Backend, EnvCursor, VectorStep, observation_dtype
 
 __all__ = ["AnyVectorEnv", "EnvCursor", "SeededVectorEnv", "VectorStep", "make_vector_env", "observation_dtype"]
 
@@ -31,18 +31,21 @@ if TYPE_CHECKING:
 
 
 def make_vector_env(env_id: str, env_kwargs: dict[str, Any], num_envs: int, seed: int,
-                    preprocessing: Preprocessing | None = None, backend: str = "gymnasium") -> AnyVectorEnv:
+                    preprocessing: Preprocessing | None = None, backend: str | Backend = "gymnasium") -> AnyVectorEnv:
     """`num_envs` envs of an id, seeded; a PettingZoo env's games give a row to each of their agents;
-    `backend` "envpool": stepped by EnvPool's threads (envs/envpool_backend.py); "ale": by the ALE's
-    vector env (envs/ale_backend.py)."""
-    if backend == "ale":
+    `backend` envpool: stepped by EnvPool's threads (envs/envpool_backend.py); ale: by the ALE's vector
+    env's (envs/ale_backend.py)."""
+    backend = backend if isinstance(backend, Backend) else Backend(backend)
+    if backend.name == "ale":
         from gymflow.envs.ale_backend import AleVectorEnv, ale_game
 
-        return AleVectorEnv(ale_game(env_id, env_kwargs, preprocessing or Preprocessing()), num_envs, seed)
-    if backend == "envpool":
+        game = ale_game(env_id, env_kwargs, preprocessing or Preprocessing())
+        return AleVectorEnv(game, num_envs, seed, backend.threads)
+    if backend.name == "envpool":
         from gymflow.envs.envpool_backend import EnvPoolVectorEnv, pool_task
 
-        return EnvPoolVectorEnv(pool_task(env_id, env_kwargs, preprocessing or Preprocessing()), num_envs, seed)
+        task = pool_task(env_id, env_kwargs, preprocessing or Preprocessing())
+        return EnvPoolVectorEnv(task, num_envs, seed, backend.threads)
     if is_multi_agent(env_id):
         from gymflow.envs.agents import SeededAgentVectorEnv  # it imports this module
 

@@ -260,6 +260,12 @@ class DistributionConfig(_Strict):
     envs_per_worker: int = Field(
         default=8, ge=1, le=4096, description="In-process vectorised envs per rollout worker."
     )
+    env_threads: int = Field(
+        default=1, ge=1, le=256,
+        description="C++ threads that step each rollout worker's envs, where a C++ backend steps them (env.backend "
+        "envpool or ale); 1: the worker's own thread. A host's cores can go to one worker with as many threads "
+        "(and its envs) instead of as many workers of one thread (docs/benchmarks.md).",
+    )
     scheduler_address: str | None = Field(
         default=None,
         description="Address of a running Dask scheduler (tcp://host:8786). "

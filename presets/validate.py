@@ -72,6 +72,7 @@ def experiment_from(config: Preset) -> Experiment:
     _check_images(config, observation_space)
     _check_agents(config, algorithm, observation_space)
     _check_backend(config)
+    _check_env_threads(config)
     if config.remote_cluster and _is_local_folder(config.storage.root) and not config.storage.shared:
         raise InvalidPreset(
             "storage.root",
@@ -142,6 +143,16 @@ def _check_backend(config: Preset) -> None:
         (pool_task if backend == "envpool" else ale_game)(config.env.id, config.env.kwargs, config.env.preprocessing())
     except EnvSpecError as error:
         raise InvalidPreset(error.field, error.problem) from None
+
+
+def _check_env_threads(config: Preset) -> None:
+    threads = config.distribution.env_threads
+    if threads > 1 and rollout_backend(config) == "gymnasium":
+        raise InvalidPreset("distribution.env_threads", f"{threads} threads step a C++ backend's envs, and this run's "
+                                                        "step on gymnasium; allowed: 1, or env.backend envpool or ale")
+    if threads > config.distribution.envs_per_worker:
+        raise InvalidPreset("distribution.env_threads", f"{threads} threads for {config.distribution.envs_per_worker} "
+                                                        "envs a worker; allowed: 1 to distribution.envs_per_worker")
 
 
 def _mode_refused(algorithm: Algorithm, mode: str) -> str:

@@ -116,6 +116,18 @@ def test_an_env_cursor_is_replayed_exactly_whatever_each_env_has_played(seeded_e
     env.close()
 
 
+def test_a_worker_s_envs_on_two_threads_play_the_games_they_play_on_one():
+    game = ale_game(BREAKOUT, {"repeat_action_probability": 0.25}, ATARI)
+    played = []
+    for threads in (1, 2):
+        env = AleVectorEnv(game, 4, seed=2, threads=threads)
+        env.reset()
+        played.append(_random_steps(env, 300, seed=4))
+        env.close()
+    for t, (one, two) in enumerate(zip(*played, strict=True)):
+        assert np.array_equal(one.obs, two.obs) and one.done_envs == two.done_envs, t
+
+
 def test_sync_and_single_atari_runs_step_on_the_ales_vector_env_by_default():
     assert rollout_backend(load_preset("breakout-ppo")) == "ale"
     assert rollout_backend(load_preset("breakout-dqn", {"distribution.mode": "single"})) == "ale"
@@ -130,8 +142,12 @@ def test_sync_and_single_atari_runs_step_on_the_ales_vector_env_by_default():
      "env.backend: ale's vector env does not take env.kwargs ['mode']"),
     ("breakout-ppo", {"env.backend": "ale", "distribution.inference": "learner"},
      "env.backend: ale steps a worker's whole batch a call"),
+    ("cartpole-ppo", {"distribution.env_threads": 2}, "distribution.env_threads: 2 threads step a C++ backend's envs, "
+                                                      "and this run's step on gymnasium; allowed: 1"),
+    ("breakout-ppo", {"distribution.env_threads": 8}, "distribution.env_threads: 8 threads for 4 envs a worker; "
+                                                      "allowed: 1 to distribution.envs_per_worker"),
 ])
-def test_the_ale_backend_is_refused_in_one_line_where_it_would_not_be_the_task(preset, overrides, says):
+def test_the_ale_backend_and_env_threads_are_refused_in_one_line_where_they_would_not_hold(preset, overrides, says):
     with pytest.raises(InvalidPreset) as refused:
         experiment_from(load_preset(preset, overrides))
     assert str(refused.value).startswith(says), refused.value

@@ -34,6 +34,7 @@ from gymflow.envs.ale_backend import ale_game
 from gymflow.envs.envpool_backend import pool_task
 from gymflow.envs.make import EnvSpecError, check_env, is_multi_agent
 from gymflow.envs.seeding import derive_seed
+from gymflow.envs.steps import Backend
 from gymflow.envs.vector import AnyVectorEnv, make_vector_env
 from gymflow.envs.video import CannotFilm, film_episode, film_game
 from gymflow.errors import GymflowError
@@ -270,7 +271,8 @@ def _take_live_envs(spec: RolloutSpec) -> AnyVectorEnv:
         return cached[1]
     if cached is not None:
         cached[1].close()
-    env = make_vector_env(spec.env_id, spec.env_kwargs, spec.num_envs, spec.env_seed, spec.preprocessing, spec.backend)
+    env = make_vector_env(spec.env_id, spec.env_kwargs, spec.num_envs, spec.env_seed, spec.preprocessing,
+                          Backend(spec.backend, spec.env_threads))
     cursor = read_cursor(open_storage(spec.storage), spec.resume_from) if spec.resume_from else None
     env.reset(cursor)
     return env

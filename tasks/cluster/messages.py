@@ -48,6 +48,7 @@ class RolloutSpec:
     opponent_version: int | None = None  # two-player self-play: a past version playing one side of each game
     inference: InferenceAddress | None = None  # a server beside the learner that computes the outputs it acts on
     backend: str = "gymnasium"  # what steps the envs: gymnasium, envpool or ale (envs/*_backend.py)
+    env_threads: int = 1  # the C++ backend's threads that step them
 
     @property
     def shard_key(self) -> str:

@@ -115,6 +115,7 @@ class RoundPlan:
             num_envs=preset.distribution.envs_per_worker, steps_per_env=steps,
             env_seed=derive_seed(preset.seed, "envs", worker), policy_seed=policy_seed,
             exploration=exploration, resume_from=cursor, inference=self.inference, backend=self.backend,
+            env_threads=preset.distribution.env_threads,
         )
 
 
