@@ -7,8 +7,10 @@ cores step the envs alone, and against Stable-Baselines3's PPO, on one machine i
     python3 benchmarks/atari_throughput.py --mode gpu             # a 16-core GPU machine: Breakout, <= 8 minutes
 
 What runs, `--repeats` times with the sides alternating (each training run `--steps` env steps):
-- **stepping alone** (the limit): one process per core used for envs, each stepping its share of
-  the envs (the preset's env and preprocessing) with uniformly random actions, nothing else.
+- **stepping alone** (the Python path's limit): one process per core used for envs, each stepping
+  its share of the envs (the preset's env and preprocessing, on Gymnasium) with uniformly random
+  actions, nothing else. gymflow's runs step on `--backend` (default auto: SYNC PPO on the ALE's
+  vector env, APPO on EnvPool where it is installed; benchmarks/env_backends.py has their limits).
 - **gymflow SYNC PPO** (`catch-ppo` / `breakout-ppo`) and **gymflow APPO** (`catch-appo` /
   `breakout-appo`), the same network, epochs, minibatches and learning rate, the same workers x
   envs x steps per chunk: `improve` end to end (a LocalCluster, the temporary Prefect API, MLflow,
@@ -183,8 +185,8 @@ def train_with_sb3(preset: str, envs: int, total_steps: int, gpu: bool, epochs: 
 
 
 def gymflow_overrides(workers: int, envs: int, total_steps: int, learner_threads: int, gpu: bool,
-                      epochs: int | None) -> dict:
-    return {"distribution.rollout_workers": workers, "distribution.envs_per_worker": envs,
+                      epochs: int | None, backend: str = "auto") -> dict:
+    return {"distribution.rollout_workers": workers, "distribution.envs_per_worker": envs, "env.backend": backend,
             "distribution.learner_threads": learner_threads, "distribution.learner_device": "cuda" if gpu else "cpu",
             **({"agent.epochs": epochs} if epochs else {}),
             "schedule.total_env_steps": total_steps, "schedule.evaluate_every_env_steps": 10 * total_steps,
@@ -202,6 +204,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="default: cpu 2, gpu 1 (8 minutes in all)")
     parser.add_argument("--epochs", type=int, default=None, help="every side's epochs (default: the presets')")
     parser.add_argument("--appo-threads", type=int, default=1, help="APPO's learner torch threads (cpu mode)")
+    parser.add_argument("--backend", choices=["auto", "gymnasium", "envpool", "ale"], default="auto",
+                        help="env.backend of gymflow's runs (auto: ale for SYNC PPO, envpool for APPO where installed)")
     parser.add_argument("--only", nargs="+", default=None, help="some sides: stepping sync sync-all-cores appo appo-worker-inference sb3")
     args = parser.parse_args()
     gpu = args.mode == "gpu"
@@ -222,12 +226,12 @@ def main() -> None:
     threads = preset.distribution.learner_threads
 
     def run_sync(learner_threads: int) -> Callable[[], Measured]:
-        overrides = gymflow_overrides(workers, envs, total, learner_threads, gpu, args.epochs)
+        overrides = gymflow_overrides(workers, envs, total, learner_threads, gpu, args.epochs, args.backend)
         name = f"gymflow SYNC PPO ({sync_preset}, {learner_threads} learner thread{'s' * (learner_threads > 1)})"
         return lambda: train_with_gymflow(sync_preset, overrides, tempfile.mkdtemp(), name, workers)
 
     def run_appo(inference: str) -> Callable[[], Measured]:
-        overrides = {**gymflow_overrides(workers, envs, total, args.appo_threads, gpu, args.epochs),
+        overrides = {**gymflow_overrides(workers, envs, total, args.appo_threads, gpu, args.epochs, args.backend),
                      "distribution.inference": inference}
         acting = "inference beside the learner" if inference == "auto" and gpu else "inference on the workers"
         name = f"gymflow APPO ({async_preset}, {acting})" if gpu else \

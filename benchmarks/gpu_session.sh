@@ -1,6 +1,8 @@
 #!/bin/bash
 # What a session lent a GPU machine runs there in one call (../shared/device/README.md), logs under $OUT:
-#   ../shared/device/build-wheelhouse.sh --add stable-baselines3==2.9.2     # here, after committing
+#   ../shared/device/build-wheelhouse.sh --add stable-baselines3==2.9.2 --extra envpool  # here, after committing
+# (gymflow's runs step on env.backend auto: SYNC PPO on the ALE's vector env, APPO on EnvPool where the
+# wheelhouse carries it; BACKEND=gymnasium for the Python path's figures)
 #   run: bash benchmarks/gpu_session.sh [SIDES...]   with carry [".devrun"]
 # The CUDA tests, the learner's update on the GPU replayed as CUDA graphs and eager, both profiled
 # (breakout-appo, a 14 x 8 round), then benchmarks/atari_throughput.py --mode gpu with the SIDES
@@ -60,7 +62,8 @@ fi
 [[ $STAGES == *throughput* ]] || exit 0
 ONLY=()
 [ $# -gt 0 ] && ONLY=(--only "$@")
-timeout "${THROUGHPUT_S:-300}" python3 "$ROOT/benchmarks/atari_throughput.py" --mode gpu --steps "$STEPS" "${ONLY[@]}" \
+timeout "${THROUGHPUT_S:-300}" python3 "$ROOT/benchmarks/atari_throughput.py" --mode gpu --steps "$STEPS" \
+    --backend "${BACKEND:-auto}" "${ONLY[@]}" \
     > "$OUT/throughput.log" 2>&1
 tail -15 "$OUT/throughput.log"
 if [ -n "${MORE_ENVS:-}" ]; then
