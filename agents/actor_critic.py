@@ -76,6 +76,15 @@ class ActorCritic(nn.Module):
         return action_distribution(out, self.log_std.exp())
 
 
+def greedy_actions(network: nn.Module, config: Any = None) -> nn.Module:
+    """The actor's most likely action: its logits' argmax (Discrete), its Gaussian's mean (Box)."""
+    from gymflow.agents.export import CannotExport, GreedyActions
+
+    if not isinstance(network, ActorCritic):
+        raise CannotExport("agent groups acting with separate policies (agent.policies) are not exported to ONNX yet")
+    return GreedyActions(network, network.action_output, network.discrete)
+
+
 class PPOPolicy:
     """Acts with an ActorCritic's actor; samples with its own numpy RNG so rollouts replay."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from gymflow.agents.actor_critic import ActorCritic
+from gymflow.agents.actor_critic import ActorCritic, greedy_actions
 from gymflow.agents.configs import APPOConfig
 from gymflow.agents.core import AlgorithmParts
 from gymflow.agents.impala import Batch, IMPALALearner, make_network, make_policy
@@ -39,4 +39,4 @@ def appo_loss(network: ActorCritic, minibatch: Batch, config: APPOConfig
     return terms.loss, terms.metrics(config.clip_range)
 
 
-PARTS = AlgorithmParts(learner=APPOLearner, network=make_network, policy=make_policy)
+PARTS = AlgorithmParts(learner=APPOLearner, network=make_network, policy=make_policy, greedy=greedy_actions)

@@ -17,6 +17,7 @@ from torch.nn import functional as F
 from gymflow.agents.batches import Sample
 from gymflow.agents.configs import BCConfig
 from gymflow.agents.core import AlgorithmParts, ReplayLearner
+from gymflow.agents.export import GreedyActions
 from gymflow.agents.networks import Adam, cpu_weights, mlp, on_device, seeded_init, step_optimizer
 from gymflow.agents.normalization import observation_normalizer, share_normalizer
 from gymflow.agents.replay import MemorySpec, ReplayMemory
@@ -113,4 +114,6 @@ PARTS = AlgorithmParts(
     learner=BCLearner,
     network=make_network,
     policy=lambda network, config, exploration, seed: ClonedPolicy(network, seed),
+    greedy=lambda network, config: GreedyActions(network, lambda obs: network.to_env(network(obs)), discrete=False)
+    if isinstance(network, DeterministicActor) else GreedyActions(network, network, discrete=True),
 )

@@ -160,6 +160,9 @@ class AlgorithmParts(NamedTuple):
     learner: Callable[..., Learner]  # (config, observation_space, action_space, seed, device)
     network: Callable[..., Any]  # (config, observation_space, action_space) -> the acting nn.Module
     policy: Callable[..., Policy]  # (network, config, exploration, seed)
+    # (network, config) -> the nn.Module from observations to the actions the policy takes when not exploring
+    # (agents/export.py's GreedyActions), or CannotExport where the network cannot be one graph; None: not yet
+    greedy: Callable[..., Any] | None = None
 
 
 class VectorEnv(Protocol):

@@ -21,6 +21,7 @@ from torch.nn import functional as F
 from gymflow.agents.batches import Sample
 from gymflow.agents.configs import DQNConfig
 from gymflow.agents.core import AlgorithmParts, ReplayLearner
+from gymflow.agents.export import GreedyActions
 from gymflow.agents.networks import (
     Adam,
     TransitionBatch,
@@ -165,4 +166,5 @@ PARTS = AlgorithmParts(
     learner=DQNLearner,
     network=make_network,
     policy=lambda network, config, exploration, seed: QPolicy(network, exploration, seed),
+    greedy=lambda network, config: GreedyActions(network, network, discrete=True),  # the most valued action
 )

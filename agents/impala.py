@@ -24,6 +24,7 @@ from gymflow.agents.actor_critic import (
     bootstrapped_values,
     continuing,
     explained_variance,
+    greedy_actions,
     make_actor_critic,
 )
 from gymflow.agents.batches import Rollout
@@ -162,4 +163,4 @@ def make_policy(network: nn.Module, config: Any, exploration: float, seed: int) 
     return PPOPolicy(network, seed)
 
 
-PARTS = AlgorithmParts(learner=IMPALALearner, network=make_network, policy=make_policy)
+PARTS = AlgorithmParts(learner=IMPALALearner, network=make_network, policy=make_policy, greedy=greedy_actions)

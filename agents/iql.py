@@ -22,6 +22,7 @@ from torch import nn
 from gymflow.agents.batches import Sample
 from gymflow.agents.configs import IQLConfig
 from gymflow.agents.core import AlgorithmParts, ReplayLearner
+from gymflow.agents.export import GreedyActions
 from gymflow.agents.networks import (
     Adam,
     BoundedActions,
@@ -176,4 +177,5 @@ PARTS = AlgorithmParts(
     learner=IQLLearner,
     network=make_actor,
     policy=lambda network, config, exploration, seed: IQLPolicy(network, seed),
+    greedy=lambda actor, config: GreedyActions(actor, lambda obs: actor.to_env(actor(obs)), discrete=False),
 )

@@ -20,6 +20,7 @@ from gymflow.agents.actor_critic import (
     bootstrapped_values,
     continuing,
     explained_variance,
+    greedy_actions,
     live_observations,
     make_actor_critic,
 )
@@ -239,4 +240,12 @@ def _policy(network: nn.Module, config: PPOConfig, exploration: float, seed: int
     return RecurrentPolicy(network, seed)
 
 
-PARTS = AlgorithmParts(learner=PPOLearner, network=_network, policy=_policy)
+def _greedy(network: nn.Module, config: PPOConfig) -> nn.Module:
+    if config.recurrent is not None:
+        from gymflow.agents.export import CannotExport
+
+        raise CannotExport("recurrent policies (agent.recurrent: memory in, memory out) are not exported to ONNX yet")
+    return greedy_actions(network)
+
+
+PARTS = AlgorithmParts(learner=PPOLearner, network=_network, policy=_policy, greedy=_greedy)

@@ -18,6 +18,7 @@ from torch import nn
 from gymflow.agents.batches import Sample
 from gymflow.agents.configs import SACConfig
 from gymflow.agents.core import AlgorithmParts, ReplayLearner
+from gymflow.agents.export import GreedyActions
 from gymflow.agents.networks import (
     Adam,
     BoundedActions,
@@ -193,4 +194,5 @@ PARTS = AlgorithmParts(
     learner=SACLearner,
     network=make_actor,
     policy=lambda network, config, exploration, seed: SACPolicy(network, seed),
+    greedy=lambda actor, config: GreedyActions(actor, lambda obs: actor.to_env(torch.tanh(actor(obs)[0])), False),
 )

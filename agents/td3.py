@@ -21,6 +21,7 @@ from torch import nn
 from gymflow.agents.batches import Sample
 from gymflow.agents.configs import TD3Config
 from gymflow.agents.core import AlgorithmParts, ReplayLearner
+from gymflow.agents.export import GreedyActions
 from gymflow.agents.networks import (
     Adam,
     BoundedActions,
@@ -163,4 +164,5 @@ PARTS = AlgorithmParts(
     learner=TD3Learner,
     network=make_actor,
     policy=lambda network, config, exploration, seed: TD3Policy(network, config.exploration_noise, seed),
+    greedy=lambda actor, config: GreedyActions(actor, lambda obs: actor.to_env(actor(obs)), discrete=False),
 )

@@ -13,8 +13,8 @@ actions. SYNC's exact resume holds on it.
 
 What differs from the Gymnasium path: the no-op starts are drawn by the ALE's C++ (the same seed
 gives another game than Gymnasium's, and the same game every time); FIRE is pressed at a game's
-start only (the Gymnasium path presses it after each lost life too), as EnvPool's runs do; a
-game's first stack holds its first frame once, after three blank ones (Gymnasium's repeats it)."""
+start only (the Gymnasium path presses it after each lost life too: a policy learns to press it
+itself here); a game's first stack holds its first frame once, after three blank ones (Gymnasium's repeats it)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ cannot be replayed. A rollout that continues where its envs are not live (a retr
 resumed run) starts new episodes, from a pool seed drawn from the run's and the cursor's: the step
 budget and every shard landing once hold, an uninterrupted run's exact trajectory does not; and
 Atari's FIRE is pressed at a game's start only (the Gymnasium path presses it after each lost life
-too), as EnvPool's and CleanRL's EnvPool runs do."""
+too): a policy learns to press it itself."""
 
 from __future__ import annotations
 

@@ -81,6 +81,8 @@ def _command(argv: Sequence[str] | None) -> int:
         return _checkpoints(args.run_id, args.root, parse_assignments(args.option))
     if args.command == "export":
         return _export(args)
+    if args.command == "export-policy":
+        return _export_policy(args)
     if args.command == "kube":
         return _kube(args)
     if args.command == "stack":
@@ -450,6 +452,25 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_policy(args: argparse.Namespace) -> int:
+    """A run's policy as an ONNX file at `--to`."""
+    from gymflow.presets import parse_assignments
+    from gymflow.tasks.storage.objects import Storage, StorageLocation
+    from gymflow.tasks.training.policy_export import export_policy
+
+    try:
+        storage = Storage(StorageLocation(args.root, parse_assignments(args.option)))
+        exported = export_policy(storage, args.run_id, args.version, args.to)
+    except GymflowError as error:
+        print(f"gymflow: error: {error}", file=sys.stderr)
+        return 2
+    print(f"exported v{exported.version} of run {args.run_id} ({exported.chosen}) to {exported.path} as ONNX "
+          f"({exported.size:,} bytes): input 'observations' [batch, ...], output 'actions'")
+    print(f"  run it: python -c \"import onnxruntime; print(onnxruntime.InferenceSession('{exported.path}')"
+          ".get_inputs()[0])\"")
+    return 0
+
+
 VERBOSE = "every log line in the terminal too (Prefect's task runs, libraries' INFO lines); always in gymflow-logs/"
 
 
@@ -487,6 +508,8 @@ def _parser() -> argparse.ArgumentParser:
             command.add_argument("--quiet", action="store_true", help="no progress bar")
             command.add_argument("--verbose", action="store_true", help=VERBOSE)
     _export_arguments(commands.add_parser("export", help="write a run's experience as a Minari dataset"))
+    _export_policy_arguments(commands.add_parser(
+        "export-policy", help="write a run's policy as an ONNX file (served without torch or gymflow: docs/deploy.md)"))
     command = commands.add_parser("stack", help="start (up) or end (down) a team's servers on this machine for a "
                                                 "trial: PostgreSQL, Prefect, MLflow with logins, S3, Dask")
     command.add_argument("action", choices=("up", "down"))
@@ -510,6 +533,16 @@ def _kube_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument("--learner-memory", default="8Gi", help="the flow run's memory")
     command.add_argument("--learner-gpus", type=int, default=0, help="GPUs for the learner (nvidia.com/gpu)")
     command.add_argument("--out", default="kube", help="the folder the manifests are written to")
+
+
+def _export_policy_arguments(command: argparse.ArgumentParser) -> None:
+    command.add_argument("run_id", help="the run id, e.g. cartpole-ppo-20261121-112038-28cdab")
+    command.add_argument("--to", required=True, metavar="FILE", help="the .onnx file to write")
+    command.add_argument("--format", choices=("onnx",), default="onnx", help="the file's format")
+    command.add_argument("--version", type=int, help="the policy version (default: the one the run delivered)")
+    command.add_argument("--root", default="gymflow-data", help="the storage root the run is under (storage.root)")
+    command.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                         help="a storage option of --root, e.g. --option endpoint_url=http://127.0.0.1:9000")
 
 
 def _export_arguments(command: argparse.ArgumentParser) -> None:

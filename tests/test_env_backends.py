@@ -1,7 +1,8 @@
-"""EnvPool's C++ envs behind gymflow's vector env (envs/envpool_backend.py): the same task as the
-Gymnasium path (MuJoCo's dynamics step for step from the same state; Atari's games alike over
-episodes), gymflow's episode semantics (same-step autoreset, a lost life terminal for learning,
-the cursor a shard keeps), and the presets that choose it."""
+"""The C++ backends behind gymflow's vector env (EnvPool's, envs/envpool_backend.py; the ALE's,
+envs/ale_backend.py, whose replay tests/test_ale_backend.py holds): the same task as the Gymnasium
+path (MuJoCo's dynamics step for step from the same state; Atari's games alike over episodes),
+gymflow's episode semantics (same-step autoreset, a lost life terminal for learning, the cursor a
+shard keeps), the presets that choose them and what they refuse, and runs on them end to end."""
 
 from __future__ import annotations
 
@@ -44,27 +45,28 @@ def test_a_mujoco_task_steps_as_gymnasiums_from_the_same_state(env_id):
     pool.close()
 
 
-def test_an_atari_game_plays_as_on_gymnasium_over_episodes():
-    """Breakout under gymflow's Atari preprocessing: the same frames, actions and score scale; a
-    random policy's whole games alike on both (EnvPool draws its no-op starts apart)."""
-    pool = make_vector_env("ALE/Breakout-v5", {"repeat_action_probability": 0.25}, 4, 0, ATARI.evaluation(), "envpool")
+@pytest.mark.parametrize("backend", ["envpool", "ale"])
+def test_an_atari_game_plays_as_on_gymnasium_over_episodes(backend):
+    """Breakout under gymflow's Atari preprocessing: the same spaces and score scale; a random
+    policy's whole games alike on both (the C++ backends draw their no-op starts apart)."""
+    cpp = make_vector_env("ALE/Breakout-v5", {"repeat_action_probability": 0.25}, 4, 0, ATARI.evaluation(), backend)
     python = SeededVectorEnv("ALE/Breakout-v5", {"repeat_action_probability": 0.25}, 4, 0, ATARI.evaluation())
-    assert pool.observation_space == python.observation_space and pool.action_space == python.action_space
+    assert cpp.observation_space == python.observation_space and cpp.action_space == python.action_space
     returns = {}
-    for name, env in (("envpool", pool), ("gymnasium", python)):
+    for name, env in ((backend, cpp), ("gymnasium", python)):
         env.reset()
         rng, played = np.random.default_rng(1), []
         while len(played) < 12:
-            step = env.step(rng.integers(0, 4, size=4))
-            played += step.episode_returns
+            played += env.step(rng.integers(0, 4, size=4)).episode_returns
         returns[name] = np.mean(played)
         env.close()
-    assert 0.5 < returns["envpool"] < 3.5 and 0.5 < returns["gymnasium"] < 3.5, returns  # random play: ~1.5
-    assert abs(returns["envpool"] - returns["gymnasium"]) < 1.0, returns
+    assert 0.5 < returns[backend] < 3.5 and 0.5 < returns["gymnasium"] < 3.5, returns  # random play: ~1.5
+    assert abs(returns[backend] - returns["gymnasium"]) < 1.0, returns
 
 
-def test_envpools_envs_reset_on_the_step_that_ends_an_episode_and_a_lost_life_ends_it_for_learning():
-    env = EnvPoolVectorEnv(pool_task("ALE/Breakout-v5", {"repeat_action_probability": 0.0}, ATARI), 2, seed=3)
+@pytest.mark.parametrize("backend", ["envpool", "ale"])
+def test_the_cpp_backends_envs_reset_on_the_step_that_ends_an_episode_and_a_lost_life_ends_it_for_learning(backend):
+    env = make_vector_env("ALE/Breakout-v5", {"repeat_action_probability": 0.0}, 2, 3, ATARI, backend)
     env.reset()
     lives_lost, ended = 0, None
     for _ in range(2000):
@@ -118,22 +120,32 @@ def test_the_backend_is_envpool_where_a_run_is_async_and_envpool_has_the_task():
      "env.backend: envpool's HalfCheetah-v5 does not take env.kwargs ['width']"),
     ("halfcheetah-sac", {"env.backend": "envpool", "distribution.mode": "async", "env.hide": [0]},
      "env.backend: envpool observes whole vectors"),
+    ("cartpole-ppo", {"env.backend": "ale"}, "env.backend: ale steps ALE/... ids with env.atari, not 'CartPole-v1'"),
+    ("breakout-ppo", {"env.backend": "ale", "env.kwargs": {"repeat_action_probability": 0.0, "mode": 0}},
+     "env.backend: ale's vector env does not take env.kwargs ['mode']"),
+    ("breakout-ppo", {"env.backend": "ale", "distribution.inference": "learner"},
+     "env.backend: ale steps a worker's whole batch a call"),
+    ("cartpole-ppo", {"distribution.env_threads": 2}, "distribution.env_threads: 2 threads step a C++ backend's envs, "
+                                                      "and this run's step on gymnasium; allowed: 1"),
+    ("breakout-ppo", {"distribution.env_threads": 8}, "distribution.env_threads: 8 threads for 4 envs a worker; "
+                                                      "allowed: 1 to distribution.envs_per_worker"),
 ])
-def test_envpool_is_refused_in_one_line_where_it_would_not_be_the_task_or_keep_the_promise(preset, overrides, says):
+def test_a_cpp_backend_is_refused_in_one_line_where_it_would_not_be_the_task_or_keep_the_promise(preset, overrides, says):
     with pytest.raises(InvalidPreset) as refused:
         experiment_from(load_preset(preset, overrides))
     assert str(refused.value).startswith(says), refused.value
     assert "\n" not in str(refused.value)
 
 
-def _envpool_run(preset: str, overrides: dict, workspace) -> None:
-    """A tiny run of `preset` whose rollouts step on EnvPool (auto, async): the checks the Gymnasium
-    path's end-to-end tests make (its steps, its evaluations in MLflow, an evaluation's film)."""
+def _cpp_backend_run(preset: str, overrides: dict, workspace, backend: str = "envpool") -> None:
+    """A tiny run of `preset` whose rollouts step on a C++ backend (auto: EnvPool where async): the
+    checks the Gymnasium path's end-to-end tests make (its steps, its evaluations in MLflow, an
+    evaluation's film)."""
     summary = improve(preset, {**TINY_MUJOCO, **overrides, **local_overrides(workspace)})
     assert summary.env_steps >= 1024
     client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
     run = client.get_run(summary.mlflow_run_id)
-    assert run.data.tags["gymflow.env_backend"] == "envpool"
+    assert run.data.tags["gymflow.env_backend"] == backend
     assert run.info.status == "FINISHED" and "eval/return_mean" in run.data.metrics
     (film,) = client.list_artifacts(summary.mlflow_run_id, "videos")  # evaluation: on Gymnasium
     assert film.path.endswith(".mp4") and film.file_size > 1000
@@ -147,16 +159,24 @@ OFF_POLICY = {"distribution.mode": "async", "schedule.heatup_env_steps": 256, "a
 # evaluations and film short
 @pytest.mark.e2e
 def test_an_async_hopper_td3_run_collects_on_envpool_end_to_end(prefect_api, workspace):
-    _envpool_run("hopper-td3", {**OFF_POLICY, "distribution.learner_threads": 1}, workspace)
+    _cpp_backend_run("hopper-td3", {**OFF_POLICY, "distribution.learner_threads": 1}, workspace)
 
 
 @pytest.mark.e2e
 @pytest.mark.slow  # long tier: the second of its capability (146 s here: HalfCheetah's 1,000-step evaluations)
 def test_an_async_halfcheetah_sac_run_collects_on_envpool_end_to_end(prefect_api, workspace):
-    _envpool_run("halfcheetah-sac", OFF_POLICY, workspace)
+    _cpp_backend_run("halfcheetah-sac", OFF_POLICY, workspace)
 
 
 @pytest.mark.e2e
 @pytest.mark.slow  # long tier: a third of its capability
 def test_a_breakout_appo_run_collects_on_envpool_end_to_end(prefect_api, workspace):
-    _envpool_run("breakout-appo", {"agent.hidden_sizes": [64], "agent.minibatch_size": 64}, workspace)
+    _cpp_backend_run("breakout-appo", {"agent.hidden_sizes": [64], "agent.minibatch_size": 64}, workspace)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow  # long tier: SYNC Breakout PPO on the ALE's vector env (auto), 2 workers x 2 envs x 32 steps a round
+def test_a_sync_breakout_ppo_run_collects_on_the_ales_vector_env_end_to_end(prefect_api, workspace):
+    _cpp_backend_run("breakout-ppo", {"schedule.rollout_steps_per_env": 32, "schedule.evaluate_every_env_steps": 100_000,
+                                  "schedule.evaluation_episodes": 1, "agent.minibatch_size": 64, "agent.epochs": 1,
+                                  "schedule.target_return": None}, workspace, backend="ale")

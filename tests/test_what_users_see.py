@@ -152,12 +152,14 @@ def _observations(count: int = 16) -> np.ndarray:
 def test_the_policy_is_a_logged_model_with_a_signature_and_the_run_s_final_metrics(finished_run):
     client, summary = finished_run.mlflow(), finished_run.summary
     run = client.get_run(summary.mlflow_run_id)
-    (model,) = client.search_logged_models(experiment_ids=[run.info.experiment_id])
+    models = {model.name: model for model in client.search_logged_models(experiment_ids=[run.info.experiment_id])}
+    assert sorted(models) == ["policy", "policy-onnx"]  # the pyfunc, and its ONNX graph beside it
+    model = models["policy"]
     assert summary.model_uri == f"models:/{model.model_id}" and model.source_run_id == run.info.run_id
-    assert model.name == "policy" and model.status == "READY"
+    assert model.status == "READY"
     assert {"summary/final_return", "eval/return_mean"} <= {metric.key for metric in model.metrics}
     assert model.params["agent.algo"] == "dqn"
-    assert [output.model_id for output in run.outputs.model_outputs] == [model.model_id]
+    assert sorted(output.model_id for output in run.outputs.model_outputs) == sorted(m.model_id for m in models.values())
     with _use_tracking_uri(finished_run.tracking_uri):
         loaded = mlflow.pyfunc.load_model(summary.model_uri)  # by its model id
     inputs = loaded.metadata.signature.inputs.to_dict()
@@ -169,6 +171,44 @@ def test_the_policy_is_a_logged_model_with_a_signature_and_the_run_s_final_metri
     example = Model.load(model_folder).load_input_example(model_folder)
     assert example.shape == (1, 2)
     np.testing.assert_array_equal(loaded.predict(example), _greedy_actions(finished_run, example))
+
+
+def test_the_policy_s_onnx_graph_answers_the_pyfunc_s_actions_in_mlflow_and_in_onnx_runtime_alone(finished_run):
+    import onnxruntime
+
+    run = finished_run.mlflow().get_run(finished_run.summary.mlflow_run_id)
+    onnx_uri = run.data.tags["gymflow.onnx_model"]
+    observations = np.concatenate([_observations(), np.random.default_rng(0).normal(0, 2, (984, 2)).astype(np.float32)])
+    expected = _greedy_actions(finished_run, observations)
+    with _use_tracking_uri(finished_run.tracking_uri):
+        served_by_mlflow = mlflow.pyfunc.load_model(onnx_uri)  # MLflow's onnx flavor: ONNX Runtime, no torch
+        model_folder = Path(mlflow.artifacts.download_artifacts(onnx_uri))
+    assert served_by_mlflow.metadata.signature.inputs.to_dict() == [
+        {"type": "tensor", "name": "observations", "tensor-spec": {"dtype": "float32", "shape": (-1, 2)}}]
+    np.testing.assert_array_equal(served_by_mlflow.predict({"observations": observations})["actions"], expected)
+    session = onnxruntime.InferenceSession(str(model_folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    (actions,) = session.run(["actions"], {"observations": observations})  # the file a team copies anywhere
+    assert actions.dtype == np.int64
+    np.testing.assert_array_equal(actions, expected)
+
+
+def test_export_policy_writes_the_delivered_policy_as_an_onnx_file_or_says_why_not(finished_run, tmp_path, capsys):
+    import onnxruntime
+
+    from gymflow.flows.cli import main
+
+    run_id, root = finished_run.summary.run_id, str(finished_run.folder / "data")
+    target = tmp_path / "policies" / "policy.onnx"
+    assert main(["export-policy", run_id, "--root", root, "--to", str(target)]) == 0
+    said = capsys.readouterr().out
+    assert f"exported v{finished_run.summary.delivered_version} of run {run_id} (the version the run delivered)" in said
+    observations = np.random.default_rng(1).normal(0, 2, (1000, 2)).astype(np.float32)
+    (actions,) = onnxruntime.InferenceSession(str(target)).run(["actions"], {"observations": observations})
+    np.testing.assert_array_equal(actions, _greedy_actions(finished_run, observations))
+    elsewhere = tmp_path / "never.onnx"
+    assert main(["export-policy", run_id, "--root", root, "--to", str(elsewhere), "--version", "9999"]) == 2
+    assert capsys.readouterr().err.startswith(f"gymflow: error: --version: run {run_id} keeps no policy v9999; allowed: ")
+    assert not elsewhere.exists()
 
 
 def test_the_mlflow_run_is_described_and_says_its_source_and_what_it_overrode(finished_run):

@@ -145,6 +145,28 @@ def log_policy_model(tracker: Tracker, model: PolicyModel, step: int) -> str:
     return f"models:/{logged.model_id}"
 
 
+def log_onnx_policy(tracker: Tracker, model: PolicyModel, graph: bytes, step: int) -> str:
+    """Log a policy's ONNX graph (agents/export.py) as an MLflow logged model of the onnx flavor named
+    `<policy model>-onnx`, output of the run at `step` beside the pyfunc one: served by
+    `mlflow models serve` or any ONNX runtime, without torch or gymflow. Returns its URI."""
+    import onnx
+
+    logged = tracker.client.create_logged_model(tracker.experiment_id, name=f"{model.name}-onnx",
+                                                source_run_id=tracker.run_id, params=dict(model.params),
+                                                model_type="gymflow-policy-onnx")
+    observations = TensorSpec(np.dtype(observation_dtype(model.observation_space)),
+                              (-1, *model.observation_space.shape), OBSERVATIONS)
+    signature = ModelSignature(inputs=Schema([observations]),
+                               outputs=Schema([_actions_spec(model.action_space, ACTIONS)]))
+    example = {OBSERVATIONS: np.zeros((1, *model.observation_space.shape), observations.type)}
+    with _global_tracking_uri(tracker.tracking_uri), _no_progress_bars(), _logged_without_mlflows_slow_checks():
+        patiently(mlflow.onnx.log_model, outage=tracker.outage, onnx_model=onnx.load_from_string(graph),
+                  name=f"{model.name}-onnx", model_id=logged.model_id, step=step, signature=signature,
+                  input_example=example, save_as_external_data=False)
+    tracker.client.log_outputs(tracker.run_id, [LoggedModelOutput(logged.model_id, step=step)])
+    return f"models:/{logged.model_id}"
+
+
 @contextmanager
 def _global_tracking_uri(uri: str) -> Iterator[None]:
     """MLflow's model logging and its registry reach logged models through its process-global

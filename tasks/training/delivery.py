@@ -66,6 +66,8 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
                         run.params(), memory_size=getattr(run.preset.agent, "recurrent", None))
     model_uri = log_policy_model(tracker, model, step=summary.clock)
     _log_each_policy(run, tracker, model, summary.clock)
+    _say(recorder, summary, f"delivering v{summary.delivered_version} to MLflow ({where}): its ONNX graph")
+    _log_onnx_policy(run, tracker, model, summary, recorder)
     if recorder.events is not None:
         recorder.events.finished({"final_return": summary.final_return, "solved": summary.solved,
                                   "target_return": summary.target_return, "env_steps": summary.env_steps,
@@ -80,6 +82,25 @@ def _say(recorder: RunRecorder, summary: RunSummary, status: str) -> None:
     """What delivery is doing, on the progress bar and in the run's log (through a tracking
     server it takes seconds: docs/benchmarks.md, "Delivery through a team's servers")."""
     recorder.progress.update(summary.clock, status, force=True)
+
+
+def _log_onnx_policy(run: PreparedRun, tracker: Tracker, model: Any, summary: RunSummary,
+                     recorder: RunRecorder) -> None:
+    """The delivered policy as an ONNX graph too (agents/export.py), checked against the policy by ONNX
+    Runtime and logged beside the pyfunc model (`policy-onnx`, the run's tag `gymflow.onnx_model`);
+    where it cannot be one, a line says why and the run goes on."""
+    from gymflow.agents.export import CannotExport, onnx_policy
+    from gymflow.tasks.tracking.models import log_onnx_policy
+
+    experiment = run.experiment
+    try:
+        graph = onnx_policy(experiment.algorithm, run.preset.agent, experiment.observation_space,
+                            experiment.action_space, model.policy)
+    except CannotExport as why:
+        recorder.progress.logger.warning("v%d is not exported to ONNX: %s; its pyfunc model serves it",
+                                         summary.delivered_version, why)
+        return
+    tracker.set_tags({"gymflow.onnx_model": log_onnx_policy(tracker, model, graph, summary.clock)})
 
 
 def _log_each_policy(run: PreparedRun, tracker: Tracker, model: Any, step: int) -> None:

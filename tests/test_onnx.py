@@ -1,0 +1,80 @@
+"""A policy as an ONNX graph (agents/export.py): for each family gymflow trains, ONNX Runtime's
+actions on 1,000 observations against the policy's own greedy ones (what the pyfunc model answers):
+discrete identical, continuous within 1e-5; observation normalisation folded in; what cannot be a
+graph yet refused in one line. A finished run's ONNX model in MLflow: tests/test_what_users_see.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+from safetensors.torch import save
+
+from gymflow.agents.export import CannotExport, onnx_policy
+from gymflow.agents.normalization import RunningMeanVar
+from gymflow.presets.validate import resolve_experiment
+
+FAMILIES = [
+    ("cartpole-ppo", {"agent.normalize_observations": True}),  # MLP, discrete, normalised observations
+    ("breakout-ppo", {}),  # the Nature CNN over uint8 frame stacks
+    ("halfcheetah-ppo", {"agent.normalize_observations": True}),  # a Gaussian's mean
+    ("cartpole-dqn", {}),  # Q-values' argmax
+    ("catch-dqn", {}),  # a CNN's Q-values
+    ("pendulum-sac", {}),  # the squashed Gaussian's mean, in the env's bounds
+    ("hopper-td3", {"agent.normalize_observations": True}),
+    ("hopper-iql", {}),
+    ("cartpole-bc", {}),
+]
+
+
+def _trained_like(network: torch.nn.Module) -> torch.nn.Module:
+    """Weights and normalisation statistics away from their initial values, as a run leaves them."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in network.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+        for module in network.modules():
+            if isinstance(module, RunningMeanVar):
+                module.mean.normal_(0.0, 1.0, generator=generator)
+                module.var.uniform_(0.2, 4.0, generator=generator)
+    return network.eval()
+
+
+def _observations(space, count: int = 1000) -> np.ndarray:
+    space.seed(0)
+    return np.stack([space.sample() for _ in range(count)]).astype(np.uint8 if space.dtype == np.uint8 else np.float32)
+
+
+@pytest.mark.parametrize(("preset", "overrides"), FAMILIES, ids=[preset for preset, _ in FAMILIES])
+def test_the_onnx_graph_acts_as_the_policy_on_a_thousand_observations(preset, overrides):
+    experiment = resolve_experiment(preset, overrides)
+    algorithm, config = experiment.algorithm, experiment.preset.agent
+    network = _trained_like(algorithm.network(config, experiment.observation_space, experiment.action_space))
+    graph = onnx_policy(algorithm, config, experiment.observation_space, experiment.action_space,
+                        save(network.state_dict()))
+    observations = _observations(experiment.observation_space)
+    expected, _ = algorithm.policy(network, config, 0.0, 0).act(observations, explore=False)
+    session = onnxruntime.InferenceSession(graph, providers=["CPUExecutionProvider"])
+    (actions,) = session.run(["actions"], {"observations": observations})
+    assert actions.dtype == expected.dtype and actions.shape == expected.shape
+    if actions.dtype == np.int64:
+        np.testing.assert_array_equal(actions, expected)
+        assert len(np.unique(expected)) > 1  # the observations reach more than one action
+    else:
+        assert np.abs(actions - expected).max() <= 1e-5
+
+
+@pytest.mark.parametrize(("preset", "overrides", "says"), [
+    ("cartpole-ppo", {"agent.recurrent": 8}, "recurrent policies (agent.recurrent: memory in, memory out)"),
+    ("spread-ippo", {"env.id": "pettingzoo:gymflow.testing.agents:Exits", "env.kwargs": {},
+                     "agent.policies": {"guide": "guides"}},
+     "agent groups acting with separate policies (agent.policies)"),
+])
+def test_what_cannot_be_a_graph_yet_is_said_in_one_line(preset, overrides, says):
+    experiment = resolve_experiment(preset, overrides)
+    algorithm, config = experiment.algorithm, experiment.preset.agent
+    network = algorithm.network(config, experiment.observation_space, experiment.action_space)
+    with pytest.raises(CannotExport) as refused:
+        onnx_policy(algorithm, config, experiment.observation_space, experiment.action_space, save(network.state_dict()))
+    assert str(refused.value).startswith(says) and "\n" not in str(refused.value)
