@@ -57,7 +57,9 @@ def _check_mlflow(workspace, summary, flow_run_id, algo: str) -> None:
     assert [m.step for m in history] == sorted(m.step for m in history) and history[-1].step == summary.env_steps
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"preset.yaml", "learning_curve.png", "checkpoint", "videos"} <= artifacts
-    assert [output.model_id for output in run.outputs.model_outputs] == [summary.model_uri.removeprefix("models:/")]
+    onnx_model = run.data.tags["gymflow.onnx_model"].removeprefix("models:/")  # the policy's ONNX graph beside it
+    assert sorted(output.model_id for output in run.outputs.model_outputs) == sorted(
+        [summary.model_uri.removeprefix("models:/"), onnx_model])
     assert "checkpoint/manifest.json" in {a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")}
 
 
