@@ -162,7 +162,9 @@ def log_onnx_policy(tracker: Tracker, model: PolicyModel, graph: bytes, step: in
     with _global_tracking_uri(tracker.tracking_uri), _no_progress_bars(), _logged_without_mlflows_slow_checks():
         patiently(mlflow.onnx.log_model, outage=tracker.outage, onnx_model=onnx.load_from_string(graph),
                   name=f"{model.name}-onnx", model_id=logged.model_id, step=step, signature=signature,
-                  input_example=example, save_as_external_data=False)
+                  input_example=example, save_as_external_data=False,
+                  # said, not inferred: MLflow's inference loads the model in a subprocess (7 s of a run's end)
+                  pip_requirements=mlflow.onnx.get_default_pip_requirements())
     tracker.client.log_outputs(tracker.run_id, [LoggedModelOutput(logged.model_id, step=step)])
     return f"models:/{logged.model_id}"
 
