@@ -15,6 +15,7 @@ from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
 from gymflow.envs.headless import choose_mujoco_backend
 from gymflow.envs.parts import FlatParts, image_parts, part_problem
+from gymflow.errors import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -311,6 +312,8 @@ def check_env(
         raise EnvSpecError("env.kwargs", f"{env_id!r} refused its kwargs: {error}") from None
     try:
         observation_space, action_space = env.observation_space, env.action_space
+        if is_users_env(env_id):
+            check_what_it_observes(env, env_id)
     finally:
         env.close()
     _check_observations(env_id, observation_space, algo, images)
@@ -367,6 +370,51 @@ def reads_pixels(space: spaces.Space) -> bool:
     return is_image(space) or bool(image_parts(space))
 
 
+# where Gymnasium's, the ALE's and the MuJoCo envs' classes live: their observations fit their spaces
+_TRUSTED_ENTRY_POINTS = ("gymnasium.", "ale_py", "shimmy", "gymflow.")
+
+
+def is_users_env(env_id: str) -> bool:
+    """An env gymflow and Gymnasium do not ship: a 'module:Class' entry point outside gymflow, or an id
+    registered to one."""
+    if ":" in env_id:
+        return not env_id.startswith("gymflow.")
+    try:
+        entry_point = gym.spec(env_id).entry_point
+    except gym.error.Error:
+        return False
+    return not (isinstance(entry_point, str) and entry_point.startswith(_TRUSTED_ENTRY_POINTS))
+
+
+def check_what_it_observes(env: gym.Env, env_id: str) -> None:
+    """A user's env reset (seed 0) and stepped once with a sampled action: what it returns must fit the
+    observation space it declares, before any run starts on it (a rollout would fail on the workers)."""
+    space = env.observation_space
+    observation, _ = env.reset(seed=0)
+    _fits(env_id, "reset", observation, space)
+    env.action_space.seed(0)
+    observation, *_ = env.step(env.action_space.sample())
+    _fits(env_id, "step", observation, space)
+
+
+def _fits(env_id: str, where: str, observation: Any, space: spaces.Space) -> None:
+    if isinstance(space, spaces.Dict):
+        if not isinstance(observation, dict) or set(observation) != set(space.spaces):
+            seen = sorted(observation) if isinstance(observation, dict) else type(observation).__name__
+            raise EnvSpecError("env.id", f"{env_id!r} returned {seen} from {where}; its observation_space is a "
+                                         f"Dict of {sorted(space.spaces)}")
+        for key, part in space.spaces.items():
+            _fits(env_id, f"{where} (part {key!r})", observation[key], part)
+        return
+    array = np.asarray(observation)
+    if space.shape is not None and array.shape != space.shape:
+        raise EnvSpecError("env.id", f"{env_id!r} returned an observation of shape {array.shape} from {where}; its "
+                                     f"observation_space {space} holds shape {space.shape}")
+    if not np.can_cast(array.dtype, space.dtype, casting="same_kind"):
+        raise EnvSpecError("env.id", f"{env_id!r} returned {array.dtype} observations from {where}; its "
+                                     f"observation_space holds {space.dtype}")
+
+
 def _check_observations(env_id: str, space: spaces.Space, algo: str, images: bool) -> None:
     if image_parts(space) and not images:
         keys = ", ".join(part.key for part in image_parts(space))
@@ -395,6 +443,10 @@ def _entry_point_class(entry_point: str) -> type[gym.Env]:
     except ImportError as error:
         raise EnvSpecError("env.id", f"cannot import {module_name!r}: {error}") from None
     env_class = getattr(module, class_name, None)
+    if env_class is None:
+        envs = [name for name, value in vars(module).items() if isinstance(value, type) and issubclass(value, gym.Env)]
+        raise EnvSpecError("env.id", f"{module_name!r} has no {class_name!r}{did_you_mean(class_name, envs)}; "
+                                     f"its gymnasium.Env classes: {', '.join(sorted(envs)) or 'none'}")
     if not (isinstance(env_class, type) and issubclass(env_class, gym.Env)):
         raise EnvSpecError(
             "env.id", f"{entry_point!r} is not a gymnasium.Env subclass in {module_name!r}"

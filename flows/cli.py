@@ -13,10 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
+from gymflow.commands import gymflow_command
 from gymflow.errors import GymflowError
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
             return 2
         return _run("cartpole-ppo", {"storage.root": args.root, "storage.options": options},
                     Output(args.quiet, args.verbose), api_ready,
-                    Launch({"resume": args.run_id}, f"gymflow resume {args.run_id} --root {args.root}"))
+                    Launch({"resume": args.run_id}, f"{gymflow_command()} resume {args.run_id} --root {args.root}"))
     try:
         overrides = parse_assignments(args.set)
         from gymflow.presets.validate import resolve_experiment
@@ -134,7 +135,7 @@ def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
     run_id = new_run_id(experiment.preset.name)  # named here, so a stopped run's line can say how to resume it
     return _run(args.preset, overrides, Output(args.quiet, args.verbose), api_ready,
                 Launch({"warm_start": args.warm_start, "run_id": run_id},
-                       f"gymflow resume {run_id} --root {experiment.preset.storage.root}"),
+                       f"{gymflow_command()} resume {run_id} --root {experiment.preset.storage.root}"),
                 experiment.preset.distribution)
 
 
@@ -192,7 +193,7 @@ def _stack(args: argparse.Namespace) -> int:
     except stack.StackError as error:
         print(f"gymflow: error: {error}", file=sys.stderr)
         return 2
-    print(f"stack under {started.folder} (`gymflow stack down --folder {args.folder}` ends it):\n"
+    print(f"stack under {started.folder} (`{gymflow_command()} stack down --folder {args.folder}` ends it):\n"
           f"  PostgreSQL     127.0.0.1:{started.postgres_port}\n  Prefect        {started.prefect_api_url}\n"
           f"  MLflow         {started.mlflow_url} (users: {', '.join(users)}; admin: {stack.ADMIN})\n"
           f"  S3 (moto)      {started.s3_endpoint} bucket {started.bucket}\n"
@@ -295,16 +296,16 @@ def _run(preset: str, overrides: dict, output: Output, api_ready: Callable[[], N
                              api_ready, distribution, (launch.run_id, output))
     if isinstance(summary, int):
         return summary
+    from gymflow.tasks.training.delivery import delivered_words
+
     target = summary.target_return
     verdict = "ended" if target is None else \
         f"{'reached' if summary.solved else 'did not reach'} its target ({target:g})"
     spent = (f"{summary.env_steps:,} env steps" if summary.gradient_steps is None
              else f"{summary.gradient_steps:,} gradient steps offline")
     print(
-        f"run {summary.run_id} {verdict}: evaluation return {summary.final_return:.1f} "
-        f"(best {summary.best_return:.1f}) after {spent} in "
-        f"{summary.wall_seconds:.1f} s of training; orchestration {100 * summary.orchestration_share:.1f}% "
-        f"of it\n  checkpoints and shards: {summary.storage_url}\n  MLflow run: {summary.mlflow_run_id}"
+        f"run {summary.run_id} {verdict}; {delivered_words(summary)} after {spent} ({summary.wall_seconds:.1f} s)"
+        f"\n  MLflow run: {summary.mlflow_run_id}\n  checkpoints and shards: {summary.storage_url}"
     )
     return 0
 
@@ -343,8 +344,8 @@ def _sweep(spec_path: str, sweep_id: str | None, api_ready: Callable[[], None], 
         _without_mlflow_chatter()
         return lambda: sweep(spec, sweep_id)
 
-    result = _under_prefect(load, f"`gymflow sweep {spec_path} --id {sweep_id}` continues the sweep; finished runs "
-                                  "are kept, interrupted ones resume", api_ready, log=(sweep_id, output))
+    result = _under_prefect(load, f"`{gymflow_command()} sweep {spec_path} --id {sweep_id}` continues the sweep; "
+                                  "finished runs are kept, interrupted ones resume", api_ready, log=(sweep_id, output))
     if isinstance(result, int):
         return result
     trained = "member intervals" if spec.pbt is not None else "runs"
@@ -358,27 +359,17 @@ def _sweep(spec_path: str, sweep_id: str | None, api_ready: Callable[[], None], 
 
 
 def _with_progress_bar(train: Callable[[], RunSummary], quiet: bool) -> RunSummary:
+    """Progress on a bar in a terminal (log lines printed above it); piped, or --quiet, the log lines
+    alone tell it."""
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
 
+    from gymflow.flows.console import printed_above
     from gymflow.tasks.tracking.progress import showing_progress
 
-    bar = Progress(
-        TextColumn("[bold]training"),
-        BarColumn(),
-        TextColumn("{task.completed:,.0f}/{task.total:,.0f} {task.fields[unit]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[status]}"),
-        console=Console(stderr=True),
-        disable=quiet,
-    )
+    console = Console(stderr=True)
+    if quiet or not console.is_terminal:
+        return train()
+    bar = progress_bar(console)
 
     class BarView:
         task_id = None
@@ -388,8 +379,24 @@ def _with_progress_bar(train: Callable[[], RunSummary], quiet: bool) -> RunSumma
                 self.task_id = bar.add_task("train", total=total, status="", unit=unit)
             bar.update(self.task_id, completed=min(done, total), status=status)
 
-    with bar, showing_progress(BarView()):
+    with bar, printed_above(bar.console), showing_progress(BarView()):
         return train()
+
+
+def progress_bar(console: Any) -> Any:
+    """A run's bar, in one line of any terminal 80 columns wide or wider: the bar, the count, the time
+    left, then what the run is doing, cut with an ellipsis where the line ends."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.table import Column
+
+    return Progress(
+        BarColumn(bar_width=16),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f} {task.fields[unit]}", table_column=Column(no_wrap=True)),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[status]}", table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
+        console=console,
+        expand=True,
+    )
 
 
 def _checkpoints(run_id: str, root: str, options: dict) -> int:

@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import prefect
 
@@ -60,6 +63,68 @@ class OnlyWhatAPersonReads(logging.Filter):
         if record.levelno >= logging.WARNING or record.name.startswith("gymflow"):
             return True
         return record.name in RUN_LOGGERS and not record.pathname.startswith(_PREFECT_CODE)
+
+
+class GymflowErrorsSaidOnce(logging.Filter):
+    """Leaves out the ERROR lines Prefect's engine writes about a task or flow that a gymflow error ended
+    (the task run failed, finished in state Failed, the flow run's exception): gymflow's own line says it,
+    once, last; the API keeps them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or not record.pathname.startswith(_PREFECT_CODE):
+            return True
+        if record.exc_info and isinstance(record.exc_info[1], GymflowError):
+            return False
+        message = record.getMessage()
+        return not any(f"{name}: " in message for name in _gymflow_error_names())
+
+
+def _gymflow_error_names() -> set[str]:
+    found, kinds = set(), [GymflowError]
+    while kinds:
+        kind = kinds.pop()
+        found.add(kind.__name__)
+        kinds.extend(kind.__subclasses__())
+    return found
+
+
+class NotTheBarsLines(logging.Filter):
+    """Leaves out the progress lines (tasks/tracking/progress.py) while a bar shows the same."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.pathname.endswith(_PROGRESS_CODE)
+
+
+_PROGRESS_CODE = str(Path("tracking", "progress.py"))
+
+
+@contextmanager
+def printed_above(console: Any) -> Iterator[None]:
+    """While a progress bar is drawn on `console` (rich's), Prefect's console handlers print through it,
+    above the bar and never into it, without the progress lines the bar shows."""
+    handlers = _console_handlers()
+    before = [handler.console for handler in handlers]
+    hidden = NotTheBarsLines()
+    for handler in handlers:
+        handler.console = console
+        handler.addFilter(hidden)
+    try:
+        yield
+    finally:
+        for handler, own in zip(handlers, before):
+            handler.console = own
+            handler.removeFilter(hidden)
+
+
+def _console_handlers() -> list[Any]:
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    handlers: list[Any] = []
+    for name in ("prefect", "prefect.flow_runs", "prefect.task_runs", ""):
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, PrefectConsoleHandler) and handler not in handlers:
+                handlers.append(handler)
+    return handlers
 
 
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")  # what get_run_logger() gives gymflow's flows and tasks
@@ -108,3 +173,4 @@ def gymflow_errors_in_one_line_on_the_console() -> None:
             if isinstance(handler, PrefectConsoleHandler) and not wrapped:
                 handler.setFormatter(WithoutGymflowTracebacks(handler.formatter or logging.Formatter()))
                 handler.addFilter(InterruptNotACrash())
+                handler.addFilter(GymflowErrorsSaidOnce())

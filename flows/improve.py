@@ -78,24 +78,24 @@ def improve(
     ):
         recorder = run_recorder(run, tracker, logger)
         logger.info("run %s: storage %s, MLflow run %s, %s", run.run_id, storage_url(run), tracker.run_id, where)
-        with improve_loop(run, hosts, recorder, logger, judge) as loop:
+        with improve_loop(run, hosts, recorder, logger, judge, earlier=recorder.evaluations) as loop:
             logger.info("run %s: rollout workers ready, training", run.run_id)
             started = time.perf_counter()
             state = first_state(run, hosts, loop, logger)  # heatup and version 0, or where a resumed run stood
             say_where_it_starts(run, state, recorder, logger)  # a resumed run's bar starts where it stood
             while not loop.stopped(state):
                 state = train(loop, state)  # ~2 s of collect -> learn -> commit -> maybe evaluate
-            state, deciding = loop.finish(state)  # the deciding policy's film is made beside delivery
+            finished = loop.finish(state)  # the delivered policy's film is made beside delivery
+            state, deciding = finished.state, finished.deciding
             identity = RunIdentity(run.run_id, tracker.run_id, storage_url(run))
             ending = RunEnding(loop.stop.target_reached(deciding), loop.stop.stopped_early(loop.latest),
                                time.perf_counter() - started, run.preset.schedule.target_return,
                                paused=loop.paused(state, deciding))
-            summary = summarize(identity, state, recorder, deciding, ending)
+            summary = summarize(identity, finished, recorder, ending)
             if summary.paused:  # a population member at its interval's end: continued by the sweep
                 logger.info("run %s paused at %s %s: v%d scored %.1f; its sweep continues it", run.run_id,
                             f"{summary.clock:,}", recorder.budget.unit, summary.delivered_version, summary.final_return)
                 return summary
-            recorder.progress.update(recorder.budget.spent(state), f"done: eval {summary.final_return:.1f}", force=True)
             delivered = deliver(run, tracker, summary, recorder)  # artifacts, figures, the model
             loop.film_landed()
             summary, report = delivered.summary, report_run(run, tracker, delivered, recorder)

@@ -29,6 +29,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from gymflow.commands import gymflow_command
 from gymflow.files import write_whole
 from gymflow.tasks.cluster.clocks import housekeeping_environment
 from gymflow.tasks.tracking.servers import basic_authorization
@@ -123,10 +124,10 @@ def start(folder: Path, users: tuple[str, ...] = ("alice", "bob"), dask_workers:
     stops those started and raises StackError naming it."""
     folder = Path(folder).resolve()
     if folder.exists() and any(folder.iterdir()):
-        raise StackError(f"{folder}: not empty (a stack is there? `gymflow stack down --folder {folder}`)")
+        raise StackError(f"{folder}: not empty (a stack is there? `{gymflow_command()} stack down --folder {folder}`)")
     if postgres_home(folder).exists():
         raise StackError(f"{postgres_home(folder)}: PostgreSQL's folder of a stack under {folder} is there "
-                         f"(`gymflow stack down --folder {folder}`)")
+                         f"(`{gymflow_command()} stack down --folder {folder}`)")
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o700)  # its maker's alone: logs, certificates, the state file
     pids: dict[str, int] = {}

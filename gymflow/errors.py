@@ -5,6 +5,16 @@ that is not there, a bucket that refuses, or a warm-start model that does not fi
 survives pickling (Dask and Prefect carry exceptions between processes as pickles).
 """
 
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """' did you mean 'X'?' where one of `choices` is near `word` (a typo), else ''; to end a refusal's
+    first clause."""
+    near = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.75)
+    return f"; did you mean {near[0]!r}?" if near else ""
+
 
 class GymflowError(Exception):
     """A run that cannot start, found before any work is done; `field` names the preset field

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from gymflow.agents.algorithms import ALGORITHMS
 from gymflow.agents.configs import ReplayOptions
-from gymflow.errors import InvalidPreset
+from gymflow.errors import InvalidPreset, did_you_mean
 from gymflow.presets.model import Preset, field_models
 
 _BUILTIN = resources.files("gymflow.presets") / "builtin"
@@ -66,7 +66,8 @@ def _read_one(name_or_path: str) -> dict[str, Any]:
     else:
         allowed = ", ".join(builtin_presets())
         raise InvalidPreset(
-            "preset", f"unknown preset {name_or_path!r}; allowed: {allowed}, or a .yaml file path"
+            "preset", f"unknown preset {name_or_path!r}{did_you_mean(name_or_path, builtin_presets())}; allowed: "
+                      f"{allowed}, or a .yaml file path"
         )
     data = yaml.safe_load(text)
     if not isinstance(data, dict):
@@ -112,6 +113,7 @@ def load_preset(name_or_path: str, overrides: Mapping[str, Any] | None = None) -
     if "agent.algo" in overrides:
         _switch_algorithm(data, overrides["agent.algo"])
     _switch_dataset_source(data, overrides)
+    _switch_env(data, overrides)
     for key, value in overrides.items():
         _assign(data, key, value)
     return validate_preset_data(data)
@@ -180,6 +182,46 @@ def _switch_algorithm(data: dict[str, Any], algo: Any) -> None:
     data["agent"] = kept
 
 
+def _switch_env(data: dict[str, Any], overrides: Mapping[str, Any]) -> None:
+    """Another env than the preset's is the user's task, not the preset's: the run is named after it and
+    its algorithm (`myenv-ppo`), its target return is the one its Gymnasium spec gives (none for an
+    entry point or a spec without one), and the preset's env kwargs (the other env's) are dropped; what
+    the overrides set themselves stays."""
+    env = data.get("env")
+    new_id = overrides.get("env.id")
+    if not isinstance(env, dict) or not isinstance(new_id, str) or new_id == env.get("id"):
+        return
+    agent = data.get("agent") if isinstance(data.get("agent"), dict) else {}
+    algo = overrides.get("agent.algo", agent.get("algo"))
+    if "name" not in overrides:
+        data["name"] = f"{env_name(new_id)}-{algo}" if isinstance(algo, str) else env_name(new_id)
+    if "schedule.target_return" not in overrides and isinstance(data.get("schedule"), dict):
+        data["schedule"]["target_return"] = spec_target(new_id)
+    if "env.kwargs" not in overrides:
+        env.pop("kwargs", None)
+
+
+def env_name(env_id: str) -> str:
+    """A run name's part for an env: 'my_env:MyEnv' -> 'myenv', 'ALE/Breakout-v5' -> 'breakout',
+    'Acrobot-v1' -> 'acrobot'."""
+    name = env_id.rpartition(":")[2].rpartition("/")[2]
+    return re.sub(r"-v\d+$", "", name).lower().replace("_", "-") or "env"
+
+
+def spec_target(env_id: str) -> float | None:
+    """The reward threshold a registered env's spec gives (None for an entry point, or no threshold)."""
+    if ":" in env_id:
+        return None
+    import gymnasium as gym
+
+    if env_id.startswith("ALE/"):
+        return None  # Atari's specs give none
+    try:
+        return gym.spec(env_id).reward_threshold
+    except gym.error.Error:
+        return None  # an unknown id is refused by name when the env is made
+
+
 def _switch_dataset_source(data: dict[str, Any], overrides: Mapping[str, Any]) -> None:
     """dataset.id (a Minari dataset) and dataset.runs (gymflow runs) are two kinds of source:
     naming one drops the preset's other, with the root and options that went with it."""
@@ -206,7 +248,7 @@ def _assign(data: dict[str, Any], dotted_key: str, value: Any) -> None:
                 if here == f"agent.{part}" and part in ReplayOptions.model_fields:
                     _refuse_replay_settings_for_on_policy({**data.get("agent", {}), part: value})
                 allowed = ", ".join(sorted(fields))
-                raise InvalidPreset(here, f"unknown setting; allowed here: {allowed}")
+                raise InvalidPreset(here, f"unknown setting{did_you_mean(part, fields)}; allowed here: {allowed}")
             model = _nested_model(fields[part], node.get(part))
         if depth == len(parts) - 1:
             node[part] = copy.deepcopy(value)

@@ -89,6 +89,27 @@ class TwoWayCorridor(PictureCorridor):
                         np.float32)
 
 
+class Fading(gym.Env):
+    """One-step episodes that pay less the more episodes the process has begun (1 / episodes): each
+    of a run's evaluations scores below the one before, whatever the policy learnt, as a collapsing
+    policy's do. For tests of which version a run delivers."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    _episodes_in_process = 0
+
+    def __init__(self):
+        self.observation_space = spaces.Box(0.0, 1.0, shape=(1,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        Fading._episodes_in_process += 1
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(1, np.float32), 1.0 / Fading._episodes_in_process, True, False, {}
+
+
 class Tripwire(Corridor):
     """The corridor, with one fault armed for fault-tolerance drills: on the `at_step`-th step
     taken in a Dask worker process, SIGKILL that process (`fault="kill"`) or hang it

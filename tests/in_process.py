@@ -58,7 +58,7 @@ def train_in_process(run: PreparedRun, steps: int | None = None) -> tuple[LoopSt
             state = loop.step(state)
         if steps is not None:
             return state, observer, None
-        state, deciding = loop.finish(state)
+        state, deciding, _ = loop.finish(state)
     return state, observer, deciding
 
 

@@ -97,6 +97,36 @@ def test_dqn_sync_run_heats_up_then_trains(prefect_api, workspace, tiny_budget):
     assert decode_arrays(final["replay.npz"])["counters"][2] == summary.env_steps  # every transition inserted
 
 
+def test_a_run_delivers_its_best_evaluated_version_with_its_checkpoint_though_later_ones_scored_lower(
+        prefect_api, workspace, tiny_budget, tmp_path):
+    """Each evaluation scores below the one before (Fading), as a collapsing DQN's do: the best, the first,
+    is delivered (its policy as the model, its checkpoint beside it, kept past keep_checkpoints 1), and the
+    summary names the last version and its score."""
+    import json
+    from pathlib import Path
+
+    import mlflow
+
+    from gymflow.tasks.storage.checkpoints import POLICY_BLOB, read_policy
+    from gymflow.tasks.tracking.models import _use_tracking_uri
+
+    overrides = {**tiny_budget, "env.id": "gymflow.testing.envs:Fading", "agent.train_steps_per_iteration": 8,
+                 "agent.hidden_sizes": [16], "schedule.heatup_env_steps": 128, "storage.keep_checkpoints": 1,
+                 "tracking.video": "off", **local_overrides(workspace)}
+    summary = improve("cartpole-dqn", overrides)
+    first, *later = summary.evaluations
+    assert len(later) >= 2 and all(row.mean < first.mean for row in later)
+    assert summary.delivered_version == first.version < summary.last.version == summary.versions_committed - 1
+    assert summary.final_return == first.mean and summary.last.mean_return == later[-1].mean
+    storage, uri = Storage(StorageLocation(str(workspace / "data"))), f"sqlite:///{workspace / 'mlflow.db'}"
+    with _use_tracking_uri(uri):
+        model = Path(mlflow.artifacts.download_artifacts(summary.model_uri, dst_path=str(tmp_path / "model")))
+    (policy,) = model.rglob("policy.safetensors")
+    assert policy.read_bytes() == read_policy(storage, RunLayout(summary.run_id), first.version, [POLICY_BLOB])[POLICY_BLOB]
+    state = MlflowClient(uri).download_artifacts(summary.mlflow_run_id, "checkpoint/loop_state.json", str(tmp_path))
+    assert json.loads(Path(state).read_text())["version"] == first.version
+
+
 def test_bad_input_fails_the_flow_before_anything_is_written(prefect_api, workspace):
     state = improve("cartpole-dqn", {"env.id": "Pendulum-v1", **local_overrides(workspace)}, return_state=True)
     assert state.is_failed()

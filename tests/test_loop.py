@@ -61,9 +61,10 @@ def test_a_run_that_reached_its_target_at_a_periodic_evaluation_films_that_versi
         state = first_state(run, hosts, loop, LOGGER)
         while not loop.stopped(state):
             state = loop.step(state)
-        state, decided = loop.finish(state)
+        state, decided, delivered = loop.finish(state)
         loop.film_landed()
     assert decided in observer.evaluations and decided.version == 2  # no evaluation of its own: the periodic one decides
+    assert delivered == decided.standing()
     (filmed,) = observer.films
     assert filmed.version == 2 and filmed.result.film.frames > 1
     assert run.storage.exists(RunLayout(run.run_id).video(2))
@@ -197,3 +198,17 @@ def test_in_process_hosts_run_a_rounds_rollouts_as_one_job(tiny_budget, tmp_path
     with improve_loop(run, hosts, Recording(), LOGGER) as loop:
         loop.step(first_state(run, hosts, loop, LOGGER))
     assert hosts.jobs == [("run_rollouts", 0)]  # one round: its two workers' rollouts, stepped together
+
+
+@pytest.mark.parametrize(("preset", "overrides"), [
+    ("cartpole-ppo", {"schedule.total_env_steps": 600}),  # 5 rounds of 128
+    ("cartpole-dqn", {"schedule.total_env_steps": 600, "schedule.heatup_env_steps": 100,
+                      "agent.train_steps_per_iteration": 2}),  # heatup's round of 13 steps x 8 envs, then 4 of 128
+])
+def test_the_planned_total_is_what_a_sync_run_collects_so_progress_never_passes_it(tiny_budget, tmp_path, preset,
+                                                                                    overrides):
+    from gymflow.tasks.training.state import planned_total
+
+    run = prepared(tmp_path, preset, {**tiny_budget, **overrides})
+    state, _, _ = train_in_process(run)
+    assert state.env_steps == planned_total(run.preset) == (640 if preset == "cartpole-ppo" else 104 + 512)

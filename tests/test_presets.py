@@ -106,7 +106,7 @@ def test_a_bad_base_is_one_line_naming_it(tmp_path, text, says):
                                "hopper-iql, hopper-ppo, hopper-td3, lunarlander-ppo, mujoco-ppo, pendulum-po-ppo, "
                                "pendulum-sac, picture-corridor-ppo, pong-appo, race-ppo, spread-ippo, spread-mappo"),
         ("cartpole-ppo", {"env.id": "NoSuchEnv-v0"}, "env.id", "not a registered Gymnasium id"),
-        ("cartpole-ppo", {"env.id": "gymflow.testing.envs:NoSuchClass"}, "env.id", "not a gymnasium.Env subclass"),
+        ("cartpole-ppo", {"env.id": "gymflow.testing.envs:NoSuchClass"}, "env.id", "has no 'NoSuchClass'; its gymnasium.Env classes: "),
         ("cartpole-ppo", {"agent.learning_rate": 1}, "agent.learning_rate", "allowed here: activation, algo, anneal_clip_range, anneal_lr"),
         ("cartpole-ppo", {"nonsense": 1}, "nonsense", "allowed here: agent, dataset, distribution, env"),
         ("cartpole-ppo", {"agent.lr": "fast"}, "agent.lr", "valid number"),

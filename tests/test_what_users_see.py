@@ -26,6 +26,7 @@ from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 from gymflow.envs.make import make_env
 from gymflow.envs.seeding import derive_seed
 from gymflow.flows.improve import improve
+from gymflow.tasks.training.evaluation import Standing
 from gymflow.tasks.training.summary import RunSummary
 from tests.serving import served
 
@@ -153,11 +154,14 @@ def test_the_policy_is_a_logged_model_with_a_signature_and_the_run_s_final_metri
     client, summary = finished_run.mlflow(), finished_run.summary
     run = client.get_run(summary.mlflow_run_id)
     models = {model.name: model for model in client.search_logged_models(experiment_ids=[run.info.experiment_id])}
-    assert sorted(models) == ["policy", "policy-onnx"]  # the pyfunc, and its ONNX graph beside it
-    model = models["policy"]
+    named = f"corridor-dqn-v{summary.delivered_version}"  # after the run's task (its env, its algorithm), the version
+    assert sorted(models) == [named, f"{named}-onnx"]  # the pyfunc, and its ONNX graph beside it
+    model = models[named]
     assert summary.model_uri == f"models:/{model.model_id}" and model.source_run_id == run.info.run_id
     assert model.status == "READY"
-    assert {"summary/final_return", "eval/return_mean"} <= {metric.key for metric in model.metrics}
+    shown = {metric.key for metric in model.metrics}  # the run's summary, and its last evaluation where it is this one's
+    assert "summary/final_return" in shown and not any(key.startswith(("rollout/", "system/")) for key in shown)
+    assert ("eval/return_mean" in shown) == (summary.last is None)
     assert model.params["agent.algo"] == "dqn"
     assert sorted(output.model_id for output in run.outputs.model_outputs) == sorted(m.model_id for m in models.values())
     with _use_tracking_uri(finished_run.tracking_uri):
@@ -267,12 +271,13 @@ def test_the_command_line_trains_an_env_from_the_working_folder_with_no_warnings
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     output = done.stdout + done.stderr
-    assert " ended: evaluation return " in output  # schedule.target_return: null, so neither reached nor missed
+    assert " ended; v" in output and " delivered: evaluation return " in output  # no target: neither reached nor missed
+    assert "━" not in output and "env steps (100%)" in done.stderr  # piped: the log lines tell progress, no bar
     assert "Warning" not in output and "WARNING" not in output and "warn(" not in output, output[-3000:]
     assert "database tables" not in output and "Validating input example" not in output, output[-3000:]
     # Prefect's engine lines go to the run's log file (and the API), not to the terminal
     assert "Finished in state" not in output and "Beginning flow run" not in output, output[-3000:]
-    (log,) = (tmp_path / "gymflow-logs").glob("cartpole-ppo-*.log")
+    (log,) = (tmp_path / "gymflow-logs").glob("mycorridor-ppo-*.log")  # the run is named after the user's env
     assert f"the whole log is in gymflow-logs/{log.name}" in done.stderr and log.stem in done.stdout
     assert "Finished in state Completed()" in log.read_text() and " done: " in log.read_text()
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -437,8 +442,13 @@ def test_the_console_shows_gymflow_s_lines_warnings_and_errors_and_not_prefect_s
                 delivered_version=10, model_uri="models:/m-1", final_return=500.0, best_return=500.0, solved=True,
                 wall_seconds=12.34, work_seconds=10.0, rollout_processes=frozenset({"vm:1", "vm:2"}),
                 target_return=475.0),
-     "20,480 env steps in 12.3 s (19% orchestration); v10 delivered: evaluation return 500.0, best 500.0, target "
+     "20,480 env steps in 12.3 s (19% orchestration); v10 delivered: evaluation return 500.0 (the best), target "
      "475 reached; model models:/m-1; MLflow run abc; stored at file:///data/runs/cartpole-ppo-1"),
+    (RunSummary("cartpole-dqn-1", "abc", "file:///d", env_steps=50000, delivered_version=7, model_uri="models:/m-3",
+                final_return=478.1, best_return=478.1, wall_seconds=10.0, work_seconds=10.0,
+                last=Standing(231, 50000, 41.6)),
+     "50,000 env steps in 10.0 s (0% orchestration); v7 delivered: evaluation return 478.1 (the best; the last "
+     "version, v231, scored 41.6); model models:/m-3; MLflow run abc; stored at file:///d"),
     (RunSummary("appo-1", "def", "s3://b/runs/appo-1", env_steps=150528, delivered_version=8, model_uri="models:/m-2",
                 final_return=1.0, best_return=2.0, wall_seconds=22.5, work_seconds=22.2, shards_inserted=147,
                 policy_lag_mean=1.1836, policy_lag_max=2),

@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from gymflow.commands import gymflow_command
 from gymflow.logs import AnyLogger
 from gymflow.presets.model import Preset
 from gymflow.presets.validate import Experiment
@@ -40,7 +41,7 @@ def rollout_hosts(experiment: Experiment, logger: AnyLogger, run_id: str) -> Ite
         logger.warning("%s", note)
     from gymflow.tasks.cluster.client import dask_client, job_hosts  # Dask: imported by the runs that use it
 
-    resume_hint = f"`gymflow resume {run_id} --root {experiment.preset.storage.root}` continues the run"
+    resume_hint = f"`{gymflow_command()} resume {run_id} --root {experiment.preset.storage.root}` continues the run"
     with dask_client(config, logger) as client, job_hosts(client, experiment, logger, resume_hint) as hosts:
         yield hosts, f"Dask dashboard {client.dashboard_link}"
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from gymflow.commands import gymflow_command
 from gymflow.errors import ServerLost, StorageFull, StorageRefused
 from gymflow.outage import Budget, Outage
 
@@ -168,8 +169,9 @@ class Storage:
         parts = key.split("/")
         if len(parts) < 2 or parts[0] != "runs":
             return lost
-        return ServerLost(lost.field, f"{lost.problem}; what the run committed stays: `gymflow resume {parts[1]} "
-                          f"--root {self.location.root}` continues it once the store answers")
+        resume = f"{gymflow_command()} resume {parts[1]} --root {self.location.root}"
+        return ServerLost(lost.field, f"{lost.problem}; what the run committed stays: `{resume}` continues it once the "
+                                      "store answers")
 
     @contextlib.contextmanager
     def _refused_writes_said(self, key: str) -> Iterator[None]:
@@ -181,7 +183,8 @@ class Storage:
             if error.errno not in _REFUSED_WRITES:
                 raise
             root, parts = self.location.root, key.split("/")
-            then = (f", then `gymflow resume {parts[1]} --root {root}` continues the run from what it committed"
+            resume = f"{gymflow_command()} resume {parts[1]} --root {root}" if len(parts) > 2 else ""
+            then = (f", then `{resume}` continues the run from what it committed"
                     if len(parts) > 2 and parts[0] == "runs" else " or set storage.root to another place")
             raise StorageFull("storage.root", f"{root} refused a write: {os.strerror(error.errno)}; free space "
                               f"there{then}") from None

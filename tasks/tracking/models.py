@@ -82,11 +82,13 @@ class PolicyModel:
     params: Mapping[str, str]  # the run's preset, flattened
     memory_size: int | None = None  # a recurrent policy's: its memory [2, N, memory_size] goes in and out
     policy_name: str | None = None  # one of an agent group's separate policies alone (agent.policies); None: all
+    label: str = MODEL_ARTIFACT  # what the model is named after: the run's preset and version (cartpole-ppo-v12)
+    linked: tuple[str, ...] = ("summary/", "eval/")  # the run's metrics at its step shown with it, by prefix
 
     @property
     def name(self) -> str:
-        """The logged model's name: `policy`, or `policy-<name>` for one of several policies."""
-        return MODEL_ARTIFACT if self.policy_name is None else f"{MODEL_ARTIFACT}-{self.policy_name}"
+        """The logged model's name: its label, and `-<name>` for one of several policies."""
+        return self.label if self.policy_name is None else f"{self.label}-{self.policy_name}"
 
     def input_example(self) -> np.ndarray | dict[str, np.ndarray]:
         if observation_parts(self.observation_space):  # a Dict observation's parts, by name
@@ -111,6 +113,7 @@ def log_policy_model(tracker: Tracker, model: PolicyModel, step: int) -> str:
     # run's metrics to find them, one request a key (3 s of a CartPole run's end through a tracking
     # server). A step the tracker did not log last (a resumed run's) is left to MLflow.
     linked = tracker.metrics_at(step)
+    shown = [metric for metric in linked if metric.key.startswith(model.linked)]
     logged = tracker.client.create_logged_model(tracker.experiment_id, name=model.name,
                                                 source_run_id=tracker.run_id, params=dict(model.params),
                                                 model_type="gymflow-policy")
@@ -141,7 +144,7 @@ def log_policy_model(tracker: Tracker, model: PolicyModel, step: int) -> str:
         )
     if linked:
         tracker.client.log_outputs(tracker.run_id, [LoggedModelOutput(logged.model_id, step=step)])
-        tracker.link_metrics(linked, logged.model_id)
+        tracker.link_metrics(shown, logged.model_id)
     return f"models:/{logged.model_id}"
 
 

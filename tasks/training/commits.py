@@ -47,20 +47,21 @@ from gymflow.tasks.training.state import STATE_BLOB, Budget, LoopState
 @dataclass(frozen=True)
 class InUse:
     """The versions a run may still read, which retention keeps: the one an evaluation is scoring,
-    the newest one scored (the run may deliver its policy), and the one the run will deliver
-    because it reached the target (its checkpoint is delivered with it)."""
+    the newest one scored, the one the run will deliver because it reached the target, and the best
+    scored so far (the run delivers the best evaluated version: its policy and checkpoint go with it)."""
 
     scoring: frozenset[int] = frozenset()
     latest: int | None = None
     delivering: int | None = None
+    best: int | None = None
 
     @property
     def policies(self) -> set[int]:
-        return set(self.scoring) | ({self.latest} if self.latest is not None else set())
+        return set(self.scoring) | {v for v in (self.latest, self.best) if v is not None}
 
     @property
     def checkpoints(self) -> set[int]:
-        return {self.delivering} if self.delivering is not None else set()
+        return {v for v in (self.delivering, self.best) if v is not None}
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
 
     config, started = run.preset, time.perf_counter()
     where = without_password(config.tracking.tracking_uri)
+    _say(recorder, summary, f"done: v{summary.delivered_version} delivered, evaluation {summary.final_return:.1f}")
     _say(recorder, summary, f"delivering v{summary.delivered_version} to MLflow ({where}): preset, checkpoint, curve")
     with tempfile.TemporaryDirectory() as folder:
         preset_file = Path(folder, "preset.yaml")
@@ -63,7 +64,10 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
     _say(recorder, summary, f"delivering v{summary.delivered_version} to MLflow ({where}): the policy model")
     policy = read_policy(run.storage, layout, delivered, [POLICY_BLOB])[POLICY_BLOB]
     model = PolicyModel(policy, run.preset_yaml(), run.experiment.observation_space, run.experiment.action_space,
-                        run.params(), memory_size=getattr(run.preset.agent, "recurrent", None))
+                        run.params(), memory_size=getattr(run.preset.agent, "recurrent", None),
+                        label=f"{config.name}-v{delivered}",
+                        # the final step's evaluation is the delivered version's only where it is the last
+                        linked=("summary/", "eval/") if summary.last is None else ("summary/",))
     model_uri = log_policy_model(tracker, model, step=summary.clock)
     _log_each_policy(run, tracker, model, summary.clock)
     _say(recorder, summary, f"delivering v{summary.delivered_version} to MLflow ({where}): its ONNX graph")
@@ -163,9 +167,7 @@ def describe(summary: RunSummary) -> str:
         else f"{summary.env_steps:,} env steps"
     parts = [f"{clock} in {summary.wall_seconds:.1f} s ({100 * summary.orchestration_share:.0f}% orchestration)"]
     if summary.final_return is not None:
-        best = f", best {summary.best_return:.1f}" if summary.best_return is not None else ""
-        parts.append(f"v{summary.delivered_version} delivered: evaluation return {summary.final_return:.1f}{best}"
-                     + _against_target(summary))
+        parts.append(delivered_words(summary) + _against_target(summary))
     if summary.stopped_early:
         parts.append("pruned by the sweep")
     if summary.shards_inserted or summary.shards_dropped or summary.shards_unused:
@@ -175,6 +177,17 @@ def describe(summary: RunSummary) -> str:
     parts += [f"model {summary.model_uri}" if summary.model_uri else "no model logged",
               f"MLflow run {summary.mlflow_run_id}", f"stored at {summary.storage_url}"]
     return "; ".join(parts)
+
+
+def delivered_words(summary: RunSummary) -> str:
+    """Which version is delivered and how it scored; the last version's score where it is another."""
+    said = f"v{summary.delivered_version} delivered: evaluation return {summary.final_return:.1f}"
+    if summary.last is None:
+        best = summary.best_return
+        if best is None:
+            return said
+        return said + (" (the best)" if best == summary.final_return else f", best {best:.1f}")
+    return f"{said} (the best; the last version, v{summary.last.version}, scored {summary.last.mean_return:.1f})"
 
 
 def _against_target(summary: RunSummary) -> str:

@@ -14,6 +14,7 @@ import concurrent.futures
 import contextvars
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 from prefect import get_run_logger, task
@@ -28,6 +29,15 @@ from gymflow.tasks.cluster.rounds import RoundPlan, evaluate_version
 from gymflow.tasks.training.state import Budget, LoopState
 
 QUEUED_JOBS_POLL_S = 0.01  # how often a caller waiting for an evaluation looks for its jobs still queued
+
+
+class Standing(NamedTuple):
+    """A version as an evaluation scored it: what delivery chooses among."""
+
+    version: int
+    step: int  # the run's clock when it was current
+    mean_return: float
+    filmed: bool = False  # its evaluation filmed an episode
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,9 @@ class Scored:
     @property
     def mean_return(self) -> float:
         return self.result.mean_return
+
+    def standing(self) -> Standing:
+        return Standing(self.version, self.step, self.mean_return, self.result.film is not None)
 
     def metrics(self) -> dict[str, float]:
         returns = np.asarray(self.result.returns)

@@ -32,7 +32,7 @@ from gymflow.tasks.storage.shards import ShardRef, read_shard
 from gymflow.tasks.tracking.plots import GRADIENT_STEPS
 from gymflow.tasks.training.collection import Collection, Experience
 from gymflow.tasks.training.commits import Commits, InUse
-from gymflow.tasks.training.evaluation import EvaluationSchedule, Scored
+from gymflow.tasks.training.evaluation import EvaluationSchedule, Scored, Standing
 from gymflow.tasks.training.learning import Learned, learn
 from gymflow.tasks.training.state import Budget, LoopState
 
@@ -92,7 +92,8 @@ class Commit(NamedTuple):
 
 class Finished(NamedTuple):
     state: LoopState  # after what was in flight landed
-    deciding: Scored  # the evaluation that decides whether the run reached its target
+    deciding: Scored  # the evaluation that decides whether the run reached its target: the last version's
+    delivered: Standing  # the version delivered: the best evaluated (at a population member's pause, the last)
 
 
 class Observer(Protocol):
@@ -133,6 +134,7 @@ class ImproveLoop:
         self.learner, self.collection, self.evaluations = learner, collection, evaluations
         self.commits, self.stop, self.observer = commits, stop, observer
         self.latest: Scored | None = None  # the newest evaluation that finished
+        self.best: Standing | None = None  # the best evaluated version so far (a resumed run's: from before its stop)
         self._film: tuple[Future[EvaluationResult], int] | None = None  # the deciding version's, with its clock
 
     def step(self, state: LoopState) -> LoopState:
@@ -152,6 +154,7 @@ class ImproveLoop:
         self.observer.stepped(report)
         if evaluation is not None:
             self.observer.evaluated(evaluation)
+            self._saw(evaluation)
         commit = self.commit(committed)
         self.observer.committed(committed, _timings(experience, commit, time.perf_counter() - started))
         return committed
@@ -161,7 +164,8 @@ class ImproveLoop:
         checkpointed when due, at the end, or when asked (`checkpoint`)."""
         started = time.perf_counter()
         latest = self.latest.version if self.latest else None
-        in_use = InUse(self.evaluations.scoring(), latest, latest if self.stop.target_reached(self.latest) else None)
+        in_use = InUse(self.evaluations.scoring(), latest, latest if self.stop.target_reached(self.latest) else None,
+                       self.best.version if self.best else None)
         self.commits.commit(self.learner, state, in_use, checkpoint or self.stopped(state),
                             self.collection.checkpointed, before_checkpoint=self.observer.settle)
         return Commit(time.perf_counter() - started)
@@ -172,16 +176,29 @@ class ImproveLoop:
     def finish(self, state: LoopState) -> Finished:
         """After the last step: what is in flight lands, an evaluation still running is waited
         for, and the evaluation that decides the run is found: a periodic one that reached the
-        target, else the last version's, run now. Where the preset films the final evaluation,
-        that version's film starts beside what the caller does next; `film_landed` waits for it."""
+        target, else the last version's, run now. The version delivered is the best evaluated one
+        (the later of equals); a population member paused to be continued delivers its last. Where
+        the preset films the final evaluation, the delivered version's film starts beside what the
+        caller does next; `film_landed` waits for it."""
         state = self.collection.finish(state)
         late = self.evaluations.wait()
         if late is not None:
             self.observer.evaluated(late)
+            self._saw(late)
         deciding = self._deciding(state, late)
-        if deciding.result.film is None and self.evaluations.films_final and not self.paused(state, deciding):
-            self._film = (self.evaluations.film(deciding.version), deciding.step)
-        return Finished(state, deciding)
+        self._saw(deciding)
+        paused = self.paused(state, deciding)
+        delivered = deciding.standing() if paused or self.best is None else self.best
+        if not delivered.filmed and self.evaluations.films_final and not paused:
+            self._film = (self.evaluations.film(delivered.version), delivered.step)
+        return Finished(state, deciding, delivered)
+
+    def _saw(self, scored: Scored) -> None:
+        """Keep the best evaluated version: the later of equal scores (a run's evaluations often tie at the
+        env's cap); one whose return is not a number is never the best."""
+        if scored.mean_return == scored.mean_return and (self.best is None or
+                                                           scored.mean_return >= self.best.mean_return):
+            self.best = scored.standing()
 
     def paused(self, state: LoopState, deciding: Scored) -> bool:
         """Finished at a pause (a population member's interval's end), not at its target: to be continued."""

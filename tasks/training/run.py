@@ -4,7 +4,7 @@ restored), its MLflow run, and the parts of its loop; and its first state (heatu
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Container, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from gymflow.agents.core import Learner, ReplayLearner
+from gymflow.commands import gymflow_command
 from gymflow.errors import InvalidPreset, ServerLost
 from gymflow.logs import AnyLogger
 from gymflow.outage import Outage
@@ -48,7 +49,7 @@ from gymflow.tasks.tracking.tracker import Tracker, TrackerOptions, s3_artifact_
 from gymflow.tasks.training.batch_stream import BatchStream
 from gymflow.tasks.training.collection import Collection, OfflineSteps, SyncRounds
 from gymflow.tasks.training.commits import Commits
-from gymflow.tasks.training.evaluation import EvaluationSchedule
+from gymflow.tasks.training.evaluation import EvaluationSchedule, Standing
 from gymflow.tasks.training.gpu_slot import gpu_slot
 from gymflow.tasks.training.learning import create_learner
 from gymflow.tasks.training.loop import EarlyStop, ImproveLoop, Observer, StopRule, heatup, read_dataset
@@ -61,9 +62,9 @@ from gymflow.tasks.training.resume import (
     stored_experiment,
     warm_start_learner,
 )
-from gymflow.tasks.training.state import Budget, LoopState
+from gymflow.tasks.training.state import Budget, LoopState, planned_total
 from gymflow.tasks.training.stream import AsyncStream, Batches, Ratio
-from gymflow.tasks.training.summary import RunRecorder
+from gymflow.tasks.training.summary import EvaluationRow, RunRecorder
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ def tracked_run(run: PreparedRun, flow_run_id: str, tags: Mapping[str, str] | No
     error) or KILLED (stopped from outside: Ctrl-C, SIGTERM, a Prefect cancellation);
     MLflow reaches artifacts on S3 with the storage's endpoint and credentials. A new run's
     parameters, stored preset and record are written here."""
-    resume = f"`gymflow resume {run.run_id} --root {run.preset.storage.root}` continues the run"
+    resume = f"`{gymflow_command()} resume {run.run_id} --root {run.preset.storage.root}` continues the run"
     with s3_artifact_environment(run.preset.storage.options), \
             prefect_watched(flow_run_id, run.preset.tracking.outage_budget_s, resume) as prefect:
         yield from _tracked(run, flow_run_id, tags or {}, prefect)
@@ -214,8 +215,8 @@ def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str], 
         if lost.field == STORE_FIELD:  # the object store's: its line names the command that continues the run
             raise
         raise ServerLost(lost.field, f"{lost.problem}; what was committed stays (and what MLflow did not get, "
-                         f"beside it): `gymflow resume {run.run_id} --root {run.preset.storage.root}` continues the "
-                         "run once the server answers") from None
+                         f"beside it): `{gymflow_command()} resume {run.run_id} --root {run.preset.storage.root}` "
+                         "continues the run once the server answers") from None
     except BaseException as ended:  # KeyboardInterrupt, Prefect's TerminationSignal: a stop, not an error
         status = "FAILED" if isinstance(ended, Exception) else "KILLED"
         RunEvents(run.run_id, run.preset.name, tracker.run_id).failed(ended)
@@ -225,8 +226,11 @@ def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str], 
 
 
 def run_recorder(run: PreparedRun, tracker: Tracker, logger: AnyLogger) -> RunRecorder:
-    budget = Budget.of(run.preset)
-    progress = ProgressLog(logger, budget.total, views=[ProgressArtifact(run.run_id, prefect=tracker.prefect_outage)],
+    budget, total = Budget.of(run.preset), planned_total(run.preset)
+    if total != budget.total and run.restored is None:
+        logger.info("run %s: %s %s in whole rounds of %s: %s in all", run.run_id, f"{budget.total:,}", budget.unit,
+                    f"{run.preset.env_steps_per_iteration:,}", f"{total:,}")
+    progress = ProgressLog(logger, total, views=[ProgressArtifact(run.run_id, prefect=tracker.prefect_outage)],
                            unit=budget.unit)
     backlog = RunLayout(run.run_id).tracking_backlog
     recorder = RunRecorder.resumed(tracker, progress, budget, run.storage, backlog) if run.restored else \
@@ -240,10 +244,11 @@ def run_recorder(run: PreparedRun, tracker: Tracker, logger: AnyLogger) -> RunRe
 
 @contextmanager
 def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: AnyLogger,
-                 early_stop: EarlyStop | None = None) -> Iterator[ImproveLoop]:
+                 early_stop: EarlyStop | None = None, earlier: Sequence[EvaluationRow] = ()) -> Iterator[ImproveLoop]:
     """The run's loop: SYNC rounds or the ASYNC stream, evaluations beside the learner, commits,
-    the stop rule (with an outside judge that may end it early, a sweep's pruner). On the way out
-    the evaluation thread ends; on an error, what is in flight is given up."""
+    the stop rule (with an outside judge that may end it early, a sweep's pruner). A resumed run's
+    best evaluated version is found among its `earlier` evaluations. On the way out the evaluation
+    thread ends; on an error, what is in flight is given up."""
     preset, budget = run.preset, Budget.of(run.preset)
     # a collect-only run's shards are what it makes: all kept
     keeping = preset.storage.model_copy(update={"keep_shards": "all"}) if preset.collect_only else preset.storage
@@ -253,13 +258,15 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
         plan = RoundPlan(preset, run.run_id, inference)
         evaluations = EvaluationSchedule(hosts.for_evaluations(), plan, budget,
                                          blocking=preset.distribution.mode != "async", logger=logger)
+        commits = Commits(run.storage, run.run_id, keeping, policy_window=preset.distribution.max_policy_lag + 1,
+                          budget=budget, pool=preset.schedule.opponent_pool)
         loop = ImproveLoop(
-            run.learner, _collection(run, hosts, plan, logger), evaluations,
-            Commits(run.storage, run.run_id, keeping, policy_window=preset.distribution.max_policy_lag + 1,
-                    budget=budget, pool=preset.schedule.opponent_pool),
+            run.learner, _collection(run, hosts, plan, logger), evaluations, commits,
             StopRule(budget, preset.schedule.target_return, early_stop, run.member.pause_at if run.member else None),
             observer,
         )
+        if run.restored is not None:  # its best evaluated version, from before its stop
+            loop.best = best_stored(earlier, run.restored.state.version, commits.published)
         loop.commits.pinnable = run.member is not None
         try:
             yield loop
@@ -299,6 +306,15 @@ def inference_for_workers(run: PreparedRun, observer: Observer, logger: AnyLogge
             f", {served.failed:,} not served, {served.refused} clients turned away" if served.failed or served.refused
             else "", f"; {served.problem}" if served.problem else "")
         observer.served(served.metrics())
+
+
+def best_stored(rows: Sequence[EvaluationRow], up_to: int, stored: Container[int]) -> Standing | None:
+    """The best of a resumed run's evaluations (the later of equals) of versions up to the one it
+    continues from whose policies are still stored."""
+    kept = [row for row in rows if row.version is not None and row.version <= up_to and row.version in stored
+            and row.mean == row.mean]
+    best = max(reversed(kept), key=lambda row: row.mean, default=None)  # max keeps the first of equals: the later
+    return None if best is None else Standing(best.version, best.env_steps, best.mean)
 
 
 def first_state(run: PreparedRun, hosts: Hosts, loop: ImproveLoop, logger: AnyLogger) -> LoopState:

@@ -9,6 +9,7 @@ stream's position: the next chunk number of each rollout worker and the ledger's
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -95,3 +96,17 @@ class Budget:
     def spent(self, state: LoopState) -> int:
         return state.version * self.train_steps_per_version if self.offline else state.env_steps
 
+
+def planned_total(preset: Preset) -> int:
+    """What the run's clock will read at its end, where that is known before it starts: a SYNC or single
+    run collects whole rounds (an off-policy run's heatup one round first), so its env steps budget
+    rounds up to them; an ASYNC or offline run's is its budget."""
+    from gymflow.agents.algorithms import ALGORITHMS
+
+    budget = Budget.of(preset)
+    if preset.offline or preset.distribution.mode == "async":
+        return budget.total
+    envs, schedule = preset.envs_in_total, preset.schedule
+    heatup = 0 if ALGORITHMS[preset.agent.algo].on_policy else math.ceil(schedule.heatup_env_steps / envs) * envs
+    per_round = preset.env_steps_per_iteration
+    return heatup + math.ceil(max(budget.total - heatup, 0) / per_round) * per_round

@@ -13,9 +13,9 @@ from gymflow.tasks.tracking.plots import PLOTTED_METRICS
 from gymflow.tasks.tracking.progress import ProgressLog
 from gymflow.tasks.tracking.system_metrics import SystemMetrics
 from gymflow.tasks.tracking.tracker import Tracker, Unsent
-from gymflow.tasks.training.evaluation import Scored
+from gymflow.tasks.training.evaluation import Scored, Standing
 from gymflow.tasks.training.ledger import Ledger
-from gymflow.tasks.training.loop import StepReport
+from gymflow.tasks.training.loop import Finished, StepReport
 from gymflow.tasks.training.state import Budget, LoopState
 
 
@@ -34,9 +34,9 @@ class RunSummary:
     storage_url: str
     env_steps: int = 0
     versions_committed: int = 0
-    delivered_version: int = 0  # the version the deciding evaluation scored, logged as the model
+    delivered_version: int = 0  # the best evaluated version (a paused member's: its last), logged as the model
     model_uri: str = ""  # the delivered policy as an MLflow logged model (models:/<model id>)
-    final_return: float | None = None
+    final_return: float | None = None  # the delivered version's evaluation return
     best_return: float | None = None
     solved: bool = False
     stopped_early: bool = False  # a sweep's pruner ended it before its budget
@@ -52,6 +52,7 @@ class RunSummary:
     gradient_steps: int | None = None  # an offline run's budget spent (it collects no env steps)
     target_return: float | None = None  # the preset's schedule.target_return: None, a run without one
     paused: bool = False  # a population member at its interval's end, checkpointed, to be continued
+    last: Standing | None = None  # the last version's evaluation, where another version is delivered
 
     @property
     def clock(self) -> int:
@@ -122,7 +123,10 @@ class RunRecorder:
         self.tracker.outage.check()
         if self.tracker.prefect_outage is not None:
             self.tracker.prefect_outage.check()
-        self.tracker.log_metrics(timings, step=self.budget.spent(state))
+        step = self.budget.spent(state)
+        self.tracker.log_metrics(timings, step=step)
+        if self.history and self._step == step:  # the curve's point of the step just told (throughput is a timing)
+            self.history[-1].update({key: value for key, value in timings.items() if key in _CURVE_KEYS})
 
     def settle(self) -> None:
         """What a resume from the checkpoint about to be committed will not log again is written now;
@@ -199,9 +203,9 @@ class RunEnding(NamedTuple):
     paused: bool = False  # at a population member's pause: to be continued
 
 
-def summarize(identity: RunIdentity, state: LoopState, recorder: RunRecorder, delivered: Scored,
-              ending: RunEnding) -> RunSummary:
+def summarize(identity: RunIdentity, finished: Finished, recorder: RunRecorder, ending: RunEnding) -> RunSummary:
     """The run's report, from the loop's final state and what was recorded along the way."""
+    state, delivered, last = finished.state, finished.delivered, finished.deciding.standing()
     ledger = state.stream.ledger if state.stream else Ledger()
     return RunSummary(
         identity.run_id, identity.mlflow_run_id, identity.storage_url,
@@ -214,4 +218,5 @@ def summarize(identity: RunIdentity, state: LoopState, recorder: RunRecorder, de
         policy_lag_mean=ledger.lag_mean, policy_lag_max=ledger.lag_max,
         gradient_steps=recorder.budget.spent(state) if recorder.budget.offline else None,
         target_return=ending.target_return, paused=ending.paused,
+        last=None if last.version == delivered.version else last,
     )

@@ -1,0 +1,109 @@
+"""A user's own env treated as theirs: the run named after it, its target from its spec (or none),
+its observations checked against its declared space before any work, and near names suggested."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from gymflow.errors import InvalidPreset
+from gymflow.presets.load import load_preset
+from gymflow.presets.validate import resolve_experiment
+from tests.conftest import local_overrides, written_files
+
+USERS_ENVS = '''
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class MyEnv(gym.Env):
+    """Observes 3 numbers and says so."""
+
+    def __init__(self, size=3):
+        self.observation_space = spaces.Box(-1.0, 1.0, shape=(size,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(3, np.float32), 1.0, True, False, {}
+
+
+class Misdeclared(MyEnv):
+    """Observes 3 numbers and declares 1."""
+
+    def __init__(self):
+        super().__init__(size=1)
+'''
+
+
+@pytest.fixture
+def users_folder(tmp_path, monkeypatch):
+    (tmp_path / "my_own_envs.py").write_text(USERS_ENVS)
+    monkeypatch.delitem(sys.modules, "my_own_envs", raising=False)  # another test's, or an earlier copy
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_a_run_on_another_env_is_named_after_it_and_takes_its_spec_s_target(users_folder):
+    mine = load_preset("cartpole-ppo", {"env.id": "my_own_envs:MyEnv"})
+    assert mine.name == "myenv-ppo" and mine.schedule.target_return is None  # an entry point's spec gives none
+    acrobot = load_preset("cartpole-ppo", {"env.id": "Acrobot-v1"})
+    assert acrobot.name == "acrobot-ppo" and acrobot.schedule.target_return == -100.0  # Gymnasium's reward_threshold
+    assert load_preset("cartpole-dqn", {"env.id": "Acrobot-v1", "agent.algo": "ppo"}).name == "acrobot-ppo"
+    kept = load_preset("cartpole-ppo", {"env.id": "my_own_envs:MyEnv", "name": "mine", "schedule.target_return": 0.5})
+    assert kept.name == "mine" and kept.schedule.target_return == 0.5  # what the user set stays
+    assert load_preset("cartpole-ppo", {"env.id": "CartPole-v1"}).schedule.target_return == 475  # the preset's own
+    assert load_preset("hallway-ppo", {"env.id": "my_own_envs:MyEnv"}).env.kwargs == {}  # the other env's kwargs dropped
+
+
+def test_an_env_whose_observations_do_not_fit_its_space_is_refused_before_anything_is_written(
+        users_folder, prefect_api):
+    from gymflow.flows.improve import improve
+
+    with pytest.raises(InvalidPreset) as refused:
+        resolve_experiment("cartpole-ppo", {"env.id": "my_own_envs:Misdeclared"})
+    said = str(refused.value)
+    assert said.startswith("env.id: 'my_own_envs:Misdeclared' returned an observation of shape (3,) from reset")
+    assert "holds shape (1,)" in said and "\n" not in said
+    before = written_files(users_folder)
+    state = improve("cartpole-ppo", {"env.id": "my_own_envs:Misdeclared", **local_overrides(users_folder)},
+                    return_state=True)
+    assert state.is_failed() and state.message.count("returned an observation of shape (3,)") == 1
+    assert written_files(users_folder) == before  # no MLflow store, no storage folder
+
+
+@pytest.mark.parametrize(("preset", "overrides", "says"), [
+    ("cartpole-ppo", {"env.id": "my_own_envs:MyEnvv"}, "env.id: 'my_own_envs' has no 'MyEnvv'; did you mean 'MyEnv'?"),
+    ("cartpole-ppp", {}, "preset: unknown preset 'cartpole-ppp'; did you mean 'cartpole-ppo'?"),
+    ("cartpole-ppo", {"agent.lrr": 0.1}, "agent.lrr: unknown setting; did you mean 'lr'?"),
+    ("cartpole-ppo", {"schedule.total_env_step": 10}, "schedule.total_env_step: unknown setting; did you mean "
+                                                      "'total_env_steps'?"),
+])
+def test_a_near_name_is_suggested(users_folder, preset, overrides, says):
+    with pytest.raises(InvalidPreset) as refused:
+        resolve_experiment(preset, overrides)
+    assert str(refused.value).startswith(says)
+
+
+def test_the_commands_gymflow_prints_run_from_where_the_user_is(tmp_path, monkeypatch):
+    """After `make train` the command is .venv/bin/gymflow, not on PATH: printed so; on PATH, `gymflow`."""
+    import os
+    from pathlib import Path
+
+    from gymflow.commands import gymflow_command
+
+    venv_bin = Path(sys.executable).parent
+    monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                                                if Path(p).resolve() != venv_bin.resolve()))
+    monkeypatch.chdir(venv_bin.parent.parent)  # the checkout, beside its .venv
+    assert gymflow_command() == os.path.relpath(venv_bin / "gymflow")
+    monkeypatch.chdir(tmp_path)
+    assert gymflow_command() == str(venv_bin / "gymflow")
+    monkeypatch.setenv("PATH", os.pathsep.join((str(venv_bin), os.environ["PATH"])))
+    assert gymflow_command() == "gymflow"
