@@ -390,10 +390,16 @@ def check_what_it_observes(env: gym.Env, env_id: str) -> None:
     """A user's env reset (seed 0) and stepped once with a sampled action: what it returns must fit the
     observation space it declares, before any run starts on it (a rollout would fail on the workers)."""
     space = env.observation_space
-    observation, _ = env.reset(seed=0)
-    _fits(env_id, "reset", observation, space)
-    env.action_space.seed(0)
-    observation, *_ = env.step(env.action_space.sample())
+    try:
+        observation, _ = env.reset(seed=0)
+        _fits(env_id, "reset", observation, space)
+        env.action_space.seed(0)
+        observation, *_ = env.step(env.action_space.sample())
+    except EnvSpecError:
+        raise
+    except Exception as error:  # the user's code: said in one line, as a job's error would be
+        raise EnvSpecError("env.id", f"{env_id!r} raised {type(error).__name__}: {error} as it was reset (seed 0) "
+                                     "and stepped once, before the run") from None
     _fits(env_id, "step", observation, space)
 
 

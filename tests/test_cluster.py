@@ -321,8 +321,13 @@ class Stubborn(Exception):
 
 
 class Broken(Corridor):
-    def step(self, action):
-        raise Stubborn("the corridor caved in", "the env said so")
+    steps_in_process = 0
+
+    def step(self, action):  # past gymflow's checks of the env (a step each), in the jobs
+        Broken.steps_in_process += 1
+        if Broken.steps_in_process > 10:
+            raise Stubborn("the corridor caved in", "the env said so")
+        return super().step(action)
 """
 
 

@@ -130,8 +130,9 @@ def _stores(tmp_path: Path) -> dict:
 
 
 def _corridor_overrides(tmp_path: Path, total_env_steps: int, evaluate_every_env_steps: int) -> dict:
-    """A short run on the test corridor, its stores in tmp_path."""
-    return {"env.id": "gymflow.testing.envs:Corridor", "schedule.total_env_steps": total_env_steps,
+    """A short run on the test corridor, its stores in tmp_path; standing in for CartPole, under the preset's
+    name (which names its registered model, as prefect.yaml's automations know it)."""
+    return {"env.id": "gymflow.testing.envs:Corridor", "name": "cartpole-ppo", "schedule.total_env_steps": total_env_steps,
             "schedule.rollout_steps_per_env": 16, "distribution.envs_per_worker": 4,
             "schedule.evaluate_every_env_steps": evaluate_every_env_steps, **_stores(tmp_path)}
 

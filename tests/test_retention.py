@@ -58,25 +58,32 @@ def small_replay(tiny_budget) -> dict:
             "storage.checkpoint_every_env_steps": 128, "storage.keep_checkpoints": 1}
 
 
+def best_evaluated(observer) -> int:
+    """The version a run delivers: its best evaluation's (the later of equals)."""
+    return max(reversed(observer.evaluations), key=lambda scored: scored.mean_return).version
+
+
 def test_a_sync_run_keeps_the_newest_checkpoint_and_the_shards_its_resume_reads(small_replay, tmp_path):
     run = prepared(tmp_path, "cartpole-dqn", small_replay)
-    state, _, _ = train_in_process(run)
-    layout = RunLayout(run.run_id)
+    state, observer, _ = train_in_process(run)
+    layout, best = RunLayout(run.run_id), best_evaluated(observer)
     assert state.version == 9
-    assert committed_versions(run.storage, layout) == [9]
-    # the replay memory held rounds 7 and 8 (256 transitions); round 8's shards also hold the envs' cursors
+    assert committed_versions(run.storage, layout) == sorted({best, 9})  # the delivered one's kept beside it
+    # the replay memory held rounds 7 and 8 (256 transitions); round 8's shards also hold the envs' cursors (a
+    # delivered version's checkpoint holds no experience back: a resume reads the newest)
     assert shard_keys(run) == [layout.shard(v, w) for v in (7, 8) for w in (0, 1)]
-    # policies: the newest and max_policy_lag + 1 behind it, for rollouts that may still ask
-    assert versions_on(run.storage, layout.policies) == list(range(9 - run.preset.distribution.max_policy_lag - 1, 10))
+    # policies: the newest and max_policy_lag + 1 behind it, for rollouts that may still ask, and the delivered one
+    window = range(9 - run.preset.distribution.max_policy_lag - 1, 10)
+    assert versions_on(run.storage, layout.policies) == sorted({best, *window})
 
 
 def test_keep_shards_all_keeps_every_shard(small_replay, tmp_path):
     run = prepared(tmp_path, "cartpole-dqn", {**small_replay, "storage.keep_shards": "all"})
-    train_in_process(run)
+    _, observer, _ = train_in_process(run)
     layout = RunLayout(run.run_id)
     rounds = [layout.shard(v, w) for v in range(9) for w in (0, 1)]
     assert shard_keys(run) == sorted([layout.shard(None, 0), layout.shard(None, 1), *rounds])
-    assert committed_versions(run.storage, layout) == [9]  # checkpoints are pruned all the same
+    assert committed_versions(run.storage, layout) == sorted({best_evaluated(observer), 9})  # pruned all the same
 
 
 @pytest.mark.parametrize("deletions", [1, 4])

@@ -38,6 +38,11 @@ class Misdeclared(MyEnv):
 
     def __init__(self):
         super().__init__(size=1)
+
+
+class Raising(MyEnv):
+    def reset(self, *, seed=None, options=None):
+        raise RuntimeError("no level file")
 '''
 
 
@@ -76,6 +81,13 @@ def test_an_env_whose_observations_do_not_fit_its_space_is_refused_before_anythi
                     return_state=True)
     assert state.is_failed() and state.message.count("returned an observation of shape (3,)") == 1
     assert written_files(users_folder) == before  # no MLflow store, no storage folder
+
+
+def test_an_env_that_raises_as_it_is_checked_is_refused_in_one_line(users_folder):
+    with pytest.raises(InvalidPreset) as refused:
+        resolve_experiment("cartpole-ppo", {"env.id": "my_own_envs:Raising"})
+    assert str(refused.value) == ("env.id: 'my_own_envs:Raising' raised RuntimeError: no level file as it was reset "
+                                  "(seed 0) and stepped once, before the run")
 
 
 @pytest.mark.parametrize(("preset", "overrides", "says"), [

@@ -198,21 +198,25 @@ class Commits:
             blobs[REPLAY_POSITION] = json.dumps(learner.replay.position()).encode()
         ref = commit_checkpoint(self.storage, self.layout, state.version, blobs)
         self._last = (state.env_steps, time.monotonic())
-        self._retire_checkpoints({state.version, *keep})
+        self._retire_checkpoints(state.version, set(keep))
         return ref
 
-    def _retire_checkpoints(self, keep: set[int]) -> None:
+    def _retire_checkpoints(self, newest: int, keep: set[int]) -> None:
+        """Keep the newest `keep_checkpoints` (and those other runs copy), which a resume may read, and
+        the delivery's `keep`; the shards below what the oldest of the resumable ones reads go (a kept
+        delivery-only checkpoint holds its learner, not the experience to resume it)."""
         stored = committed_versions(self.storage, self.layout)
-        keep = keep | self._pinned() if self.pinnable else keep
-        kept = set(stored[-self.config.keep_checkpoints:]) | (keep & set(stored))
-        self._oldest_checkpoint = min(kept)
+        resumable = set(stored[-self.config.keep_checkpoints:]) | {newest}
+        resumable |= self._pinned() & set(stored) if self.pinnable else set()
+        kept = resumable | (keep & set(stored))
+        self._oldest_checkpoint = min(resumable)
         for version in stored:
             if version not in kept:
                 self.retirement.later(retire_version, self.storage, self.layout.checkpoint_shelf, version)
         if self.config.keep_shards == "all":
             return
         try:
-            blob = read_checkpoint(self.storage, self.layout, min(kept), [SHARD_FLOOR])[SHARD_FLOOR]
+            blob = read_checkpoint(self.storage, self.layout, min(resumable), [SHARD_FLOOR])[SHARD_FLOOR]
         except CheckpointError:  # an unverifiable or older-format checkpoint: keep every shard it may need
             return
         floor = ShardFloor.from_json(blob)
