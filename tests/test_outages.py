@@ -236,3 +236,46 @@ def test_only_an_object_store_that_does_not_answer_counts_against_its_budget():
     assert store_unanswered(answered(404, "NoSuchBucket")) == BUCKET_GONE
     assert not store_unanswered(answered(403, "AccessDenied")) and not store_unanswered(FileNotFoundError("key"))
     assert not store_unanswered(ValueError("a bug"))
+
+
+def _answering(statuses: list[int]):
+    """A loopback HTTP server answering each request with the next of `statuses` (the last one again
+    once they run out): an MLflow server whose database is away for a moment."""
+    import http.server
+    import threading
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            status = statuses.pop(0) if len(statuses) > 1 else statuses[0]
+            body = b'{"error_code": "TEMPORARILY_UNAVAILABLE"}' if status == 503 else b'{"error_code": "NOT_FOUND"}'
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_tracking_server_without_its_database_for_a_moment_is_waited_for_at_a_run_s_start(monkeypatch):
+    from gymflow.errors import ServerRefused
+    from gymflow.tasks.tracking import servers
+
+    restarting = _answering([503, 503, 404])  # the database back: no such experiment yet, the run makes it
+    try:
+        servers.check_tracking_server(f"http://127.0.0.1:{restarting.server_port}", "gymflow")
+    finally:
+        restarting.shutdown()
+    monkeypatch.setattr(servers, "UNAVAILABLE_WAIT_S", 1.5)
+    down = _answering([503])
+    try:
+        with pytest.raises(ServerRefused) as refused:
+            servers.check_tracking_server(f"http://127.0.0.1:{down.server_port}", "gymflow")
+    finally:
+        down.shutdown()
+    assert str(refused.value).startswith("tracking.tracking_uri: the MLflow server at http://127.0.0.1:")
+    assert " answered 503: " in str(refused.value)

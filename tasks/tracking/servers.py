@@ -6,6 +6,7 @@ started the run)."""
 
 from __future__ import annotations
 
+import time
 from base64 import b64encode
 from typing import Any
 
@@ -13,6 +14,9 @@ from gymflow.errors import ServerRefused
 from gymflow.presets.redaction import without_password
 
 CHECK_TIMEOUT_S = 10.0  # a server that answers nothing in this long is reported, not waited on
+# a server that answers 503 (it is up, its database is not, for a restart's seconds) is asked again this long
+# before the run is refused: a sweep's run starting as the team's database restarts waits, as one running does
+UNAVAILABLE_WAIT_S = 30.0
 
 
 def is_tracking_server(tracking_uri: str) -> bool:
@@ -39,11 +43,17 @@ def check_tracking_server(tracking_uri: str, experiment: str) -> None:
 
     where, creds = f"the MLflow server at {without_password(tracking_uri)}", get_default_host_creds(tracking_uri)
     who = f"user {creds.username!r}" if creds.username else "a request without a login"
-    try:
-        answer = http_request(creds, "/api/2.0/mlflow/experiments/get-by-name", "GET", max_retries=0,
-                              timeout=CHECK_TIMEOUT_S, raise_on_status=False, params={"experiment_name": experiment})
-    except (MlflowException, requests.RequestException, OSError) as error:
-        raise ServerRefused("tracking.tracking_uri", f"{where} did not answer: {_reason(error)}") from None
+    waited_until = time.monotonic() + UNAVAILABLE_WAIT_S
+    while True:
+        try:
+            answer = http_request(creds, "/api/2.0/mlflow/experiments/get-by-name", "GET", max_retries=0,
+                                  timeout=CHECK_TIMEOUT_S, raise_on_status=False,
+                                  params={"experiment_name": experiment})
+        except (MlflowException, requests.RequestException, OSError) as error:
+            raise ServerRefused("tracking.tracking_uri", f"{where} did not answer: {_reason(error)}") from None
+        if answer.status_code != 503 or time.monotonic() > waited_until:
+            break
+        time.sleep(1.0)  # up but without its database for a moment (a restart, a failover): asked again
     if answer.status_code == 401:
         raise ServerRefused("tracking.tracking_uri", _refused_login(where, creds.username, "MLFLOW_TRACKING_USERNAME",
                                                                     "MLFLOW_TRACKING_PASSWORD"))
