@@ -203,7 +203,7 @@ def _stack(args: argparse.Namespace) -> int:
         for name, value in started.environment(user).items():
             print(f"export {name}={shlex.quote(value)}")
     settings = " ".join(f"--set {shlex.quote(setting)}" for setting in started.settings("USER"))
-    print(f"\n# then, e.g.:\ngymflow run cartpole-ppo {settings} --set tracking.experiment=USER")
+    print(f"\n# then, e.g.:\n{gymflow_command()} run cartpole-ppo {settings} --set tracking.experiment=USER")
     return 0
 
 
