@@ -389,18 +389,15 @@ def is_users_env(env_id: str) -> bool:
 def check_what_it_observes(env: gym.Env, env_id: str) -> None:
     """A user's env reset (seed 0) and stepped once with a sampled action: what it returns must fit the
     observation space it declares, before any run starts on it (a rollout would fail on the workers)."""
-    space = env.observation_space
     try:
-        observation, _ = env.reset(seed=0)
-        _fits(env_id, "reset", observation, space)
+        first, _ = env.reset(seed=0)
         env.action_space.seed(0)
-        observation, *_ = env.step(env.action_space.sample())
-    except EnvSpecError:
-        raise
+        then, *_ = env.step(env.action_space.sample())
     except Exception as error:  # the user's code: said in one line, as a job's error would be
         raise EnvSpecError("env.id", f"{env_id!r} raised {type(error).__name__}: {error} as it was reset (seed 0) "
                                      "and stepped once, before the run") from None
-    _fits(env_id, "step", observation, space)
+    _fits(env_id, "reset", first, env.observation_space)
+    _fits(env_id, "step", then, env.observation_space)
 
 
 def _fits(env_id: str, where: str, observation: Any, space: spaces.Space) -> None:

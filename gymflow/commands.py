@@ -14,9 +14,7 @@ def gymflow_command() -> str:
     the working folder where it lies inside it (`.venv/bin/gymflow` after `make train`)."""
     script = Path(sys.executable).parent / "gymflow"
     found = shutil.which("gymflow")
-    if found is not None and (not script.exists() or Path(found).resolve() == script.resolve()):
-        return "gymflow"
-    if not script.exists():
+    if not script.exists() or (found is not None and Path(found).resolve() == script.resolve()):
         return "gymflow"
     try:
         return os.path.relpath(script) if script.resolve().is_relative_to(Path.cwd().resolve()) else str(script)
