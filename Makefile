@@ -30,12 +30,13 @@ test-all: setup system-packages
 
 # The queue the SLURM tests start (tests/slurm.py): Debian's slurm-wlm and munge; the team's stack
 # (`gymflow stack up`, tests/test_team_stack.py): Debian's PostgreSQL, without the cluster its package
-# would make and start. Installed where missing; where they cannot be (not root, no apt-get) those
+# would make and start; the browser tests (tests/test_browser.py): Debian's chromium. Installed where missing; where they cannot be (not root, no apt-get) those
 # tests skip and say why.
 system-packages:
 	@missing=""; \
 	command -v slurmctld >/dev/null && command -v munged >/dev/null || missing="slurm-wlm munge"; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	        mkdir -p /etc/postgresql-common; \

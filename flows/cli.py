@@ -305,7 +305,8 @@ def _run(preset: str, overrides: dict, output: Output, api_ready: Callable[[], N
              else f"{summary.gradient_steps:,} gradient steps offline")
     print(
         f"run {summary.run_id} {verdict}; {delivered_words(summary)} after {spent} ({summary.wall_seconds:.1f} s)"
-        f"\n  MLflow run: {summary.mlflow_run_id}\n  checkpoints and shards: {summary.storage_url}"
+        f"\n  MLflow run: {summary.mlflow_run_id}, at {summary.mlflow_page}"
+        f"\n  checkpoints and shards: {summary.storage_url}"
     )
     return 0
 

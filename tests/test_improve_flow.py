@@ -3,6 +3,7 @@ worker processes, a local storage folder and a real MLflow SQLite store."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -47,6 +48,12 @@ def _check_mlflow(workspace, summary, flow_run_id, algo: str) -> None:
     assert run.info.status == "FINISHED"
     experiment = client.get_experiment(run.info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens its runs view
+    view = json.loads(experiment.tags["mlflow.sharedViewState.gymflow-returns"])  # "Views": the runs by return
+    assert "metrics.`summary/best_return`" in json.loads(view["state"])["selectedColumns"]
+    shown = [key for key in run.data.tags if not key.startswith("mlflow.")]
+    assert shown[0] == "gymflow.return"  # the first tag a run's page shows
+    assert run.data.tags["gymflow.return"] == (f"{summary.final_return:.2f}, v{summary.delivered_version} delivered "
+                                               f"(best {summary.best_return:.2f})")
     assert run.data.params["agent.algo"] == algo
     assert run.data.params["env.id"] == "gymflow.testing.envs:Corridor"
     assert run.data.tags["prefect.flow_run_id"] == str(flow_run_id)

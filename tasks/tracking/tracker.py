@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gymflow.outage import Outage
-from gymflow.presets.redaction import redacted_uri
 from gymflow.tasks.tracking.outage import mlflow_outage, unanswered
+from gymflow.tasks.tracking.pages import runs_by_return_view
 
 if TYPE_CHECKING:
     from mlflow.entities import Metric, Param
@@ -60,6 +60,20 @@ class TrackerOptions:
         return cls(tracking.artifact_location, tracking.outage_budget_s)
 
 
+def _experiment_for_training(client: MlflowClient, name: str, artifact_location: str | None) -> str:
+    """The experiment's id, made where it is missing; marked for model training, with the runs-by-return
+    view (tasks/tracking/pages.py), where it lacks them (a view a user saved over is theirs)."""
+    view, envelope = runs_by_return_view(int(time.time() * 1000))
+    found = client.get_experiment_by_name(name)
+    if found is None:
+        return client.create_experiment(name, artifact_location=artifact_location,
+                                        tags={EXPERIMENT_KIND: MODEL_TRAINING, view: envelope})
+    for key, value in {EXPERIMENT_KIND: MODEL_TRAINING, view: envelope}.items():
+        if key not in found.tags:  # an experiment someone made without saying what for, or before the view
+            client.set_experiment_tag(found.experiment_id, key, value)
+    return found.experiment_id
+
+
 class Tracker:
     def __init__(
         self,
@@ -75,8 +89,9 @@ class Tracker:
 
         options = options or TrackerOptions()
         bounded_mlflow_requests()
-        if redacted_uri(tracking_uri) != tracking_uri:  # MLflow's "View run ... at: URL" would print its password
-            os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+        # MLflow's own "View run ... at: URL" (a password in it, where the URI has one) opens its GenAI view:
+        # the run's summary prints the run's page in the model-training view instead (tasks/tracking/pages.py)
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         client, self.tracking_uri = tracking_client(tracking_uri), tracking_uri
         self.outage = mlflow_outage(tracking_uri, options.outage_budget_s)
         self.prefect_outage: Outage | None = None  # the Prefect API's, where the run is watched (prefect_watch.py)
@@ -86,14 +101,7 @@ class Tracker:
             client.set_tag(existing_run_id, "prefect.flow_run_id.resumed", tags.get("prefect.flow_run_id", ""))
             self.run_id, self.experiment_id = existing_run_id, run.info.experiment_id
         else:
-            found = client.get_experiment_by_name(experiment)
-            if found is None:
-                experiment_id = client.create_experiment(experiment, artifact_location=options.artifact_location,
-                                                         tags={EXPERIMENT_KIND: MODEL_TRAINING})
-            else:
-                experiment_id = found.experiment_id
-                if EXPERIMENT_KIND not in found.tags:  # an experiment someone made without saying what for
-                    client.set_experiment_tag(experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
+            experiment_id = _experiment_for_training(client, experiment, options.artifact_location)
             self.run_id = client.create_run(experiment_id, run_name=run_name, tags=dict(tags)).info.run_id
             self.experiment_id = experiment_id
         self.client = PatientClient(client, self.outage)  # the login was taken: a refusal from here on may pass
@@ -205,6 +213,13 @@ class Tracker:
     def set_tags(self, tags: Mapping[str, str]) -> None:
         for key, value in tags.items():
             self.client.set_tag(self.run_id, key, value)
+
+    def tag_later(self, tags: Mapping[str, str]) -> None:
+        """Tags written by the writer thread, in order with the metrics (training does not wait on them;
+        one a server lost does not get is not kept for a resume: the next one says it again)."""
+        from mlflow.entities import RunTag
+
+        self._write_batch(tags=[RunTag(key, value) for key, value in tags.items()])
 
     def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
         if os.path.isdir(local_path):

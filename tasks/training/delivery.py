@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 from gymflow.presets.redaction import without_password
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, committed_versions, read_policy
 from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.tracking.pages import RETURN_TAG, return_words, run_page, runs_page, ui_command, ui_url, where_to_see
 from gymflow.tasks.tracking.plots import plot_learning_curve
 from gymflow.tasks.tracking.servers import is_tracking_server
 from gymflow.tasks.tracking.tracker import Tracker
@@ -52,7 +53,8 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
                                     title=title, target_return=config.schedule.target_return)
         tracker.log_artifact(curve)
         curve_png = Path(curve).read_bytes()
-    tracker.set_tags({"gymflow.delivered_version": str(summary.delivered_version)}
+    said = return_words(summary.final_return or 0.0, delivered, summary.best_return or 0.0, delivered=True)
+    tracker.set_tags({"gymflow.delivered_version": str(delivered), RETURN_TAG: said}
                      | ({} if summary.target_return is None else {"gymflow.solved": str(summary.solved)}))
     tracker.log_metrics({
         "summary/wall_seconds": summary.wall_seconds,
@@ -79,7 +81,8 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
                                  summary.solved)
     recorder.progress.logger.info("v%d delivered to MLflow (%s) in %.1f s: %s", summary.delivered_version, where,
                                   time.perf_counter() - started, model_uri)
-    return Delivered(replace(summary, model_uri=model_uri), curve_png)
+    page = where_to_see(where, run_page(tracker.experiment_id, summary.mlflow_run_id))
+    return Delivered(replace(summary, model_uri=model_uri, mlflow_page=page), curve_png)
 
 
 def _say(recorder: RunRecorder, summary: RunSummary, status: str) -> None:
@@ -132,13 +135,10 @@ def report_run(run: PreparedRun, tracker: Tracker, delivered: Delivered, recorde
 def summary_table(run: PreparedRun, summary: RunSummary, tracker: Tracker, films: list[str]) -> str:
     """The run's summary as a Markdown table, with links into the MLflow UI where it is served."""
     config, uri = run.preset, without_password(run.preset.tracking.tracking_uri)  # the table is a Prefect artifact
-    # MLflow 3.17's UI shows every experiment in its GenAI view unless the link asks for model training
-    page = f"#/experiments/{tracker.experiment_id}/runs/{summary.mlflow_run_id}?workflowType=machine_learning"
-    served = is_tracking_server(uri)
-    if served:
-        mlflow_link = f"[{summary.mlflow_run_id}]({uri.rstrip('/')}/{page})"
-    else:
-        mlflow_link = f"`{summary.mlflow_run_id}` (`mlflow ui --backend-store-uri {uri}`, then `{page}`)"
+    served, serve = is_tracking_server(uri), ui_command(uri)
+    run_url, runs_url = (ui_url(uri, page) for page in (run_page(tracker.experiment_id, summary.mlflow_run_id),
+                                                        runs_page(tracker.experiment_id)))
+    mlflow_link = f"[{summary.mlflow_run_id}]({run_url})" + ("" if served else f" once `{serve}` serves it")
     if films and served:
         film = f"[{films[-1]}]({uri.rstrip('/')}/get-artifact?path={films[-1]}&run_uuid={summary.mlflow_run_id})"
     else:
@@ -154,6 +154,7 @@ def summary_table(run: PreparedRun, summary: RunSummary, tracker: Tracker, films
          f"{summary.wall_seconds:.1f} s ({100 * summary.orchestration_share:.0f}% orchestration)"),
         ("versions committed", f"{summary.versions_committed} (delivered v{summary.delivered_version})"),
         ("MLflow run", mlflow_link),
+        ("the experiment's runs by return", f"[{config.tracking.experiment}]({runs_url})"),
         ("MLflow model", f"`{summary.model_uri}`"),
         ("video of the final policy", film),
         ("checkpoints and shards", f"`{summary.storage_url}`"),

@@ -41,6 +41,7 @@ from gymflow.tasks.sweep.trial import PbtCopy, PbtMember, log_member_interval
 from gymflow.tasks.tracking.artifacts import ProgressArtifact
 from gymflow.tasks.tracking.blocks import with_block_options
 from gymflow.tasks.tracking.events import RunEvents
+from gymflow.tasks.tracking.pages import NOT_EVALUATED, RETURN_TAG
 from gymflow.tasks.tracking.prefect_watch import prefect_watched
 from gymflow.tasks.tracking.progress import ProgressLog
 from gymflow.tasks.tracking.servers import check_tracking_server, refusal_of
@@ -189,8 +190,9 @@ def run_tags(overrides: Mapping[str, Any], extra: Mapping[str, str] | None = Non
 def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str], prefect: Outage | None
              ) -> Iterator[Tracker]:
     tracking = run.preset.tracking
-    tags = {**source_tags(), "gymflow.run_id": run.run_id, "prefect.flow_run_id": flow_run_id,
-            "gymflow.preset": run.preset.name, "gymflow.env_backend": rollout_backend(run.preset), **extra_tags}
+    tags = {**source_tags(), RETURN_TAG: NOT_EVALUATED,  # the first tag a run's page shows (tasks/tracking/pages.py)
+            "gymflow.run_id": run.run_id, "prefect.flow_run_id": flow_run_id, "gymflow.preset": run.preset.name,
+            "gymflow.env_backend": rollout_backend(run.preset), **extra_tags}
     try:
         tracker = Tracker(tracking.tracking_uri, tracking.experiment, run_name=run.run_id, tags=tags,
                           existing_run_id=run.record.mlflow_run_id if run.record else None,

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.tracking.events import RunEvents
+from gymflow.tasks.tracking.pages import RETURN_TAG, return_words
 from gymflow.tasks.tracking.plots import PLOTTED_METRICS
 from gymflow.tasks.tracking.progress import ProgressLog
 from gymflow.tasks.tracking.system_metrics import SystemMetrics
@@ -53,6 +54,7 @@ class RunSummary:
     target_return: float | None = None  # the preset's schedule.target_return: None, a run without one
     paused: bool = False  # a population member at its interval's end, checkpointed, to be continued
     last: Standing | None = None  # the last version's evaluation, where another version is delivered
+    mlflow_page: str = ""  # where to see the run in MLflow's UI (tasks/tracking/pages.py), once delivered
 
     @property
     def clock(self) -> int:
@@ -155,6 +157,8 @@ class RunRecorder:
         self.evaluations = [row for row in self.evaluations if row.env_steps != scored.step]
         self.evaluations.append(EvaluationRow(scored.step, scored.mean_return, min(returns), max(returns),
                                               scored.version))
+        best = max(row.mean for row in self.evaluations)
+        self.tracker.tag_later({RETURN_TAG: return_words(scored.mean_return, scored.version, best)})
         if self.events is not None:
             self.events.evaluated(scored.step, scored.version, scored.mean_return, min(returns), max(returns))
         self.work_seconds += scored.result.seconds if waited else 0.0

@@ -1,0 +1,69 @@
+"""Where a person sees a run in MLflow's UI: the run's page in the model-training view, and the
+experiment's runs with their returns as columns (a saved view gymflow keeps on each experiment it
+records in, listed under the runs table's "Views"). Every link gymflow prints is one of these."""
+
+from __future__ import annotations
+
+import json
+
+from gymflow.commands import installed_command
+from gymflow.tasks.tracking.servers import is_tracking_server
+
+# MLflow 3's UI opens experiments in its GenAI view unless a link asks for model training
+_MODEL_TRAINING = "workflowType=machine_learning"
+# A saved view of the runs table is the experiment tag mlflow.sharedViewState.<id>; its state is the
+# table's (selected columns as MLflow names them: `metrics.`<key>``); a link opens it with viewStateShareKey
+RUNS_BY_RETURN = "gymflow-returns"
+SAVED_VIEW_PREFIX = "mlflow.sharedViewState."
+RETURN_COLUMNS = ("summary/final_return", "summary/best_return", "eval/return_mean")
+# The run's return as its first tag, which a run's page shows above the fold: the newest evaluation's while
+# it trains, the delivered version's once it is delivered
+RETURN_TAG = "gymflow.return"
+NOT_EVALUATED = "not evaluated yet"
+LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves a local store
+
+
+def runs_by_return_view(now_ms: int) -> tuple[str, str]:
+    """The saved view's experiment tag: the runs table with the return columns, the preset and the models."""
+    returns = [f"metrics.`{key}`" for key in RETURN_COLUMNS]
+    columns = [*returns, "tags.`gymflow.preset`", "attributes.`Models`"]
+    # the returns right after the run's name: the table is narrow beside MLflow's assistant panel
+    order = ["attributes.`Run Name`", *returns, "runDateAndNestInfo", "duration", *columns[len(returns):]]
+    widths = {"attributes.`Run Name`": 255} | dict.fromkeys(returns, 90)  # a name's time and hash in view too
+    state = {"selectedColumns": columns, "columnOrder": order, "columnWidths": widths,
+             "orderByKey": "attributes.start_time", "orderByAsc": False}
+    envelope = {"name": "gymflow: returns", "createdAt": now_ms, "updatedAt": now_ms, "state": json.dumps(state)}
+    return SAVED_VIEW_PREFIX + RUNS_BY_RETURN, json.dumps(envelope)
+
+
+def run_page(experiment_id: str, mlflow_run_id: str) -> str:
+    return f"#/experiments/{experiment_id}/runs/{mlflow_run_id}?{_MODEL_TRAINING}"
+
+
+def runs_page(experiment_id: str) -> str:
+    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={RUNS_BY_RETURN}&{_MODEL_TRAINING}"
+
+
+def ui_url(tracking_uri: str, page: str) -> str:
+    """A page's address: on the tracking server, or on `mlflow ui` serving a local store."""
+    base = tracking_uri.rstrip("/") if is_tracking_server(tracking_uri) else LOCAL_UI
+    return f"{base}/{page}"
+
+
+def ui_command(tracking_uri: str) -> str | None:
+    """The command that serves a local store's UI (None: a tracking server serves its own)."""
+    if is_tracking_server(tracking_uri):
+        return None
+    return f"{installed_command('mlflow')} ui --backend-store-uri {tracking_uri}"
+
+
+def where_to_see(tracking_uri: str, page: str) -> str:
+    """A page's address for a person, with the command that serves it where the store is local."""
+    serve = ui_command(tracking_uri)
+    return ui_url(tracking_uri, page) + ("" if serve is None else f" (once `{serve}` serves it)")
+
+
+def return_words(mean_return: float, version: int, best: float, delivered: bool = False) -> str:
+    """The return tag's value: `478.1, v7 delivered (best 478.1)`, or `41.6 at v231 (best 478.1)` meanwhile."""
+    return f"{mean_return:.2f}, v{version} delivered (best {best:.2f})" if delivered \
+        else f"{mean_return:.2f} at v{version} (best {best:.2f})"

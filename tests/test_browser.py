@@ -1,0 +1,177 @@
+"""What a person sees of a finished run, in a real browser (Debian's Chromium, headless, driven by
+Playwright): the run's MLflow page, opened from the link the run prints, shows its return in the
+first screen; the experiment's runs table, from the summary's link, has the return columns; the run's
+own Prefect API's UI shows its flow run and its summary artifact. The screenshots are kept in
+test-artifacts/browser/ (GYMFLOW_TEST_ARTIFACTS moves it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY_BUDGET, free_port
+from tests.prefect_databases import seed_prefect_database
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+SCREEN = {"width": 1280, "height": 800}  # a laptop's browser window: the "first screen"
+ARTIFACTS = Path(os.environ.get("GYMFLOW_TEST_ARTIFACTS", Path(__file__).parents[1] / "test-artifacts"), "browser")
+BIN = Path(sys.executable).parent
+
+pytestmark = [
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (make test installs "
+                                                               "it where it runs as root)"),
+]
+
+
+def _wait_for(url: str, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{url} did not answer in {seconds:.0f} s")
+        time.sleep(0.5)
+
+
+def _post(url: str, body: dict) -> list:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.load(answer)
+
+
+class Served:
+    """A server this test started, stopped by its id at the end."""
+
+    def __init__(self, command: list[str], env: dict[str, str], cwd: Path):
+        self.process = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def prefect_ui(tmp_path: Path) -> Iterator[str]:
+    """A Prefect server with its UI, as `prefect server start` serves it, on a database of its own."""
+    home, port = tmp_path / "prefect-home", free_port()
+    home.mkdir()
+    seed_prefect_database(home / "prefect.db")
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "0",
+           "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}  # the UI's own calls: not to 4200
+    env.pop("PREFECT_API_URL", None)
+    server = Served([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, home)
+    try:
+        _wait_for(f"http://127.0.0.1:{port}/api/health")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def _finished_run(folder: Path, prefect: str) -> str:
+    """`gymflow run` to its end against the Prefect server, in a local MLflow store: what it printed."""
+    env = {**os.environ, "PREFECT_API_URL": f"{prefect}/api"}
+    overrides = [f"{key}={json.dumps(value) if not isinstance(value, str) else value}"
+                 for key, value in TINY_BUDGET.items()]
+    command = [str(BIN / "gymflow"), "run", "cartpole-ppo", "--set", f"storage.root={folder / 'data'}",
+               *(part for override in overrides for part in ("--set", override))]
+    done = subprocess.run(command, env=env, cwd=folder, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def _run_page_printed(printed: str) -> str:
+    (link,) = re.findall(r"MLflow run: \w+, at (http://127\.0\.0\.1:5000/\S+)", printed)
+    return link
+
+
+def _shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def _in_first_screen(page, locator) -> bool:
+    """Shown in the window as it opened, unscrolled, and not hidden under or clipped by anything else."""
+    box = locator.bounding_box()
+    if box is None:
+        return False
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    if not (0 <= x < SCREEN["width"] and 0 <= y < SCREEN["height"]):
+        return False
+    return locator.evaluate("(shown, [x, y]) => shown.contains(document.elementFromPoint(x, y))", [x, y])
+
+
+def test_a_finished_runs_pages_show_its_return_at_a_glance_and_prefect_shows_its_run_and_summary(
+        prefect_ui, tmp_path):
+    playwright = pytest.importorskip("playwright.sync_api")
+    printed = _finished_run(tmp_path, prefect_ui)
+    link, port = _run_page_printed(printed), free_port()
+    mlflow_ui = Served([str(BIN / "mlflow"), "ui", "--backend-store-uri", "sqlite:///mlflow.db",
+                        "--host", "127.0.0.1", "--port", str(port)], dict(os.environ), tmp_path)
+    try:
+        _wait_for(f"http://127.0.0.1:{port}/health")
+        with playwright.sync_playwright() as driver:
+            browser = driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page(viewport=SCREEN)
+            _look_at_mlflow(page, link.replace(":5000/", f":{port}/"))
+            _look_at_prefect(page, prefect_ui)
+            browser.close()
+    finally:
+        mlflow_ui.stop()
+
+
+def _look_at_mlflow(page, run_link: str) -> None:
+    page.goto(run_link)
+    returned = page.get_by_text("gymflow.return", exact=True)
+    returned.wait_for(timeout=60_000)
+    page.get_by_text(re.compile(r"v\d+ delivered \(best ")).wait_for()
+    _shot(page, "mlflow-run")
+    assert _in_first_screen(page, returned), "the run's return is below MLflow's first screen"
+    experiment = re.search(r"#/experiments/(\w+)/", run_link).group(1)
+    base = run_link.split("#")[0]
+    page.goto(f"{base}#/experiments/{experiment}/runs?viewStateShareKey=gymflow-returns"
+              "&workflowType=machine_learning")
+    page.locator(_cell("summary/final_return")).first.wait_for(timeout=60_000)
+    _shot(page, "mlflow-runs-by-return")
+    for column in ("summary/final_return", "summary/best_return", "eval/return_mean"):
+        (value,) = page.locator(_cell(column)).all_inner_texts()
+        assert re.fullmatch(r"-?\d+(\.\d+)?", value.strip()), (column, value)
+    for column in ("summary/final_return", "summary/best_return"):  # the newest evaluation's may scroll in
+        assert _in_first_screen(page, page.locator(_cell(column))), f"{column} is out of the runs table's first screen"
+
+
+def _cell(metric: str) -> str:
+    """The runs table's cells of a metric's column (MLflow's grid names a column by its key)."""
+    return f'[role=gridcell][col-id="metrics.`{metric}`"]'
+
+
+def _look_at_prefect(page, prefect: str) -> None:
+    (flow_run,) = _post(f"{prefect}/api/flow_runs/filter", {"limit": 1})
+    page.goto(f"{prefect}/runs/flow-run/{flow_run['id']}")
+    page.get_by_text(flow_run["name"]).first.wait_for(timeout=60_000)
+    page.get_by_text("Completed").first.wait_for()
+    page.get_by_text(re.compile(r"v\d+ delivered to MLflow")).first.wait_for(timeout=60_000)  # its log, as sent
+    _shot(page, "prefect-flow-run")
+    (summary,) = _post(f"{prefect}/api/artifacts/filter", {"artifacts": {"key": {"any_": ["improve-summary"]}}})
+    page.goto(f"{prefect}/artifacts/artifact/{summary['id']}")
+    page.get_by_text("final evaluation return").first.wait_for(timeout=60_000)
+    page.get_by_text("the experiment's runs by return").first.wait_for()
+    _shot(page, "prefect-summary-artifact")
