@@ -53,9 +53,7 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
                                     title=title, target_return=config.schedule.target_return)
         tracker.log_artifact(curve)
         curve_png = Path(curve).read_bytes()
-    said = return_words(summary.final_return or 0.0, delivered, summary.best_return or 0.0, delivered=True)
-    tracker.set_tags({"gymflow.delivered_version": str(delivered), RETURN_TAG: said}
-                     | ({} if summary.target_return is None else {"gymflow.solved": str(summary.solved)}))
+    tracker.set_tags(_outcome_tags(summary))
     tracker.log_metrics({
         "summary/wall_seconds": summary.wall_seconds,
         "summary/orchestration_share": summary.orchestration_share,
@@ -83,6 +81,13 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
                                   time.perf_counter() - started, model_uri)
     page = where_to_see(where, run_page(tracker.experiment_id, summary.mlflow_run_id))
     return Delivered(replace(summary, model_uri=model_uri, mlflow_page=page), curve_png)
+
+
+def _outcome_tags(summary: RunSummary) -> dict[str, str]:
+    said = return_words(summary.final_return or 0.0, summary.delivered_version, summary.best_return or 0.0,
+                        delivered=True)
+    return ({"gymflow.delivered_version": str(summary.delivered_version), RETURN_TAG: said}
+            | ({} if summary.target_return is None else {"gymflow.solved": str(summary.solved)}))
 
 
 def _say(recorder: RunRecorder, summary: RunSummary, status: str) -> None:
