@@ -10,44 +10,19 @@ Nothing is left running: both servers are started in a temporary folder and stop
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from gymflow.testing.http import get_json, post_json, wait_for_answer
 
 IMAGES = Path(__file__).with_name("img")
 PREFECT_PORT, MLFLOW_PORT = 4231, 5231
 PREFECT, MLFLOW = f"http://127.0.0.1:{PREFECT_PORT}", f"http://127.0.0.1:{MLFLOW_PORT}"
 BIN = Path(sys.executable).parent
-
-
-def _wait_for(url: str, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{url} did not answer in {seconds:.0f} s")
-        time.sleep(0.5)
-
-
-def _get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        return json.load(answer)
-
-
-def _post(url: str, body: dict) -> list | dict:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        return json.load(answer)
 
 
 def screenshot(url: str, name: str, height: int = 1100) -> None:
@@ -71,20 +46,21 @@ def main() -> None:
                              env=env, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
         ]
         try:
-            _wait_for(f"{PREFECT}/api/health")
-            _wait_for(f"{MLFLOW}/health")
+            wait_for_answer(f"{PREFECT}/api/health")
+            wait_for_answer(f"{MLFLOW}/health")
             subprocess.run([BIN / "gymflow", "run", "cartpole-ppo", "--quiet", "--set",
                             f"tracking.tracking_uri={MLFLOW}"], env=env, cwd=folder, check=True)
-            (flow_run,) = _post(f"{PREFECT}/api/flow_runs/filter", {"limit": 1})
-            experiment = _get(f"{MLFLOW}/api/2.0/mlflow/experiments/get-by-name?experiment_name=gymflow")
+            (flow_run,) = post_json(f"{PREFECT}/api/flow_runs/filter", {"limit": 1})
+            experiment = get_json(f"{MLFLOW}/api/2.0/mlflow/experiments/get-by-name?experiment_name=gymflow")
             experiment_id = experiment["experiment"]["experiment_id"]
-            (run,) = _post(f"{MLFLOW}/api/2.0/mlflow/runs/search", {"experiment_ids": [experiment_id]})["runs"]
+            (run,) = post_json(f"{MLFLOW}/api/2.0/mlflow/runs/search", {"experiment_ids": [experiment_id]})["runs"]
             run_id = run["info"]["run_id"]
             model_id = run["outputs"]["model_outputs"][0]["model_id"]
-            films = _get(f"{MLFLOW}/api/2.0/mlflow/artifacts/list?run_id={run_id}&path=videos")["files"]
+            films = get_json(f"{MLFLOW}/api/2.0/mlflow/artifacts/list?run_id={run_id}&path=videos")["files"]
             time.sleep(3)  # the last task runs and artifacts reach the API as events
             screenshot(f"{PREFECT}/runs/flow-run/{flow_run['id']}", "prefect-flow-run")
-            artifacts = _post(f"{PREFECT}/api/artifacts/filter", {"artifacts": {"key": {"any_": ["improve-summary"]}}})
+            summary_key = {"artifacts": {"key": {"any_": ["improve-summary"]}}}
+            artifacts = post_json(f"{PREFECT}/api/artifacts/filter", summary_key)
             screenshot(f"{PREFECT}/artifacts/artifact/{artifacts[0]['id']}", "prefect-summary-artifact", 1500)
             page = f"{MLFLOW}/#/experiments/{experiment_id}"
             screenshot(f"{page}/runs/{run_id}?workflowType=machine_learning", "mlflow-run", 1400)

@@ -12,13 +12,12 @@ import re
 import shutil
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from gymflow.testing.http import post_json, wait_for_answer
 from tests.conftest import TINY_BUDGET, free_port
 from tests.prefect_databases import seed_prefect_database
 
@@ -31,26 +30,6 @@ pytestmark = [
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (make test installs "
                                                                "it where it runs as root)"),
 ]
-
-
-def _wait_for(url: str, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{url} did not answer in {seconds:.0f} s")
-        time.sleep(0.5)
-
-
-def _post(url: str, body: dict) -> list:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        return json.load(answer)
 
 
 class Served:
@@ -80,7 +59,7 @@ def prefect_ui(tmp_path: Path) -> Iterator[str]:
     env.pop("PREFECT_API_URL", None)
     server = Served([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, home)
     try:
-        _wait_for(f"http://127.0.0.1:{port}/api/health")
+        wait_for_answer(f"http://127.0.0.1:{port}/api/health")
         yield f"http://127.0.0.1:{port}"
     finally:
         server.stop()
@@ -127,7 +106,7 @@ def test_a_finished_runs_pages_show_its_return_at_a_glance_and_prefect_shows_its
     mlflow_ui = Served([str(BIN / "mlflow"), "ui", "--backend-store-uri", "sqlite:///mlflow.db",
                         "--host", "127.0.0.1", "--port", str(port)], dict(os.environ), tmp_path)
     try:
-        _wait_for(f"http://127.0.0.1:{port}/health")
+        wait_for_answer(f"http://127.0.0.1:{port}/health")
         with playwright.sync_playwright() as driver:
             browser = driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
             page = browser.new_page(viewport=SCREEN)
@@ -164,13 +143,13 @@ def _cell(metric: str) -> str:
 
 
 def _look_at_prefect(page, prefect: str) -> None:
-    (flow_run,) = _post(f"{prefect}/api/flow_runs/filter", {"limit": 1})
+    (flow_run,) = post_json(f"{prefect}/api/flow_runs/filter", {"limit": 1})
     page.goto(f"{prefect}/runs/flow-run/{flow_run['id']}")
     page.get_by_text(flow_run["name"]).first.wait_for(timeout=60_000)
     page.get_by_text("Completed").first.wait_for()
     page.get_by_text(re.compile(r"v\d+ delivered to MLflow")).first.wait_for(timeout=60_000)  # its log, as sent
     _shot(page, "prefect-flow-run")
-    (summary,) = _post(f"{prefect}/api/artifacts/filter", {"artifacts": {"key": {"any_": ["improve-summary"]}}})
+    (summary,) = post_json(f"{prefect}/api/artifacts/filter", {"artifacts": {"key": {"any_": ["improve-summary"]}}})
     page.goto(f"{prefect}/artifacts/artifact/{summary['id']}")
     page.get_by_text("final evaluation return").first.wait_for(timeout=60_000)
     page.get_by_text("the experiment's runs by return").first.wait_for()

@@ -20,6 +20,7 @@ from mlflow.tracking import MlflowClient
 from gymflow.tasks.storage.checkpoints import latest_version, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
+from gymflow.testing.http import wait_for_answer
 from tests.conftest import STOPPED_RUN, free_port, still_running
 from tests.prefect_databases import seed_prefect_database
 from tests.prefect_workers import stop_worker
@@ -28,17 +29,6 @@ from tests.stored import newest_published
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
-
-
-def _wait_for(url: str, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"{url} did not answer within {seconds:.0f} s")
 
 
 @contextmanager
@@ -53,7 +43,7 @@ def _server_with(tmp_path_factory, *deploy: str) -> Iterator[dict]:
     server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_for(f"http://127.0.0.1:{port}/api/health", 120)
+        wait_for_answer(f"http://127.0.0.1:{port}/api/health", 120)
         assert _prefect(env, "work-pool", "create", "gymflow", "--type", "process").returncode == 0
         # `deploy --all` loads the flow once for each of prefect.yaml's 20 deployments and asks the server
         # ~20 times for each: ~50 s on a quiet 2-core VM, past 120 s beside the suite's other process

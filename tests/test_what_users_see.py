@@ -510,3 +510,47 @@ def test_a_flow_parameter_out_of_bounds_is_refused_in_one_line_in_the_runs_state
     assert logged == [f"gymflow: error: {says} (the run did not start)"]
     with pytest.raises(InvalidPreset, match="^" + says.replace("(", r"\(").replace(")", r"\)") + "$"):
         flow(**parameters)  # a flow called in-process raises gymflow's error itself
+
+
+# What a team's serving machine reads the ONNX model with: nothing of gymflow, torch or the env
+_SERVE_ALONE = """
+import sys, numpy as np, mlflow, onnxruntime
+for absent in ("torch", "gymflow", "gymnasium"):
+    try:
+        __import__(absent)
+    except ImportError:
+        continue
+    sys.exit(f"{absent} is installed beside mlflow and onnxruntime")
+tracking_uri, model_uri, folder = sys.argv[1:4]
+mlflow.set_tracking_uri(tracking_uri)
+observations = np.load(f"{folder}/observations.npy")
+served = mlflow.pyfunc.load_model(model_uri)
+np.save(f"{folder}/mlflow_actions.npy", served.predict({"observations": observations})["actions"])
+model_file = mlflow.artifacts.download_artifacts(model_uri) + "/model.onnx"
+session = onnxruntime.InferenceSession(model_file, providers=["CPUExecutionProvider"])
+np.save(f"{folder}/session_actions.npy", session.run(["actions"], {"observations": observations})[0])
+"""
+
+
+@pytest.mark.slow
+def test_the_onnx_model_serves_the_pyfunc_s_actions_where_only_mlflow_and_onnxruntime_are_installed(
+        finished_run, tmp_path):
+    """A virtual environment of mlflow (this one's version) and onnxruntime from the package index, nothing
+    else asked for: the run's ONNX model loaded from its MLflow store there answers the pyfunc's actions."""
+    import onnxruntime
+
+    venv = tmp_path / "serving"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", f"mlflow=={mlflow.__version__}",
+                    f"onnxruntime=={onnxruntime.__version__}"], check=True, timeout=1500)
+    observations = np.concatenate([_observations(), np.random.default_rng(1).normal(0, 2, (984, 2)).astype(np.float32)])
+    np.save(tmp_path / "observations.npy", observations)
+    run = finished_run.mlflow().get_run(finished_run.summary.mlflow_run_id)
+    done = subprocess.run([str(python), "-c", _SERVE_ALONE, finished_run.tracking_uri, run.data.tags["gymflow.onnx_model"],
+                           str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env={key: value for key, value in os.environ.items() if key != "PYTHONPATH"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = _greedy_actions(finished_run, observations)
+    np.testing.assert_array_equal(np.load(tmp_path / "mlflow_actions.npy"), expected)
+    np.testing.assert_array_equal(np.load(tmp_path / "session_actions.npy"), expected)
