@@ -241,10 +241,10 @@ def _policy(network: nn.Module, config: PPOConfig, exploration: float, seed: int
 
 
 def _greedy(network: nn.Module, config: PPOConfig) -> nn.Module:
-    if config.recurrent is not None:
-        from gymflow.agents.export import CannotExport
+    if config.recurrent is not None:  # memory in, memory out
+        from gymflow.agents.export import GreedyActionsWithMemory
 
-        raise CannotExport("recurrent policies (agent.recurrent: memory in, memory out) are not exported to ONNX yet")
+        return GreedyActionsWithMemory(network, network.discrete)
     return greedy_actions(network)
 
 

@@ -82,7 +82,6 @@ def test_the_onnx_graph_acts_as_the_policy_on_a_thousand_observations(preset, ov
 
 
 @pytest.mark.parametrize(("preset", "overrides", "says"), [
-    ("cartpole-ppo", {"agent.recurrent": 8}, "recurrent policies (agent.recurrent: memory in, memory out)"),
     ("spread-ippo", {"env.id": "pettingzoo:gymflow.testing.agents:Exits", "env.kwargs": {},
                      "agent.policies": {"guide": "guides"}},
      "agent groups acting with separate policies (agent.policies)"),
@@ -94,3 +93,33 @@ def test_what_cannot_be_a_graph_yet_is_said_in_one_line(preset, overrides, says)
     with pytest.raises(CannotExport) as refused:
         onnx_policy(algorithm, config, experiment.observation_space, experiment.action_space, save(network.state_dict()))
     assert str(refused.value).startswith(says) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("preset", ["cartpole-po-ppo", "pendulum-po-ppo"])
+def test_a_recurrent_policy_s_graph_takes_and_gives_its_memory_as_the_policy_carries_it(preset):
+    """Steps of an episode: the graph fed its own memory back gives the policy's actions and memories
+    (discrete identical, continuous and memories within 1e-5), from an episode's zero memory on."""
+    experiment = resolve_experiment(preset, {"agent.normalize_observations": True})
+    algorithm, config = experiment.algorithm, experiment.preset.agent
+    steps = _observations(experiment.observation_space).reshape(10, 100, -1)  # 10 steps of 100 envs
+    for seed in range(10):
+        torch.manual_seed(seed)
+        network = _trained_like(algorithm.network(config, experiment.observation_space, experiment.action_space))
+        policy = algorithm.policy(network, config, 0.0, 0)
+        expected = [(policy.act(obs, explore=False)[0], policy.memory.copy()) for obs in steps]
+        if expected[0][0].dtype != np.int64 or len(np.unique(np.concatenate([a for a, _ in expected]))) > 1:
+            break
+    else:
+        raise AssertionError("no weights of ten seeds reach more than one action on these observations")
+    graph = onnx_policy(algorithm, config, experiment.observation_space, experiment.action_space,
+                        save(network.state_dict()))
+    session = onnxruntime.InferenceSession(graph, providers=["CPUExecutionProvider"])
+    memory = np.zeros((2, steps.shape[1], config.recurrent), np.float32)
+    for obs, (actions_expected, memory_expected) in zip(steps, expected, strict=True):
+        actions, memory = session.run(["actions", "next_memory"], {"observations": obs, "memory": memory})
+        assert actions.dtype == actions_expected.dtype and actions.shape == actions_expected.shape
+        if actions.dtype == np.int64:
+            np.testing.assert_array_equal(actions, actions_expected)
+        else:
+            assert np.abs(actions - actions_expected).max() <= 1e-5
+        assert np.abs(memory - memory_expected).max() <= 1e-5

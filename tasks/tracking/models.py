@@ -101,6 +101,7 @@ class PolicyModel:
 
 
 OBSERVATIONS, ACTIONS, MEMORY = "observations", "actions", "memory"  # a recurrent policy model's named tensors
+NEXT_MEMORY = "next_memory"  # the ONNX graph's memory after the step (a graph's output cannot share its input's name)
 
 
 def log_policy_model(tracker: Tracker, model: PolicyModel, step: int) -> str:
@@ -159,9 +160,13 @@ def log_onnx_policy(tracker: Tracker, model: PolicyModel, graph: bytes, step: in
                                                 model_type="gymflow-policy-onnx")
     observations = TensorSpec(np.dtype(observation_dtype(model.observation_space)),
                               (-1, *model.observation_space.shape), OBSERVATIONS)
-    signature = ModelSignature(inputs=Schema([observations]),
-                               outputs=Schema([_actions_spec(model.action_space, ACTIONS)]))
+    inputs, outputs = [observations], [_actions_spec(model.action_space, ACTIONS)]
     example = {OBSERVATIONS: np.zeros((1, *model.observation_space.shape), observations.type)}
+    if model.memory_size is not None:  # a recurrent policy's memory: [2, batch, H] in, and after the step out
+        inputs.append(TensorSpec(np.dtype(np.float32), (2, -1, model.memory_size), MEMORY))
+        outputs.append(TensorSpec(np.dtype(np.float32), (2, -1, model.memory_size), NEXT_MEMORY))
+        example[MEMORY] = np.zeros((2, 1, model.memory_size), np.float32)
+    signature = ModelSignature(inputs=Schema(inputs), outputs=Schema(outputs))
     with _global_tracking_uri(tracker.tracking_uri), _no_progress_bars(), _logged_without_mlflows_slow_checks():
         patiently(mlflow.onnx.log_model, outage=tracker.outage, onnx_model=onnx.load_from_string(graph),
                   name=f"{model.name}-onnx", model_id=logged.model_id, step=step, signature=signature,
