@@ -64,6 +64,8 @@ def main() -> None:
             screenshot(f"{PREFECT}/artifacts/artifact/{artifacts[0]['id']}", "prefect-summary-artifact", 1500)
             page = f"{MLFLOW}/#/experiments/{experiment_id}"
             screenshot(f"{page}/runs/{run_id}?workflowType=machine_learning", "mlflow-run", 1400)
+            screenshot(f"{page}/runs?viewStateShareKey=gymflow-returns&workflowType=machine_learning",
+                       "mlflow-runs-by-return", 800)
             screenshot(f"{page}/runs/{run_id}/artifacts/{films[-1]['path']}?workflowType=machine_learning",
                        "mlflow-run-video")
             screenshot(f"{page}/models/{model_id}?workflowType=machine_learning", "mlflow-logged-model")
