@@ -30,8 +30,8 @@ test-all: setup system-packages
 
 # The queue the SLURM tests start (tests/slurm.py): Debian's slurm-wlm and munge; the team's stack
 # (`gymflow stack up`, tests/test_team_stack.py): Debian's PostgreSQL, without the cluster its package
-# would make and start; the browser tests (tests/test_browser.py): Debian's chromium. Installed where missing; where they cannot be (not root, no apt-get) those
-# tests skip and say why.
+# would make and start; the browser test (tests/test_browser.py): Debian's chromium. Installed where
+# missing; where they cannot be (not root, no apt-get) those tests skip and say why.
 system-packages:
 	@missing=""; \
 	command -v slurmctld >/dev/null && command -v munged >/dev/null || missing="slurm-wlm munge"; \

@@ -101,7 +101,6 @@ class PolicyModel:
 
 
 OBSERVATIONS, ACTIONS, MEMORY = "observations", "actions", "memory"  # a recurrent policy model's named tensors
-NEXT_MEMORY = "next_memory"  # the ONNX graph's memory after the step (a graph's output cannot share its input's name)
 
 
 def log_policy_model(tracker: Tracker, model: PolicyModel, step: int) -> str:
@@ -154,6 +153,8 @@ def log_onnx_policy(tracker: Tracker, model: PolicyModel, graph: bytes, step: in
     `<policy model>-onnx`, output of the run at `step` beside the pyfunc one: served by
     `mlflow models serve` or any ONNX runtime, without torch or gymflow. Returns its URI."""
     import onnx
+
+    from gymflow.agents.export import NEXT_MEMORY  # the graph's memory out (every algorithm: imported here only)
 
     logged = tracker.client.create_logged_model(tracker.experiment_id, name=f"{model.name}-onnx",
                                                 source_run_id=tracker.run_id, params=dict(model.params),

@@ -50,17 +50,17 @@ def ui_url(tracking_uri: str, page: str) -> str:
     return f"{base}/{page}"
 
 
-def ui_command(tracking_uri: str) -> str | None:
-    """The command that serves a local store's UI (None: a tracking server serves its own)."""
+def served_by(tracking_uri: str) -> str:
+    """What to add after a page's address: the command that serves a local store's UI ("" where a
+    tracking server serves its own)."""
     if is_tracking_server(tracking_uri):
-        return None
-    return f"{installed_command('mlflow')} ui --backend-store-uri {tracking_uri}"
+        return ""
+    return f" (once `{installed_command('mlflow')} ui --backend-store-uri {tracking_uri}` serves it)"
 
 
 def where_to_see(tracking_uri: str, page: str) -> str:
     """A page's address for a person, with the command that serves it where the store is local."""
-    serve = ui_command(tracking_uri)
-    return ui_url(tracking_uri, page) + ("" if serve is None else f" (once `{serve}` serves it)")
+    return ui_url(tracking_uri, page) + served_by(tracking_uri)
 
 
 def return_words(mean_return: float, version: int, best: float, delivered: bool = False) -> str:

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from gymflow.presets.redaction import without_password
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, committed_versions, read_policy
 from gymflow.tasks.storage.layout import RunLayout
-from gymflow.tasks.tracking.pages import RETURN_TAG, return_words, run_page, runs_page, ui_command, ui_url, where_to_see
+from gymflow.tasks.tracking.pages import RETURN_TAG, return_words, run_page, runs_page, served_by, ui_url, where_to_see
 from gymflow.tasks.tracking.plots import plot_learning_curve
 from gymflow.tasks.tracking.servers import is_tracking_server
 from gymflow.tasks.tracking.tracker import Tracker
@@ -140,10 +140,10 @@ def report_run(run: PreparedRun, tracker: Tracker, delivered: Delivered, recorde
 def summary_table(run: PreparedRun, summary: RunSummary, tracker: Tracker, films: list[str]) -> str:
     """The run's summary as a Markdown table, with links into the MLflow UI where it is served."""
     config, uri = run.preset, without_password(run.preset.tracking.tracking_uri)  # the table is a Prefect artifact
-    served, serve = is_tracking_server(uri), ui_command(uri)
+    served = is_tracking_server(uri)
     run_url, runs_url = (ui_url(uri, page) for page in (run_page(tracker.experiment_id, summary.mlflow_run_id),
                                                         runs_page(tracker.experiment_id)))
-    mlflow_link = f"[{summary.mlflow_run_id}]({run_url})" + ("" if served else f" once `{serve}` serves it")
+    mlflow_link = f"[{summary.mlflow_run_id}]({run_url}){served_by(uri)}"
     if films and served:
         film = f"[{films[-1]}]({uri.rstrip('/')}/get-artifact?path={films[-1]}&run_uuid={summary.mlflow_run_id})"
     else:
