@@ -19,7 +19,7 @@ from gymflow.agents.actor_critic import ActorCritic, greedy_actions
 from gymflow.agents.configs import APPOConfig
 from gymflow.agents.core import AlgorithmParts
 from gymflow.agents.impala import Batch, IMPALALearner, make_network, make_policy
-from gymflow.agents.ppo import PPOLossTerms, ppo_loss
+from gymflow.agents.ppo_learner import PPOLossTerms, ppo_loss
 
 
 class APPOLearner(IMPALALearner):

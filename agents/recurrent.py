@@ -22,7 +22,7 @@ from gymflow.agents.batches import Rollout
 from gymflow.agents.configs import PPOConfig
 from gymflow.agents.networks import action_distribution, hidden_layers, on_device, orthogonal_init
 from gymflow.agents.normalization import observation_normalizer
-from gymflow.agents.ppo import PPOLearner, PPOLossTerms, clipped_objective, generalized_advantages
+from gymflow.agents.ppo_learner import PPOLearner, PPOLossTerms, clipped_objective, generalized_advantages
 
 Batch = dict[str, torch.Tensor]
 

@@ -6,6 +6,7 @@ training state saved and restored whole."""
 from __future__ import annotations
 
 import math
+import typing
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,9 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from gymflow.agents import appo, bc, dqn, impala, iql, ppo, sac, td3
+from gymflow.agents import appo, bc, dqn, impala, iql, sac, td3
+from gymflow.agents import ppo_learner as ppo
+from gymflow.agents.actor_critic import PPOPolicy
 from gymflow.agents.algorithms import ALGORITHMS
 from gymflow.agents.batches import Rollout
 from gymflow.agents.configs import (
@@ -158,7 +161,7 @@ def test_ppo_acts_with_the_log_probabilities_its_learner_computes(action_space):
     config = PPOConfig(log_std_init=-0.5)
     network = ppo.make_network(config, OBS, action_space)
     obs = np.random.default_rng(0).uniform(-1, 1, (64, 2)).astype(np.float32)
-    actions, acting = ppo.PPOPolicy(network, seed=3).act(obs, explore=True)
+    actions, acting = PPOPolicy(network, seed=3).act(obs, explore=True)
     with torch.no_grad():
         distribution, _ = network.distribution_and_value(torch.from_numpy(obs))
         learning = distribution.log_prob(torch.from_numpy(actions)).numpy()
@@ -300,7 +303,9 @@ def test_a_state_copied_from_another_run_trains_with_this_learner_s_own_settings
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS.values()), ids=list(ALGORITHMS))
 def test_the_table_says_on_policy_exactly_where_the_learner_keeps_no_replay_memory(algorithm):
     # presets check `on_policy` without torch; the loop asks the learner for its role: the two must agree
-    assert algorithm.on_policy == (not issubclass(algorithm.parts().learner, ReplayLearner))
+    made = algorithm.parts().learner  # a learner's class, or a function choosing one (PPO's: recurrent or not)
+    kind = made if isinstance(made, type) else typing.get_type_hints(made)["return"]
+    assert algorithm.on_policy == (not issubclass(kind, ReplayLearner))
     assert algorithm.config().algo == algorithm.name
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from gymflow.agents import ppo
+from gymflow.agents import ppo_learner as ppo
 from gymflow.agents.algorithms import ALGORITHMS
 from gymflow.agents.configs import PPOConfig
 from gymflow.agents.ppo import PPOLearner
