@@ -19,23 +19,30 @@ from gymflow.agents.actor_critic import ActorCritic, greedy_actions
 from gymflow.agents.configs import APPOConfig
 from gymflow.agents.core import AlgorithmParts
 from gymflow.agents.impala import Batch, IMPALALearner, make_network, make_policy
-from gymflow.agents.ppo_learner import PPOLossTerms, ppo_loss
+from gymflow.agents.ppo_learner import PPOLossTerms, ppo_loss, whole_minibatch_advantages
 
 
 class APPOLearner(IMPALALearner):
     """IMPALA's learning from landed batches, with the clipped surrogate (`ppo_loss` on V-trace's
     advantages and value targets, its ratio against the proximal policy)."""
 
+    def _update(self, minibatch: Batch) -> dict[str, torch.Tensor]:
+        if self.ranks is not None:  # over the whole minibatch, before the ranks share its rows out
+            minibatch = whole_minibatch_advantages(minibatch, self.config.normalize_advantages)
+        return super()._update(minibatch)
+
     def _loss(self, minibatch: Batch, scalars: dict[str, float | torch.Tensor]
               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return appo_loss(self.network, minibatch, self.config)
+        return appo_loss(self.network, minibatch, self.config, normalized=self.ranks is not None)
 
 
-def appo_loss(network: ActorCritic, minibatch: Batch, config: APPOConfig
+def appo_loss(network: ActorCritic, minibatch: Batch, config: APPOConfig, normalized: bool = False
               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped surrogate, value error and entropy (`ppo_loss`) with the ratio
-    pi(a|s) / pi_proximal(a|s) and V-trace's advantages and targets. Pure: nothing is stepped."""
-    terms: PPOLossTerms = ppo_loss(network, {**minibatch, "log_probs": minibatch["proximal_log_probs"]}, config)
+    pi(a|s) / pi_proximal(a|s) and V-trace's advantages and targets (`normalized`: already
+    over the whole minibatch). Pure: nothing is stepped."""
+    terms: PPOLossTerms = ppo_loss(network, {**minibatch, "log_probs": minibatch["proximal_log_probs"]}, config,
+                                   normalized=normalized)
     return terms.loss, terms.metrics(config.clip_range)
 
 

@@ -55,6 +55,15 @@ class OutputsSource(Protocol):
 class Learner(ABC):
     """The learning side of an agent: it owns networks, optimizers, counters and RNGs."""
 
+    # agents/data_parallel.py's Ranks while it learns as one of several ranks (distribution.learners; `join`);
+    # None: alone, the learner it always was
+    ranks: Any = None
+
+    def join(self, ranks: Any) -> None:
+        """Learn from now on as one of `ranks` (None: alone again): the same batches on every rank,
+        each computing the gradients of its share of their rows."""
+        self.ranks = ranks
+
     @abstractmethod
     def learn(self, rollouts: Sequence[Rollout], progress: float, streams: Sequence[int] | None = None
               ) -> dict[str, float]:
@@ -81,6 +90,7 @@ class Memory(Protocol):
     """What a replay learner's memory does for the loop (agents/replay.py has the memories)."""
 
     capacity: int
+    keeps_priorities: bool  # sampling depends on what training says of each transition (prioritized replay)
 
     def add(self, rollout: Rollout) -> np.ndarray:
         """Keep a rollout's transitions; returns the slots they took."""
@@ -143,15 +153,33 @@ class ReplayLearner(Learner):
         """`steps` gradient steps on samples of the replay memory; `progress` anneals the
         importance-weight exponent of prioritized replay. Metrics are means over the steps that
         reported them."""
-        rows = [self.update(self.replay.sample(self.config.batch_size, self.rng, progress)) for _ in range(steps)]
+        batch_size = self.config.batch_size
+        rows = [self._update_shared(self.replay.sample(batch_size, self.rng, progress)) for _ in range(steps)]
         keys = dict.fromkeys(key for row in rows for key in row)
         metrics = {key: float(np.mean([row[key] for row in rows if key in row])) for key in keys}
         return metrics | {"replay_size": float(len(self.replay)), "train_steps": float(self.train_steps),
                           "replay_bytes_per_transition": self.replay.bytes_per_transition()}
 
+    def _update_shared(self, sample: Sample) -> dict[str, float]:
+        """`update` alone, or as one of several ranks: each its share of the sample's rows."""
+        if self.ranks is None:
+            return self.update(sample)
+        share = self.ranks.share(len(sample.index))
+        return share.average(self.update(sample, share))
+
+    def reprioritize(self, sample: Sample, td_errors: np.ndarray, share: Any = None) -> None:
+        """The sampled transitions' new priorities from their TD errors (`share`'s rows of them where
+        the ranks share the sample out: gathered whole, as every rank's memory takes them)."""
+        if share is None:
+            self.replay.update_priorities(sample.index, td_errors)
+        elif self.replay.keeps_priorities:
+            self.replay.update_priorities(sample.index, share.gathered(td_errors))
+
     @abstractmethod
-    def update(self, sample: Sample) -> dict[str, float]:
-        """One update from a sample: compute the losses, step the optimisers, count."""
+    def update(self, sample: Sample, share: Any = None) -> dict[str, float]:
+        """One update from a sample: compute the losses, step the optimisers, count. With `share`
+        (agents/data_parallel.py's, one of several ranks), the losses are of its rows only and
+        the gradients are averaged over the ranks before the optimisers step."""
 
 
 class AlgorithmParts(NamedTuple):

@@ -21,6 +21,7 @@ from torch.nn import functional as F
 from gymflow.agents.batches import Sample
 from gymflow.agents.configs import DQNConfig
 from gymflow.agents.core import AlgorithmParts, ReplayLearner
+from gymflow.agents.data_parallel import Share
 from gymflow.agents.export import GreedyActions
 from gymflow.agents.networks import (
     Adam,
@@ -144,16 +145,18 @@ class DQNLearner(SavedWhole, ReplayLearner):
         self.q_network.load_state_dict(weights)
         self.target_network.load_state_dict(weights)
 
-    def update(self, sample: Sample) -> dict[str, float]:
+    def update(self, sample: Sample, share: Share | None = None) -> dict[str, float]:
         """One gradient step; the target network copies the online one every
         `target_update_every_train_steps` of them."""
-        terms = dqn_loss(self.q_network, self.target_network, TransitionBatch.on(sample, self.device),
-                         self.config.double_q, self.config.cql_alpha)
+        batch = TransitionBatch.on(sample if share is None else share.of_sample(sample), self.device)
+        terms = dqn_loss(self.q_network, self.target_network, batch, self.config.double_q, self.config.cql_alpha)
         self.optimizer.zero_grad()
         terms.loss.backward()
+        if share is not None:
+            share.average_gradients(list(self.q_network.parameters()))
         nn.utils.clip_grad_norm_(self.q_network.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
-        self.replay.update_priorities(sample.index, terms.td_errors.cpu().numpy())
+        self.reprioritize(sample, terms.td_errors.cpu().numpy(), share)
         self.train_steps += 1
         if self.train_steps % self.config.target_update_every_train_steps == 0:
             self.target_network.load_state_dict(self.q_network.state_dict())

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from gymflow.agents.data_parallel import Ranks
+
 Batch = dict[str, torch.Tensor]
 Scalars = dict[str, float]
 # a minibatch and its scalars -> the loss to minimise and the metrics to report (unread, on the device)
@@ -55,8 +57,13 @@ class MinibatchUpdate:
         self._captured: dict[tuple, _Captured] = {}
         self._seen: Counter[tuple] = Counter()
 
-    def step(self, loss_of: LossOf, minibatch: Batch, scalars: Scalars) -> dict[str, torch.Tensor]:
-        """One update; the minibatch's metrics, on the device."""
+    def step(self, loss_of: LossOf, minibatch: Batch, scalars: Scalars, ranks: Ranks | None = None
+             ) -> dict[str, torch.Tensor]:
+        """One update; the minibatch's metrics, on the device. With `ranks` (one of several), the
+        loss of this rank's share of the minibatch's rows, the gradients averaged over the ranks
+        (eager: a collective cannot be replayed in a graph)."""
+        if ranks is not None:
+            return self._shared(loss_of, minibatch, scalars, ranks)
         captured = self._graph_for(loss_of, minibatch, scalars) if self.graphed else None
         metrics = self._eager(loss_of, minibatch, scalars) if captured is None else self._replay(captured, minibatch,
                                                                                                  scalars)
@@ -70,6 +77,16 @@ class MinibatchUpdate:
         loss.backward()
         nn.utils.clip_grad_norm_(self.parameters, self.max_grad_norm)
         return metrics
+
+    def _shared(self, loss_of: LossOf, minibatch: Batch, scalars: Scalars, ranks: Ranks) -> dict[str, torch.Tensor]:
+        share = ranks.share(len(next(iter(minibatch.values()))))
+        self.optimizer.zero_grad()
+        loss, metrics = loss_of({key: share.of(value) for key, value in minibatch.items()}, scalars)
+        loss.backward()
+        share.average_gradients(self.parameters)
+        nn.utils.clip_grad_norm_(self.parameters, self.max_grad_norm)
+        self.optimizer.step()
+        return share.average(metrics)
 
     def _graph_for(self, loss_of: LossOf, minibatch: Batch, scalars: Scalars) -> _Captured | None:
         """The graph of this minibatch's shape: captured now if it is due, None while eager."""

@@ -147,7 +147,7 @@ class IMPALALearner(SavedWhole, Learner):
             yield {key: value[index] for key, value in batch.items()}
 
     def _update(self, minibatch: Batch) -> dict[str, torch.Tensor]:
-        return self.updates.step(self._loss, minibatch, {})
+        return self.updates.step(self._loss, minibatch, {}, self.ranks)
 
     def _loss(self, minibatch: Batch, scalars: dict[str, float | torch.Tensor]
               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -18,6 +18,7 @@ from torch.optim.optimizer import Optimizer
 
 from gymflow.agents.batches import Sample
 from gymflow.agents.configs import ObservationNormalization
+from gymflow.agents.data_parallel import Share
 from gymflow.agents.normalization import observation_normalizer
 from gymflow.envs.make import is_image
 from gymflow.envs.parts import Part, image_parts, observation_parts, vector_bytes
@@ -116,10 +117,13 @@ _ZERO_GRAD, _ADD_PARAM_GROUP, _STATE_DICT, _LOAD_STATE_DICT = (
                                       Optimizer.load_state_dict))
 
 
-def step_optimizer(optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None:
-    """One gradient step of `optimizer` on `loss`."""
+def step_optimizer(optimizer: torch.optim.Optimizer, loss: torch.Tensor, share: Share | None = None) -> None:
+    """One gradient step of `optimizer` on `loss` (with `share`: its rank's rows' loss, the
+    gradients averaged over the ranks first)."""
     optimizer.zero_grad()
     loss.backward()
+    if share is not None:
+        share.average_gradients([parameter for group in optimizer.param_groups for parameter in group["params"]])
     optimizer.step()
 
 

@@ -25,6 +25,7 @@ from gymflow.agents.actor_critic import (
 from gymflow.agents.batches import Rollout
 from gymflow.agents.configs import PPOConfig
 from gymflow.agents.core import Learner
+from gymflow.agents.data_parallel import normalized_advantages
 from gymflow.agents.graphed import MinibatchUpdate
 from gymflow.agents.networks import Adam, cpu_weights, mean_metrics, on_device, seeded_init
 from gymflow.agents.normalization import RewardScaler, share_normalizer
@@ -67,23 +68,24 @@ class PPOLossTerms:
 
 
 def ppo_loss(network: ActorCritic, minibatch: dict[str, torch.Tensor], config: PPOConfig,
-             clip_range: float | torch.Tensor | None = None) -> PPOLossTerms:
+             clip_range: float | torch.Tensor | None = None, normalized: bool = False) -> PPOLossTerms:
     """Schulman et al. 2017, eq. 7 and 9: -min(r A, clip(r, 1-eps, 1+eps) A) + c1 (V - R)^2 - c2 H,
-    with advantages normalised per minibatch; eps is `clip_range` (None: the config's). Pure:
-    nothing is stepped."""
+    with advantages normalised per minibatch (`normalized`: they already are); eps is `clip_range`
+    (None: the config's). Pure: nothing is stepped."""
     dist, value = network.distribution_and_value(minibatch["obs"])
-    return clipped_objective(dist, value, minibatch, config, clip_range)
+    return clipped_objective(dist, value, minibatch, config, clip_range, normalized)
 
 
 def clipped_objective(dist: torch.distributions.Distribution, value: torch.Tensor, minibatch: dict[str, torch.Tensor],
-                      config: PPOConfig, clip_range: float | torch.Tensor | None = None) -> PPOLossTerms:
+                      config: PPOConfig, clip_range: float | torch.Tensor | None = None, normalized: bool = False
+                      ) -> PPOLossTerms:
     """PPO's loss for a minibatch whose policy distribution and values the network has given."""
     epsilon = config.clip_range if clip_range is None else clip_range
     log_ratio = dist.log_prob(minibatch["actions"]) - minibatch["log_probs"]
     ratio = log_ratio.exp()
     advantages = minibatch["advantages"]
-    if config.normalize_advantages and len(advantages) > 1:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    if config.normalize_advantages and len(advantages) > 1 and not normalized:
+        advantages = normalized_advantages(advantages)
     clipped = ratio.clamp(1 - epsilon, 1 + epsilon)
     policy_loss = -torch.min(advantages * ratio, advantages * clipped).mean()
     value_loss = (value - minibatch["returns"]).pow(2).mean()
@@ -164,10 +166,12 @@ class PPOLearner(SavedWhole, Learner):
         return config.cuda_graph
 
     def _loss(self, minibatch: dict[str, torch.Tensor], clip_range: float | torch.Tensor) -> PPOLossTerms:
-        return ppo_loss(self.network, minibatch, self.config, clip_range)
+        return ppo_loss(self.network, minibatch, self.config, clip_range, normalized=self.ranks is not None)
 
     def _update(self, minibatch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return self.updates.step(self._loss_and_metrics, minibatch, {"clip_range": self.clip_range})
+        if self.ranks is not None:  # over the whole minibatch, before the ranks share its rows out
+            minibatch = whole_minibatch_advantages(minibatch, self.config.normalize_advantages)
+        return self.updates.step(self._loss_and_metrics, minibatch, {"clip_range": self.clip_range}, self.ranks)
 
     def _loss_and_metrics(self, minibatch: dict[str, torch.Tensor], scalars: dict[str, float | torch.Tensor]
                           ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -199,6 +203,14 @@ class PPOLearner(SavedWhole, Learner):
 
     def _critic_values(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
         return bootstrapped_values(self.network, rollout, self.device)
+
+
+def whole_minibatch_advantages(minibatch: dict[str, torch.Tensor], normalize: bool) -> dict[str, torch.Tensor]:
+    """The minibatch with its advantages normalised over all its rows (where `normalize` and it has
+    more than one), as the loss of one rank's share of them would not."""
+    if not normalize or len(minibatch["advantages"]) < 2:
+        return minibatch
+    return {**minibatch, "advantages": normalized_advantages(minibatch["advantages"])}
 
 
 def generalized_advantages(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,

@@ -39,6 +39,8 @@ class MemorySpec:
 class ReplayMemory:
     """A ring buffer sampled uniformly. Experience goes in one way: `add(rollout)`."""
 
+    keeps_priorities = False
+
     def __init__(self, spec: MemorySpec):
         self.spec = spec
         self.capacity = capacity = spec.capacity
@@ -152,6 +154,8 @@ class SumTree:
 
 class PrioritizedReplayMemory(ReplayMemory):
     """Proportional prioritized replay with importance weights; see the module's docstring."""
+
+    keeps_priorities = True
 
     def __init__(self, spec: MemorySpec, options: ReplayOptions):
         super().__init__(spec)

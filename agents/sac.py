@@ -18,6 +18,7 @@ from torch import nn
 from gymflow.agents.batches import Sample
 from gymflow.agents.configs import SACConfig
 from gymflow.agents.core import AlgorithmParts, ReplayLearner
+from gymflow.agents.data_parallel import Share
 from gymflow.agents.export import GreedyActions
 from gymflow.agents.networks import (
     Adam,
@@ -163,30 +164,31 @@ class SACLearner(SavedWhole, ReplayLearner):
     def load_policy_weights(self, weights: dict[str, torch.Tensor]) -> None:
         self.actor.load_state_dict(weights)
 
-    def update(self, sample: Sample) -> dict[str, float]:
+    def update(self, sample: Sample, share: Share | None = None) -> dict[str, float]:
         """One step each of the critics, the actor and the temperature, then the target critics'
         Polyak step."""
-        batch = TransitionBatch.on(sample, self.device)
+        batch = TransitionBatch.on(sample if share is None else share.of_sample(sample), self.device)
         batch = replace(batch, actions=self.actor.from_env(batch.actions))  # in the actor's [-1, 1] units
         entropy_coef = self.log_entropy_coef.exp().detach()
-        next_noise, noise = (self._noise(batch.actions.shape) for _ in range(2))
+        whole = (len(sample.index), batch.actions.shape[1])  # noise for every row: each rank slices its own
+        next_noise, noise = (self._noise(whole) if share is None else share.of(self._noise(whole)) for _ in range(2))
         critic = critic_loss(self.critic, self.target_critic, self.actor, batch, next_noise, entropy_coef)
-        step_optimizer(self.critic_optimizer, critic.loss)
-        self.replay.update_priorities(sample.index, critic.td_errors.cpu().numpy())
+        step_optimizer(self.critic_optimizer, critic.loss, share)
+        self.reprioritize(sample, critic.td_errors.cpu().numpy(), share)
         self.critic.requires_grad_(False)
         actor, log_prob = actor_loss(self.actor, self.critic, batch.obs, noise, entropy_coef)
-        step_optimizer(self.actor_optimizer, actor)
+        step_optimizer(self.actor_optimizer, actor, share)
         self.critic.requires_grad_(True)
         if self.config.entropy_coef is None:
             temperature = entropy_coef_loss(self.log_entropy_coef, log_prob, self.target_entropy)
-            step_optimizer(self.entropy_optimizer, temperature)
+            step_optimizer(self.entropy_optimizer, temperature, share)
         with torch.no_grad():
             torch._foreach_lerp_(list(self.target_critic.parameters()), list(self.critic.parameters()), self.config.tau)
         self.train_steps += 1
         return {"critic_loss": critic.loss.item(), "actor_loss": actor.item(), "entropy_coef": float(entropy_coef),
                 "q_mean": critic.q1.mean().item()}
 
-    def _noise(self, shape: torch.Size) -> torch.Tensor:
+    def _noise(self, shape: tuple[int, ...]) -> torch.Tensor:
         """Standard normal noise from the learner's CPU generator (the same draws on any device)."""
         return torch.randn(shape, generator=self.generator).to(self.device)
 

@@ -21,6 +21,7 @@ from torch import nn
 from gymflow.agents.batches import Sample
 from gymflow.agents.configs import TD3Config
 from gymflow.agents.core import AlgorithmParts, ReplayLearner
+from gymflow.agents.data_parallel import Share
 from gymflow.agents.export import GreedyActions
 from gymflow.agents.networks import (
     Adam,
@@ -133,27 +134,29 @@ class TD3Learner(SavedWhole, ReplayLearner):
         self.actor.load_state_dict(weights)
         self.target_actor.load_state_dict(weights)
 
-    def update(self, sample: Sample) -> dict[str, float]:
+    def update(self, sample: Sample, share: Share | None = None) -> dict[str, float]:
         """A critic step; every `policy_delay` of them an actor step and the targets' Polyak step."""
-        batch = TransitionBatch.on(sample, self.device)
+        batch = TransitionBatch.on(sample if share is None else share.of_sample(sample), self.device)
         batch = replace(batch, actions=self.actor.from_env(batch.actions))  # in the actor's [-1, 1] units
-        noise = torch.randn(batch.actions.shape, generator=self.generator).to(self.device)
+        whole = (len(sample.index), batch.actions.shape[1])  # noise for every row: each rank slices its own
+        noise = torch.randn(whole, generator=self.generator).to(self.device)
+        noise = noise if share is None else share.of(noise)
         with torch.no_grad():
             targets = critic_targets(self.target_critic, smoothed_target_actions(self.target_actor, batch.next_obs,
                                                                                   noise, self.config), batch)
         loss, td_errors, q1 = critic_loss(self.critic, batch, targets)
-        step_optimizer(self.critic_optimizer, loss)
-        self.replay.update_priorities(sample.index, td_errors.cpu().numpy())
+        step_optimizer(self.critic_optimizer, loss, share)
+        self.reprioritize(sample, td_errors.cpu().numpy(), share)
         self.train_steps += 1
         metrics = {"critic_loss": loss.item(), "q_mean": q1.mean().item()}
         if self.train_steps % self.config.policy_delay == 0:
-            metrics["actor_loss"] = self._update_actor_and_targets(batch.obs)
+            metrics["actor_loss"] = self._update_actor_and_targets(batch.obs, share)
         return metrics
 
-    def _update_actor_and_targets(self, obs: torch.Tensor) -> float:
+    def _update_actor_and_targets(self, obs: torch.Tensor, share: Share | None) -> float:
         self.critic.requires_grad_(False)
         loss = actor_loss(self.actor, self.critic, obs)
-        step_optimizer(self.actor_optimizer, loss)
+        step_optimizer(self.actor_optimizer, loss, share)
         self.critic.requires_grad_(True)
         with torch.no_grad():
             for target, online in ((self.target_actor, self.actor), (self.target_critic, self.critic)):

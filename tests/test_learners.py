@@ -6,9 +6,9 @@ training state saved and restored whole."""
 from __future__ import annotations
 
 import math
-import typing
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import numpy as np

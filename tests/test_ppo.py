@@ -34,8 +34,8 @@ def test_the_learner_scores_a_rollout_as_the_acting_worker_did_and_its_first_rat
     first_minibatch_log_ratios: list[torch.Tensor] = []
     loss = ppo.ppo_loss
 
-    def first_terms_kept(network, minibatch, config, clip_range=None):
-        terms = loss(network, minibatch, config, clip_range)
+    def first_terms_kept(network, minibatch, config, clip_range=None, normalized=False):
+        terms = loss(network, minibatch, config, clip_range, normalized)
         if len(first_minibatch_log_ratios) < learned:  # the first minibatch of this `learn`: no step taken yet
             first_minibatch_log_ratios.append(terms.log_ratio.detach().clone())
         return terms
