@@ -102,6 +102,12 @@ class Memory(Protocol):
 
     def update_priorities(self, index: np.ndarray, td_errors: np.ndarray) -> None: ...
 
+    def priorities(self) -> dict[str, np.ndarray]:
+        """What training (not inserting) changes in the memory, copied: prioritized replay's priorities."""
+        ...
+
+    def load_priorities(self, saved: dict[str, np.ndarray]) -> None: ...
+
     def bytes_per_transition(self) -> float: ...
 
     def position(self) -> dict[str, int]: ...
@@ -157,6 +163,8 @@ class ReplayLearner(Learner):
         rows = [self._update_shared(self.replay.sample(batch_size, self.rng, progress)) for _ in range(steps)]
         keys = dict.fromkeys(key for row in rows for key in row)
         metrics = {key: float(np.mean([row[key] for row in rows if key in row])) for key in keys}
+        if self.ranks is not None:  # each rank's of its own rows
+            metrics = self.ranks.mean(metrics)
         return metrics | {"replay_size": float(len(self.replay)), "train_steps": float(self.train_steps),
                           "replay_bytes_per_transition": self.replay.bytes_per_transition()}
 
@@ -165,7 +173,7 @@ class ReplayLearner(Learner):
         if self.ranks is None:
             return self.update(sample)
         share = self.ranks.share(len(sample.index))
-        return share.average(self.update(sample, share))
+        return self.update(sample, share)
 
     def reprioritize(self, sample: Sample, td_errors: np.ndarray, share: Any = None) -> None:
         """The sampled transitions' new priorities from their TD errors (`share`'s rows of them where

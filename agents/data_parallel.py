@@ -16,14 +16,12 @@ the group object itself: the ranks' processes and the group are made by the run
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
 
 from gymflow.agents.batches import Sample, Transitions
-
-Metrics = TypeVar("Metrics", dict[str, torch.Tensor], dict[str, float])
 
 
 @dataclass(frozen=True)
@@ -44,6 +42,14 @@ class Ranks:
         """`tensor` summed over the ranks, in place (every rank gets the sum)."""
         self.group.allreduce([tensor]).wait()
         return tensor
+
+    def mean(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The ranks' metrics (each its own rows' means over a call's updates), averaged: one
+        collective a call, not one an update."""
+        if not metrics:
+            return metrics
+        summed = self.sum(torch.tensor(list(metrics.values()), dtype=torch.float64, device=self.device)).cpu()
+        return {key: value / self.world for key, value in zip(metrics, summed.tolist(), strict=True)}
 
     def gather(self, tensors: list[torch.Tensor], tensor: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's `tensor` (all of one shape), in rank order."""
@@ -96,16 +102,6 @@ class Share:
         flat = self.ranks.sum(torch.cat([gradient.reshape(-1) for gradient in gradients]) * self.weight)
         for gradient, summed in zip(gradients, flat.split([g.numel() for g in gradients]), strict=True):
             gradient.copy_(summed.view_as(gradient))
-
-    def average(self, metrics: Metrics) -> Metrics:
-        """Means over this rank's rows, as means over the whole batch (tensors stay tensors)."""
-        if self.whole or not metrics:
-            return metrics
-        values = [torch.as_tensor(value, dtype=torch.float64).reshape(()) for value in metrics.values()]
-        summed = self.ranks.sum(torch.stack(values).to(self.ranks.device) * self.weight).cpu()
-        if isinstance(next(iter(metrics.values())), torch.Tensor):
-            return {key: value.to(torch.float32) for key, value in zip(metrics, summed.unbind(), strict=True)}
-        return {key: float(value) for key, value in zip(metrics, summed.tolist(), strict=True)}
 
     def gathered(self, values: np.ndarray) -> np.ndarray:
         """The whole batch's values from every rank's rows of it (its priorities' TD errors)."""

@@ -86,7 +86,7 @@ class MinibatchUpdate:
         share.average_gradients(self.parameters)
         nn.utils.clip_grad_norm_(self.parameters, self.max_grad_norm)
         self.optimizer.step()
-        return share.average(metrics)
+        return metrics  # this rank's rows': the learner averages a call's over the ranks (Ranks.mean)
 
     def _graph_for(self, loss_of: LossOf, minibatch: Batch, scalars: Scalars) -> _Captured | None:
         """The graph of this minibatch's shape: captured now if it is due, None while eager."""

@@ -106,7 +106,8 @@ class IMPALALearner(SavedWhole, Learner):
         self.train_steps += len(rows)
         if self.normalizer is not None:  # after the update: the batch's log-probabilities used these statistics
             self.normalizer.observe(rollout.obs for rollout in rollouts)
-        return mean_metrics(rows) | importance_metrics(batch["rhos"], self.config.vtrace_rho_bar) | {
+        learnt = mean_metrics(rows) if self.ranks is None else self.ranks.mean(mean_metrics(rows))
+        return learnt | importance_metrics(batch["rhos"], self.config.vtrace_rho_bar) | {
             "explained_variance": explained_variance(batch["values"], batch["returns"]),
             "lr": lr, "train_steps": float(self.train_steps)}
 

@@ -141,7 +141,7 @@ class PPOLearner(SavedWhole, Learner):
         # were computed with the statistics that acted, and so are this batch's (the ratio starts at 1)
         if self.normalizer is not None:
             self.normalizer.observe(live_observations(rollout) for rollout in rollouts)
-        metrics = mean_metrics(rows)
+        metrics = mean_metrics(rows) if self.ranks is None else self.ranks.mean(mean_metrics(rows))
         metrics["explained_variance"] = explained_variance(flat["values"], flat["returns"])
         metrics["lr"] = lr
         metrics["clip_range"] = self.clip_range

@@ -82,6 +82,13 @@ class ReplayMemory:
     def update_priorities(self, index: np.ndarray, td_errors: np.ndarray) -> None:
         """Uniform replay keeps no priorities."""
 
+    def priorities(self) -> dict[str, np.ndarray]:
+        """What training changes in the memory (copies): nothing, for uniform replay."""
+        return {}
+
+    def load_priorities(self, saved: dict[str, np.ndarray]) -> None:
+        """Put back what `priorities` gave."""
+
     def _at(self, index: np.ndarray) -> Transitions:
         return Transitions(**{name: values[index] for name, values in self.arrays.items()})
 
@@ -184,6 +191,13 @@ class PrioritizedReplayMemory(ReplayMemory):
     def beta(self, progress: float) -> float:
         start = self.options.priority_beta_start
         return start + min(max(progress, 0.0), 1.0) * (1.0 - start)
+
+    def priorities(self) -> dict[str, np.ndarray]:
+        return {"nodes": self.tree.nodes.copy(), "max_priority": np.array([self.max_priority])}
+
+    def load_priorities(self, saved: dict[str, np.ndarray]) -> None:
+        self.tree.nodes[:] = saved["nodes"]
+        self.max_priority = float(saved["max_priority"][0])
 
     def update_priorities(self, index: np.ndarray, td_errors: np.ndarray) -> None:
         priorities = np.abs(np.asarray(td_errors, np.float64)) + self.options.priority_epsilon

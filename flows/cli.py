@@ -110,7 +110,8 @@ def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
         except GymflowError as error:
             print(f"gymflow: error: {error}", file=sys.stderr)
             return 2
-        return _run("cartpole-ppo", {"storage.root": args.root, "storage.options": options},
+        learners = {} if args.learners is None else {"distribution.learners": args.learners}
+        return _run("cartpole-ppo", {"storage.root": args.root, "storage.options": options, **learners},
                     Output(args.quiet, args.verbose), api_ready,
                     Launch({"resume": args.run_id}, f"{gymflow_command()} resume {args.run_id} --root {args.root}"))
     try:
@@ -515,6 +516,9 @@ def _parser() -> argparse.ArgumentParser:
         if name == "resume":
             command.add_argument("--quiet", action="store_true", help="no progress bar")
             command.add_argument("--verbose", action="store_true", help=VERBOSE)
+            command.add_argument("--learners", type=int, metavar="N", help=(
+                "learn on N ranks from here on (distribution.learners; default: as the run did): a checkpoint "
+                "resumes under any number"))
     _export_arguments(commands.add_parser("export", help="write a run's experience as a Minari dataset"))
     _export_policy_arguments(commands.add_parser(
         "export-policy", help="write a run's policy as an ONNX file (served without torch or gymflow: docs/deploy.md)"))

@@ -325,7 +325,18 @@ class DistributionConfig(_Strict):
         "pip packages) is not shipped.",
     )
     learner_threads: int = Field(
-        default=1, ge=1, le=256, description="torch threads of the learner in the flow's process."
+        default=1, ge=1, le=256, description="torch threads of the learner in the flow's process (of each rank's, "
+        "with learners > 1)."
+    )
+    learners: int = Field(
+        default=1, ge=1, le=64,
+        description="Data-parallel learning ranks: 1 is the learner in the flow's process; N > 1 adds N - 1 rank "
+        "processes beside it on the flow's machine (torch.distributed: gloo on CPU, NCCL on GPUs: rank r on the "
+        "r-th GPU after learner_device's). Every rank holds the same learner and draws the same minibatches; each "
+        "computes the gradients of its share of their rows, averaged over the ranks before every optimiser step, so "
+        "the ranks take the steps one learner takes (within float rounding), and a SYNC run gives the same weights "
+        "every time for the same N. The flow's rank commits; a rank lost mid-round is started again from the round's "
+        "start. For ppo (not recurrent), appo, impala, dqn, sac and td3 (docs/cluster.md, \"Several learners\").",
     )
     learner_device: str = Field(
         default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",

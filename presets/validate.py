@@ -96,7 +96,8 @@ def experiment_from(config: Preset) -> Experiment:
     if tls is not None and not (address or "").startswith("tls://"):
         raise InvalidPreset("distribution.tls", f"needs a tls:// distribution.scheduler_address, not {address!r}")
     if config.distribution.learner_device.startswith("cuda"):
-        _check_cuda(config.distribution.learner_device)
+        _check_cuda(config.distribution.learner_device, config.distribution.learners)
+    _check_learners(config, algorithm)
     if algorithm.on_policy and config.schedule.heatup_env_steps:
         raise InvalidPreset("schedule.heatup_env_steps", f"must be 0 for the on-policy {algorithm.name}")
     _check_dataset(config, algorithm)
@@ -266,7 +267,7 @@ def _check_collect_only(config: Preset) -> None:
         raise InvalidPreset("distribution.mode", "a collect-only run (schedule.total_train_steps 0) is sync or single")
 
 
-def _check_cuda(device: str) -> None:
+def _check_cuda(device: str, learners: int = 1) -> None:
     import torch
 
     if not torch.cuda.is_available():
@@ -276,6 +277,33 @@ def _check_cuda(device: str) -> None:
     if index >= torch.cuda.device_count():
         raise InvalidPreset("distribution.learner_device",
                             f"{device} asked for, but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if index + learners > torch.cuda.device_count():
+        raise InvalidPreset("distribution.learners", f"{learners} ranks from {device} need a GPU each; this machine "
+                            f"has {torch.cuda.device_count()} CUDA device(s): allowed: up to "
+                            f"{torch.cuda.device_count() - index}")
+
+
+# the algorithms whose learners share their minibatches out over ranks (agents/data_parallel.py)
+SHARED_OUT = ("ppo", "appo", "impala", "dqn", "sac", "td3")
+
+
+def _check_learners(config: Preset, algorithm: Algorithm) -> None:
+    """What several learning ranks need: an algorithm that shares its batches out, and a row of
+    each minibatch for every rank."""
+    learners, agent = config.distribution.learners, config.agent
+    if learners == 1:
+        return
+    if algorithm.name not in SHARED_OUT:
+        raise InvalidPreset("distribution.learners", f"{algorithm.name} learns in one process for now; allowed: 1 "
+                            f"(several ranks learn {', '.join(SHARED_OUT)})")
+    if getattr(agent, "recurrent", None) is not None:
+        raise InvalidPreset("distribution.learners", "a recurrent policy's sequences are not shared out over ranks "
+                            "yet; allowed: 1 with agent.recurrent")
+    rows = getattr(agent, "minibatch_size", None) or getattr(agent, "batch_size", None)
+    if rows is not None and rows < learners:
+        field = "minibatch_size" if hasattr(agent, "minibatch_size") else "batch_size"
+        raise InvalidPreset("distribution.learners", f"each of {learners} ranks takes a share of agent.{field}'s "
+                            f"{rows} rows; allowed: at most {rows}")
 
 
 def learner_device(config: Preset, observation_space: spaces.Space) -> str:
@@ -288,6 +316,16 @@ def learner_device(config: Preset, observation_space: spaces.Space) -> str:
 
         return "cuda" if reads_pixels(observation_space) and torch.cuda.is_available() else "cpu"
     return wanted
+
+
+def rank_devices(config: Preset, observation_space: spaces.Space) -> list[str]:
+    """The device of each learning rank (distribution.learners), the flow's first: on a GPU, rank r
+    on the r-th after the learner's."""
+    first, learners = learner_device(config, observation_space), config.distribution.learners
+    if not first.startswith("cuda"):
+        return [first] * learners
+    index = int(first.partition(":")[2] or 0)
+    return [f"cuda:{index + rank}" for rank in range(learners)] if learners > 1 else [first]
 
 
 def inference_beside_learner(config: Preset, device: str) -> bool:

@@ -31,7 +31,7 @@ import socket
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +89,17 @@ def gpu_slot(device: str, logger: AnyLogger, host: str | None = None, run: str =
         stack.enter_context(_slot_lock(name, limit, logger, run, wait_s))
         _occupy_limit(stack, name, limit, logger)
         yield name
+
+
+@contextmanager
+def gpu_slots(devices: Sequence[str], logger: AnyLogger, run: str = "", wait_s: float = 3600.0
+              ) -> Iterator[list[str]]:
+    """A slot of each of the learning ranks' `devices` (distribution.learners), held while inside;
+    yields the names of the GPUs' (none for CPUs)."""
+    with ExitStack() as stack:
+        names = [stack.enter_context(gpu_slot(device, logger, run=run, wait_s=wait_s))
+                 for device in dict.fromkeys(devices)]
+        yield [name for name in names if name is not None]
 
 
 @contextmanager

@@ -20,6 +20,8 @@ from gymflow.tasks.training.collection import Experience
 if TYPE_CHECKING:
     import torch
 
+    from gymflow.tasks.training.learner_ranks import LearnerRanks
+
 
 @dataclass(frozen=True)
 class Learned:
@@ -75,11 +77,13 @@ def warm_start_misfit(expected: dict[str, torch.Tensor], given: dict[str, torch.
     return None
 
 
-def learn(learner: Learner, storage: Storage, experience: Experience, progress: float) -> Learned:
+def learn(learner: Learner, storage: Storage, experience: Experience, progress: float,
+          ranks: LearnerRanks | None = None) -> Learned:
     """Learn from one collection step's shards (sha256 checked as they are read): a SYNC
     iteration through the learner's own `learn`; ASYNC shards inserted into replay, then the
     gradient steps the ratio allows; offline, no shards and the step's gradient steps.
-    `progress` in [0, 1] drives the learner's schedules. A collect-only run's shards stay in storage."""
+    `progress` in [0, 1] drives the learner's schedules; with `ranks` (distribution.learners > 1)
+    every rank makes the same calls. A collect-only run's shards stay in storage."""
     if not experience.learn:
         return Learned({}, 0.0)
     if experience.read_ahead is not None:
@@ -89,11 +93,12 @@ def learn(learner: Learner, storage: Storage, experience: Experience, progress: 
     started = time.perf_counter()
     if experience.train_steps is None and not rollouts:  # ASYNC on-policy: every landed shard was too old
         return Learned({}, 0.0)
+    calls: Learner | LearnerRanks = learner if ranks is None else ranks
     if experience.train_steps is None:
-        metrics = learner.learn(rollouts, progress, [shard.worker for shard in experience.shards])
+        metrics = calls.learn(rollouts, progress, [shard.worker for shard in experience.shards])
     elif isinstance(learner, ReplayLearner):  # ASYNC: the ratio of samples to inserts chose the steps; offline
-        learner.insert(rollouts)
-        metrics = learner.train(experience.train_steps, progress) if experience.train_steps else {}
+        calls.insert(rollouts)
+        metrics = calls.train(experience.train_steps, progress) if experience.train_steps else {}
     else:
         raise TypeError(f"{type(learner).__name__} keeps no replay memory")
     return Learned(metrics, time.perf_counter() - started)

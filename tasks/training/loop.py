@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 from prefect import task
@@ -35,6 +35,9 @@ from gymflow.tasks.training.commits import Commits, InUse
 from gymflow.tasks.training.evaluation import EvaluationSchedule, Scored, Standing
 from gymflow.tasks.training.learning import Learned, learn
 from gymflow.tasks.training.state import Budget, LoopState
+
+if TYPE_CHECKING:
+    from gymflow.tasks.training.learner_ranks import LearnerRanks
 
 TASK_SECONDS = 2.0  # the training one `train` task run carries
 
@@ -132,6 +135,7 @@ class ImproveLoop:
     def __init__(self, learner: Learner, collection: Collection, evaluations: EvaluationSchedule,
                  commits: Commits, stop: StopRule, observer: Observer):
         self.learner, self.collection, self.evaluations = learner, collection, evaluations
+        self.ranks: LearnerRanks | None = None  # the learner's other ranks beside this process (distribution.learners)
         self.commits, self.stop, self.observer = commits, stop, observer
         self.latest: Scored | None = None  # the newest evaluation that finished
         self.best: Standing | None = None  # the best evaluated version so far (a resumed run's: from before its stop)
@@ -142,7 +146,7 @@ class ImproveLoop:
         started = time.perf_counter()
         experience = self.collection.collect(state)
         next_evaluation = self.evaluations.start_if_due(state)  # scores version v while the learner learns
-        learned = learn(self.learner, self.commits.storage, experience, self._progress(state))
+        learned = learn(self.learner, self.commits.storage, experience, self._progress(state), self.ranks)
         committed = experience.state.committed(next_evaluation)
         evaluation = self.evaluations.finished()
         self.latest = evaluation or self.latest

@@ -56,12 +56,15 @@ def stored_experiment(storage: Storage, run_id: str, caller: Experiment,
     credentials the stored copy has redacted); its retention and checkpoint cadence stay its own,
     and so does `shared` (a folder every worker mounts) unless the caller says otherwise. The
     credentials the stored copy masked come back from the caller's preset where it holds them (a
-    sweep's, a population's), the tracking URI's password from MLFLOW_TRACKING_PASSWORD.
-    `settings`: dotted fields changed from here on (a population member's values)."""
+    sweep's, a population's), the tracking URI's password from MLFLOW_TRACKING_PASSWORD. Its
+    number of learning ranks is the caller's where the caller sets one (any number resumes a
+    checkpoint). `settings`: dotted fields changed from here on (a population member's values)."""
     data = credentials_given_back(read_stored_preset(storage, run_id), caller.preset.model_dump(mode="json"))
     given = {"root", "options"} | ({"shared"} & caller.preset.storage.model_fields_set)
     location = caller.preset.storage.model_dump(mode="json", include=given)
     data["storage"] = {**data.get("storage", {}), **location}
+    if "learners" in caller.preset.distribution.model_fields_set:
+        data.setdefault("distribution", {})["learners"] = caller.preset.distribution.learners
     if uri := data.get("tracking", {}).get("tracking_uri"):
         data["tracking"]["tracking_uri"] = tracking_uri_logged_in(uri, run_id)
     return experiment_from(with_settings(data, settings or {}))

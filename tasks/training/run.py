@@ -20,7 +20,13 @@ from gymflow.outage import Outage
 from gymflow.presets.load import flatten
 from gymflow.presets.model import DatasetConfig, Preset
 from gymflow.presets.redaction import MASK, is_secret, redacted, redacted_uri
-from gymflow.presets.validate import Experiment, inference_beside_learner, learner_device, rollout_backend
+from gymflow.presets.validate import (
+    Experiment,
+    inference_beside_learner,
+    learner_device,
+    rank_devices,
+    rollout_backend,
+)
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.inference import InferenceServer, InferenceUnavailable
 from gymflow.tasks.cluster.messages import InferenceAddress
@@ -51,7 +57,8 @@ from gymflow.tasks.training.batch_stream import BatchStream
 from gymflow.tasks.training.collection import Collection, OfflineSteps, SyncRounds
 from gymflow.tasks.training.commits import Commits
 from gymflow.tasks.training.evaluation import EvaluationSchedule, Standing
-from gymflow.tasks.training.gpu_slot import gpu_slot
+from gymflow.tasks.training.gpu_slot import gpu_slots
+from gymflow.tasks.training.learner_ranks import LearnerRanks
 from gymflow.tasks.training.learning import create_learner
 from gymflow.tasks.training.loop import EarlyStop, ImproveLoop, Observer, StopRule, heatup, read_dataset
 from gymflow.tasks.training.resume import (
@@ -254,9 +261,9 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
     preset, budget = run.preset, Budget.of(run.preset)
     # a collect-only run's shards are what it makes: all kept
     keeping = preset.storage.model_copy(update={"keep_shards": "all"}) if preset.collect_only else preset.storage
-    device = learner_device(preset, run.experiment.observation_space)
-    with gpu_slot(device, logger, run=run.run_id, wait_s=preset.distribution.gpu_wait_s), \
-            inference_for_workers(run, observer, logger) as inference:
+    devices = rank_devices(preset, run.experiment.observation_space)
+    with gpu_slots(devices, logger, run=run.run_id, wait_s=preset.distribution.gpu_wait_s), \
+            learner_ranks(run, devices, logger) as ranks, inference_for_workers(run, observer, logger) as inference:
         plan = RoundPlan(preset, run.run_id, inference)
         evaluations = EvaluationSchedule(hosts.for_evaluations(), plan, budget,
                                          blocking=preset.distribution.mode != "async", logger=logger)
@@ -267,6 +274,7 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
             StopRule(budget, preset.schedule.target_return, early_stop, run.member.pause_at if run.member else None),
             observer,
         )
+        loop.ranks = ranks
         if run.restored is not None:  # its best evaluated version, from before its stop
             loop.best = best_stored(earlier, run.restored.state.version, commits.published)
         loop.commits.pinnable = run.member is not None
@@ -278,6 +286,20 @@ def improve_loop(run: PreparedRun, hosts: Hosts, observer: Observer, logger: Any
         finally:
             evaluations.close()
             loop.commits.close()
+
+
+@contextmanager
+def learner_ranks(run: PreparedRun, devices: Sequence[str], logger: AnyLogger) -> Iterator[LearnerRanks | None]:
+    """The learner's other ranks, beside the flow's process, while inside (distribution.learners > 1)."""
+    if len(devices) == 1:
+        yield None
+        return
+    ranks = LearnerRanks(run.learner, run.preset, devices, logger)
+    logger.info("learning on %d ranks (%s)", ranks.world, ", ".join(devices))
+    try:
+        yield ranks
+    finally:
+        ranks.close()
 
 
 @contextmanager

@@ -1,0 +1,162 @@
+"""Several learning ranks (distribution.learners): gloo on CPU, two ranks, real processes.
+
+Every rank holds the learner and draws the same minibatches; each computes its share of their
+rows' gradients, averaged before every step. So two ranks learn what one learner learns (within
+float rounding, the sums grouped differently), and the same seed and number of ranks give the
+same weights every time (SYNC)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+from safetensors.numpy import load
+
+from gymflow.errors import InvalidPreset
+from gymflow.flows.improve import improve
+from gymflow.presets.validate import resolve_experiment
+from gymflow.tasks.storage.checkpoints import read_checkpoint
+from gymflow.tasks.storage.layout import RunLayout
+from gymflow.tasks.storage.objects import Storage, StorageLocation
+from tests.conftest import local_overrides
+from tests.stored import newest_published
+
+LONG = pytest.mark.slow
+RANK_MODULE = "gymflow.tasks.training.learner_rank"
+# cartpole-ppo's agent on the test corridor, in the flow's process (single): 10 rounds of 128 steps, 4 epochs of 4
+# minibatches each, 160 updates
+PPO_RUN = {"env.id": "gymflow.testing.envs:Corridor", "distribution.mode": "single",
+           "distribution.rollout_workers": 2, "distribution.envs_per_worker": 4, "schedule.rollout_steps_per_env": 16,
+           "schedule.total_env_steps": 1280, "schedule.evaluate_every_env_steps": 640,
+           "schedule.evaluation_episodes": 4, "schedule.target_return": None, "agent.minibatch_size": 32,
+           "agent.epochs": 4, "agent.normalize_observations": True}
+# pendulum-sac's agent, SYNC in the flow's process: 128 steps of heatup, then 8 rounds of 64 steps and 32 updates
+SAC_RUN = {"env.id": "Pendulum-v1", "distribution.mode": "single", "distribution.rollout_workers": 1,
+           "distribution.envs_per_worker": 4, "schedule.rollout_steps_per_env": 16, "schedule.heatup_env_steps": 128,
+           "schedule.total_env_steps": 640, "schedule.evaluate_every_env_steps": 100_000,
+           "schedule.evaluation_episodes": 2, "schedule.target_return": None, "agent.batch_size": 64,
+           "agent.train_steps_per_iteration": 32, "agent.hidden_sizes": [32, 32]}
+TOLERANCE = 1e-4  # PPO's measured 2e-7 after 160 updates
+
+
+def _final_policy(root, summary) -> dict[str, np.ndarray]:
+    storage = Storage(StorageLocation(str(root)))
+    blob = read_checkpoint(storage, RunLayout(summary.run_id), summary.versions_committed - 1,
+                           ["policy.safetensors"])["policy.safetensors"]
+    return load(blob)
+
+
+def _trained(preset: str, run: dict, workspace, name: str, learners: int):
+    root = workspace / name
+    summary = improve(preset, {**run, **local_overrides(workspace), "storage.root": str(root),
+                               "distribution.learners": learners})
+    return summary, _final_policy(root, summary)
+
+
+def _largest_difference(one: dict[str, np.ndarray], other: dict[str, np.ndarray]) -> float:
+    assert one.keys() == other.keys()
+    return max(float(np.abs(one[key] - other[key]).max()) for key in one if one[key].size)
+
+
+def test_two_ranks_learn_what_one_learner_learns_and_the_same_every_time(prefect_api, workspace, caplog):
+    with caplog.at_level(logging.INFO):
+        _, alone = _trained("cartpole-ppo", PPO_RUN, workspace, "one", 1)
+        _, two = _trained("cartpole-ppo", PPO_RUN, workspace, "two", 2)
+    assert any("learning on 2 ranks (cpu, cpu)" in record.getMessage() for record in caplog.records)
+    _, again = _trained("cartpole-ppo", PPO_RUN, workspace, "two-again", 2)
+    assert all(np.array_equal(two[key], again[key]) for key in two)  # exact for a number of ranks
+    assert 0 < _largest_difference(alone, two) <= TOLERANCE  # the ranks' sums, grouped otherwise than one's
+    assert not [child for child in psutil.Process().children(recursive=True) if RANK_MODULE in child.cmdline()]
+
+
+@LONG
+def test_two_sac_ranks_learn_what_one_sac_learner_learns(prefect_api, workspace):
+    _, alone = _trained("pendulum-sac", SAC_RUN, workspace, "one", 1)
+    _, two = _trained("pendulum-sac", SAC_RUN, workspace, "two", 2)
+    _, again = _trained("pendulum-sac", SAC_RUN, workspace, "two-again", 2)
+    assert all(np.array_equal(two[key], again[key]) for key in two)
+    assert 0 < _largest_difference(alone, two) <= TOLERANCE
+
+
+def _kill_a_rank_mid_call(root, killed: list[int], stop: threading.Event) -> None:
+    """Once the run has published v3, SIGKILL the first learning rank seen computing (its CPU time
+    moving: inside a call, not waiting for the next)."""
+    while not stop.is_set() and newest_published(root) < 3:
+        time.sleep(0.01)
+    while not stop.is_set():
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if RANK_MODULE not in " ".join(child.cmdline()):
+                    continue
+                before = child.cpu_times().user
+                time.sleep(0.02)
+                if child.cpu_times().user > before:
+                    os.kill(child.pid, signal.SIGKILL)
+                    killed.append(child.pid)
+                    return
+            except psutil.NoSuchProcess:
+                continue
+        time.sleep(0.005)
+
+
+@LONG
+def test_a_rank_killed_mid_round_is_started_again_and_the_run_ends_with_the_clean_run_s_weights(
+        prefect_api, workspace, caplog):
+    heavy = {**PPO_RUN, "agent.epochs": 30}  # learning is most of each round: a kill lands inside a call
+    _, clean = _trained("cartpole-ppo", heavy, workspace, "clean", 2)
+    killed: list[int] = []
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_a_rank_mid_call, args=(workspace / "killed", killed, stop), daemon=True)
+    killer.start()
+    try:
+        with caplog.at_level(logging.WARNING):
+            _, survived = _trained("cartpole-ppo", heavy, workspace, "killed", 2)
+    finally:
+        stop.set()
+        killer.join()
+    assert killed, "no learning rank was seen computing, so none was killed"
+    lost = [record.getMessage() for record in caplog.records if "learner rank 1 lost during its learn" in
+            record.getMessage()]
+    assert len(lost) == 1, lost
+    assert all(np.array_equal(clean[key], survived[key]) for key in clean)
+
+
+@LONG
+def test_a_checkpoint_written_by_two_ranks_resumes_on_one(prefect_api, workspace):
+    from tests.killing import kill_flow_midway
+
+    run = {**PPO_RUN, "distribution.mode": "sync", **local_overrides(workspace)}
+    _, clean = _trained("cartpole-ppo", run, workspace, "clean", 2)
+    root = workspace / "killed"
+    kill_flow_midway("cartpole-ppo", {**run, "storage.root": str(root), "distribution.learners": 2}, root,
+                     workspace / "killed.log", kill_at=4)
+    assert "learning on 2 ranks" in (workspace / "killed.log").read_text()
+    (run_dir,) = (root / "runs").iterdir()
+    resumed = improve("cartpole-ppo", {"storage.root": str(root), "distribution.learners": 1},
+                      resume=run_dir.name)
+    assert resumed.env_steps == run["schedule.total_env_steps"]
+    assert _largest_difference(clean, _final_policy(root, resumed)) <= TOLERANCE
+
+
+@LONG
+def test_cartpole_ppo_on_two_ranks_solves_as_the_preset_does(prefect_api, workspace):
+    summary = improve("cartpole-ppo", {**local_overrides(workspace), "distribution.learners": 2})
+    assert summary.final_return >= 475  # the preset's target, CartPole-v1's solved
+
+
+@pytest.mark.parametrize(("changes", "said"), [
+    ({"agent.algo": "bc"}, "distribution.learners: bc learns in one process for now"),
+    ({"agent.recurrent": 16}, "distribution.learners: a recurrent policy's sequences are not shared out"),
+    ({"agent.minibatch_size": 1}, "distribution.learners: each of 2 ranks takes a share of agent.minibatch_size's 1"),
+])
+def test_what_ranks_cannot_share_out_is_refused_in_one_line(changes, said):
+    with pytest.raises(InvalidPreset) as refused:
+        resolve_experiment("cartpole-ppo", {"distribution.learners": 2, **changes})
+    assert str(refused.value).startswith(said), str(refused.value)
+    assert "\n" not in str(refused.value)
