@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from gymflow.presets.redaction import without_password
+from gymflow.presets.validate import rank_devices
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, committed_versions, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.tracking.pages import RETURN_TAG, return_words, run_page, runs_page, served_by, ui_url, where_to_see
@@ -158,6 +159,7 @@ def summary_table(run: PreparedRun, summary: RunSummary, tracker: Tracker, films
         ("training wall-clock",
          f"{summary.wall_seconds:.1f} s ({100 * summary.orchestration_share:.0f}% orchestration)"),
         ("versions committed", f"{summary.versions_committed} (delivered v{summary.delivered_version})"),
+        ("learner", _learner_words(rank_devices(config, run.experiment.observation_space))),
         ("MLflow run", mlflow_link),
         ("the experiment's runs by return", f"[{config.tracking.experiment}]({runs_url})"),
         ("MLflow model", f"`{summary.model_uri}`"),
@@ -165,6 +167,11 @@ def summary_table(run: PreparedRun, summary: RunSummary, tracker: Tracker, films
         ("checkpoints and shards", f"`{summary.storage_url}`"),
     ]
     return "| | |\n|---|---|\n" + "\n".join(f"| {name} | {value} |" for name, value in rows)
+
+
+def _learner_words(devices: list[str]) -> str:
+    """Where the learner learnt: its device, or each rank's (distribution.learners)."""
+    return f"on {devices[0]}" if len(devices) == 1 else f"{len(devices)} ranks, on {', '.join(devices)}"
 
 
 def describe(summary: RunSummary) -> str:

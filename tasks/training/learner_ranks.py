@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -35,6 +36,7 @@ from gymflow.agents.batches import Rollout
 from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.logs import AnyLogger
 from gymflow.presets.model import Preset
+from gymflow.tasks.cluster.host_figures import node_id
 from gymflow.tasks.cluster.wire import read_frame_within, start_child, write_frame
 from gymflow.tasks.storage.codec import decode_arrays, decode_state, encode_arrays, encode_state
 
@@ -166,6 +168,7 @@ class LearnerRanks:
         self.learner, self.preset, self.devices, self.logger = learner, preset, list(devices), logger
         self.restarts = 0
         self._group: Any = None
+        self._processes: dict[int, Any] = {}  # psutil's, by pid: CPU figures are since the previous sample
         self._folder, self._children = self._spawn()
 
     @property
@@ -191,6 +194,22 @@ class LearnerRanks:
         assert isinstance(self.learner, ReplayLearner)
         learner = self.learner
         return self._mirrored(LearnerCall("train", progress, steps=steps), [], lambda: learner.train(steps, progress))
+
+    def figures(self) -> dict[str, dict[str, float]]:
+        """Each child rank's process figures, as system metrics' nodes (`learner-HOST-PID`; its GPU's
+        utilisation is the flow's node's `gpu_N_...`, a GPU's figures being the machine's)."""
+        import psutil
+
+        figures = {}
+        for child in self._children:
+            try:
+                process = self._processes.setdefault(child.pid, psutil.Process(child.pid))
+                figures[node_id("learner", f"{socket.gethostname()}:{child.pid}")] = {
+                    "process_cpu_percentage": process.cpu_percent(None),
+                    "process_memory_rss_megabytes": process.memory_info().rss / 2**20}
+            except psutil.Error:  # gone: started again at the next call
+                continue
+        return figures
 
     def _mirrored(self, call: LearnerCall, blobs: list[bytes], here: Callable[[], Result]) -> Result:
         """`call` made by every rank: sent to the children, then made here; made again on a group

@@ -152,6 +152,8 @@ class ImproveLoop:
         self.latest = evaluation or self.latest
         waited = evaluation.result.seconds if evaluation is not None and self.evaluations.blocking else 0.0
         report = _report(experience, learned, committed, waited)
+        if self.ranks is not None:
+            report.hosts.update(self.ranks.figures())
         if self.stop.budget.offline:  # the learning curve's axis
             report.metrics[GRADIENT_STEPS] = float(self.stop.budget.spent(committed))
         # told before the commit: a checkpoint is committed only once what led to it is recorded
