@@ -108,10 +108,10 @@ def make_group(store_path: str, rank: int, world: int, device: str) -> Any:
 
 
 def rank_preset(preset: Preset) -> dict[str, Any]:
-    """The preset a rank's child rebuilds its learner from: no storage options (credentials may be
-    among them, and a rank reads and writes no storage)."""
-    return preset.model_copy(update={"storage": preset.storage.model_copy(update={"options": {}})}).model_dump(
-        mode="json")
+    """The preset a rank's child rebuilds its learner from: no storage options and no tracking URI
+    (credentials may be among them, and a rank reads and writes no storage and records nothing)."""
+    kept_out = {"storage": preset.storage.model_copy(update={"options": {}}), "tracking": type(preset.tracking)()}
+    return preset.model_copy(update=kept_out).model_dump(mode="json")
 
 
 def encode_rollouts(rollouts: Sequence[Rollout]) -> bytes:
