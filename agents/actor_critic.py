@@ -81,7 +81,8 @@ def greedy_actions(network: nn.Module, config: Any = None) -> nn.Module:
     from gymflow.agents.export import CannotExport, GreedyActions
 
     if not isinstance(network, ActorCritic):
-        raise CannotExport("agent groups acting with separate policies (agent.policies) are not exported to ONNX yet")
+        raise CannotExport("agent groups acting with separate policies (agent.policies) are exported one graph a "
+                           "policy (its name given), not as one")
     return GreedyActions(network, network.action_output, network.discrete)
 
 

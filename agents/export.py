@@ -20,7 +20,8 @@ from safetensors.torch import load
 from torch import nn
 
 from gymflow.agents.algorithms import Algorithm
-from gymflow.envs.parts import observation_parts
+from gymflow.agents.networks import PartsEncoder
+from gymflow.envs.parts import Part, flatten_parts, is_packed, observation_parts, unflatten_parts
 
 OPSET = 17  # ONNX Runtime 1.14 and later run it
 OBSERVATIONS, ACTIONS = "observations", "actions"
@@ -59,52 +60,108 @@ class GreedyActionsWithMemory(nn.Module):
         return (out.argmax(dim=-1) if self.discrete else out), torch.stack([h, c])
 
 
-def greedy_module(algorithm: Algorithm, network: nn.Module, config: Any, observation_space: spaces.Space
-                  ) -> GreedyActions | GreedyActionsWithMemory:
-    """The module a policy of `algorithm` acts with when not exploring; CannotExport where there is none."""
+class GreedyActionsOfParts(nn.Module):
+    """A Dict observation's policy as its pyfunc model takes it: one input a part, named by its key, in
+    key order (images uint8, vectors float32, [batch, *shape]), its greedy actions out. Packed parts
+    (an image among them) go through the network's parts encoder part by part (`read_parts`), the
+    rest of the network reading its features; vector parts alone are the flat array the network reads."""
+
+    def __init__(self, greedy: GreedyActions, parts: tuple[Part, ...], reader: PartsEncoder | None):
+        super().__init__()
+        self.greedy, self.parts, self.reader = greedy, parts, reader
+        self.network, self.discrete = greedy.network, greedy.discrete
+
+    def forward(self, *given: torch.Tensor) -> torch.Tensor:
+        if self.reader is not None:
+            return self.greedy(self.reader.read_parts(given))
+        return self.greedy(torch.cat([part.flatten(1) for part in given], dim=1))
+
+
+Greedy = GreedyActions | GreedyActionsWithMemory | GreedyActionsOfParts
+
+
+def greedy_module(algorithm: Algorithm, network: nn.Module, config: Any, observation_space: spaces.Space) -> Greedy:
+    """The module a policy of `algorithm` acts with when not exploring; CannotExport where there is none.
+    For a Dict observation's policy the network's parts encoder (packed parts) is taken out of it and
+    reads the parts before it (the network is changed: give it one of its own)."""
     greedy = algorithm.parts().greedy
     if greedy is None:
         raise CannotExport(f"{algorithm.name} policies are not exported to ONNX yet")
-    if observation_parts(observation_space):
-        raise CannotExport("policies of Dict observations are not exported to ONNX yet (one input a part)")
-    return greedy(network.eval(), config)
+    parts = observation_parts(observation_space)
+    if not parts:
+        return greedy(network.eval(), config)
+    reader = _taken_parts_encoder(network) if is_packed(parts) else None
+    if is_packed(parts) and reader is None:
+        raise CannotExport(f"{algorithm.name} networks of Dict observations are not exported to ONNX yet")
+    module = greedy(network.eval(), config)
+    if not isinstance(module, GreedyActions):
+        raise CannotExport("recurrent policies of Dict observations are not exported to ONNX yet")
+    return GreedyActionsOfParts(module, parts, reader)
+
+
+def _taken_parts_encoder(network: nn.Module) -> PartsEncoder | None:
+    """The network's parts encoder, an identity put in its place: every network reads its observations
+    through it first, as its `obs_norm`, or as the first of a Sequential (an actor-critic's CNN trunk
+    as `obs_norm`, a DQN network as the network)."""
+    reader = getattr(network, "obs_norm", None)
+    if isinstance(reader, PartsEncoder):
+        network.obs_norm = nn.Identity()
+        return reader
+    for sequence in (reader, network):
+        if isinstance(sequence, nn.Sequential) and isinstance(sequence[0], PartsEncoder):
+            encoder = sequence[0]
+            sequence[0] = nn.Identity()
+            return encoder
+    return None
+
+
+def graph_inputs(observation_space: spaces.Space) -> list[tuple[str, tuple[int, ...], type]]:
+    """The graph's observation inputs: (name, shape without the batch, dtype), one a Dict's part."""
+    parts = observation_parts(observation_space)
+    if parts:
+        return [(part.key, part.shape, np.uint8 if part.image else np.float32) for part in parts]
+    return [(OBSERVATIONS, tuple(observation_space.shape), np.uint8 if is_uint8(observation_space) else np.float32)]
 
 
 def onnx_policy(algorithm: Algorithm, config: Any, observation_space: spaces.Space, action_space: spaces.Space,
-                weights: bytes) -> bytes:
+                weights: bytes, policy_name: str | None = None) -> bytes:
     """The ONNX graph (serialized) of the policy whose safetensors are `weights`: input
-    `observations` [batch, *observation shape], output `actions` [batch] (int64) or [batch, *action
-    shape] (float32)."""
+    `observations` [batch, *observation shape] (a Dict's parts, by key), output `actions` [batch]
+    (int64) or [batch, *action shape] (float32). `policy_name`: one of an agent group's separate
+    policies (agent.policies), a graph of its own, as its pyfunc model is."""
     network = algorithm.network(config, observation_space, action_space)
     network.load_state_dict(load(weights))
+    if policy_name is not None:
+        policies = getattr(network, "policies", {})
+        if policy_name not in policies:
+            raise CannotExport(f"there is no policy {policy_name!r}; the network's: {', '.join(policies) or 'one'}")
+        network = policies[policy_name]
     module = greedy_module(algorithm, network, config, observation_space)
-    example = torch.zeros((1, *observation_space.shape), dtype=torch.uint8 if is_uint8(observation_space)
-                          else torch.float32)
-    inputs, outputs, batch_axes = (example,), [ACTIONS], {OBSERVATIONS: {0: "batch"}, ACTIONS: {0: "batch"}}
+    named = graph_inputs(observation_space)
+    inputs = tuple(torch.zeros((1, *shape), dtype=torch.from_numpy(np.zeros(0, dtype)).dtype)
+                   for _, shape, dtype in named)
+    names, outputs = [name for name, _, _ in named], [ACTIONS]
+    batch_axes = {name: {0: "batch"} for name in names} | {ACTIONS: {0: "batch"}}
     if isinstance(module, GreedyActionsWithMemory):
-        inputs, outputs = (example, torch.zeros(2, 1, network.memory_size)), [ACTIONS, NEXT_MEMORY]
+        inputs, names, outputs = (*inputs, torch.zeros(2, 1, network.memory_size)), [*names, MEMORY], \
+            [ACTIONS, NEXT_MEMORY]
         batch_axes |= {MEMORY: {1: "batch"}, NEXT_MEMORY: {1: "batch"}}
     graph = io.BytesIO()
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice; it needs no onnxscript
-        torch.onnx.export(module, inputs, graph, input_names=[OBSERVATIONS, MEMORY][: len(inputs)],
-                          output_names=outputs, dynamic_axes=batch_axes, opset_version=OPSET, dynamo=False)
+        torch.onnx.export(module, inputs, graph, input_names=names, output_names=outputs, dynamic_axes=batch_axes,
+                          opset_version=OPSET, dynamo=False)
     check_graph(graph.getvalue(), module, observation_space)
     return graph.getvalue()
 
 
-def check_graph(graph: bytes, module: GreedyActions | GreedyActionsWithMemory, observation_space: spaces.Space,
-                samples: int = 256) -> None:
+def check_graph(graph: bytes, module: Greedy, observation_space: spaces.Space, samples: int = 256) -> None:
     """ONNX Runtime's actions against the module's on observations drawn from the space (and memories, a
     recurrent policy's): the same discrete actions, continuous ones and memories within 1e-5 (their
     units'); CannotExport where they are not."""
     import onnxruntime
 
-    observation_space = spaces.Box(observation_space.low, observation_space.high, observation_space.shape,
-                                   observation_space.dtype, seed=0)
-    obs = np.stack([observation_space.sample() for _ in range(samples)]).astype(np.uint8 if is_uint8(observation_space)
-                                                                               else np.float32)
-    feeds = {OBSERVATIONS: obs}
+    feeds = observation_feeds(observation_space, samples)
     if isinstance(module, GreedyActionsWithMemory):
         size = module.network.memory_size
         feeds[MEMORY] = np.random.default_rng(0).normal(0.0, 0.5, (2, samples, size)).astype(np.float32)
@@ -116,6 +173,18 @@ def check_graph(graph: bytes, module: GreedyActions | GreedyActionsWithMemory, o
     if not all(alike(got, want, exact=module.discrete and index == 0)
                for index, (got, want) in enumerate(zip(answered, expected, strict=True))):
         raise CannotExport(f"ONNX Runtime's actions differ from the policy's on {samples} observations")
+
+
+def observation_feeds(observation_space: spaces.Space, samples: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """`samples` observations drawn from the space, as the graph's inputs take them (a Dict's by part)."""
+    parts = observation_parts(observation_space)
+    space = observation_space.dict_space if parts else observation_space
+    space.seed(seed)
+    drawn = [space.sample() for _ in range(samples)]
+    if parts:  # through the flat array the env gives, as the pyfunc model's parts come back from it
+        flat = flatten_parts(parts, {part.key: np.stack([one[part.key] for one in drawn]) for part in parts})
+        return unflatten_parts(parts, flat)
+    return {OBSERVATIONS: np.stack(drawn).astype(np.uint8 if is_uint8(observation_space) else np.float32)}
 
 
 def alike(answered: np.ndarray, expected: np.ndarray, exact: bool) -> bool:

@@ -184,6 +184,7 @@ class PartsEncoder(nn.Module):
     def __init__(self, options: ObservationNormalization, observation_space: spaces.Box):
         super().__init__()
         parts = observation_parts(observation_space)
+        self.parts = parts
         self.images = [part for part in parts if part.image]
         self.pixels = nn.ModuleList(PixelEncoder(part.frames_shape) for part in self.images)
         positions = vector_bytes(parts)
@@ -198,9 +199,25 @@ class PartsEncoder(nn.Module):
             features.append(self.obs_norm(obs.index_select(1, self.vector_bytes).view(torch.float32)))
         return torch.cat(features, dim=1)
 
+    def read_parts(self, given: Sequence[torch.Tensor]) -> torch.Tensor:
+        """`forward`'s features from the observation given part by part, in key order (images uint8,
+        vectors float32, [batch, *shape] as the env gives them), not packed: an ONNX graph has no
+        bitcast to read a packed array's float32 bytes with."""
+        by_key = dict(zip((part.key for part in self.parts), given, strict=True))
+        features = [encoder(self._as_frames(by_key[part.key], part))
+                    for part, encoder in zip(self.images, self.pixels, strict=True)]
+        vectors = [by_key[part.key].flatten(1) for part in self.parts if not part.image]  # no batch size: traced
+        if vectors:
+            features.append(self.obs_norm(torch.cat(vectors, dim=1)))
+        return torch.cat(features, dim=1)
+
     @staticmethod
     def _frames(obs: torch.Tensor, part: Part) -> torch.Tensor:
-        frames = obs[:, part.start : part.stop].reshape(len(obs), *part.shape)
+        return PartsEncoder._as_frames(obs[:, part.start : part.stop].reshape(len(obs), *part.shape), part)
+
+    @staticmethod
+    def _as_frames(frames: torch.Tensor, part: Part) -> torch.Tensor:
+        """An image part's [batch, *shape] as the CNN reads it."""
         if part.channels_last:
             return frames.permute(0, 3, 1, 2)
         return frames.unsqueeze(1) if len(part.shape) == 2 else frames

@@ -469,7 +469,7 @@ def _export_policy(args: argparse.Namespace) -> int:
 
     try:
         storage = Storage(StorageLocation(args.root, parse_assignments(args.option)))
-        exported = export_policy(storage, args.run_id, args.version, args.to)
+        exported = export_policy(storage, args.run_id, args.version, args.to, args.policy)
     except GymflowError as error:
         print(f"gymflow: error: {error}", file=sys.stderr)
         return 2
@@ -552,6 +552,8 @@ def _export_policy_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument("--to", required=True, metavar="FILE", help="the .onnx file to write")
     command.add_argument("--format", choices=("onnx",), default="onnx", help="the file's format")
     command.add_argument("--version", type=int, help="the policy version (default: the one the run delivered)")
+    command.add_argument("--policy", metavar="NAME", help="one of the agent groups' separate policies "
+                         "(agent.policies): each is a graph of its own")
     command.add_argument("--root", default="gymflow-data", help="the storage root the run is under (storage.root)")
     command.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                          help="a storage option of --root, e.g. --option endpoint_url=http://127.0.0.1:9000")

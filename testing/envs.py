@@ -62,6 +62,19 @@ class Corridor(gym.Env):
         return np.array([self._position / (self.length - 1), self._steps / self.max_steps], np.float32)
 
 
+class PartsCorridor(Corridor):
+    """The corridor observed as a Dict of vector parts alone: where it stands, and the clock."""
+
+    def __init__(self, length: int = 8, max_steps: int = 50, render_mode: str | None = None):
+        super().__init__(length, max_steps, render_mode)
+        self.observation_space = spaces.Dict({"position": spaces.Box(0.0, 1.0, (1,), np.float32),
+                                              "clock": spaces.Box(0.0, 1.0, (1,), np.float32)})
+
+    def _observe(self) -> dict[str, np.ndarray]:
+        position, clock = super()._observe()
+        return {"position": np.array([position], np.float32), "clock": np.array([clock], np.float32)}
+
+
 class ContinuousCorridor(Corridor):
     """The corridor with a Box action: move by the action's value, clipped to [-1, 1]."""
 

@@ -122,6 +122,10 @@ def test_ppo_and_dqn_learn_from_a_picture_and_a_clock_and_their_model_takes_the_
     by_name = {key: np.stack([part[key] for part in parts]) for key in ("view", "clock")}
     goals_right = by_name["view"][:, 0, -1, 0] == 128  # the goal's column is grey
     np.testing.assert_array_equal(model.predict(by_name), goals_right.astype(np.int64))  # walk toward it
+    onnx_uri = mlflow.MlflowClient().get_run(summary.mlflow_run_id).data.tags["gymflow.onnx_model"]
+    graph = mlflow.pyfunc.load_model(onnx_uri)  # its ONNX graph: one input a part, by the same names
+    assert graph.metadata.get_input_schema().input_names() == ["clock", "view"]
+    np.testing.assert_array_equal(graph.predict(by_name)["actions"], goals_right.astype(np.int64))
     if mode == "sync":  # retraining scores a registered policy on flat observations, split back into the parts
         from gymflow.presets.model import EnvConfig
         from gymflow.tasks.tracking.models import register_challenger, score_policy

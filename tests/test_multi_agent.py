@@ -357,3 +357,8 @@ def test_each_of_separate_policies_is_also_a_logged_model_of_its_own(prefect_api
     walkers = rows[env.agents != 2]
     np.testing.assert_array_equal(mlflow.pyfunc.load_model(uris["shared"]).predict(walkers),
                                   every_policy.predict(walkers))
+    graphs = dict(pair.split("=") for pair in tags["gymflow.onnx_models"].split(", "))  # an ONNX graph a policy
+    assert list(graphs) == ["shared", "guides"] and "gymflow.onnx_model" not in tags
+    for name, its_rows in (("guides", guides), ("shared", walkers)):
+        answered = mlflow.pyfunc.load_model(graphs[name]).predict({"observations": its_rows.astype(np.float32)})
+        np.testing.assert_array_equal(answered["actions"], every_policy.predict(its_rows))

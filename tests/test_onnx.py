@@ -13,7 +13,10 @@ from safetensors.torch import save
 
 from gymflow.agents.export import CannotExport, onnx_policy
 from gymflow.agents.normalization import RunningMeanVar
+from gymflow.envs.parts import flatten_parts, observation_parts, unflatten_parts
 from gymflow.presets.validate import resolve_experiment
+
+PICTURE = "gymflow.envs.picture_corridor:PictureCorridor"
 
 FAMILIES = [
     ("cartpole-ppo", {"agent.normalize_observations": True}),  # MLP, discrete, normalised observations
@@ -25,6 +28,11 @@ FAMILIES = [
     ("hopper-td3", {"agent.normalize_observations": True}),
     ("hopper-iql", {}),
     ("cartpole-bc", {}),
+    # Dict observations, one input a part: a CNN for the picture beside the normalised clock
+    ("picture-corridor-ppo", {"agent.normalize_observations": True}),
+    ("pendulum-sac", {"env.id": PICTURE, "env.kwargs": {"continuous": True}, "agent.normalize_observations": True}),
+    ("catch-dqn", {"env.id": PICTURE, "env.frame_stack": 1}),
+    ("cartpole-ppo", {"env.id": "gymflow.testing.envs:PartsCorridor", "agent.normalize_observations": True}),  # vectors alone
 ]
 
 
@@ -42,13 +50,23 @@ def _trained_like(network: torch.nn.Module) -> torch.nn.Module:
 
 
 def _observations(space, count: int = 1000) -> np.ndarray:
-    """Samples of the space; frames each dimmed by its own factor, so that they differ in more than noise."""
+    """Samples of the space; frames each dimmed by its own factor, so that they differ in more than noise.
+    A Dict observation's: samples of its parts, flattened as the env gives them."""
+    parts = observation_parts(space)
+    if parts:
+        return flatten_parts(parts, {part.key: _observations(space.dict_space[part.key], count) for part in parts})
     space.seed(0)
     samples = np.stack([space.sample() for _ in range(count)])
     if space.dtype != np.uint8:
         return samples.astype(np.float32)
     brightness = np.random.default_rng(0).uniform(0.0, 1.0, size=(count,) + (1,) * (samples.ndim - 1))
     return (samples * brightness).astype(np.uint8)
+
+
+def _feeds(space, observations: np.ndarray) -> dict[str, np.ndarray]:
+    """The graph's inputs: the observations, or a Dict observation's parts by name (as the pyfunc takes them)."""
+    parts = observation_parts(space)
+    return unflatten_parts(parts, observations) if parts else {"observations": observations}
 
 
 def _network_of_varied_actions(experiment, observations: np.ndarray) -> tuple[torch.nn.Module, np.ndarray]:
@@ -73,7 +91,7 @@ def test_the_onnx_graph_acts_as_the_policy_on_a_thousand_observations(preset, ov
     graph = onnx_policy(algorithm, config, experiment.observation_space, experiment.action_space,
                         save(network.state_dict()))
     session = onnxruntime.InferenceSession(graph, providers=["CPUExecutionProvider"])
-    (actions,) = session.run(["actions"], {"observations": observations})
+    (actions,) = session.run(["actions"], _feeds(experiment.observation_space, observations))
     assert actions.dtype == expected.dtype and actions.shape == expected.shape
     if actions.dtype == np.int64:
         np.testing.assert_array_equal(actions, expected)
@@ -81,10 +99,38 @@ def test_the_onnx_graph_acts_as_the_policy_on_a_thousand_observations(preset, ov
         assert np.abs(actions - expected).max() <= 1e-5
 
 
+GROUPS = {"env.id": "pettingzoo:gymflow.testing.agents:Exits", "env.kwargs": {}, "agent.policies": {"guide": "guides"}}
+
+
+def test_each_agent_group_s_separate_policy_is_a_graph_of_its_own_that_acts_as_it_does():
+    experiment = resolve_experiment("spread-ippo", GROUPS)
+    algorithm, config = experiment.algorithm, experiment.preset.agent
+    observations = _observations(experiment.observation_space)
+    torch.manual_seed(0)
+    network = _trained_like(algorithm.network(config, experiment.observation_space, experiment.action_space))
+    assert len(network.policies) == 2
+    answered = {}
+    for name, policy_network in network.policies.items():
+        expected, _ = algorithm.policy(policy_network, config, 0.0, 0).act(observations, explore=False)
+        graph = onnx_policy(algorithm, config, experiment.observation_space, experiment.action_space,
+                            save(network.state_dict()), name)
+        session = onnxruntime.InferenceSession(graph, providers=["CPUExecutionProvider"])
+        (answered[name],) = session.run(["actions"], {"observations": observations})
+        assert answered[name].dtype == expected.dtype and answered[name].shape == expected.shape
+        if expected.dtype == np.int64:
+            np.testing.assert_array_equal(answered[name], expected)
+        else:
+            assert np.abs(answered[name] - expected).max() <= 1e-5
+    first, second = answered.values()
+    assert not np.array_equal(first, second)  # two policies, two graphs: not one answered twice
+    with pytest.raises(CannotExport, match="there is no policy 'nobody'"):
+        onnx_policy(algorithm, config, experiment.observation_space, experiment.action_space,
+                    save(network.state_dict()), "nobody")
+
+
 @pytest.mark.parametrize(("preset", "overrides", "says"), [
-    ("spread-ippo", {"env.id": "pettingzoo:gymflow.testing.agents:Exits", "env.kwargs": {},
-                     "agent.policies": {"guide": "guides"}},
-     "agent groups acting with separate policies (agent.policies)"),
+    ("spread-ippo", GROUPS, "agent groups acting with separate policies (agent.policies) are exported one graph a "
+                            "policy"),
 ])
 def test_what_cannot_be_a_graph_yet_is_said_in_one_line(preset, overrides, says):
     experiment = resolve_experiment(preset, overrides)

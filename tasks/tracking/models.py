@@ -159,10 +159,8 @@ def log_onnx_policy(tracker: Tracker, model: PolicyModel, graph: bytes, step: in
     logged = tracker.client.create_logged_model(tracker.experiment_id, name=f"{model.name}-onnx",
                                                 source_run_id=tracker.run_id, params=dict(model.params),
                                                 model_type="gymflow-policy-onnx")
-    observations = TensorSpec(np.dtype(observation_dtype(model.observation_space)),
-                              (-1, *model.observation_space.shape), OBSERVATIONS)
-    inputs, outputs = [observations], [_actions_spec(model.action_space, ACTIONS)]
-    example = {OBSERVATIONS: np.zeros((1, *model.observation_space.shape), observations.type)}
+    inputs, outputs = _observation_specs(model.observation_space), [_actions_spec(model.action_space, ACTIONS)]
+    example = {spec.name: np.zeros((1, *spec.shape[1:]), spec.type) for spec in inputs}
     if model.memory_size is not None:  # a recurrent policy's memory: [2, batch, H] in, and after the step out
         inputs.append(TensorSpec(np.dtype(np.float32), (2, -1, model.memory_size), MEMORY))
         outputs.append(TensorSpec(np.dtype(np.float32), (2, -1, model.memory_size), NEXT_MEMORY))
@@ -280,6 +278,14 @@ def policy_signature(observation_space: spaces.Space, action_space: spaces.Space
         return ModelSignature(inputs=Schema([observations]), outputs=Schema([actions]))
     memory = TensorSpec(np.dtype(np.float32), (2, -1, memory_size), name=MEMORY)
     return ModelSignature(inputs=Schema([observations, memory]), outputs=Schema([actions, memory]))
+
+
+def _observation_specs(observation_space: spaces.Space) -> list[TensorSpec]:
+    """The ONNX graph's observation inputs, named: `observations`, or one a Dict observation's part."""
+    parts = observation_parts(observation_space)
+    if parts:
+        return [TensorSpec(np.dtype(_part_dtype(part)), (-1, *part.shape), part.key) for part in parts]
+    return [TensorSpec(np.dtype(observation_dtype(observation_space)), (-1, *observation_space.shape), OBSERVATIONS)]
 
 
 def _actions_spec(action_space: spaces.Space, name: str | None) -> TensorSpec:

@@ -105,15 +105,21 @@ def _log_onnx_policy(run: PreparedRun, tracker: Tracker, model: Any, summary: Ru
     from gymflow.agents.export import CannotExport, onnx_policy
     from gymflow.tasks.tracking.models import log_onnx_policy
 
-    experiment = run.experiment
-    try:
-        graph = onnx_policy(experiment.algorithm, run.preset.agent, experiment.observation_space,
-                            experiment.action_space, model.policy)
-    except CannotExport as why:
-        recorder.progress.logger.warning("v%d is not exported to ONNX: %s; its pyfunc model serves it",
-                                         summary.delivered_version, why)
-        return
-    tracker.set_tags({"gymflow.onnx_model": log_onnx_policy(tracker, model, graph, summary.clock)})
+    experiment, names = run.experiment, _separate_policies(run)
+    uris = {}
+    for name in names or [None]:
+        try:
+            graph = onnx_policy(experiment.algorithm, run.preset.agent, experiment.observation_space,
+                                experiment.action_space, model.policy, name)
+        except CannotExport as why:
+            recorder.progress.logger.warning("v%d is not exported to ONNX: %s; its pyfunc model serves it",
+                                             summary.delivered_version, why)
+            return
+        uris[name] = log_onnx_policy(tracker, replace(model, policy_name=name), graph, summary.clock)
+    if names:  # agent groups' separate policies: a graph each, as each has a pyfunc model of its own
+        tracker.set_tags({"gymflow.onnx_models": ", ".join(f"{name}={uri}" for name, uri in uris.items())})
+    else:
+        tracker.set_tags({"gymflow.onnx_model": uris[None]})
 
 
 def _log_each_policy(run: PreparedRun, tracker: Tracker, model: Any, step: int) -> None:
@@ -121,12 +127,17 @@ def _log_each_policy(run: PreparedRun, tracker: Tracker, model: Any, step: int) 
     of its own (`policy-<name>`), named in the run's tag `gymflow.policy_models`."""
     from gymflow.tasks.tracking.models import log_policy_model
 
-    if not getattr(run.preset.agent, "policies", None):
-        return
-    names = dict.fromkeys(run.preset.agent.policy_of_each(run.experiment.observation_space.groups))
-    if len(names) > 1:
+    if names := _separate_policies(run):
         uris = {name: log_policy_model(tracker, replace(model, policy_name=name), step) for name in names}
         tracker.set_tags({"gymflow.policy_models": ", ".join(f"{name}={uri}" for name, uri in uris.items())})
+
+
+def _separate_policies(run: PreparedRun) -> list[str]:
+    """The names of the policies agent groups act with where they are several (agent.policies); else []."""
+    if not getattr(run.preset.agent, "policies", None):
+        return []
+    names = list(dict.fromkeys(run.preset.agent.policy_of_each(run.experiment.observation_space.groups)))
+    return names if len(names) > 1 else []
 
 
 def report_run(run: PreparedRun, tracker: Tracker, delivered: Delivered, recorder: RunRecorder) -> str:

@@ -22,10 +22,11 @@ class ExportedPolicy:
     size: int  # bytes
 
 
-def export_policy(storage: Storage, run_id: str, version: int | None, to: str) -> ExportedPolicy:
+def export_policy(storage: Storage, run_id: str, version: int | None, to: str, policy_name: str | None = None
+                  ) -> ExportedPolicy:
     """Write version `version` of the run's policy (None: the one the run delivered, per its MLflow
-    run, else its newest) to the file `to` as an ONNX graph; a GymflowError in one line where it
-    cannot be, with nothing written."""
+    run, else its newest) to the file `to` as an ONNX graph (`policy_name`: one of its agent groups'
+    separate policies); a GymflowError in one line where it cannot be, with nothing written."""
     from gymflow.agents.algorithms import algorithm_of
     from gymflow.agents.export import CannotExport, onnx_policy
     from gymflow.envs.make import env_spaces
@@ -43,9 +44,11 @@ def export_policy(storage: Storage, run_id: str, version: int | None, to: str) -
     observation_space, action_space = env_spaces(preset.env.id, preset.env.kwargs,
                                                  preset.env.preprocessing().evaluation())
     try:
-        graph = onnx_policy(algorithm_of(preset.agent), preset.agent, observation_space, action_space, weights)
+        graph = onnx_policy(algorithm_of(preset.agent), preset.agent, observation_space, action_space, weights,
+                            policy_name)
     except CannotExport as why:
-        raise GymflowError("--format", f"v{version} of run {run_id} cannot be an ONNX graph: {why}") from None
+        field = "--policy" if policy_name is not None or "one graph a policy" in str(why) else "--format"
+        raise GymflowError(field, f"v{version} of run {run_id} cannot be an ONNX graph: {why}") from None
     _write_whole(to, graph)
     return ExportedPolicy(version, chosen, to, len(graph))
 
