@@ -29,6 +29,7 @@ from gymflow.tasks.tracking.models import (
     mean_return,
     promote,
     register_challenger,
+    register_onnx_sibling,
     score_policy,
 )
 from gymflow.tasks.tracking.servers import check_tracking_server
@@ -139,13 +140,14 @@ def retrain(
             changes = _offline_on_logged_runs(preset, config, changes, champion)
     summary = improve(preset, changes, warm_start=champion.uri if champion and training.warm_start else None)
     registered = register_challenger(tracking_uri, name, summary.mlflow_run_id, summary.model_uri)
+    graph = register_onnx_sibling(tracking_uri, name, summary.mlflow_run_id)  # `<name>-onnx@champion` with it
 
     seed = derive_seed(config.seed, "retrain-evaluation")
     decision = RetrainDecision(name, registered, champion, 0.0, None, margin, seed,
                                [derive_seed(seed, i, 0) for i in range(evaluation_episodes)], promoted=False)
     decision = (_judged_by_match if judge == "match" else _judged_by_returns)(decision, config, tracking_uri)
     if decision.promoted:
-        promote(tracking_uri, registered)
+        promote(tracking_uri, registered, graph)
     _record(decision, tracking_uri, summary.mlflow_run_id)
     model_decided(name, decision.promoted, decision.event_payload())
     logger.info("%s: %s", decision.outcome, decision.scores())

@@ -25,6 +25,7 @@ def test_first_run_registers_a_champion_then_better_challengers_win_and_worse_on
     assert first.outcome == "first champion registered" and first.promoted
     client = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
     assert str(client.get_model_version_by_alias("corridor", "champion").version) == first.challenger.version
+    assert client.get_model_version_by_alias("corridor-onnx", "champion").run_id == first.challenger.run_id  # its graph
 
     longer = {**tiny_budget, "schedule.total_env_steps": 1280, **local_overrides(workspace)}
     second = retrain("cartpole-ppo", longer, model_name="corridor", evaluation_episodes=8)
@@ -37,6 +38,8 @@ def test_first_run_registers_a_champion_then_better_challengers_win_and_worse_on
     third = retrain("cartpole-ppo", weak, model_name="corridor", margin=100.0, evaluation_episodes=8)
     assert third.outcome == "champion kept" and not third.promoted
     assert str(client.get_model_version_by_alias("corridor", "champion").version) == champion_after_second
+    assert client.get_model_version_by_alias("corridor-onnx", "champion").run_id == \
+        client.get_model_version_by_alias("corridor", "champion").run_id  # the kept champion's graph, kept with it
     # Both policies were scored on the same seeds, and the decision is on the challenger's run.
     run = client.get_run(third.challenger.run_id)
     assert run.data.tags["gymflow.retrain.outcome"] == "champion kept"

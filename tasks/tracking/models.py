@@ -345,10 +345,7 @@ def find_champion(tracking_uri: str, name: str) -> ModelRef | None:
 def register_challenger(tracking_uri: str, name: str, run_id: str, model_uri: str) -> ModelRef:
     """Register a run's logged policy model (models:/<model id>) as a new version of `name`."""
     client = tracking_client(tracking_uri)
-    try:
-        client.get_registered_model(name)
-    except MlflowException:
-        client.create_registered_model(name, description="gymflow policies; alias 'champion' is the one in use.")
+    _registered(client, name, "gymflow policies; alias 'champion' is the one in use.")
     model_id = model_uri.removeprefix("models:/")
     with _global_tracking_uri(tracking_uri):  # the registry looks the logged model up through it
         version = client.create_model_version(name, model_uri, run_id=run_id, model_id=model_id)
@@ -395,8 +392,37 @@ def mean_return(returns: list[float]) -> float:
 
 
 @task(name="promote", cache_policy=NO_CACHE)
-def promote(tracking_uri: str, model: ModelRef) -> None:
-    tracking_client(tracking_uri).set_registered_model_alias(model.name, CHAMPION, model.version)
+def register_onnx_sibling(tracking_uri: str, name: str, run_id: str) -> ModelRef | None:
+    """Register the run's ONNX graph (its tag `gymflow.onnx_model`) as a new version of `<name>-onnx`,
+    so that `models:/<name>-onnx@champion` is the champion's graph once promoted; None where the run
+    logged none (a policy that cannot be a graph)."""
+    client = tracking_client(tracking_uri)
+    uri = client.get_run(run_id).data.tags.get("gymflow.onnx_model")
+    if uri is None:
+        return None
+    sibling = f"{name}{ONNX_SIBLING}"
+    _registered(client, sibling, f"the ONNX graphs of {name}'s policies; alias 'champion' is the champion's.")
+    with _global_tracking_uri(tracking_uri):
+        version = client.create_model_version(sibling, uri, run_id=run_id, model_id=uri.removeprefix("models:/"))
+    return ModelRef(sibling, str(version.version), run_id)
+
+
+ONNX_SIBLING = "-onnx"  # the registered model of a policy model's ONNX graphs: `<name>-onnx`
+
+
+def _registered(client: mlflow.MlflowClient, name: str, description: str) -> None:
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(name, description=description)
+
+
+def promote(tracking_uri: str, model: ModelRef, graph: ModelRef | None = None) -> None:
+    """`model` is the champion from now on, and `graph` (its ONNX sibling's version) with it."""
+    client = tracking_client(tracking_uri)
+    client.set_registered_model_alias(model.name, CHAMPION, model.version)
+    if graph is not None:
+        client.set_registered_model_alias(graph.name, CHAMPION, graph.version)
 
 
 class _PredictingPolicy:
