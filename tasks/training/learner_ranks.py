@@ -265,11 +265,11 @@ class LearnerRanks:
 
     @property
     def _store(self) -> str:
-        return str(Path(self._folder) / "rendezvous")
+        return _rendezvous(self._folder)
 
     def _spawn(self) -> tuple[str, list[subprocess.Popen]]:
         folder = tempfile.mkdtemp(prefix="gymflow-ranks-")  # 0700: the flow's user's alone
-        store = str(Path(folder) / "rendezvous")
+        store = _rendezvous(folder)
         children = []
         for rank in range(1, self.world):
             child = start_child(RANK_MODULE)
@@ -303,6 +303,11 @@ class LearnerRanks:
     def close(self) -> None:
         """The children told to exit (their stdin closed) and waited for; the learner alone again."""
         self._stop_children()
+
+
+def _rendezvous(folder: str) -> str:
+    """The file the ranks' group meets through, in the group's own folder."""
+    return str(Path(folder) / "rendezvous")
 
 
 def _first_line(error: BaseException) -> str:
