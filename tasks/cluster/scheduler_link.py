@@ -117,8 +117,10 @@ class SchedulerLink:
             with suppress(*SCHEDULER_ERRORS):
                 scheduler_id(self.client)
                 return self.client
-        elif self.client.status == "connecting":
-            return None  # Dask's client is still trying, for its connect timeout (closing it now logs a traceback)
+        elif self.client.status in ("connecting", "closing"):
+            # Dask's client is still trying (its connect timeout), or closing itself after it gave up (its
+            # pending connections, up to 5 s): closing it over either cancels Dask's task and logs a traceback
+            return None
         with suppress(Exception):
             self.client.close(timeout=1)
         left = started + self.wait_s - time.monotonic()
