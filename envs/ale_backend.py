@@ -1,8 +1,8 @@
 """The ALE's own C++ vector env (`ale_py.vector_env.AtariVectorEnv`: a batch of games stepped by
 threads, the preprocessing in C++) behind gymflow's vector env, for the ALE's games under gymflow's
 Atari preprocessing (up to 30 no-op starts, 4 frames a step max-pooled, 84x84 grey, the preset's
-sticky actions, FIRE at a game's start; for training, a lost life terminal for learning and rewards
-clipped to their sign; whole games).
+sticky actions, FIRE at a game's start and after each lost life; for training, a lost life terminal
+for learning and rewards clipped to their sign; whole games).
 
 Unlike EnvPool, the ALE's vector env takes a seed for each env it resets, and a game started from a
 seed plays the same whatever its env played before, sticky actions included. So episode k of env i
@@ -12,9 +12,10 @@ longest episode's actions, each env joining (reset again) when as many steps are
 actions. SYNC's exact resume holds on it.
 
 What differs from the Gymnasium path: the no-op starts are drawn by the ALE's C++ (the same seed
-gives another game than Gymnasium's, and the same game every time); FIRE is pressed at a game's
-start only (the Gymnasium path presses it after each lost life too: a policy learns to press it
-itself here); a game's first stack holds its first frame once, after three blank ones (Gymnasium's repeats it)."""
+gives another game than Gymnasium's, and the same game every time); FIRE after a lost life replaces
+the env's next two actions (envs/batched.py) where the Gymnasium path presses it inside the step
+that lost the life. The ALE's stacks hold blank frames before a game's first; they are filled with
+that frame, as Gymnasium's are."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import numpy as np
 from gymnasium import spaces
 
 from gymflow.envs.batched import ActionLog, BatchedVectorEnv, PoolReply
-from gymflow.envs.make import EnvSpecError, Preprocessing
+from gymflow.envs.make import EnvSpecError, FireToServe, Preprocessing
 from gymflow.envs.seeding import derive_seed
 from gymflow.envs.steps import EnvCursor
 
@@ -69,7 +70,7 @@ def ale_game(env_id: str, kwargs: dict[str, Any], preprocessing: Preprocessing) 
         raise EnvSpecError("env.id", f"{env_id!r} is not one of the ALE's games") from None
     options = {name: kwargs.get(name, default) for name, default in ATARI_KWARGS.items()}
     options |= {"stack_num": preprocessing.frame_stack, "frameskip": 4, "noop_max": 30, "img_height": 84,
-                "img_width": 84, "grayscale": True, "maxpool": True, "use_fire_reset": True, "episodic_life": False,
+                "img_width": 84, "grayscale": True, "maxpool": True, "use_fire_reset": False, "episodic_life": False,
                 "reward_clipping": preprocessing.training, "max_num_frames_per_episode": ATARI_FRAMES_PER_EPISODE,
                 "autoreset_mode": "NextStep"}  # an ended game is started again here, from its next seed
     return AleGame(game, options, lives_matter=preprocessing.training)
@@ -84,7 +85,7 @@ class AleVectorEnv(BatchedVectorEnv):
         self._games = AtariVectorEnv(game.game, num_envs, num_threads=threads, **game.options)
         single = self._games.single_observation_space
         super().__init__(spaces.Box(0, 255, single.shape, np.uint8), spaces.Discrete(self._games.single_action_space.n),
-                         num_envs, seed, game.lives_matter)
+                         num_envs, seed, game.lives_matter, serves=FireToServe.needed_by(game.game))
         self._seeded_episode = np.zeros(num_envs, dtype=np.int64)  # each env's last episode begun from its seed
 
     def reset(self, cursor: EnvCursor | None = None) -> np.ndarray:
@@ -117,6 +118,7 @@ class AleVectorEnv(BatchedVectorEnv):
             order = np.argsort(replied)
             obs, rewards, terminated, truncated = obs[order], rewards[order], terminated[order], truncated[order]
             info = {"lives": np.asarray(info["lives"])[order]}
+        obs = first_frame_repeated(obs, self.episode_length[ids] + 1)
         return PoolReply(obs, rewards, terminated, truncated, self._lives_of(info, ids))
 
     def _start_episodes(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
@@ -143,13 +145,13 @@ class AleVectorEnv(BatchedVectorEnv):
         """Reset the envs `mask` marks (from `seeds`, or their RNG): every env's observation and info, in env order."""
         obs, info = self._games.reset(seed=seeds, options=None if mask.all() else {"reset_mask": mask})
         replied = np.asarray(info["env_id"])
-        if (replied == self._every_id).all():
-            return obs, info
-        order = np.argsort(replied)
-        return obs[order], {"lives": np.asarray(info["lives"])[order]}
+        if not (replied == self._every_id).all():
+            order = np.argsort(replied)
+            obs, info = obs[order], {"lives": np.asarray(info["lives"])[order]}
+        return first_frame_repeated(obs, np.where(mask, 0, self.episode_length)), info
 
     def _lives_of(self, info: dict[str, Any], ids: np.ndarray) -> np.ndarray | None:
-        return np.asarray(info["lives"])[ids] if self.lives_matter else None
+        return np.asarray(info["lives"])[ids] if self.lives_matter or self.serves else None
 
     def _replay(self, cursor: EnvCursor) -> None:
         """Step the batch as often as the env with the most actions since its seeded start has; each
@@ -170,6 +172,17 @@ class AleVectorEnv(BatchedVectorEnv):
         if not np.array_equal(self.episode_index, cursor.episode_index):
             raise RuntimeError(f"replaying an env cursor ended games elsewhere (at episodes {self.episode_index}, "
                                f"not {cursor.episode_index}): the ALE's vector env did not play them again")
+
+
+def first_frame_repeated(obs: np.ndarray, ages: np.ndarray) -> np.ndarray:
+    """The ALE's frame stacks `obs` as Gymnasium's are: the ALE leaves the slots before a game's first
+    frame blank, Gymnasium's FrameStackObservation repeats that frame there (`ages`: each row's steps
+    since its game began)."""
+    stacked = obs.shape[1]
+    for row in np.flatnonzero(ages < stacked - 1):
+        blank = stacked - 1 - int(ages[row])
+        obs[row, :blank] = obs[row, blank]
+    return obs
 
 
 def _seeded_starts(cursor: EnvCursor) -> np.ndarray:

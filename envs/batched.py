@@ -1,8 +1,16 @@
 """What gymflow's C++ backends (envs/envpool_backend.py, envs/ale_backend.py) share below their
 pools: the seeded vector env's interface (envs/vector.py) over a pool that steps a batch of envs
 in one call — same-step autoreset, episode returns and lengths, a lost life terminal for learning
-while the game goes on, and the actions each env took since its episode began (the cursor a shard
-keeps). A backend says how its pool steps envs and how it starts their episodes."""
+while the game goes on, FIRE served after a lost life in the games that wait for it (as the
+Gymnasium path's FireToServe, envs/make.py), and the actions each env took since its episode began
+(the cursor a shard keeps). A backend says how its pool steps envs and how it starts their episodes.
+
+A C++ pool cannot step one env alone between two batch steps, so where FireToServe presses FIRE
+and action 2 inside the reset and the step that lost a life, here they replace that env's next two
+actions, at a game's start and after each lost life (the pools' own FIRE at reset is one frame,
+which sticky actions lose about half the time on EnvPool): the policy's actions are logged (a cursor
+replays them, and the replacement with them), the presses are what the game is sent. Either way a
+policy is never the one to serve the ball."""
 
 from __future__ import annotations
 
@@ -11,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 from gymnasium import spaces
 
+from gymflow.envs.make import FireToServe
 from gymflow.envs.steps import EnvCursor, VectorStep, observation_dtype
 
 
@@ -21,7 +30,7 @@ class PoolReply(NamedTuple):
     rewards: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
-    lives: np.ndarray | None  # Atari in training: each env's lives left (None: lives do not matter)
+    lives: np.ndarray | None  # Atari in training, or serving FIRE: each env's lives left (None: lives do not matter)
 
 
 class BatchedVectorEnv:
@@ -29,9 +38,10 @@ class BatchedVectorEnv:
     `_start_episodes` (and makes its pool in `reset`)."""
 
     def __init__(self, observation_space: spaces.Box, action_space: spaces.Space, num_envs: int, seed: int,
-                 lives_matter: bool):
+                 lives_matter: bool, serves: bool = False):
         self.observation_space, self.action_space = observation_space, action_space
-        self.num_envs, self.seed, self.lives_matter = num_envs, seed, lives_matter
+        self.num_envs, self.seed, self.lives_matter, self.serves = num_envs, seed, lives_matter, serves
+        self._presses_left = np.zeros(num_envs, dtype=np.int8)  # FIRE's presses still due at each env (2, 1, 0)
         self._discrete = not action_space.shape
         self._every_id = np.arange(num_envs, dtype=np.int32)
         self.episode_index = np.zeros(num_envs, dtype=np.int64)
@@ -69,14 +79,18 @@ class BatchedVectorEnv:
         """Step envs `first` to `stop` (the others stand); a finished episode's env begins its next."""
         ids = self._every_id if stop - first == self.num_envs else np.arange(first, stop, dtype=np.int32)
         sent = self._sent(actions)
-        reply = self._step_pool(ids, sent)
+        reply = self._step_pool(ids, self._serving(first, stop, sent))
         self._log.add(first, sent)
         self.episode_return[first:stop] += reply.rewards
         self.episode_length[first:stop] += 1
         ended = reply.terminated | reply.truncated
         learning_end = reply.terminated.astype(bool, copy=False)
         if reply.lives is not None:
-            learning_end = learning_end | ((reply.lives < self._lives[first:stop]) & ~ended)
+            lost = (reply.lives < self._lives[first:stop]) & ~ended
+            if self.lives_matter:
+                learning_end = learning_end | lost
+            if self.serves:
+                self._presses_left[first:stop][lost] = 2
             self._lives[first:stop] = reply.lives
         # the step's own arrays (a pool's replies are fresh each step), as envs/vector.py's: a caller may keep them
         obs = reply.obs if reply.obs.dtype == self.obs.dtype else reply.obs.astype(self.obs.dtype)
@@ -96,11 +110,23 @@ class BatchedVectorEnv:
         step.obs[ended] = self.obs[done]
         return step
 
+    def _serving(self, first: int, stop: int, sent: np.ndarray) -> np.ndarray:
+        """What envs `first` to `stop` are sent: `sent`, but FIRE, then action 2, at an env that
+        has just lost a life (FireToServe's presses, one a step)."""
+        due = self._presses_left[first:stop]
+        if not due.any():
+            return sent
+        pressed = sent.copy()
+        pressed[due == 2], pressed[due == 1] = FireToServe.FIRE, FireToServe.AFTER_FIRE
+        due[due > 0] -= 1
+        return pressed
+
     def _begin(self, ids: np.ndarray, obs: np.ndarray, lives: np.ndarray | None,
                keep_earlier: np.ndarray | None = None) -> None:
         """Episodes begun at envs `ids`, with first observations `obs` and `lives` left; the envs
         `keep_earlier` marks keep their earlier episodes' actions."""
         self.obs[ids] = obs
+        self._presses_left[ids] = 2 if self.serves else 0  # the game's start served as a lost life's
         if lives is not None:
             self._lives[ids] = lives
         self.episode_return[ids], self.episode_length[ids] = 0.0, 0

@@ -1,16 +1,16 @@
 """EnvPool's C++ vector envs (a batch stepped by threads in one call) behind gymflow's vector env,
 for the tasks EnvPool has as Gymnasium and gymflow define them: MuJoCo's v5 tasks, and the ALE's
 games under gymflow's Atari preprocessing (up to 30 no-op starts, 4 frames a step max-pooled, 84x84
-grey, the preset's sticky actions, FIRE at a game's start; for training, a lost life terminal for
-learning and rewards clipped to their sign; whole games).
+grey, the preset's sticky actions, FIRE at a game's start and after each lost life; for training, a
+lost life terminal for learning and rewards clipped to their sign; whole games).
 
 What differs from envs/vector.py's Gymnasium path: EnvPool seeds an env once, when its pool is made
 (a reset's seed is ignored), so an episode cannot be started again from its seed and an env cursor
 cannot be replayed. A rollout that continues where its envs are not live (a retried or moved job, a
 resumed run) starts new episodes, from a pool seed drawn from the run's and the cursor's: the step
-budget and every shard landing once hold, an uninterrupted run's exact trajectory does not; and
-Atari's FIRE is pressed at a game's start only (the Gymnasium path presses it after each lost life
-too): a policy learns to press it itself."""
+budget and every shard landing once hold, an uninterrupted run's exact trajectory does not. Atari's
+FIRE after a lost life replaces the env's next two actions (envs/batched.py) where the Gymnasium
+path presses it inside the step that lost the life."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import numpy as np
 from gymnasium import spaces
 
 from gymflow.envs.batched import ActionLog, BatchedVectorEnv, PoolReply
-from gymflow.envs.make import EnvSpecError, Preprocessing, is_mujoco
+from gymflow.envs.make import EnvSpecError, FireToServe, Preprocessing, is_mujoco
 from gymflow.envs.seeding import derive_seed
 from gymflow.envs.steps import EnvCursor, VectorStep
 
@@ -41,6 +41,7 @@ class PoolTask:
     task_id: str
     options: dict[str, Any] = field(default_factory=dict)
     lives_matter: bool = False  # Atari in training: a lost life is terminal for learning, the game goes on
+    game: str | None = None  # an Atari task's ROM, by the ALE's name
 
 
 def envpool_installed() -> bool:
@@ -72,10 +73,14 @@ def _atari_task(env_id: str, kwargs: dict[str, Any], preprocessing: Preprocessin
                            "; allowed: env.backend gymnasium")
     options = {name: kwargs.get(name, default) for name, default in ATARI_KWARGS.items()}
     options |= {"stack_num": preprocessing.frame_stack, "frame_skip": 4, "noop_max": 30, "img_height": 84,
-                "img_width": 84, "gray_scale": True, "use_inter_area_resize": True, "use_fire_reset": True,
+                "img_width": 84, "gray_scale": True, "use_inter_area_resize": True, "use_fire_reset": False,
                 "episodic_life": False, "reward_clip": preprocessing.training,
                 "max_episode_steps": ATARI_FRAMES_PER_EPISODE // 4}
-    return PoolTask(task_id, options, lives_matter=preprocessing.training)
+    import ale_py
+    import gymnasium
+
+    gymnasium.register_envs(ale_py)
+    return PoolTask(task_id, options, lives_matter=preprocessing.training, game=gymnasium.spec(env_id).kwargs["game"])
 
 
 def _mujoco_task(env_id: str, kwargs: dict[str, Any]) -> PoolTask:
@@ -105,7 +110,7 @@ class EnvPoolVectorEnv(BatchedVectorEnv):
 
         made = envpool.make_spec(task.task_id, **task.options)
         super().__init__(_observation_space(made.observation_space), _action_space(made.action_space), num_envs,
-                         seed, task.lives_matter)
+                         seed, task.lives_matter, serves=task.game is not None and FireToServe.needed_by(task.game))
         self.task, self.threads = task, threads
         self._pool: Any = None
 
@@ -143,7 +148,7 @@ class EnvPoolVectorEnv(BatchedVectorEnv):
     def _step_pool(self, ids: np.ndarray, actions: np.ndarray) -> PoolReply:
         obs, rewards, terminated, truncated, info = self._pool.step(actions, ids)
         replied = np.asarray(info["env_id"])
-        lives = np.asarray(info["lives"]) if self.lives_matter else None
+        lives = np.asarray(info["lives"]) if self.lives_matter or self.serves else None
         if (replied == ids).all():
             return PoolReply(obs, rewards, terminated, truncated, lives)
         order = np.argsort(replied)  # the pool's replies by env
@@ -157,7 +162,7 @@ class EnvPoolVectorEnv(BatchedVectorEnv):
 
     def _replied(self, obs: np.ndarray, info: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """A reset's reply: the envs it names, their observations and lives."""
-        return np.asarray(info["env_id"]), obs, np.asarray(info["lives"]) if self.lives_matter else None
+        return np.asarray(info["env_id"]), obs, np.asarray(info["lives"]) if self.lives_matter or self.serves else None
 
 
 def _observation_space(space: spaces.Box) -> spaces.Box:

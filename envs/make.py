@@ -150,6 +150,16 @@ class FireToServe(LifeWatcher):
     def needed(env: gym.Env) -> bool:
         return "FIRE" in env.unwrapped.get_action_meanings()
 
+    @staticmethod
+    def needed_by(game: str) -> bool:
+        """`needed`, for an ALE game by its ROM's name (as a C++ backend names it): FIRE in its minimal action set."""
+        import ale_py
+
+        ale = ale_py.ALEInterface()
+        ale.setLoggerMode(ale_py.LoggerMode.Error)
+        ale.loadROM(ale_py.roms.get_rom_path(game))  # ~0.1 s, once a vector env
+        return ale_py.Action.FIRE in ale.getMinimalActionSet()
+
 
 class SignReward(gym.RewardWrapper):
     """Rewards clipped to -1, 0 or +1."""
