@@ -87,6 +87,7 @@ class AleVectorEnv(BatchedVectorEnv):
         super().__init__(spaces.Box(0, 255, single.shape, np.uint8), spaces.Discrete(self._games.single_action_space.n),
                          num_envs, seed, game.lives_matter, serves=FireToServe.needed_by(game.game))
         self._seeded_episode = np.zeros(num_envs, dtype=np.int64)  # each env's last episode begun from its seed
+        self._ages = np.zeros(num_envs, dtype=np.int64)  # the steps each env's game has played in the ALE
 
     def reset(self, cursor: EnvCursor | None = None) -> np.ndarray:
         """Start every env at episode 0, or where `cursor` says it stands (its actions replayed)."""
@@ -118,7 +119,8 @@ class AleVectorEnv(BatchedVectorEnv):
             order = np.argsort(replied)
             obs, rewards, terminated, truncated = obs[order], rewards[order], terminated[order], truncated[order]
             info = {"lives": np.asarray(info["lives"])[order]}
-        obs = first_frame_repeated(obs, self.episode_length[ids] + 1)
+        self._ages[ids] += 1
+        obs = first_frame_repeated(obs, self._ages[ids])
         return PoolReply(obs, rewards, terminated, truncated, self._lives_of(info, ids))
 
     def _start_episodes(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
@@ -148,7 +150,8 @@ class AleVectorEnv(BatchedVectorEnv):
         if not (replied == self._every_id).all():
             order = np.argsort(replied)
             obs, info = obs[order], {"lives": np.asarray(info["lives"])[order]}
-        return first_frame_repeated(obs, np.where(mask, 0, self.episode_length)), info
+        self._ages[mask] = 0
+        return first_frame_repeated(obs, self._ages), info
 
     def _lives_of(self, info: dict[str, Any], ids: np.ndarray) -> np.ndarray | None:
         return np.asarray(info["lives"])[ids] if self.lives_matter or self.serves else None

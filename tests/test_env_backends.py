@@ -64,6 +64,39 @@ def test_an_atari_game_plays_as_on_gymnasium_over_episodes(backend):
     assert abs(returns[backend] - returns["gymnasium"]) < 1.0, returns
 
 
+def _games_never_pressing_fire(env, games: int) -> list[tuple[int, float]]:
+    env.reset()
+    played = []
+    for _ in range(2000):  # served games end within 400 steps
+        step = env.step(np.zeros(env.num_envs, dtype=np.int64))  # NOOP, always
+        played += list(zip(step.episode_lengths, step.episode_returns))
+    env.close()
+    assert len(played) >= games, played
+    return played[:games]
+
+
+@pytest.mark.parametrize("backend", ["envpool", "ale"])
+def test_every_ball_is_served_on_the_cpp_backends_as_on_gymnasium_for_a_policy_that_never_presses_fire(backend):
+    """FIRE at a game's start and after each of Breakout's 5 lost lives: a policy that stands still
+    plays Gymnasium's games (its two kinds, by the no-op start) on every backend, each two steps
+    longer a serve (the presses replace the env's next two actions, where Gymnasium's are inside a
+    step); unserved, a game would run to the 27,000-step cap."""
+    kwargs, serves = {"repeat_action_probability": 0.0}, 5
+    python = _games_never_pressing_fire(SeededVectorEnv("ALE/Breakout-v5", kwargs, 4, 0, ATARI.evaluation()), 8)
+    cpp = _games_never_pressing_fire(make_vector_env("ALE/Breakout-v5", kwargs, 4, 0, ATARI.evaluation(), backend), 8)
+    assert {(length - 2 * serves, score) for length, score in cpp} <= set(python), (cpp, python)
+
+
+def test_the_ales_stacks_repeat_a_game_s_first_frame_as_gymnasium_s_do():
+    env = make_vector_env("ALE/Breakout-v5", {"repeat_action_probability": 0.25}, 2, 1, ATARI, "ale")
+    stacks = [env.reset().copy()] + [env.step(np.full(2, 1)).obs.copy() for _ in range(3)]
+    for age, obs in enumerate(stacks):  # the slots before the game's first frame hold that frame
+        first = 3 - age
+        assert all(np.array_equal(obs[:, slot], obs[:, first]) for slot in range(first)), age
+        assert obs[:, first].any(), age
+    env.close()
+
+
 @pytest.mark.parametrize("backend", ["envpool", "ale"])
 def test_the_cpp_backends_envs_reset_on_the_step_that_ends_an_episode_and_a_lost_life_ends_it_for_learning(backend):
     env = make_vector_env("ALE/Breakout-v5", {"repeat_action_probability": 0.0}, 2, 3, ATARI, backend)
