@@ -1,8 +1,8 @@
 """What gymflow's C++ backends (envs/envpool_backend.py, envs/ale_backend.py) share below their
 pools: the seeded vector env's interface (envs/vector.py) over a pool that steps a batch of envs
 in one call — same-step autoreset, episode returns and lengths, a lost life terminal for learning
-while the game goes on, FIRE served after a lost life in the games that wait for it (as the
-Gymnasium path's FireToServe, envs/make.py), and the actions each env took since its episode began
+while the game goes on, FIRE served at a game's start and after a lost life in the games that wait
+for it (as the Gymnasium path's FireToServe, envs/make.py), and the actions each env took since its episode began
 (the cursor a shard keeps). A backend says how its pool steps envs and how it starts their episodes.
 
 A C++ pool cannot step one env alone between two batch steps, so where FireToServe presses FIRE
@@ -111,8 +111,8 @@ class BatchedVectorEnv:
         return step
 
     def _serving(self, first: int, stop: int, sent: np.ndarray) -> np.ndarray:
-        """What envs `first` to `stop` are sent: `sent`, but FIRE, then action 2, at an env that
-        has just lost a life (FireToServe's presses, one a step)."""
+        """What envs `first` to `stop` are sent: `sent`, but FIRE, then action 2, at an env whose
+        game has just begun or lost a life (FireToServe's presses, one a step)."""
         due = self._presses_left[first:stop]
         if not due.any():
             return sent

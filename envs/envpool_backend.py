@@ -9,8 +9,8 @@ What differs from envs/vector.py's Gymnasium path: EnvPool seeds an env once, wh
 cannot be replayed. A rollout that continues where its envs are not live (a retried or moved job, a
 resumed run) starts new episodes, from a pool seed drawn from the run's and the cursor's: the step
 budget and every shard landing once hold, an uninterrupted run's exact trajectory does not. Atari's
-FIRE after a lost life replaces the env's next two actions (envs/batched.py) where the Gymnasium
-path presses it inside the step that lost the life."""
+FIRE at a game's start and after a lost life replaces the env's next two actions (envs/batched.py)
+where the Gymnasium path presses it inside the reset or the step that lost the life."""
 
 from __future__ import annotations
 
