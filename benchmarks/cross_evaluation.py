@@ -1,14 +1,17 @@
 """A policy trained on one env backend, scored on every backend: the C++ backends give the same task.
 
     .venv/bin/python benchmarks/cross_evaluation.py --preset breakout-ppo --env-steps 150000 --seeds 1 2 \
-        --trained-on ale gymnasium --games 16
+        --trained-on ale gymnasium --games 64 --root /tmp/cross
+    .venv/bin/python benchmarks/cross_evaluation.py --root /tmp/cross --score-stored --games 128
 
 Each training run is the whole pipeline (Prefect flow, Dask LocalCluster, storage, MLflow) on the preset's
 settings; only the seed, the budget, `env.backend` and the stores change. The run's delivered policy is then
-played greedily, `--games` whole games (one an env, seeded alike), on Gymnasium's Python path (what a run's
-evaluations play) and on each C++ backend installed, under the evaluation's preprocessing (unclipped scores).
-The baseline is the Gymnasium path's score of the same policy: a ratio near 1 says the backend is the task
-Gymnasium's evaluation scores (the no-op starts differ, so games differ; FIRE is served alike).
+played greedily (its newest version: the run evaluates once, at its end), `--games` whole games (one
+an env, seeded alike), on Gymnasium's Python path (what a run's evaluations play) and on each C++
+backend installed, under the evaluation's preprocessing (unclipped scores). The baseline is the
+Gymnasium path's score of the same policy: a ratio near 1 says the backend is the task Gymnasium's
+evaluation scores. Without sticky actions a greedy policy's game is set by its no-op start (1-30),
+which each backend draws its own way: the means spread by the games drawn, hence many games.
 """
 
 from __future__ import annotations
@@ -67,43 +70,73 @@ def installed_backends() -> list[str]:
     return [name for name, there in zip(BACKENDS, (True, ale_vector_installed(), envpool_installed())) if there]
 
 
+def stored_runs(root: str) -> list[tuple[str, str, int, int]]:
+    """(run id, the backend it trained on, its seed, its newest policy version) of each run under `root`."""
+    from gymflow.presets.load import validate_preset_data
+    from gymflow.tasks.storage.checkpoints import latest_policy_version
+    from gymflow.tasks.storage.layout import RunLayout
+    from gymflow.tasks.storage.objects import Storage, StorageLocation
+    from gymflow.tasks.storage.records import read_stored_preset
+
+    storage, runs = Storage(StorageLocation(root)), []
+    for run_id in sorted(os.listdir(os.path.join(root, "runs"))):
+        preset = validate_preset_data(read_stored_preset(storage, run_id))
+        runs.append((run_id, preset.env.backend, preset.seed, latest_policy_version(storage, RunLayout(run_id))))
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="breakout-ppo")
     parser.add_argument("--env-steps", type=int, default=150_000)
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--trained-on", nargs="+", default=["ale", "gymnasium"], choices=BACKENDS)
-    parser.add_argument("--games", type=int, default=16)
+    parser.add_argument("--games", type=int, default=64)
+    parser.add_argument("--root", help="keep the runs' storage here (default: a temporary folder)")
+    parser.add_argument("--score-stored", action="store_true",
+                        help="train nothing: score the newest policy of every run stored under --root")
     args = parser.parse_args()
 
+    with tempfile.TemporaryDirectory() as folder:
+        root = args.root or os.path.join(folder, "data")
+        if not args.score_stored:
+            train(args, root, os.path.join(args.root or folder, "mlflow.db"))
+        scored_on = installed_backends()
+        rows = []  # (trained on, seed, version, {backend: the games' returns})
+        for run_id, trained_on, seed, version in stored_runs(root):
+            preset, policy = delivered_policy(root, run_id, version)
+            scores = {backend: scores_on(backend, policy, preset, args.games, 10_000 + seed) for backend in scored_on}
+            rows.append((trained_on, seed, version, scores))
+            print(f"trained on {trained_on}, seed {seed}: v{version}, "
+                  + ", ".join(f"{name} {_mean_and_interval(games)}" for name, games in scores.items()), flush=True)
+
+    print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(f"{args.preset}, greedy, {args.games} games a backend (mean return, 95% interval of the mean)")
+    print(f"{'trained on':<11} {'seed':>4} {'version':>7} " + " ".join(f"{name:>16}" for name in scored_on))
+    for trained_on, seed, version, scores in rows:
+        print(f"{trained_on:<11} {seed:>4} {version:>7} "
+              + " ".join(f"{_mean_and_interval(scores[name]):>16}" for name in scored_on))
+    for other in scored_on[1:]:
+        ratios = [statistics.mean(scores[other]) / statistics.mean(scores["gymnasium"])
+                  for *_, scores in rows if statistics.mean(scores["gymnasium"]) > 0]
+        print(f"{other} / gymnasium, median over runs: {np.median(ratios) if ratios else float('nan'):.2f}")
+
+
+def _mean_and_interval(games: list[float]) -> str:
+    """The games' mean return and the half-width of its 95% normal interval."""
+    return f"{statistics.mean(games):.2f} ± {1.96 * statistics.stdev(games) / len(games) ** 0.5:.2f}"
+
+
+def train(args: argparse.Namespace, root: str, mlflow_db: str) -> None:
+    """One run of the preset a seed and training backend, stored under `root`."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "0")
     from gymflow.flows.improve import improve
 
-    scored_on = installed_backends()
-    rows = []  # (trained on, seed, delivered version, {backend: mean return})
-    with tempfile.TemporaryDirectory() as folder:
-        root = os.path.join(folder, "data")
-        for seed in args.seeds:
-            for trained_on in args.trained_on:
-                overrides = {"seed": seed, "schedule.total_env_steps": args.env_steps, "env.backend": trained_on,
-                             "schedule.evaluate_every_env_steps": args.env_steps, "storage.root": root,
-                             "tracking.tracking_uri": f"sqlite:///{os.path.join(folder, 'mlflow.db')}"}
-                summary = improve(args.preset, overrides)
-                preset, policy = delivered_policy(root, summary.run_id, summary.delivered_version)
-                means = {backend: statistics.mean(scores_on(backend, policy, preset, args.games, 10_000 + seed))
-                         for backend in scored_on}
-                rows.append((trained_on, seed, summary.delivered_version, means))
-                print(f"trained on {trained_on}, seed {seed}: v{summary.delivered_version}, "
-                      + ", ".join(f"{name} {mean:.2f}" for name, mean in means.items()), flush=True)
-
-    print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print(f"{args.preset}, {args.env_steps:,} env steps a run, greedy, {args.games} games a backend (mean return)")
-    print(f"{'trained on':<11} {'seed':>4} {'version':>7} " + " ".join(f"{name:>10}" for name in scored_on))
-    for trained_on, seed, version, means in rows:
-        print(f"{trained_on:<11} {seed:>4} {version:>7} " + " ".join(f"{means[name]:>10.2f}" for name in scored_on))
-    for other in scored_on[1:]:
-        ratios = [means[other] / means["gymnasium"] for *_, means in rows if means["gymnasium"] > 0]
-        print(f"{other} / gymnasium, median over runs: {np.median(ratios) if ratios else float('nan'):.2f}")
+    for seed in args.seeds:
+        for trained_on in args.trained_on:
+            improve(args.preset, {"seed": seed, "schedule.total_env_steps": args.env_steps, "env.backend": trained_on,
+                                  "schedule.evaluate_every_env_steps": args.env_steps, "storage.root": root,
+                                  "tracking.tracking_uri": f"sqlite:///{mlflow_db}"})
 
 
 if __name__ == "__main__":
