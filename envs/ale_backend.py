@@ -14,8 +14,8 @@ actions. SYNC's exact resume holds on it.
 What differs from the Gymnasium path: the no-op starts are drawn by the ALE's C++ (the same seed
 gives another game than Gymnasium's, and the same game every time); FIRE at a game's start and
 after a lost life replaces the env's next two actions (envs/batched.py) where the Gymnasium path
-presses it inside the reset or the step that lost the life. The ALE's stacks hold blank frames before a game's first; they are filled with
-that frame, as Gymnasium's are."""
+presses it inside the reset or the step that lost the life. The ALE's stacks hold blank frames
+before a game's first; they are filled with that frame, as Gymnasium's are."""
 
 from __future__ import annotations
 
