@@ -113,6 +113,8 @@ class BatchedVectorEnv:
     def _serving(self, first: int, stop: int, sent: np.ndarray) -> np.ndarray:
         """What envs `first` to `stop` are sent: `sent`, but FIRE, then action 2, at an env whose
         game has just begun or lost a life (FireToServe's presses, one a step)."""
+        if not self.serves:
+            return sent
         due = self._presses_left[first:stop]
         if not due.any():
             return sent

@@ -95,8 +95,7 @@ def experiment_from(config: Preset) -> Experiment:
     tls, address = config.distribution.tls, config.distribution.scheduler_address
     if tls is not None and not (address or "").startswith("tls://"):
         raise InvalidPreset("distribution.tls", f"needs a tls:// distribution.scheduler_address, not {address!r}")
-    if config.distribution.learner_device.startswith("cuda"):
-        _check_cuda(config.distribution.learner_device, config.distribution.learners)
+    _check_learner_devices(config, observation_space)
     _check_learners(config, algorithm)
     if algorithm.on_policy and config.schedule.heatup_env_steps:
         raise InvalidPreset("schedule.heatup_env_steps", f"must be 0 for the on-policy {algorithm.name}")
@@ -267,7 +266,17 @@ def _check_collect_only(config: Preset) -> None:
         raise InvalidPreset("distribution.mode", "a collect-only run (schedule.total_train_steps 0) is sync or single")
 
 
-def _check_cuda(device: str, learners: int = 1) -> None:
+def _check_learner_devices(config: Preset, observation_space: spaces.Space) -> None:
+    """A CUDA device for the learner where one is asked for, and one for each rank: asked for, or
+    chosen by auto because the networks read images."""
+    wanted, learners = config.distribution.learner_device, config.distribution.learners
+    if wanted.startswith("cuda"):
+        _check_cuda(wanted, learners)
+    elif learners > 1 and learner_device(config, observation_space).startswith("cuda"):
+        _check_cuda("cuda", learners, or_else="; or learner_device: cpu for ranks on the CPU")
+
+
+def _check_cuda(device: str, learners: int = 1, or_else: str = "") -> None:
     import torch
 
     if not torch.cuda.is_available():
@@ -280,7 +289,7 @@ def _check_cuda(device: str, learners: int = 1) -> None:
     if index + learners > torch.cuda.device_count():
         raise InvalidPreset("distribution.learners", f"{learners} ranks from {device} need a GPU each; this machine "
                             f"has {torch.cuda.device_count()} CUDA device(s): allowed: up to "
-                            f"{torch.cuda.device_count() - index}")
+                            f"{torch.cuda.device_count() - index}{or_else}")
 
 
 # the algorithms whose learners share their minibatches out over ranks (agents/data_parallel.py)

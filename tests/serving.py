@@ -16,14 +16,15 @@ from tests.conftest import free_port
 
 
 @contextmanager
-def served(model_uri: str, tracking_uri: str, folder: Path) -> Iterator[str]:
-    """The model served on a free loopback port until the block ends; yields its /invocations URL."""
+def served(model_uri: str, tracking_uri: str, folder: Path, python: Path = Path(sys.executable)) -> Iterator[str]:
+    """The model served on a free loopback port until the block ends, by the mlflow of `python`'s
+    environment; yields its /invocations URL."""
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri, "--env-manager", "local",
+        [str(python), "-m", "mlflow", "models", "serve", "-m", model_uri, "--env-manager", "local",
          "-h", "127.0.0.1", "-p", str(port)],
         env={**os.environ, "MLFLOW_TRACKING_URI": tracking_uri,  # it starts `uvicorn` from PATH
-             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}, cwd=folder,
+             "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}"}, cwd=folder,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     try:

@@ -75,11 +75,18 @@ def test_two_ranks_learn_what_one_learner_learns_and_the_same_every_time(prefect
     assert not [child for child in psutil.Process().children(recursive=True) if RANK_MODULE in child.cmdline()]
 
 
+# the other replay learners on SAC_RUN's schedule: TD3 on Pendulum, DQN on the test corridor
+TD3_RUN = {**SAC_RUN, "env.id": "Pendulum-v1"}
+DQN_RUN = {**SAC_RUN, "env.id": "gymflow.testing.envs:Corridor", "agent.hidden_sizes": [32]}
+
+
 @LONG
-def test_two_sac_ranks_learn_what_one_sac_learner_learns(prefect_api, workspace):
-    _, alone = _trained("pendulum-sac", SAC_RUN, workspace, "one", 1)
-    _, two = _trained("pendulum-sac", SAC_RUN, workspace, "two", 2)
-    _, again = _trained("pendulum-sac", SAC_RUN, workspace, "two-again", 2)
+@pytest.mark.parametrize(("preset", "run"), [("pendulum-sac", SAC_RUN), ("hopper-td3", TD3_RUN),
+                                             ("cartpole-dqn", DQN_RUN)], ids=["sac", "td3", "dqn"])
+def test_two_replay_learner_ranks_learn_what_one_learner_learns(preset, run, prefect_api, workspace):
+    _, alone = _trained(preset, run, workspace, "one", 1)
+    _, two = _trained(preset, run, workspace, "two", 2)
+    _, again = _trained(preset, run, workspace, "two-again", 2)
     assert all(np.array_equal(two[key], again[key]) for key in two)
     assert 0 < _largest_difference(alone, two) <= TOLERANCE
 
@@ -160,3 +167,17 @@ def test_what_ranks_cannot_share_out_is_refused_in_one_line(changes, said):
         resolve_experiment("cartpole-ppo", {"distribution.learners": 2, **changes})
     assert str(refused.value).startswith(said), str(refused.value)
     assert "\n" not in str(refused.value)
+
+
+def test_ranks_that_auto_puts_on_gpus_this_machine_lacks_are_refused_in_one_line(monkeypatch):
+    """A pixel preset's learner goes to the GPU under auto; two ranks there need two (one GPU faked:
+    this machine may have none)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(InvalidPreset) as refused:
+        resolve_experiment("catch-ppo", {"distribution.learners": 2})
+    assert str(refused.value) == ("distribution.learners: 2 ranks from cuda need a GPU each; this machine has 1 CUDA "
+                                  "device(s): allowed: up to 1; or learner_device: cpu for ranks on the CPU")
+    assert resolve_experiment("catch-ppo", {"distribution.learners": 2, "distribution.learner_device": "cpu"})

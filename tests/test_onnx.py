@@ -22,6 +22,9 @@ FAMILIES = [
     ("cartpole-ppo", {"agent.normalize_observations": True}),  # MLP, discrete, normalised observations
     ("breakout-ppo", {}),  # the Nature CNN over uint8 frame stacks
     ("halfcheetah-ppo", {"agent.normalize_observations": True}),  # a Gaussian's mean
+    ("cartpole-appo", {"agent.normalize_observations": True}),  # APPO's actor, V-trace's critic beside it
+    ("catch-appo", {}),  # APPO's CNN
+    ("cartpole-appo", {"agent.algo": "impala"}),  # IMPALA's
     ("cartpole-dqn", {}),  # Q-values' argmax
     ("catch-dqn", {}),  # a CNN's Q-values
     ("pendulum-sac", {}),  # the squashed Gaussian's mean, in the env's bounds

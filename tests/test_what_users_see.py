@@ -536,7 +536,8 @@ np.save(f"{folder}/session_actions.npy", session.run(["actions"], {"observations
 def test_the_onnx_model_serves_the_pyfunc_s_actions_where_only_mlflow_and_onnxruntime_are_installed(
         finished_run, tmp_path):
     """A virtual environment of mlflow (this one's version) and onnxruntime from the package index, nothing
-    else asked for: the run's ONNX model loaded from its MLflow store there answers the pyfunc's actions."""
+    else asked for: the run's ONNX model loaded from its MLflow store there, and served over HTTP by its
+    `mlflow models serve`, answers the pyfunc's actions."""
     import onnxruntime
 
     venv = tmp_path / "serving"
@@ -554,3 +555,7 @@ def test_the_onnx_model_serves_the_pyfunc_s_actions_where_only_mlflow_and_onnxru
     expected = _greedy_actions(finished_run, observations)
     np.testing.assert_array_equal(np.load(tmp_path / "mlflow_actions.npy"), expected)
     np.testing.assert_array_equal(np.load(tmp_path / "session_actions.npy"), expected)
+    with served(run.data.tags["gymflow.onnx_model"], finished_run.tracking_uri, tmp_path, python) as invocations:
+        answer = requests.post(invocations, json={"inputs": {"observations": observations.tolist()}}, timeout=60)
+    assert answer.ok, answer.text[-2000:]
+    np.testing.assert_array_equal(np.asarray(answer.json()["predictions"]["actions"]), expected)

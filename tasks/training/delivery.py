@@ -106,16 +106,15 @@ def _log_onnx_policy(run: PreparedRun, tracker: Tracker, model: Any, summary: Ru
     from gymflow.tasks.tracking.models import log_onnx_policy
 
     experiment, names = run.experiment, _separate_policies(run)
-    uris = {}
-    for name in names or [None]:
-        try:
-            graph = onnx_policy(experiment.algorithm, run.preset.agent, experiment.observation_space,
-                                experiment.action_space, model.policy, name)
-        except CannotExport as why:
-            recorder.progress.logger.warning("v%d is not exported to ONNX: %s; its pyfunc model serves it",
-                                             summary.delivered_version, why)
-            return
-        uris[name] = log_onnx_policy(tracker, replace(model, policy_name=name), graph, summary.clock)
+    try:  # every group's graph before any is logged: a run's graphs are all logged or none
+        graphs = {name: onnx_policy(experiment.algorithm, run.preset.agent, experiment.observation_space,
+                                    experiment.action_space, model.policy, name) for name in names or [None]}
+    except CannotExport as why:
+        recorder.progress.logger.warning("v%d is not exported to ONNX: %s; its pyfunc model serves it",
+                                         summary.delivered_version, why)
+        return
+    uris = {name: log_onnx_policy(tracker, replace(model, policy_name=name), graph, summary.clock)
+            for name, graph in graphs.items()}
     if names:  # agent groups' separate policies: a graph each, as each has a pyfunc model of its own
         tracker.set_tags({"gymflow.onnx_models": ", ".join(f"{name}={uri}" for name, uri in uris.items())})
     else:

@@ -1,0 +1,86 @@
+"""A short run's delivered policy, for each family gymflow trains: its ONNX model and its pyfunc model,
+both loaded from the run's MLflow store, answer the same actions on 1,000 observations (discrete
+identical; continuous actions and memories within 1e-5). tests/test_onnx.py compares graphs and
+policies of drawn weights, a test a family; this one takes the weights learning left."""
+
+from __future__ import annotations
+
+import logging
+
+import mlflow
+import numpy as np
+import pytest
+
+from gymflow.envs.parts import observation_parts, unflatten_parts
+from gymflow.flows.improve import improve
+from gymflow.presets.validate import resolve_experiment
+from tests.conftest import local_overrides
+from tests.test_onnx import _observations
+
+pytestmark = pytest.mark.slow
+
+SHORT = {"distribution.mode": "single", "distribution.rollout_workers": 1, "distribution.envs_per_worker": 4,
+         "schedule.rollout_steps_per_env": 32, "schedule.total_env_steps": 1024,
+         "schedule.evaluate_every_env_steps": 1024, "schedule.evaluation_episodes": 2, "schedule.target_return": None,
+         "tracking.video": "off"}
+OFF_POLICY = {"schedule.heatup_env_steps": 256, "agent.batch_size": 64, "agent.train_steps_per_iteration": 16}
+RUNS = [
+    ("cartpole-ppo", {"agent.normalize_observations": True, "agent.minibatch_size": 32}),  # MLP, discrete
+    ("catch-dqn", OFF_POLICY),  # a CNN over frame stacks
+    ("pendulum-sac", {**OFF_POLICY, "agent.normalize_observations": True}),  # squashed, in the env's bounds
+    ("picture-corridor-ppo", {"agent.normalize_observations": True, "agent.minibatch_size": 32}),  # Dict
+    ("cartpole-po-ppo", {"agent.minibatch_size": 4}),  # recurrent: memory in, memory out
+]
+
+
+def _assert_same(answered: np.ndarray, expected: np.ndarray) -> None:
+    assert answered.shape == expected.shape
+    if expected.dtype.kind in "iu":
+        np.testing.assert_array_equal(answered, expected)
+    else:
+        assert np.abs(answered - expected).max() <= 1e-5
+
+
+def _compare_stepwise(pyfunc, graph, steps: np.ndarray, hidden: int) -> None:
+    """A recurrent policy's: each step fed the memory the model gave at the last, from zeros."""
+    pyfunc_memory = graph_memory = np.zeros((2, steps.shape[1], hidden), np.float32)
+    for obs in steps:
+        expected = pyfunc.predict({"observations": obs, "memory": pyfunc_memory})
+        answered = graph.predict({"observations": obs, "memory": graph_memory})
+        _assert_same(np.asarray(answered["actions"]), np.asarray(expected["actions"]))
+        _assert_same(answered["next_memory"], np.asarray(expected["memory"]))
+        pyfunc_memory, graph_memory = expected["memory"], answered["next_memory"]
+
+
+@pytest.mark.parametrize(("preset", "overrides"), RUNS, ids=[preset for preset, _ in RUNS])
+def test_a_short_run_s_onnx_model_answers_its_pyfunc_model_s_actions(preset, overrides, prefect_api, workspace):
+    run = {**SHORT, **overrides, **local_overrides(workspace)}
+    summary = improve(preset, run)
+    experiment = resolve_experiment(preset, run)
+    mlflow.set_tracking_uri(run["tracking.tracking_uri"])
+    pyfunc = mlflow.pyfunc.load_model(summary.model_uri)
+    graph = mlflow.pyfunc.load_model(mlflow.get_run(summary.mlflow_run_id).data.tags["gymflow.onnx_model"])
+    observations = _observations(experiment.observation_space)
+    if experiment.preset.agent.recurrent:
+        _compare_stepwise(pyfunc, graph, observations.reshape(10, 100, -1), experiment.preset.agent.recurrent)
+        return
+    parts = observation_parts(experiment.observation_space)
+    feeds = unflatten_parts(parts, observations) if parts else {"observations": observations}
+    expected = np.asarray(pyfunc.predict(feeds if parts else observations))
+    if expected.dtype.kind in "iu":
+        assert len(np.unique(expected)) > 1, "a policy of one action would pass any comparison"
+    _assert_same(np.asarray(graph.predict(feeds)["actions"]), expected)
+
+
+def test_a_policy_that_cannot_be_a_graph_is_said_in_one_line_and_its_run_delivers_the_pyfunc(
+        prefect_api, workspace, caplog):
+    run = {**SHORT, **local_overrides(workspace), "env.id": "gymflow.testing.envs:PartsCorridor",
+           "agent.recurrent": 16, "agent.minibatch_size": 4}
+    with caplog.at_level(logging.WARNING):
+        summary = improve("cartpole-ppo", run)
+    said = [record.getMessage() for record in caplog.records if "ONNX" in record.getMessage()]
+    assert said == [f"v{summary.delivered_version} is not exported to ONNX: recurrent policies of Dict observations "
+                    "are not exported to ONNX yet; its pyfunc model serves it"]
+    mlflow.set_tracking_uri(run["tracking.tracking_uri"])
+    assert "gymflow.onnx_model" not in mlflow.get_run(summary.mlflow_run_id).data.tags
+    assert mlflow.pyfunc.load_model(summary.model_uri).metadata.flavors["python_function"]
