@@ -16,6 +16,7 @@ import time
 import numpy as np
 import psutil
 import pytest
+from mlflow.tracking import MlflowClient
 from safetensors.numpy import load
 
 from gymflow.errors import InvalidPreset
@@ -67,8 +68,12 @@ def _largest_difference(one: dict[str, np.ndarray], other: dict[str, np.ndarray]
 def test_two_ranks_learn_what_one_learner_learns_and_the_same_every_time(prefect_api, workspace, caplog):
     with caplog.at_level(logging.INFO):
         _, alone = _trained("cartpole-ppo", PPO_RUN, workspace, "one", 1)
-        _, two = _trained("cartpole-ppo", PPO_RUN, workspace, "two", 2)
+        summary, two = _trained("cartpole-ppo", PPO_RUN, workspace, "two", 2)
     assert any("learning on 2 ranks (cpu, cpu)" in record.getMessage() for record in caplog.records)
+    recorded = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"]).get_run(summary.mlflow_run_id).data
+    assert "| learner | 2 ranks, on cpu, cpu |" in recorded.tags["mlflow.note.content"]  # the run's summary
+    assert [key for key in recorded.metrics  # the other rank's process, beside the flow's
+            if key.startswith("system/learner-") and key.endswith("/process_cpu_percentage")]
     _, again = _trained("cartpole-ppo", PPO_RUN, workspace, "two-again", 2)
     assert all(np.array_equal(two[key], again[key]) for key in two)  # exact for a number of ranks
     assert 0 < _largest_difference(alone, two) <= TOLERANCE  # the ranks' sums, grouped otherwise than one's
