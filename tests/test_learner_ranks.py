@@ -223,3 +223,26 @@ def test_two_v_trace_learner_ranks_learn_what_one_learner_learns(changes):
     assert all(np.array_equal(two[key], again[key]) for key in two)
     assert 0 < _largest_difference(alone, two) <= TOLERANCE  # measured 1.2e-7 (appo), 1.5e-7 (impala)
     assert _largest_difference(alone, _learnt_by("cartpole-appo", changes, 1, [])) > 100 * TOLERANCE  # it learnt
+
+
+def test_a_rank_s_process_gets_none_of_the_flow_s_credentials(monkeypatch):
+    """The flow's environment holds storage's and the tracking server's credentials while it runs
+    (tasks/tracking/tracker.py); a rank reads no storage and records nothing, so its process has none."""
+    secrets = {"AWS_ACCESS_KEY_ID": "gymflow-id", "AWS_SECRET_ACCESS_KEY": "gymflow-secret",
+               "AWS_SESSION_TOKEN": "gymflow-session", "MLFLOW_TRACKING_PASSWORD": "gymflow-password",
+               "MY_API_TOKEN": "gymflow-token"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    experiment = resolve_experiment("cartpole-ppo", {"distribution.learners": 2})
+    config = experiment.preset
+    learner = experiment.algorithm.learner(config.agent, experiment.observation_space, experiment.action_space,
+                                           config.seed, "cpu")
+    group = LearnerRanks(learner, config, ["cpu", "cpu"], logging.getLogger("ranks"))
+    try:
+        (child,) = [psutil.Process(child.pid) for child in group._children]
+        environment = child.environ()
+    finally:
+        group.close()
+    assert environment.get("PYTHONPATH")  # its own environment, read
+    assert not set(secrets) & set(environment)
+    assert not [name for name, value in environment.items() if value in secrets.values()]

@@ -127,3 +127,21 @@ def test_a_match_is_judged_only_between_two_players_in_one_line(prefect_api, wor
     with pytest.raises(InvalidPreset, match=r"^challenger.judge: match is for two-player PettingZoo envs; 'CartPole-v1' is not "
                                             r"one: allowed: returns$"):
         retrain("cartpole-ppo", local_overrides(workspace), challenger={"judge": "match"})
+
+
+def test_a_champion_without_an_onnx_graph_takes_the_graphs_champion_alias_away(tmp_path):
+    """A promoted challenger that logged no graph (a policy that cannot be one): `<name>-onnx@champion`
+    would name the champion before it, so it names nothing."""
+    from gymflow.tasks.tracking.models import ModelRef, promote
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    for name in ("corridor", "corridor-onnx"):
+        client.create_registered_model(name)
+        for _ in range(2):
+            client.create_model_version(name, str(tmp_path / "model"), run_id=None)
+    promote.fn(uri, ModelRef("corridor", "1", "first"), ModelRef("corridor-onnx", "1", "first"))
+    assert str(client.get_model_version_by_alias("corridor-onnx", "champion").version) == "1"
+    promote.fn(uri, ModelRef("corridor", "2", "second"), None)
+    assert str(client.get_model_version_by_alias("corridor", "champion").version) == "2"
+    assert "champion" not in client.get_registered_model("corridor-onnx").aliases

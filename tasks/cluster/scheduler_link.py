@@ -117,13 +117,15 @@ class SchedulerLink:
             with suppress(*SCHEDULER_ERRORS):
                 scheduler_id(self.client)
                 return self.client
-        elif self.client.status in ("connecting", "closing"):
-            # Dask's client is still trying (its connect timeout), or closing itself after it gave up (its
-            # pending connections, up to 5 s): closing it over either cancels Dask's task and logs a traceback
-            return None
-        with suppress(Exception):
-            self.client.close(timeout=1)
         left = started + self.wait_s - time.monotonic()
+        # Dask's client still trying (its connect timeout), or closing itself after it gave up (its pending
+        # connections, up to 5 s), is waited for: closing it over either cancels Dask's task and logs a traceback
+        dasks_own = self.client.status in ("connecting", "closing")
+        if dasks_own and left > 0:
+            return None
+        if not dasks_own:
+            with suppress(Exception):
+                self.client.close(timeout=1)
         if left <= 0:
             raise ClusterUnavailable(
                 "distribution.scheduler_address",

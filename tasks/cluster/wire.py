@@ -17,13 +17,14 @@ import subprocess
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
 import cloudpickle
 
 from gymflow.errors import JobFailed
+from gymflow.presets.redaction import is_secret
 
 _LENGTH = struct.Struct("!Q")  # a frame's length, before its bytes
 CHILD_START_TIMEOUT_S = 60.0  # a child not ready by then is ended: the flow goes on without it
@@ -101,13 +102,23 @@ def read_frame(stream: IO[bytes]) -> bytes | None:
     return data if len(data) == length else None
 
 
-def start_child(module: str) -> subprocess.Popen:
+def start_child(module: str, credentials: bool = True) -> subprocess.Popen:
     """`python -m module`, talking in frames on its stdin and stdout, with the flow's import path
     (the user's env modules import there too), in a session of its own (a Ctrl-C in the terminal
-    stops the flow, and the flow ends it). It exits when its stdin closes."""
+    stops the flow, and the flow ends it). It exits when its stdin closes. `credentials` False: a
+    child that reads no storage and records nothing gets none of the environment's credentials."""
     path = os.pathsep.join(entry for entry in sys.path if entry)
+    environment = dict(os.environ) if credentials else without_credentials(os.environ)
     return subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": path}, start_new_session=True)
+                            env={**environment, "PYTHONPATH": path}, start_new_session=True)
+
+
+def without_credentials(environment: Mapping[str, str]) -> dict[str, str]:
+    """The environment less what carries a credential: storage's (AWS_*: keys, session tokens) and
+    the tracking server's (MLFLOW_TRACKING_*: user, password, token), and any variable whose name
+    says it holds one (secret, key, token, password, credential)."""
+    return {name: value for name, value in environment.items()
+            if not name.startswith(("AWS_", "MLFLOW_TRACKING_")) and not is_secret(name)}
 
 
 def read_frame_within(process: subprocess.Popen, seconds: float) -> bytes | None:

@@ -391,7 +391,7 @@ def mean_return(returns: list[float]) -> float:
     return float(np.mean(returns))
 
 
-@task(name="promote", cache_policy=NO_CACHE)
+@task(name="register-onnx-graph", cache_policy=NO_CACHE)
 def register_onnx_sibling(tracking_uri: str, name: str, run_id: str) -> ModelRef | None:
     """Register the run's ONNX graph (its tag `gymflow.onnx_model`) as a new version of `<name>-onnx`,
     so that `models:/<name>-onnx@champion` is the champion's graph once promoted; None where the run
@@ -417,12 +417,19 @@ def _registered(client: mlflow.MlflowClient, name: str, description: str) -> Non
         client.create_registered_model(name, description=description)
 
 
+@task(name="promote", cache_policy=NO_CACHE)
 def promote(tracking_uri: str, model: ModelRef, graph: ModelRef | None = None) -> None:
-    """`model` is the champion from now on, and `graph` (its ONNX sibling's version) with it."""
+    """`model` is the champion from now on, and `graph` (its ONNX sibling's version) with it; a
+    champion without a graph takes the sibling's alias away (it named an earlier champion's)."""
     client = tracking_client(tracking_uri)
     client.set_registered_model_alias(model.name, CHAMPION, model.version)
     if graph is not None:
         client.set_registered_model_alias(graph.name, CHAMPION, graph.version)
+        return
+    try:
+        client.delete_registered_model_alias(f"{model.name}{ONNX_SIBLING}", CHAMPION)
+    except MlflowException:  # no sibling, or no alias on it: nothing names an earlier graph
+        pass
 
 
 class _PredictingPolicy:

@@ -18,6 +18,7 @@ state, and makes the call again, so a SYNC run ends with the weights of a run th
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
@@ -98,6 +99,7 @@ def make_group(store_path: str, rank: int, world: int, device: str) -> Any:
     store.set_timeout(timedelta(seconds=START_TIMEOUT_S))
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")  # its sockets on loopback: the ranks share one host
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
         return dist.ProcessGroupNCCL(store, rank, world, options)
@@ -272,7 +274,7 @@ class LearnerRanks:
         store = _rendezvous(folder)
         children = []
         for rank in range(1, self.world):
-            child = start_child(RANK_MODULE)
+            child = start_child(RANK_MODULE, credentials=False)  # a rank reads no storage, records nothing
             setup = RankSetup(rank, self.world, store, self.devices[rank], self.preset.distribution.learner_threads,
                               rank_preset(self.preset))
             write_frame(child.stdin, setup.to_json())
@@ -285,8 +287,8 @@ class LearnerRanks:
         self._folder, self._children = self._spawn()
 
     def _stop_children(self) -> None:
+        connected, self._group = self._group is not None, None
         self.learner.join(None)
-        self._group = None
         for child in self._children:
             try:
                 child.stdin.close()
@@ -294,7 +296,7 @@ class LearnerRanks:
                 pass
         for child in self._children:
             try:
-                child.wait(STOP_WAIT_S)
+                child.wait(STOP_WAIT_S if connected else 0)  # one never connected waits in the group's making
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
