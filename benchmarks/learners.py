@@ -68,9 +68,11 @@ class Side:
 
 def compare(preset: str, ranks: list[str], rounds: int) -> dict[str, float]:
     """Median minibatch updates per second of each side, over `rounds` alternating rounds."""
-    sides = {name: Side(preset, name) for name in ranks}
+    sides: dict[str, Side] = {}
     figures: dict[str, list[float]] = {name: [] for name in ranks}
     try:
+        for name in ranks:  # inside: a side that fails to start ends the others' rank children
+            sides[name] = Side(preset, name)
         for round_index in range(rounds):
             order = ranks if round_index % 2 == 0 else ranks[::-1]
             for count in order:
