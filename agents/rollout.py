@@ -148,21 +148,22 @@ class _Recording:
         """Step the envs with step t's actions (clipped to a Box's bounds); returns the step."""
         self.actions[t], self.log_probs[t] = actions, log_probs
         env_actions = self.actions[t] if self.low is None else _clip(self.actions[t], self.low, self.high)
-        return self._record(t, slice(None), self.env.step(env_actions))
+        return self._record(t, t, self.env.step(env_actions))
 
     def step_rows(self, t: int, rows: slice, actions: np.ndarray, log_probs: np.ndarray) -> Any:
         """`step` of the envs of `rows` alone (single-agent envs)."""
         self.actions[t, rows], self.log_probs[t, rows] = actions, log_probs
         env_actions = self.actions[t, rows] if self.low is None else _clip(self.actions[t, rows], self.low, self.high)
-        return self._record(t, rows, self.env.step_rows(rows, env_actions))
+        return self._record(t, (t, rows), self.env.step_rows(rows, env_actions))
 
-    def _record(self, t: int, rows: slice, step: Any) -> Any:
-        self.rewards[t, rows], self.terminated[t, rows], self.truncated[t, rows] = (
-            step.rewards, step.terminated, step.truncated)
-        self.done_index += [t * self.n + i for i in step.done_envs]
-        self.done_obs += step.done_obs
-        self.returns += step.episode_returns
-        self.lengths += step.episode_lengths
+    def _record(self, t: int, at: int | tuple[int, slice], step: Any) -> Any:
+        """Keep step t's outcome at `at` (t, or t and the rows stepped)."""
+        self.rewards[at], self.terminated[at], self.truncated[at] = step.rewards, step.terminated, step.truncated
+        if step.done_envs:
+            self.done_index += [t * self.n + i for i in step.done_envs]
+            self.done_obs += step.done_obs
+            self.returns += step.episode_returns
+            self.lengths += step.episode_lengths
         return step
 
     def finish(self) -> tuple[Rollout, Episodes]:
@@ -217,13 +218,32 @@ class RandomPolicy:
     def __init__(self, action_space: Any, seed: int):
         self.action_space = action_space
         self.rng = np.random.default_rng(seed)
+        self._box = _finite_box(action_space)
+        self._no_log_probs = np.zeros(0, dtype=np.float32)
 
     def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
         n = len(obs)
         space = self.action_space
-        if hasattr(space, "n"):
-            actions = self.rng.integers(0, space.n, size=n)
-        else:
-            actions = self.rng.uniform(space.low, space.high, size=(n, *space.shape))
+        if self._box is not None:  # Generator.uniform's numbers (low + range * a double), without its broadcasting
+            low, width = self._box
+            actions = self.rng.random((n, *space.shape))
+            actions *= width
+            actions += low
             actions = actions.astype(np.float32)
-        return actions, np.zeros(n, dtype=np.float32)
+        elif hasattr(space, "n"):
+            actions = self.rng.integers(0, space.n, size=n)
+        else:  # an unbounded Box: Generator.uniform's own error
+            actions = self.rng.uniform(space.low, space.high, size=(n, *space.shape)).astype(np.float32)
+        if len(self._no_log_probs) != n:  # one read-only array of zeros for each batch size
+            self._no_log_probs = np.zeros(n, dtype=np.float32)
+            self._no_log_probs.flags.writeable = False
+        return actions, self._no_log_probs
+
+
+def _finite_box(space: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """A bounded Box's low and width in float64, as Generator.uniform takes them; None for other spaces."""
+    if hasattr(space, "n") or not hasattr(space, "low"):
+        return None
+    low = np.asarray(space.low, dtype=np.float64)
+    width = np.asarray(space.high, dtype=np.float64) - low
+    return (low, width) if np.isfinite(width).all() else None

@@ -33,6 +33,13 @@ class PoolReply(NamedTuple):
     lives: np.ndarray | None  # Atari in training, or serving FIRE: each env's lives left (None: lives do not matter)
 
 
+def in_env_order(replied: np.ndarray, ids: np.ndarray | bytes) -> bool:
+    """Whether a pool's replies (their env ids) came in the order of `ids` (int32 ids, or their
+    bytes), compared as bytes: once a step."""
+    expected = ids if isinstance(ids, bytes) else ids.astype(np.int32, copy=False).tobytes()
+    return replied.astype(np.int32, copy=False).tobytes() == expected
+
+
 class BatchedVectorEnv:
     """The bookkeeping of `num_envs` envs a pool steps; a backend supplies `_step_pool` and
     `_start_episodes` (and makes its pool in `reset`)."""
@@ -44,6 +51,7 @@ class BatchedVectorEnv:
         self._presses_left = np.zeros(num_envs, dtype=np.int8)  # FIRE's presses still due at each env (2, 1, 0)
         self._discrete = not action_space.shape
         self._every_id = np.arange(num_envs, dtype=np.int32)
+        self._every_id_bytes = self._every_id.tobytes()  # a pool's replies in env order, as in_env_order compares them
         self.episode_index = np.zeros(num_envs, dtype=np.int64)
         self.episode_return = np.zeros(num_envs, dtype=np.float64)
         self.episode_length = np.zeros(num_envs, dtype=np.int64)
@@ -76,30 +84,30 @@ class BatchedVectorEnv:
         return np.array(actions, dtype=np.int32 if self._discrete else np.float64)
 
     def _step_envs(self, first: int, stop: int, actions: np.ndarray) -> VectorStep:
-        """Step envs `first` to `stop` (the others stand); a finished episode's env begins its next."""
-        ids = self._every_id if stop - first == self.num_envs else np.arange(first, stop, dtype=np.int32)
+        """Step envs `first` to `stop` (the others stand); a finished episode's env begins its next.
+        Once a step for every env: each numpy call here costs a few per cent of a MuJoCo batch's step."""
+        whole = stop - first == self.num_envs
+        ids = self._every_id if whole else np.arange(first, stop, dtype=np.int32)
         sent = self._sent(actions)
         reply = self._step_pool(ids, self._serving(first, stop, sent))
         self._log.add(first, sent)
-        self.episode_return[first:stop] += reply.rewards
-        self.episode_length[first:stop] += 1
+        returns, lengths = (self.episode_return, self.episode_length) if whole else \
+            (self.episode_return[first:stop], self.episode_length[first:stop])
+        np.add(returns, reply.rewards, out=returns)
+        np.add(lengths, 1, out=lengths)
         ended = reply.terminated | reply.truncated
         learning_end = reply.terminated.astype(bool, copy=False)
         if reply.lives is not None:
-            lost = (reply.lives < self._lives[first:stop]) & ~ended
-            if self.lives_matter:
-                learning_end = learning_end | lost
-            if self.serves:
-                self._presses_left[first:stop][lost] = 2
-            self._lives[first:stop] = reply.lives
+            learning_end = self._lives_lost(first, stop, reply.lives, ended, learning_end)
         # the step's own arrays (a pool's replies are fresh each step), as envs/vector.py's: a caller may keep them
         obs = reply.obs if reply.obs.dtype == self.obs.dtype else reply.obs.astype(self.obs.dtype)
-        if stop - first == self.num_envs:
+        if whole:
             self.obs = obs
         else:
             self.obs = self.obs.copy()
             self.obs[first:stop] = obs
-        rewards, truncated = reply.rewards.astype(np.float32), reply.truncated.astype(bool, copy=False)
+        rewards = reply.rewards.astype(np.float32, copy=False)
+        truncated = reply.truncated.astype(bool, copy=False)
         if not ended.any():
             return VectorStep(obs, rewards, learning_end, truncated, [], [], [], [])
         done = ids[ended]
@@ -109,6 +117,18 @@ class BatchedVectorEnv:
         self._begin(done, *self._start_episodes(done))
         step.obs[ended] = self.obs[done]
         return step
+
+    def _lives_lost(self, first: int, stop: int, lives: np.ndarray, ended: np.ndarray, learning_end: np.ndarray
+                    ) -> np.ndarray:
+        """Note envs `first` to `stop`'s `lives` left: where a game goes on with a life fewer, FIRE is
+        due, and (lives mattering) the step ends learning; returns the steps' ends for learning."""
+        lost = (lives < self._lives[first:stop]) & ~ended
+        if self.lives_matter:
+            learning_end = learning_end | lost
+        if self.serves:
+            self._presses_left[first:stop][lost] = 2
+        self._lives[first:stop] = lives
+        return learning_end
 
     def _serving(self, first: int, stop: int, sent: np.ndarray) -> np.ndarray:
         """What envs `first` to `stop` are sent: `sent`, but FIRE, then action 2, at an env whose

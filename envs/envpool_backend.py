@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from gymflow.envs.batched import ActionLog, BatchedVectorEnv, PoolReply
+from gymflow.envs.batched import ActionLog, BatchedVectorEnv, PoolReply, in_env_order
 from gymflow.envs.make import EnvSpecError, FireToServe, Preprocessing, is_mujoco
 from gymflow.envs.seeding import derive_seed
 from gymflow.envs.steps import EnvCursor, VectorStep
@@ -146,10 +146,11 @@ class EnvPoolVectorEnv(BatchedVectorEnv):
             self._pool = None
 
     def _step_pool(self, ids: np.ndarray, actions: np.ndarray) -> PoolReply:
-        obs, rewards, terminated, truncated, info = self._pool.step(actions, ids)
+        every = len(ids) == self.num_envs  # the pool's own ids then: one conversion fewer
+        obs, rewards, terminated, truncated, info = self._pool.step(actions, None if every else ids)
         replied = np.asarray(info["env_id"])
         lives = np.asarray(info["lives"]) if self.lives_matter or self.serves else None
-        if (replied == ids).all():
+        if in_env_order(replied, self._every_id_bytes if every else ids):
             return PoolReply(obs, rewards, terminated, truncated, lives)
         order = np.argsort(replied)  # the pool's replies by env
         return PoolReply(obs[order], rewards[order], terminated[order], truncated[order],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gymnasium import spaces
 
 from gymflow.agents.rollout import RandomPolicy, collect
 from gymflow.envs.vector import SeededVectorEnv
@@ -164,3 +165,23 @@ def test_hiding_what_an_env_does_not_have_is_refused_in_one_line(env_id, hide, s
         resolve_experiment("cartpole-ppo" if env_id == "CartPole-v1" else "catch-ppo", {"env.id": env_id,
                                                                                          "env.hide": hide})
     assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("space", [spaces.Box(-1, 1, (6,), np.float32),
+                                   spaces.Box(np.array([-2, 0, -0.4], np.float32), np.array([2, 1, 3.5], np.float32)),
+                                   spaces.Box(-np.inf, np.inf, (2,), np.float32), spaces.Discrete(4)])
+def test_random_actions_are_those_generator_uniform_and_integers_draw(space):
+    """Heatup's random policy draws Generator.uniform's numbers for a bounded Box (its own arithmetic,
+    without uniform's broadcasting), integers' for Discrete; an unbounded Box is refused as uniform refuses it."""
+    policy, rng = RandomPolicy(space, seed=7), np.random.default_rng(7)
+    for n in (8, 1, 3):
+        if isinstance(space, spaces.Box) and not np.isfinite(space.high).all():
+            with pytest.raises(OverflowError):
+                policy.act(np.zeros(n), explore=True)
+            return
+        for _ in range(200):
+            actions, log_probs = policy.act(np.zeros(n), explore=True)
+            expected = rng.integers(0, space.n, size=n) if isinstance(space, spaces.Discrete) else \
+                rng.uniform(space.low, space.high, size=(n, *space.shape)).astype(np.float32)
+            assert actions.dtype == expected.dtype and actions.tobytes() == expected.tobytes()
+            assert log_probs.shape == (n,) and not log_probs.any()
