@@ -165,9 +165,13 @@ class ActionLog:
         self._base = 0  # the step number of _steps[0]
         self._began = np.zeros(num_envs, dtype=np.int64)  # the step number each env's episode began at
         self._kept = np.zeros(num_envs, dtype=np.int64)  # the step number each env's actions are kept from
+        self._num_envs = num_envs
+        self._partial = 0  # the steps in _steps that stepped some envs only
+        self._stacked: np.ndarray | None = None  # the first len(_stacked) steps' actions stacked, where none is partial
 
     def add(self, first_row: int, actions: np.ndarray) -> None:
         self._steps.append((first_row, actions))
+        self._partial += first_row != 0 or len(actions) != self._num_envs
 
     def began(self, ids: np.ndarray, keep_earlier: np.ndarray | None = None) -> None:
         """Episodes begun at `ids`, their earlier actions kept where `keep_earlier` says; the steps no
@@ -177,8 +181,12 @@ class ActionLog:
         self._kept[ids if keep_earlier is None else ids[~keep_earlier]] = now
         unheld = int(self._kept.min()) - self._base
         if unheld >= 256:
+            self._partial -= sum(first != 0 or len(actions) != self._num_envs
+                                 for first, actions in self._steps[:unheld])
             del self._steps[:unheld]
             self._base += unheld
+            held = None if self._stacked is None else self._stacked[unheld:]
+            self._stacked = held if held is not None and len(held) else None
 
     def current(self) -> list[np.ndarray | list[np.ndarray]]:
         """Each env's actions since its episode began."""
@@ -194,10 +202,19 @@ class ActionLog:
 
     def _each(self, starts: np.ndarray, stops: np.ndarray) -> list[np.ndarray | list[np.ndarray]]:
         """Each env's actions logged from step `starts[env]` to `stops[env]`."""
-        steps, n = self._steps, len(starts)
+        steps = self._steps
         spans = [(env, start - self._base, stop - self._base) for env, (start, stop) in enumerate(zip(starts, stops))]
-        if steps and all(first == 0 and len(actions) == n for first, actions in steps):  # each step stepped every env
-            stacked = np.stack([actions for _, actions in steps])
+        if steps and not self._partial:  # each step stepped every env
+            stacked = self._every_step_stacked()
             return [stacked[start:stop, env] for env, start, stop in spans]
         return [[actions[env - first] for first, actions in steps[start:stop] if first <= env < first + len(actions)]
                 for env, start, stop in spans]
+
+    def _every_step_stacked(self) -> np.ndarray:
+        """The logged steps' actions [steps, envs, ...] (none partial); the steps logged since the last
+        call stacked and joined on (a cursor a rollout: not the episode's thousand steps stacked anew)."""
+        done = 0 if self._stacked is None else len(self._stacked)
+        if done < len(self._steps):
+            new = np.stack([actions for _, actions in self._steps[done:]])
+            self._stacked = new if self._stacked is None else np.concatenate([self._stacked, new])
+        return self._stacked

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
+from gymflow.envs.batched import ActionLog
 from gymflow.envs.envpool_backend import EnvPoolVectorEnv, pool_task
 from gymflow.envs.make import Preprocessing, make_env
 from gymflow.envs.vector import SeededVectorEnv, make_vector_env
@@ -133,6 +134,29 @@ def test_envpool_continues_from_a_cursor_with_new_episodes():
     assert list(again.cursor().episode_index) == [1, 1] and not again.cursor().action_counts.any()
     for vector in (env, again, other):
         vector.close()
+
+
+@pytest.mark.parametrize("partial_every", [0, 7])
+def test_the_action_log_gives_each_env_its_actions_since_its_episode_began_and_those_kept_before(partial_every):
+    """ActionLog (the C++ backends' cursors) against each env's own list, over steps of every env and of
+    some (`partial_every`), episodes begun with earlier actions kept or not, and steps let go."""
+    rng, envs = np.random.default_rng(3), 5
+    log, current, earlier = ActionLog(envs), [[] for _ in range(envs)], [[] for _ in range(envs)]
+    for step in range(2_000):
+        first, stop = (0, envs) if not partial_every or step % partial_every else sorted(rng.choice(envs + 1, 2, False))
+        actions = rng.integers(0, 100, stop - first)
+        log.add(int(first), actions)
+        for env in range(first, stop):
+            current[env].append(actions[env - first])
+        ended = np.flatnonzero(rng.random(envs) < 0.01)
+        if len(ended):
+            keep = rng.random(len(ended)) < 0.5
+            log.began(ended, keep)
+            for env, kept in zip(ended, keep):
+                earlier[env], current[env] = (earlier[env] + current[env] if kept else []), []
+        if step % 97 == 0:
+            assert [list(np.asarray(a)) for a in log.current()] == current
+            assert [list(np.asarray(a)) for a in log.earlier()] == earlier
 
 
 def test_the_backend_is_envpool_where_a_run_is_async_and_envpool_has_the_task():
