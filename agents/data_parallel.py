@@ -44,12 +44,17 @@ class Ranks:
         return tensor
 
     def mean(self, metrics: dict[str, float]) -> dict[str, float]:
-        """The ranks' metrics (each its own rows' means over a call's updates), averaged: one
-        collective a call, not one an update."""
+        """The ranks' metrics (each its own rows' means over a call's updates), averaged over the
+        ranks whose figure is a number (a rank given no rows of a minibatch has NaN for it): sums
+        and counts in one collective a call, not one an update."""
         if not metrics:
             return metrics
-        summed = self.sum(torch.tensor(list(metrics.values()), dtype=torch.float64, device=self.device)).cpu()
-        return {key: value / self.world for key, value in zip(metrics, summed.tolist(), strict=True)}
+        values = torch.tensor(list(metrics.values()), dtype=torch.float64)
+        counted = torch.isfinite(values)
+        summed = self.sum(torch.cat([torch.where(counted, values, 0.0), counted.double()]).to(self.device)).cpu()
+        sums, counts = summed[: len(metrics)].tolist(), summed[len(metrics):].tolist()
+        return {key: total / count if count else float("nan")
+                for key, total, count in zip(metrics, sums, counts, strict=True)}
 
     def gather(self, tensors: list[torch.Tensor], tensor: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's `tensor` (all of one shape), in rank order."""

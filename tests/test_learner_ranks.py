@@ -190,9 +190,11 @@ def test_ranks_that_auto_puts_on_gpus_this_machine_lacks_are_refused_in_one_line
     assert resolve_experiment("catch-ppo", {"distribution.learners": 2, "distribution.learner_device": "cpu"})
 
 
-def _learnt_by(preset: str, changes: dict, ranks: int, rollouts: list) -> dict[str, np.ndarray]:
+def _learnt_by(preset: str, changes: dict, ranks: int, rollouts: list, metrics: list | None = None
+               ) -> dict[str, np.ndarray]:
     """The policy weights a run's learner of `preset` has after learning `rollouts` one call each,
-    alone or beside ranks-1 real rank processes (tasks/training/learner_ranks.py)."""
+    alone or beside ranks-1 real rank processes (tasks/training/learner_ranks.py); each call's
+    metrics appended to `metrics`."""
     experiment = resolve_experiment(preset, {**changes, "distribution.learners": ranks,
                                              "distribution.learner_device": "cpu"})
     config = experiment.preset
@@ -201,7 +203,9 @@ def _learnt_by(preset: str, changes: dict, ranks: int, rollouts: list) -> dict[s
     group = LearnerRanks(learner, config, ["cpu"] * ranks, logging.getLogger("ranks")) if ranks > 1 else None
     try:
         for rollout in rollouts:
-            (group or learner).learn([rollout], 0.0)
+            said = (group or learner).learn([rollout], 0.0)
+            if metrics is not None:
+                metrics.append(said)
     finally:
         if group is not None:
             group.close()
@@ -223,6 +227,23 @@ def test_two_v_trace_learner_ranks_learn_what_one_learner_learns(changes):
     assert all(np.array_equal(two[key], again[key]) for key in two)
     assert 0 < _largest_difference(alone, two) <= TOLERANCE  # measured 1.2e-7 (appo), 1.5e-7 (impala)
     assert _largest_difference(alone, _learnt_by("cartpole-appo", changes, 1, [])) > 100 * TOLERANCE  # it learnt
+
+
+@LONG
+def test_a_minibatch_with_fewer_rows_than_ranks_leaves_one_rank_none_and_the_ranks_learn_what_one_learner_learns():
+    """PPO's last minibatch of an epoch holding one row (rows % minibatch_size == 1): one of two ranks
+    is given no rows, its losses means over nothing (NaN, their gradients zeros); the call's metrics are
+    the ranks' that had rows, not NaN."""
+    experiment = resolve_experiment("cartpole-ppo", {})
+    schedule, distribution = experiment.preset.schedule, experiment.preset.distribution
+    rows = schedule.rollout_steps_per_env * distribution.envs_per_worker
+    rollouts = [random_rollout(experiment.observation_space, experiment.action_space, schedule.rollout_steps_per_env,
+                               distribution.envs_per_worker, np.random.default_rng(seed)) for seed in range(2)]
+    changes, said = {"agent.minibatch_size": rows - 1}, []
+    alone, two = (_learnt_by("cartpole-ppo", changes, ranks, rollouts, said if ranks == 2 else None) for ranks in (1, 2))
+    assert all(np.isfinite(value).all() for value in two.values())
+    assert 0 < _largest_difference(alone, two) <= TOLERANCE
+    assert said and all(np.isfinite(value) for metrics in said for value in metrics.values())  # the other rank's
 
 
 def test_a_rank_s_process_gets_none_of_the_flow_s_credentials(monkeypatch):
