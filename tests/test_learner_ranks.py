@@ -246,6 +246,40 @@ def test_a_minibatch_with_fewer_rows_than_ranks_leaves_one_rank_none_and_the_ran
     assert said and all(np.isfinite(value) for metrics in said for value in metrics.values())  # the other rank's
 
 
+@LONG
+def test_a_rank_lost_while_the_group_takes_rank_0_s_state_is_started_again_and_the_call_made(monkeypatch):
+    """A rank SIGKILLed after it started, as rank 0 sends it the learner's state (the group's first
+    sync, or one after a restart): the ranks start again and the call is made, as one learner makes it."""
+    from gymflow.tasks.training import learner_ranks
+
+    experiment = resolve_experiment("cartpole-ppo", {})
+    schedule, distribution = experiment.preset.schedule, experiment.preset.distribution
+    rollouts = [random_rollout(experiment.observation_space, experiment.action_space, schedule.rollout_steps_per_env,
+                               distribution.envs_per_worker, np.random.default_rng(0))]
+    alone = _learnt_by("cartpole-ppo", {}, 1, rollouts)
+    made, groups = learner_ranks.LearnerRanks.__init__, []
+
+    def kept(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        groups.append(self)
+
+    state_of, kills = learner_ranks.training_state, []
+
+    def killing_first(learner):
+        if not kills:  # the child has started (its frame read), the group is made: it dies before its sync
+            child = groups[0]._children[0]
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait()
+            kills.append(child.pid)
+        return state_of(learner)
+
+    monkeypatch.setattr(learner_ranks.LearnerRanks, "__init__", kept)
+    monkeypatch.setattr(learner_ranks, "training_state", killing_first)
+    two = _learnt_by("cartpole-ppo", {}, 2, rollouts)
+    assert kills and groups[0].restarts == 1
+    assert 0 < _largest_difference(alone, two) <= TOLERANCE
+
+
 def test_a_rank_s_process_gets_none_of_the_flow_s_credentials(monkeypatch):
     """The flow's environment holds storage's and the tracking server's credentials while it runs
     (tasks/tracking/tracker.py); a rank reads no storage and records nothing, so its process has none."""

@@ -217,11 +217,13 @@ class LearnerRanks:
         """`call` made by every rank: sent to the children, then made here; made again on a group
         started again where a rank is lost during it."""
         for attempt in range(1, ATTEMPTS + 1):
-            self._connect()
             before = _Snapshot.of(self.learner) if call.op != "insert" else None  # an insert is not collective
             try:
+                self._connect()  # a rank lost while the group is made or takes rank 0's state: lost during the call
                 self._send(call, blobs)
                 return here()
+            except RankLost:  # a rank that never started: its error is above, starting it again would not help
+                raise
             except (RuntimeError, OSError) as error:
                 lost = self._lost_rank(error)
                 if lost is None:
