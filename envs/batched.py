@@ -54,7 +54,7 @@ class BatchedVectorEnv:
         self._every_id_bytes = self._every_id.tobytes()  # a pool's replies in env order, as in_env_order compares them
         self.episode_index = np.zeros(num_envs, dtype=np.int64)
         self.episode_return = np.zeros(num_envs, dtype=np.float64)
-        self.episode_length = np.zeros(num_envs, dtype=np.int64)
+        self._skipped = np.zeros(num_envs, dtype=np.int64)  # the steps since each env's episode began it stood out
         self._log = ActionLog(num_envs)
         self._lives = np.zeros(num_envs, dtype=np.int64)
         self.memory: np.ndarray | None = None  # a recurrent policy's memory of these envs, carried between rounds
@@ -91,10 +91,12 @@ class BatchedVectorEnv:
         sent = self._sent(actions)
         reply = self._step_pool(ids, self._serving(first, stop, sent))
         self._log.add(first, sent)
-        returns, lengths = (self.episode_return, self.episode_length) if whole else \
-            (self.episode_return[first:stop], self.episode_length[first:stop])
-        np.add(returns, reply.rewards, out=returns)
-        np.add(lengths, 1, out=lengths)
+        if whole:
+            np.add(self.episode_return, reply.rewards, out=self.episode_return)
+        else:
+            self.episode_return[first:stop] += reply.rewards
+            self._skipped[:first] += 1
+            self._skipped[stop:] += 1
         ended = reply.terminated | reply.truncated
         learning_end = reply.terminated.astype(bool, copy=False)
         if reply.lives is not None:
@@ -112,11 +114,16 @@ class BatchedVectorEnv:
             return VectorStep(obs, rewards, learning_end, truncated, [], [], [], [])
         done = ids[ended]
         step = VectorStep(obs, rewards, learning_end, truncated, done.tolist(), list(obs[ended]),
-                          self.episode_return[done].tolist(), self.episode_length[done].tolist())
+                          self.episode_return[done].tolist(), self.episode_lengths(done).tolist())
         self.episode_index[done] += 1
         self._begin(done, *self._start_episodes(done))
         step.obs[ended] = self.obs[done]
         return step
+
+    def episode_lengths(self, ids: np.ndarray) -> np.ndarray:
+        """The steps envs `ids` have taken in their episodes: the steps logged since each began, less
+        those it stood out (a count kept where some envs step alone, not a sum added to every step)."""
+        return self._log.steps_since_began(ids) - self._skipped[ids]
 
     def _lives_lost(self, first: int, stop: int, lives: np.ndarray, ended: np.ndarray, learning_end: np.ndarray
                     ) -> np.ndarray:
@@ -151,7 +158,7 @@ class BatchedVectorEnv:
         self._presses_left[ids] = 2 if self.serves else 0  # the game's start served as a lost life's
         if lives is not None:
             self._lives[ids] = lives
-        self.episode_return[ids], self.episode_length[ids] = 0.0, 0
+        self.episode_return[ids], self._skipped[ids] = 0.0, 0
         self._log.began(ids, keep_earlier)
 
 
@@ -195,6 +202,10 @@ class ActionLog:
     def earlier(self) -> list[np.ndarray | list[np.ndarray]]:
         """Each env's actions kept of the episodes before its current one."""
         return self._each(self._kept, self._began)
+
+    def steps_since_began(self, ids: np.ndarray) -> np.ndarray:
+        """The steps logged since each env's episode began."""
+        return self._base + len(self._steps) - self._began[ids]
 
     def steps_kept(self, ids: np.ndarray) -> np.ndarray:
         """The steps logged since each env's actions are kept from: its own, where every step steps every env."""

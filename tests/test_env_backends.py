@@ -136,6 +136,25 @@ def test_envpool_continues_from_a_cursor_with_new_episodes():
         vector.close()
 
 
+def test_an_envpool_episode_s_length_counts_the_steps_its_env_took_when_envs_step_in_halves():
+    """Episode lengths as the steps each env took, where some steps step half the envs (a rollout
+    whose actions come from an inference server) and the rest stand."""
+    env, rng = EnvPoolVectorEnv(pool_task("Hopper-v5", {}, Preprocessing()), 4, seed=0), np.random.default_rng(0)
+    env.reset()
+    taken, lengths, said = np.zeros(4, dtype=np.int64), [], []
+    for step in range(600):
+        rows = [slice(0, 4), slice(0, 2), slice(2, 4), slice(1, 3)][step % 4]
+        actions = rng.uniform(-1, 1, (rows.stop - rows.start, 3)).astype(np.float32)
+        ended = env.step(actions) if rows == slice(0, 4) else env.step_rows(rows, actions)
+        taken[rows] += 1
+        for env_index, length in zip(ended.done_envs, ended.episode_lengths, strict=True):
+            lengths.append(int(taken[env_index]))
+            said.append(length)
+            taken[env_index] = 0
+    env.close()
+    assert len(said) > 10 and said == lengths
+
+
 @pytest.mark.parametrize("partial_every", [0, 7])
 def test_the_action_log_gives_each_env_its_actions_since_its_episode_began_and_those_kept_before(partial_every):
     """ActionLog (the C++ backends' cursors) against each env's own list, over steps of every env and of
