@@ -3,9 +3,11 @@
     .venv/bin/python benchmarks/cross_evaluation.py --preset breakout-ppo --env-steps 150000 --seeds 1 2 \
         --trained-on ale gymnasium --games 64 --root /tmp/cross
     .venv/bin/python benchmarks/cross_evaluation.py --root /tmp/cross --score-stored --games 128
+    .venv/bin/python benchmarks/cross_evaluation.py --preset halfcheetah-sac --set distribution.mode=async \
+        --env-steps 30000 --seeds 1 --trained-on envpool gymnasium --games 8
 
 Each training run is the whole pipeline (Prefect flow, Dask LocalCluster, storage, MLflow) on the preset's
-settings; only the seed, the budget, `env.backend` and the stores change. The run's delivered policy is then
+settings; only the seed, the budget, `env.backend`, the stores and what `--set` says change. The run's delivered policy is then
 played greedily (its newest version: the run evaluates once, at its end), `--games` whole games (one
 an env, seeded alike), on Gymnasium's Python path (what a run's evaluations play) and on each C++
 backend installed, under the evaluation's preprocessing (unclipped scores). The baseline is the
@@ -63,11 +65,19 @@ def scores_on(backend: str, policy, preset, games: int, seed: int) -> list[float
     return [float(r) for r in returns]
 
 
-def installed_backends() -> list[str]:
-    from gymflow.envs.ale_backend import ale_vector_installed
-    from gymflow.envs.envpool_backend import envpool_installed
+def backends_with(preset) -> list[str]:
+    """The backends installed here that have the preset's task (Gymnasium's always)."""
+    from gymflow.envs.make import EnvSpecError
+    from gymflow.tasks.cluster.jobs import BACKEND_TASKS
 
-    return [name for name, there in zip(BACKENDS, (True, ale_vector_installed(), envpool_installed())) if there]
+    preprocessing, having = preset.env.preprocessing().evaluation(), ["gymnasium"]
+    for name, task_of in BACKEND_TASKS.items():
+        try:
+            task_of(preset.env.id, dict(preset.env.kwargs), preprocessing)
+        except EnvSpecError:  # not installed, or without the task
+            continue
+        having.append(name)
+    return sorted(having, key=BACKENDS.index)
 
 
 def stored_runs(root: str) -> list[tuple[str, str, int, int]]:
@@ -92,6 +102,8 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--trained-on", nargs="+", default=["ale", "gymnasium"], choices=BACKENDS)
     parser.add_argument("--games", type=int, default=64)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a preset field for the training runs (distribution.mode=async for EnvPool's MuJoCo)")
     parser.add_argument("--root", help="keep the runs' storage here (default: a temporary folder)")
     parser.add_argument("--score-stored", action="store_true",
                         help="train nothing: score the newest policy of every run stored under --root")
@@ -101,17 +113,17 @@ def main() -> None:
         root = args.root or os.path.join(folder, "data")
         if not args.score_stored:
             train(args, root, os.path.join(args.root or folder, "mlflow.db"))
-        scored_on = installed_backends()
-        rows = []  # (trained on, seed, version, {backend: the games' returns})
+        rows, scored_on, name = [], [], args.preset  # (trained on, seed, version, {backend: the games' returns})
         for run_id, trained_on, seed, version in stored_runs(root):
             preset, policy = delivered_policy(root, run_id, version)
+            scored_on, name = backends_with(preset), preset.name
             scores = {backend: scores_on(backend, policy, preset, args.games, 10_000 + seed) for backend in scored_on}
             rows.append((trained_on, seed, version, scores))
             print(f"trained on {trained_on}, seed {seed}: v{version}, "
                   + ", ".join(f"{name} {_mean_and_interval(games)}" for name, games in scores.items()), flush=True)
 
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print(f"{args.preset}, greedy, {args.games} games a backend (mean return, 95% interval of the mean)")
+    print(f"{name}, greedy, {args.games} games a backend (mean return, 95% interval of the mean)")
     print(f"{'trained on':<11} {'seed':>4} {'version':>7} " + " ".join(f"{name:>16}" for name in scored_on))
     for trained_on, seed, version, scores in rows:
         print(f"{trained_on:<11} {seed:>4} {version:>7} "
@@ -131,12 +143,13 @@ def train(args: argparse.Namespace, root: str, mlflow_db: str) -> None:
     """One run of the preset a seed and training backend, stored under `root`."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "0")
     from gymflow.flows.improve import improve
+    from gymflow.presets.load import parse_assignments
 
     for seed in args.seeds:
         for trained_on in args.trained_on:
-            improve(args.preset, {"seed": seed, "schedule.total_env_steps": args.env_steps, "env.backend": trained_on,
-                                  "schedule.evaluate_every_env_steps": args.env_steps, "storage.root": root,
-                                  "tracking.tracking_uri": f"sqlite:///{mlflow_db}"})
+            improve(args.preset, {**parse_assignments(args.set), "seed": seed, "schedule.total_env_steps": args.env_steps,
+                                  "env.backend": trained_on, "schedule.evaluate_every_env_steps": args.env_steps,
+                                  "storage.root": root, "tracking.tracking_uri": f"sqlite:///{mlflow_db}"})
 
 
 if __name__ == "__main__":
