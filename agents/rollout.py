@@ -219,7 +219,7 @@ class RandomPolicy:
         self.action_space = action_space
         self.rng = np.random.default_rng(seed)
         self._box = _finite_box(action_space)
-        self._no_log_probs = np.zeros(0, dtype=np.float32)
+        self._no_log_probs: np.ndarray | None = None
 
     def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
         n = len(obs)
@@ -234,7 +234,7 @@ class RandomPolicy:
             actions = self.rng.integers(0, space.n, size=n)
         else:  # an unbounded Box: Generator.uniform's own error
             actions = self.rng.uniform(space.low, space.high, size=(n, *space.shape)).astype(np.float32)
-        if len(self._no_log_probs) != n:  # one read-only array of zeros for each batch size
+        if self._no_log_probs is None or len(self._no_log_probs) != n:  # one read-only array of zeros a batch size
             self._no_log_probs = np.zeros(n, dtype=np.float32)
             self._no_log_probs.flags.writeable = False
         return actions, self._no_log_probs

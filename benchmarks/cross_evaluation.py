@@ -4,16 +4,16 @@
         --trained-on ale gymnasium --games 64 --root /tmp/cross
     .venv/bin/python benchmarks/cross_evaluation.py --root /tmp/cross --score-stored --games 128
     .venv/bin/python benchmarks/cross_evaluation.py --preset halfcheetah-sac --set distribution.mode=async \
-        --env-steps 30000 --seeds 1 --trained-on envpool gymnasium --games 8
+        --env-steps 30000 --seeds 1 2 3 4 5 --trained-on envpool gymnasium --games 8 --root /tmp/crosshc
 
-Each training run is the whole pipeline (Prefect flow, Dask LocalCluster, storage, MLflow) on the preset's
-settings; only the seed, the budget, `env.backend`, the stores and what `--set` says change. The run's delivered policy is then
-played greedily (its newest version: the run evaluates once, at its end), `--games` whole games (one
-an env, seeded alike), on Gymnasium's Python path (what a run's evaluations play) and on each C++
-backend installed, under the evaluation's preprocessing (unclipped scores). The baseline is the
-Gymnasium path's score of the same policy: a ratio near 1 says the backend is the task Gymnasium's
-evaluation scores. Without sticky actions a greedy policy's game is set by its no-op start (1-30),
-which each backend draws its own way: the means spread by the games drawn, hence many games.
+Each training run is the whole pipeline (Prefect flow, Dask LocalCluster, storage, MLflow) on the
+preset's settings; only the seed, the budget, `env.backend`, the stores and what `--set` says change. The
+run's delivered policy is then played greedily (its newest version: the run evaluates once, at its end),
+`--games` whole games (one an env, seeded alike), on Gymnasium's Python path (what a run's evaluations
+play) and on each C++ backend installed that has the task, under the evaluation's preprocessing (unclipped scores). The
+baseline is the Gymnasium path's score of the same policy: a ratio near 1 says the backend is the task
+Gymnasium's evaluation scores. Without sticky actions a greedy policy's game is set by its no-op start
+(1-30), which each backend draws its own way: the means spread by the games drawn, hence many games.
 """
 
 from __future__ import annotations
@@ -113,17 +113,17 @@ def main() -> None:
         root = args.root or os.path.join(folder, "data")
         if not args.score_stored:
             train(args, root, os.path.join(args.root or folder, "mlflow.db"))
-        rows, scored_on, name = [], [], args.preset  # (trained on, seed, version, {backend: the games' returns})
+        rows, scored_on, preset_name = [], [], args.preset  # (trained on, seed, version, {backend: its games' returns})
         for run_id, trained_on, seed, version in stored_runs(root):
             preset, policy = delivered_policy(root, run_id, version)
-            scored_on, name = backends_with(preset), preset.name
+            scored_on, preset_name = backends_with(preset), preset.name
             scores = {backend: scores_on(backend, policy, preset, args.games, 10_000 + seed) for backend in scored_on}
             rows.append((trained_on, seed, version, scores))
             print(f"trained on {trained_on}, seed {seed}: v{version}, "
                   + ", ".join(f"{name} {_mean_and_interval(games)}" for name, games in scores.items()), flush=True)
 
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print(f"{name}, greedy, {args.games} games a backend (mean return, 95% interval of the mean)")
+    print(f"{preset_name}, greedy, {args.games} games a backend (mean return, 95% interval of the mean)")
     print(f"{'trained on':<11} {'seed':>4} {'version':>7} " + " ".join(f"{name:>16}" for name in scored_on))
     for trained_on, seed, version, scores in rows:
         print(f"{trained_on:<11} {seed:>4} {version:>7} "

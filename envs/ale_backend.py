@@ -115,7 +115,7 @@ class AleVectorEnv(BatchedVectorEnv):
     def _step_pool(self, ids: np.ndarray, actions: np.ndarray) -> PoolReply:
         obs, rewards, terminated, truncated, info = self._games.step(actions)
         replied = np.asarray(info["env_id"])
-        if not in_env_order(replied, self._every_id_bytes):  # as the ALE replies with one thread, and with several here
+        if not in_env_order(replied, self._every_id):  # as the ALE replies with one thread, and with several here
             order = np.argsort(replied)
             obs, rewards, terminated, truncated = obs[order], rewards[order], terminated[order], truncated[order]
             info = {"lives": np.asarray(info["lives"])[order]}
@@ -147,7 +147,7 @@ class AleVectorEnv(BatchedVectorEnv):
         """Reset the envs `mask` marks (from `seeds`, or their RNG): every env's observation and info, in env order."""
         obs, info = self._games.reset(seed=seeds, options=None if mask.all() else {"reset_mask": mask})
         replied = np.asarray(info["env_id"])
-        if not in_env_order(replied, self._every_id_bytes):
+        if not in_env_order(replied, self._every_id):
             order = np.argsort(replied)
             obs, info = obs[order], {"lives": np.asarray(info["lives"])[order]}
         self._ages[mask] = 0

@@ -150,7 +150,7 @@ class EnvPoolVectorEnv(BatchedVectorEnv):
         obs, rewards, terminated, truncated, info = self._pool.step(actions, None if every else ids)
         replied = np.asarray(info["env_id"])
         lives = np.asarray(info["lives"]) if self.lives_matter or self.serves else None
-        if in_env_order(replied, self._every_id_bytes if every else ids):
+        if in_env_order(replied, ids):
             return PoolReply(obs, rewards, terminated, truncated, lives)
         order = np.argsort(replied)  # the pool's replies by env
         return PoolReply(obs[order], rewards[order], terminated[order], truncated[order],
