@@ -295,9 +295,19 @@ def test_a_rank_s_process_gets_none_of_the_flow_s_credentials(monkeypatch):
     group = LearnerRanks(learner, config, ["cpu", "cpu"], logging.getLogger("ranks"))
     try:
         (child,) = [psutil.Process(child.pid) for child in group._children]
-        environment = child.environ()
+        environment = _environment_once_exec_d(child)
     finally:
         group.close()
     assert environment.get("PYTHONPATH")  # its own environment, read
     assert not set(secrets) & set(environment)
     assert not [name for name, value in environment.items() if value in secrets.values()]
+
+
+def _environment_once_exec_d(process, within_s: float = 10.0) -> dict[str, str]:
+    """A child's environment as its program sees it. Popen returns once exec has passed the point of
+    no return (the child's close-on-exec pipe closes), a moment before the kernel sets the new
+    program's environment up: read then, /proc/PID/environ is empty."""
+    deadline = time.monotonic() + within_s
+    while not (environment := process.environ()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return environment
