@@ -198,6 +198,8 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, render_mode: str
         elif is_mujoco(env_id):
             prepare_mujoco()
         env = gym.make(env_id, **kwargs)
+    if is_users_env(env_id):
+        env = ObservationsChecked(env, env_id)
     if preprocessing.atari:
         if ResetWithoutReload.applies(env):
             env = ResetWithoutReload(env)
@@ -215,6 +217,26 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, render_mode: str
     if isinstance(env.observation_space, spaces.Dict):
         env = _flattened_dict(env, env_id, preprocessing)
     return env
+
+
+class ObservationsChecked(gym.Wrapper):
+    """A user's env whose every observation is checked against the space it declares, as the check
+    before the run does once: a mid-run `step` that returns another shape fails its job with the env,
+    the method, what it returned and what its space holds (not numpy's broadcast error in a buffer)."""
+
+    def __init__(self, env: gym.Env, env_id: str):
+        super().__init__(env)
+        self.env_id = env_id
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        observation, info = self.env.reset(**kwargs)
+        _fits(self.env_id, "reset", observation, self.env.observation_space)
+        return observation, info
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        observation, *rest = self.env.step(action)
+        _fits(self.env_id, "step", observation, self.env.observation_space)
+        return observation, *rest
 
 
 def _flattened_dict(env: gym.Env, env_id: str, preprocessing: Preprocessing) -> FlatParts:
@@ -403,6 +425,8 @@ def check_what_it_observes(env: gym.Env, env_id: str) -> None:
         first, _ = env.reset(seed=0)
         env.action_space.seed(0)
         then, *_ = env.step(env.action_space.sample())
+    except EnvSpecError:  # ObservationsChecked's: what it returned against its space
+        raise
     except Exception as error:  # the user's code: said in one line, as a job's error would be
         raise EnvSpecError("env.id", f"{env_id!r} raised {type(error).__name__}: {error} as it was reset (seed 0) "
                                      "and stepped once, before the run") from None

@@ -183,7 +183,11 @@ def _stack(args: argparse.Namespace) -> int:
 
     folder = Path(args.folder)
     if args.action == "down":
-        others = stack.stop(folder)
+        try:
+            others = stack.stop(folder)
+        except stack.StackError as error:
+            print(f"gymflow: error: {error}", file=sys.stderr)
+            return 2
         print(f"stack under {folder.resolve()}: stopped, its folders removed")
         if others:  # a pid saved long ago that another process has taken since: not signalled
             print(f"  left alone: {', '.join(others)} (their pids belong to other processes now)")
@@ -232,13 +236,20 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready:
     (flows/stopping.py). `log`: the log file's name and what the console shows. Returns what the
     flow returned, or an exit code."""
     from gymflow import last_steps
-    from gymflow.flows.console import forget_log, gymflow_errors_in_one_line_on_the_console, log_to_file_and_console
+    from gymflow.flows.console import (
+        LOG_FOLDER,
+        forget_log,
+        gymflow_errors_in_one_line_on_the_console,
+        log_to_file_and_console,
+    )
     from gymflow.flows.stopping import stopping_cleanly
+    from gymflow.work import has_begun
 
     with stopping_cleanly(), _cluster_beside(distribution) as cluster_ready:
         call = load()
         _collecting_again()
         gymflow_errors_in_one_line_on_the_console()
+        log_kept = log is None or Path(LOG_FOLDER, f"{log[0]}.log").exists()  # a resumed run's: it holds its past
         log_file = log_to_file_and_console(log[0], log[1].verbose) if log is not None else None
         said = f"gymflow: the whole log is in {log_file}\n" if log_file else ""
         try:
@@ -248,8 +259,11 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready:
             print(said, end="", file=sys.stderr)
             return result
         except GymflowError as error:
-            if log_file is not None:
+            if log_file is not None and not log_kept and not has_begun(log[0]):  # refused before any work
                 forget_log(log_file)
+            else:  # the run had begun: its log (the traceback in it) stays beside what it wrote
+                print(said, end="", file=sys.stderr)
+
             print(f"gymflow: error: {error}", file=sys.stderr)
             last_steps.said(f"gymflow: error: {error}")  # a lost server's deadline does not say it again
             return 2

@@ -35,6 +35,7 @@ from gymflow.tasks.cluster.clocks import housekeeping_environment
 from gymflow.tasks.tracking.servers import basic_authorization
 
 STATE_FILE = "stack.json"
+MARKER_FILE = ".gymflow-stack"  # written first by `up` into the folder it made (or found empty): `down`'s proof
 TLS_FOLDER = "tls"  # the Dask cluster's certificate (CA and key), 0600 files in a 0700 folder
 ADMIN = "admin"
 START_TIMEOUT_S = 120.0
@@ -124,12 +125,15 @@ def start(folder: Path, users: tuple[str, ...] = ("alice", "bob"), dask_workers:
     stops those started and raises StackError naming it."""
     folder = Path(folder).resolve()
     if folder.exists() and any(folder.iterdir()):
-        raise StackError(f"{folder}: not empty (a stack is there? `{gymflow_command()} stack down --folder {folder}`)")
+        if holds_stack(folder):
+            raise StackError(f"{folder}: a stack is there (`{gymflow_command()} stack down --folder {folder}` ends it)")
+        raise StackError(f"{folder}: not empty and no stack's folder: give `--folder` a new or empty folder")
     if postgres_home(folder).exists():
         raise StackError(f"{postgres_home(folder)}: PostgreSQL's folder of a stack under {folder} is there "
                          f"(`{gymflow_command()} stack down --folder {folder}`)")
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o700)  # its maker's alone: logs, certificates, the state file
+    write_whole(folder / MARKER_FILE, f"made by `gymflow stack up` for {folder}\n")
     pids: dict[str, int] = {}
     try:
         return _start(folder, users, dask_workers, say, pids)
@@ -248,12 +252,27 @@ def load(folder: Path) -> Stack:
     return Stack(**json.loads(path.read_text()))
 
 
+def holds_stack(folder: Path) -> bool:
+    """Whether `up` made `folder`: its marker, or (a stack started before the marker) a state file
+    that names this very folder."""
+    folder = Path(folder).resolve()
+    if (folder / MARKER_FILE).is_file():
+        return True
+    state = _state_or_none(folder)
+    return state is not None and Path(state.folder) == folder
+
+
 def stop(folder: Path, remove: bool = True) -> list[str]:
     """Every part of the stack under `folder` that still runs ended, then its folders removed, from
     whatever state it is in: an `up` killed half-way, parts already dead, PostgreSQL's folder or the
     state file gone. Only a process proven to be the part it was (its pid and start time,
-    as saved when it started) is signalled; returns the parts whose pid is now another process's."""
+    as saved when it started) is signalled; returns the parts whose pid is now another process's.
+    A folder `up` did not make (`holds_stack`) is refused whole, before anything is touched: the
+    folder given may be a user's project."""
     folder = Path(folder).resolve()
+    if folder.exists() and any(folder.iterdir()) and not holds_stack(folder):
+        raise StackError(f"{folder}: holds no stack (no {MARKER_FILE} or {STATE_FILE} of `gymflow stack up`); "
+                         "nothing stopped, nothing removed")
     state = _state_or_none(folder)
     home = Path(state.postgres_folder) if state and state.postgres_folder else postgres_home(folder)
     owned = {name: pid for name, pid in state.pids.items() if _proven(state, name)} if state else {}

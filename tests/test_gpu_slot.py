@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from prefect.client.orchestration import get_client
@@ -185,3 +188,50 @@ def test_a_slot_held_through_a_prefect_server_restart_keeps_training_and_says_so
             assert again.lines == [f"{name}: a run that held it ended without letting go; its slot is given back"]
     finally:
         server.kill()
+
+
+def test_a_slot_s_files_are_made_for_every_user_and_another_user_s_unopenable_lock_is_one_line(monkeypatch):
+    """Under umask 077 a lock file used to be made 0600, and another user's run died on a raw
+    PermissionError opening it. Now this user's files are made 0644 whatever the umask; a lock file
+    another user may not open counts as held, and the wait's end names it and its owner in one line
+    (checked as uid 65534 where this is root)."""
+    folder = Path(tempfile.mkdtemp(prefix="gymflow-slots-test-"))  # under /tmp: reachable by another uid
+    try:
+        folder.chmod(0o1777)
+        monkeypatch.setattr(slots, "SLOTS_FOLDER", folder)
+        name = slot_name("cuda:0", f"umask-{uuid.uuid4().hex[:6]}")
+        previous = os.umask(0o077)
+        try:
+            with slots._slot_lock(name, 1, _Said(), "mine", wait_s=0):
+                assert {path.name: path.stat().st_mode & 0o777 for path in folder.iterdir()} == {
+                    f"{name}.0.lock": 0o644, f"{name}.0.holder": 0o644}
+        finally:
+            os.umask(previous)
+        if os.geteuid() != 0:
+            return  # the modes above are what let another user in; switching uid needs root
+        (folder / f"{name}.0.lock").chmod(0o600)  # as an older gymflow left it, under umask 077
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # another user of the host, trying the same GPU
+            os.close(read)
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                with slots._slot_lock(name, 1, _Said(), "theirs", wait_s=0):
+                    said = "took the slot"
+            except ClusterUnavailable as error:
+                said = f"ClusterUnavailable: {error}"
+            except BaseException as error:  # noqa: BLE001 - what the test reports
+                said = f"{type(error).__name__}: {error}"
+            os.write(write, said.encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as answer:
+            said = answer.read()
+        os.waitpid(child, 0)
+        lock = folder / f"{name}.0.lock"
+        assert said.startswith(f"ClusterUnavailable: distribution.gpu_wait_s: {name} was still held after 0 s, "
+                               f"by {lock} (user root's, mode 600: held by their run, or left by one); allowed: "), said
+        assert "\n" not in said
+    finally:
+        shutil.rmtree(folder)

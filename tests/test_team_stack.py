@@ -474,6 +474,32 @@ def _down(folder: Path) -> subprocess.CompletedProcess:
     return down
 
 
+def test_stack_down_refuses_a_folder_up_did_not_make_and_up_s_hint_cannot_destroy_one(tmp_path):
+    """`stack down --folder myproject` on a user's project used to remove it whole, exit 0; `up` on a
+    non-empty folder suggested exactly that command. Both now leave the folder and its files as they were."""
+    project = tmp_path / "myproject"
+    project.mkdir()
+    (project / "train.py").write_text("print('mine')\n")
+    (project / "stack.json").write_text('{"folder": "/somewhere/else"}')  # a state file of no stack here
+    down = subprocess.run([GYMFLOW, "stack", "down", "--folder", str(project)], capture_output=True, text=True,
+                          timeout=120)
+    assert down.returncode == 2 and down.stdout == "", down.stdout + down.stderr
+    assert down.stderr.strip() == (f"gymflow: error: {project}: holds no stack (no {team.MARKER_FILE} or "
+                                   f"{team.STATE_FILE} of `gymflow stack up`); nothing stopped, nothing removed")
+    assert sorted(path.name for path in project.iterdir()) == ["stack.json", "train.py"]
+    assert (project / "train.py").read_text() == "print('mine')\n"
+    up = subprocess.run([GYMFLOW, "stack", "up", "--folder", str(project)], capture_output=True, text=True,
+                        timeout=120)
+    assert up.returncode == 2 and "stack down" not in up.stderr, up.stderr
+    assert up.stderr.strip() == f"gymflow: error: {project}: not empty and no stack's folder: give `--folder` a new " \
+                                "or empty folder"
+    assert sorted(path.name for path in project.iterdir()) == ["stack.json", "train.py"]
+    empty = tmp_path / "empty"  # what a killed `up` may leave before its first file: removed, nothing else
+    empty.mkdir()
+    assert subprocess.run([GYMFLOW, "stack", "down", "--folder", str(empty)], capture_output=True,
+                          timeout=120).returncode == 0 and not empty.exists()
+
+
 @pytest.mark.slow  # long tier (~3 min, three stacks): `down` from broken states; the default tier's goes down whole
 def test_stack_down_ends_a_stack_from_any_state_and_up_works_again_in_its_folder(tmp_path):
     """An `up` killed during its waits (its parts run on in sessions of their own); a stack whose

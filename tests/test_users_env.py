@@ -3,6 +3,8 @@ its observations checked against its declared space before any work, and near na
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 import pytest
@@ -38,6 +40,23 @@ class Misdeclared(MyEnv):
 
     def __init__(self):
         super().__init__(size=1)
+
+
+class BreaksMidRun(gym.Env):
+    """Observes 2 numbers, until its 40th step, which returns 5."""
+
+    def __init__(self):
+        self.observation_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.steps = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        return np.zeros(5 if self.steps >= 40 else 2, np.float32), 1.0, False, self.steps % 8 == 0, {}
 
 
 class Raising(MyEnv):
@@ -119,3 +138,28 @@ def test_the_commands_gymflow_prints_run_from_where_the_user_is(tmp_path, monkey
     assert gymflow_command() == str(venv_bin / "gymflow")
     monkeypatch.setenv("PATH", os.pathsep.join((str(venv_bin), os.environ["PATH"])))
     assert gymflow_command() == "gymflow"
+
+
+# default tier: the first of its capability (a run that fails mid-way keeps its log, says what failed)
+def test_a_users_env_failing_in_step_mid_run_keeps_the_run_s_log_and_names_what_it_returned(users_folder):
+    """An env whose `step` returns shape (5,) against its (2,) space, long after the check before the
+    run: the run used to remove its own log and say numpy's `could not broadcast` error. Its log stays,
+    with the traceback, and its line names the env, `step`, what it returned and what its space holds."""
+    settings = {"env.id": "my_own_envs:BreaksMidRun", "distribution.rollout_workers": 1,
+                "distribution.envs_per_worker": 2, "schedule.rollout_steps_per_env": 16,
+                "schedule.total_env_steps": 640, "schedule.target_return": "null"}
+    args = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_") or key == "PREFECT_HOME"}
+    done = subprocess.run([sys.executable, "-m", "gymflow.flows.cli", "run", "cartpole-ppo", "--quiet", *args],
+                          cwd=users_folder, env={**env, "PYTHONPATH": str(users_folder)}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("gymflow: error: rollout job ") and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "env.id: 'my_own_envs:BreaksMidRun' returned an observation of shape (5,) from step; its " \
+           "observation_space Box(-1.0, 1.0, (2,), float32) holds shape (2,)" in last, last
+    (log,) = (users_folder / "gymflow-logs").glob("breaksmidrun-ppo-*.log")
+    assert f"the whole log is in gymflow-logs/{log.name}" in done.stderr
+    kept = log.read_text()
+    assert "Traceback" in kept and "returned an observation of shape (5,) from step" in kept
+    assert (users_folder / "data" if (users_folder / "data").exists() else users_folder / "gymflow-data").is_dir()

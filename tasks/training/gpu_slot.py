@@ -52,6 +52,7 @@ RENEWAL_LOGGERS = ("prefect.concurrency", "prefect.flow_runs", "prefect.task_run
 RENEWAL_THREAD = "concurrency-lease-renewal-"  # Prefect's renewal thread's name starts so
 RENEWAL_GAVE_UP = "Concurrency lease renewal failed"  # its last record, once its retries are spent
 SLOTS_FOLDER = Path(tempfile.gettempdir()) / "gymflow-gpu-slots"  # every user's runs on this host meet here
+SHARED_MODE = 0o644  # a slot's files: every user opens the lock to lock it and reads who holds it
 
 
 def slot_name(device: str, host: str | None = None) -> str | None:
@@ -133,17 +134,22 @@ def _slot_lock(name: str, limit: int, logger: AnyLogger, run: str, wait_s: float
 
 
 def _try_lock(name: str, limit: int, run: str) -> tuple[int, Path] | None:
-    """The first free slot's lock file, locked (its descriptor), and the file naming its holder."""
+    """The first free slot's lock file, locked (its descriptor), and the file naming its holder. A lock
+    file another user made that this user may not open (an older gymflow's, under umask 077) counts
+    as held: `_unopenable` names it while the run waits."""
     for index in range(limit):
-        path = SLOTS_FOLDER / f"{name}.{index}.lock"
+        path = _lock_file(name, index)
         # read-only: another user's lock file locks as well; no child process inherits it
         try:
-            descriptor = _open_unlinked(path, os.O_RDONLY | os.O_CREAT, 0o666)
+            descriptor = _open_unlinked(path, os.O_RDONLY | os.O_CREAT, SHARED_MODE)
+        except PermissionError:
+            continue
         except OSError as error:
             if error.errno != errno.ELOOP:
                 raise
             raise ClusterUnavailable("distribution.learner_device", f"{path} is a link, which this run does not "
                                      "follow; allowed: remove it") from None
+        _shared(descriptor)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -151,20 +157,45 @@ def _try_lock(name: str, limit: int, run: str) -> tuple[int, Path] | None:
             continue
         holder_file = path.with_suffix(".holder")
         with suppress(OSError):
-            holder = _open_unlinked(holder_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            holder = _open_unlinked(holder_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, SHARED_MODE)
+            _shared(holder)
             with os.fdopen(holder, "w") as out:
                 out.write(json.dumps({"run": run, "pid": os.getpid(), "since": time.time()}))
         return descriptor, holder_file
     return None
 
 
-def _holders(name: str, limit: int) -> list[SlotHolder]:
-    holders = []
+def _lock_file(name: str, index: int) -> Path:
+    return SLOTS_FOLDER / f"{name}.{index}.lock"
+
+
+def _shared(descriptor: int) -> None:
+    """A file this user made in the shared folder given SHARED_MODE whatever the umask made it (0600
+    under 077 would lock every other user out of the slot)."""
+    with suppress(OSError):
+        if os.fstat(descriptor).st_uid == os.geteuid():
+            os.fchmod(descriptor, SHARED_MODE)
+
+
+def _unopenable(name: str, limit: int) -> list[str]:
+    """The slots' lock files this user may not open, each with its owner."""
+    found = []
+    for index in range(limit):
+        path = _lock_file(name, index)
+        with suppress(OSError):
+            if not os.access(path, os.R_OK, follow_symlinks=False):
+                found.append(f"{path} ({_user(path.lstat().st_uid)}'s, mode "
+                             f"{path.lstat().st_mode & 0o777:03o}: held by their run, or left by one)")
+    return found
+
+
+def _holders(name: str, limit: int) -> list[SlotHolder | str]:
+    holders: list[SlotHolder | str] = []
     for index in range(limit):
         with suppress(OSError, ValueError, TypeError, KeyError):
             with os.fdopen(_open_unlinked(SLOTS_FOLDER / f"{name}.{index}.holder", os.O_RDONLY)) as holder:
                 holders.append(SlotHolder(**json.loads(holder.read(4096))))
-    return holders
+    return [*holders, *_unopenable(name, limit)]
 
 
 def _open_unlinked(path: Path, flags: int, mode: int = 0o600) -> int:
@@ -197,8 +228,8 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
-def _described(holders: list[SlotHolder]) -> str:
-    return ", ".join(holder.describe() for holder in holders) or "another run"
+def _described(holders: list[SlotHolder | str]) -> str:
+    return ", ".join(holder if isinstance(holder, str) else holder.describe() for holder in holders) or "another run"
 
 
 def _occupy_limit(stack: ExitStack, name: str, limit: int, logger: AnyLogger) -> None:

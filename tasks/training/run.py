@@ -73,6 +73,7 @@ from gymflow.tasks.training.resume import (
 from gymflow.tasks.training.state import Budget, LoopState, planned_total
 from gymflow.tasks.training.stream import AsyncStream, Batches, Ratio
 from gymflow.tasks.training.summary import EvaluationRow, RunRecorder
+from gymflow.work import began
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,7 @@ def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str], 
         if (refusal := refusal_of(error, tracking.tracking_uri, tracking.experiment)) is not None:
             raise refusal from None
         raise
+    began(run.run_id)  # from here on the run has written something: its log stays whatever ends it
     tracker.prefect_outage = prefect  # the Prefect API's, watched beside MLflow's (tasks/tracking/prefect_watch.py)
     status = "FINISHED"
     try:
