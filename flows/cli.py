@@ -395,6 +395,11 @@ def _with_progress_bar(train: Callable[[], RunSummary], quiet: bool) -> RunSumma
                 self.task_id = bar.add_task("train", total=total, status="", unit=unit)
             bar.update(self.task_id, completed=min(done, total), status=status)
 
+        def finish(self, done: int, total: int, unit: str, status: str) -> None:
+            """Whole at the run's end: a run stopped early (its target reached) is shown done at its own count."""
+            self.update(done, total, unit, status)
+            bar.update(self.task_id, total=min(done, total) or total, completed=min(done, total) or total)
+
     with bar, printed_above(bar.console), showing_progress(BarView()):
         return train()
 

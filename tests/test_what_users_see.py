@@ -100,6 +100,30 @@ def _artifacts(flow_run_id: str) -> dict[str, list]:
     return by_key
 
 
+def test_a_run_stopped_early_ends_its_progress_at_100_percent_with_what_it_delivered(prefect_api):
+    """A DQN run that reached its target at 40% of its budget used to leave its progress artifact at
+    40%, reading `delivering v153 to MLflow`."""
+    import logging
+
+    from prefect import flow
+    from prefect.context import get_run_context
+
+    from gymflow.tasks.tracking.artifacts import ProgressArtifact
+    from gymflow.tasks.tracking.progress import ProgressLog
+
+    @flow
+    def stopped_early() -> str:
+        progress = ProgressLog(logging.getLogger("stopped-early"), 100_072, views=[ProgressArtifact("early", 0.0)])
+        progress.update(40_424, "delivering v153 to MLflow: its ONNX graph", force=True)
+        progress.finish(40_424, "v153 delivered: evaluation return 500.0, target 475 reached")
+        return str(get_run_context().flow_run.id)
+
+    (artifact,) = _artifacts(stopped_early())["improve-progress"]
+    assert float(artifact.data) == 100.0
+    assert artifact.description == ("gymflow run early: 40,424/100,072 env steps (stopped early), v153 delivered: "
+                                    "evaluation return 500.0, target 475 reached")
+
+
 def test_heatup_training_and_every_evaluation_are_task_runs_named_by_what_they_do(finished_run):
     names = _task_run_names(finished_run.flow_run_id, len(finished_run.summary.evaluations))
     assert names.count("heatup") == 1
@@ -115,6 +139,9 @@ def test_the_flow_run_has_progress_evaluations_and_a_summary_with_its_curve(fini
     (progress,) = artifacts["improve-progress"]
     assert progress.type == "progress" and float(progress.data) == 100.0
     assert "640/640 env steps" in progress.description
+    # it ends at the delivered version, not mid-delivery ("delivering v3 to MLflow: its ONNX graph")
+    assert f"v{finished_run.summary.delivered_version} delivered: evaluation return " in progress.description
+    assert "delivering" not in progress.description, progress.description
     (table,) = artifacts["improve-evaluations"]
     rows = table.data if isinstance(table.data, list) else __import__("json").loads(table.data)
     assert [row["env steps"] for row in rows] == [row.env_steps for row in finished_run.summary.evaluations]

@@ -56,6 +56,17 @@ class ProgressArtifact:
         self._out.start()
 
 
+    def finish(self, done: int, total: int, unit: str, status: str) -> None:
+        """At 100% with the outcome, whatever share of the budget the run spent (a target reached
+        early), once the update still out is sent."""
+        if self.prefect is not None and self.prefect.going_on:
+            return
+        if self._out is not None:
+            self._out.join()
+        early = "" if done >= total else " (stopped early)"
+        contextvars.copy_context().run(self._send, 100.0, f"gymflow run {self.run_id}: {done:,}/{total:,} {unit}"
+                                                          f"{early}, {status}")
+
     def _send(self, progress: float, description: str) -> None:
         try:
             update_progress_artifact(self.artifact_id, progress, description=description)

@@ -12,6 +12,10 @@ from typing import Protocol
 class ProgressView(Protocol):
     def update(self, done: int, total: int, unit: str, status: str) -> None: ...
 
+    def finish(self, done: int, total: int, unit: str, status: str) -> None:
+        """The run is over after `done` of `total` (fewer where a target or a pruner stopped it): the
+        view shows it whole, with `status`, the outcome."""
+
 
 _views: list[ProgressView] = []
 
@@ -47,3 +51,10 @@ class ProgressLog:
             self._last_log = now
             share = 100.0 * min(done / self.total, 1.0)
             self.logger.info("%s/%s %s (%.0f%%) %s", f"{done:,}", f"{self.total:,}", self.unit, share, status)
+
+    def finish(self, done: int, status: str) -> None:
+        """The run is over (delivered): every view shows it done with `status`, the last line logged."""
+        for view in (*_views, *self.views):
+            view.finish(done, self.total, self.unit, status)
+        stopped = "" if done >= self.total else f" (stopped at {100.0 * done / self.total:.0f}% of its budget)"
+        self.logger.info("%s/%s %s (100%%) %s%s", f"{done:,}", f"{self.total:,}", self.unit, status, stopped)

@@ -80,6 +80,7 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
                                  summary.solved)
     recorder.progress.logger.info("v%d delivered to MLflow (%s) in %.1f s: %s", summary.delivered_version, where,
                                   time.perf_counter() - started, model_uri)
+    recorder.progress.finish(summary.clock, delivered_words(summary) + _against_target(summary))
     page = where_to_see(where, run_page(tracker.experiment_id, summary.mlflow_run_id))
     return Delivered(replace(summary, model_uri=model_uri, mlflow_page=page), curve_png)
 
