@@ -8,6 +8,7 @@ import argparse
 import gc
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -64,12 +65,17 @@ def _command(argv: Sequence[str] | None) -> int:
     args = parser.parse_args(argv)
     _working_folder_importable()
     if args.command in ("run", "resume", "sweep"):
-        from gymflow.flows.stopping import temporary_api
+        signal.signal(signal.SIGTERM, _stop_starting)  # as Ctrl-C, until `stopping_cleanly` takes both
+        try:
+            from gymflow.flows.stopping import temporary_api
 
-        # started before the preset is checked (torch, Gymnasium) and the flow imported (MLflow):
-        # the server's start-up then runs on the other core
-        with temporary_api() as api_ready:
-            return _train(args, api_ready)
+            # started before the preset is checked (torch, Gymnasium) and the flow imported (MLflow):
+            # the server's start-up then runs on the other core
+            with temporary_api() as api_ready:
+                return _train(args, api_ready)
+        except KeyboardInterrupt:  # during the imports and checks, before any run began
+            print(f"\ngymflow: stopped during start-up: {NOTHING_MADE}", file=sys.stderr)
+            return 130
     from gymflow.presets import builtin_presets, parse_assignments
 
     if args.command == "presets":
@@ -89,6 +95,13 @@ def _command(argv: Sequence[str] | None) -> int:
     if args.command == "stack":
         return _stack(args)
     return _show(args.preset, args.set)
+
+
+NOTHING_MADE = "no run began, nothing was written, nothing to resume"
+
+
+def _stop_starting(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _train(args: argparse.Namespace, api_ready: Callable[[], None]) -> int:
@@ -229,12 +242,14 @@ class Output:
 
 
 def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready: Callable[[], None],
-                   distribution: DistributionConfig | None = None, log: tuple[str, Output] | None = None) -> T | int:
+                   distribution: DistributionConfig | None = None, log: tuple[str, Output] | None = None,
+                   unbegun: str | None = None) -> T | int:
     """Run a flow once the Prefect API answers (`api_ready` waits for this process's temporary
     one): `load()` imports it meanwhile and returns the call; the run's LocalCluster, where
     `distribution` asks for one, starts beside them. Ctrl-C or SIGTERM stops it within seconds
-    (flows/stopping.py). `log`: the log file's name and what the console shows. Returns what the
-    flow returned, or an exit code."""
+    (flows/stopping.py). `log`: the log file's name (a run's id) and what the console shows. `unbegun`:
+    what a stop or a refusal before that run began leaves (its log removed, where it made it); None where
+    `log` names no run (a sweep's). Returns what the flow returned, or an exit code."""
     from gymflow import last_steps
     from gymflow.flows.console import (
         LOG_FOLDER,
@@ -246,28 +261,34 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready:
     from gymflow.work import has_begun
 
     with stopping_cleanly(), _cluster_beside(distribution) as cluster_ready:
-        call = load()
-        _collecting_again()
-        gymflow_errors_in_one_line_on_the_console()
         log_kept = log is None or Path(LOG_FOLDER, f"{log[0]}.log").exists()  # a resumed run's: it holds its past
-        log_file = log_to_file_and_console(log[0], log[1].verbose) if log is not None else None
-        said = f"gymflow: the whole log is in {log_file}\n" if log_file else ""
+        log_file, said = None, ""
+        begun = lambda: unbegun is None or (log is not None and has_begun(log[0]))  # noqa: E731
         try:
+            call = load()
+            _collecting_again()
+            gymflow_errors_in_one_line_on_the_console()
+            log_file = log_to_file_and_console(log[0], log[1].verbose) if log is not None else None
+            said = f"gymflow: the whole log is in {log_file}\n" if log_file else ""
             api_ready()
             cluster_ready()
             result = call()
             print(said, end="", file=sys.stderr)
             return result
         except GymflowError as error:
-            if log_file is not None and not log_kept and not has_begun(log[0]):  # refused before any work
+            if log_file is not None and not log_kept and not begun():  # refused before any work
                 forget_log(log_file)
             else:  # the run had begun: its log (the traceback in it) stays beside what it wrote
                 print(said, end="", file=sys.stderr)
-
             print(f"gymflow: error: {error}", file=sys.stderr)
             last_steps.said(f"gymflow: error: {error}")  # a lost server's deadline does not say it again
             return 2
         except KeyboardInterrupt:
+            if not begun():  # stopped before the run began
+                if log_file is not None and not log_kept:
+                    forget_log(log_file)
+                print(f"gymflow: stopped during start-up: {unbegun}", file=sys.stderr)
+                return 130
             print(f"{said}gymflow: stopped. {stopped}", file=sys.stderr)
             return 130
 
@@ -307,8 +328,10 @@ def _run(preset: str, overrides: dict, output: Output, api_ready: Callable[[], N
 
         return lambda: _with_progress_bar(lambda: improve(preset, overrides, **launch.start), output.quiet)
 
+    unbegun = (f"run {launch.run_id} is as it was; `{launch.resume_with}` continues it" if "resume" in launch.start
+               else NOTHING_MADE)
     summary = _under_prefect(load, f"What was committed stays: `{launch.resume_with}` continues the run",
-                             api_ready, distribution, (launch.run_id, output))
+                             api_ready, distribution, (launch.run_id, output), unbegun)
     if isinstance(summary, int):
         return summary
     from gymflow.tasks.training.delivery import delivered_words

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from prefect.client.schemas.objects import State
 
 STOP_GRACE_S = 8.0
+SAME_STOP_S = 0.5  # a second signal this soon is the same stop sent twice (to the process and to its group)
 API_START_TIMEOUT_S = 60.0
 API_START_ATTEMPTS = 3
 
@@ -273,10 +274,15 @@ def stopping_cleanly() -> Iterator[None]:
     stopping = threading.Event()
     redelivery = StopRedelivery(_raise_keyboard_interrupt, (KeyboardInterrupt,))
 
+    first: list[float] = []
+
     def interrupt(signum: int, frame: object) -> None:
         if stopping.is_set():
+            if time.monotonic() - first[0] < SAME_STOP_S:  # `timeout`'s to the process, then to its group
+                return
             _exit_now(f"signal {signum} again")
         stopping.set()
+        first.append(time.monotonic())
         watchdog = threading.Timer(STOP_GRACE_S, _exit_now, args=(f"still stopping after {STOP_GRACE_S:.0f} s",))
         watchdog.daemon = True
         watchdog.start()

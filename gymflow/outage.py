@@ -20,6 +20,22 @@ from gymflow.presets.redaction import redacted_text
 
 _logger = logging.getLogger(__name__)
 
+STORE_PAUSE_S = 5.0  # the longest pause between tries of a call the object store did not answer
+
+
+def store_attempt_timeouts(budget_s: float) -> dict[str, float]:
+    """One attempt at the object store within its outage budget: a fifth of it for the reply (5-60 s),
+    a tenth for the connection (2-10 s), so a store that accepts and never answers is lost within
+    the budget and one attempt (`store_call_bound_s`)."""
+    return {"connect_timeout": min(max(budget_s / 10, 2.0), 10.0), "read_timeout": min(max(budget_s / 5, 5.0), 60.0)}
+
+
+def store_call_bound_s(budget_s: float) -> float:
+    """How long past its outage budget a call to an object store that stopped answering goes on at
+    most: the attempt under way (connection and reply) and the pause before it."""
+    timeouts = store_attempt_timeouts(budget_s)
+    return timeouts["connect_timeout"] + timeouts["read_timeout"] + STORE_PAUSE_S
+
 
 @dataclass(frozen=True)
 class Budget:

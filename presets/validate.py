@@ -16,8 +16,22 @@ from gymflow.envs.envpool_backend import envpool_installed, pool_task
 from gymflow.envs.make import EnvSpecError, Preprocessing, check_env, is_image, is_multi_agent, reads_pixels
 from gymflow.envs.parts import image_parts
 from gymflow.errors import InvalidPreset
+from gymflow.outage import store_call_bound_s
 from gymflow.presets.load import load_preset
 from gymflow.presets.model import DistributionConfig, Preset
+
+
+def _check_rollout_timeout(config: Preset) -> None:
+    """A job waiting on an S3 store that stopped answering must see the store lost (its outage budget
+    and the try under way) before it is taken as wedged and its worker restarted."""
+    if _is_local_folder(config.storage.root) or config.distribution.mode == "single":
+        return
+    least = config.storage.outage_budget_s + store_call_bound_s(config.storage.outage_budget_s)
+    if config.distribution.rollout_timeout_s <= least:
+        raise InvalidPreset("distribution.rollout_timeout_s", f"{config.distribution.rollout_timeout_s:g} s would "
+                            f"restart a worker as wedged while it waits on a store that stopped answering, within "
+                            f"storage.outage_budget_s ({config.storage.outage_budget_s:g} s) and the try under way; "
+                            f"allowed: more than {least:g} s, or a shorter storage.outage_budget_s")
 
 
 def _is_local_folder(root: str) -> bool:
@@ -89,6 +103,7 @@ def experiment_from(config: Preset) -> Experiment:
     if config.distribution.mode not in algorithm.modes:
         raise InvalidPreset("distribution.mode", _mode_refused(algorithm, config.distribution.mode))
     _check_vtrace(config)
+    _check_rollout_timeout(config)
     _check_inference(config, algorithm)
     _check_adaptive(config.distribution)
     _check_slurm(config.distribution)

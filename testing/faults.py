@@ -7,7 +7,9 @@ fails a share of the requests passing through it.
 
 The faults are the ones S3 clients meet for real: a 503 SlowDown reply, a connection closed
 before the request reached the server, and a connection closed after the server applied the
-request but before the reply came back (so a retried PUT writes the same key twice).
+request but before the reply came back (so a retried PUT writes the same key twice). And, asked
+for by name, "silent": a request taken and never answered (a store that hangs), its connection
+held until the proxy closes.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class FaultyProxy:
         self.requests = 0
         self._random = random.Random(seed)
         self._lock = threading.Lock()
+        self.closed = threading.Event()  # what a silent request waits for
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -52,6 +55,7 @@ class FaultyProxy:
         return self
 
     def __exit__(self, *exc_info) -> None:
+        self.closed.set()
         self._server.shutdown()
         self._server.server_close()
 
@@ -84,6 +88,10 @@ def _handler_for(proxy: FaultyProxy) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(_SLOW_DOWN)
                 return
             if fault == "reset":
+                self.close_connection = True
+                return
+            if fault == "silent":
+                proxy.closed.wait()
                 self.close_connection = True
                 return
             upstream = http.client.HTTPConnection(*proxy.target, timeout=60)

@@ -219,6 +219,44 @@ def test_an_object_store_out_within_its_budget_is_waited_for_and_one_lost_past_i
     assert time.monotonic() - started < 1
 
 
+# default tier: the first of its capability (a store that takes calls and never answers)
+def test_a_store_that_takes_calls_and_never_answers_is_lost_within_its_budget_and_one_attempt():
+    """Against a store that accepts and stays silent, one s3fs call used to make 25 requests (s3fs's 5
+    retries times botocore's 5 attempts), ~25 minutes with the default timeouts: past every budget. On
+    gymflow's defaults a call is now lost within its budget and one attempt, and the bucket probe at
+    start refuses such a store within ~25 s."""
+    from gymflow.errors import StorageRefused
+    from gymflow.outage import store_call_bound_s
+    from gymflow.tasks.storage.objects import check_storage
+
+    budget_s = 10
+    server = MotoServer()
+    server.start()
+    try:
+        with FaultyProxy(server.with_bucket("gymflow").url, fault_rate=0.0, faults=("silent",)) as proxy:
+            location = StorageLocation("s3://gymflow/data", {"endpoint_url": proxy.url, "key": "testing",
+                                                             "secret": "testing"}, budget_s)
+            check_storage(location)
+            store = Storage(location)
+            store.write("runs/r1/run.json", b"{}")
+            proxy.fault_rate, before, started = 1.0, proxy.requests, time.monotonic()
+            with pytest.raises(ServerLost) as lost:
+                store.read("runs/r1/run.json")
+            took = time.monotonic() - started
+            assert budget_s <= took < budget_s + store_call_bound_s(budget_s), took
+            assert proxy.requests - before <= 4, proxy.requests - before  # each try gymflow's, counted once
+            assert str(lost.value).startswith(f"storage.root: the object store at {proxy.url} has not answered for "
+                                              f"{budget_s} s (storage.outage_budget_s): ReadTimeoutError"), lost.value
+            assert str(lost.value).endswith("`gymflow resume r1 --root s3://gymflow/data` continues it once the "
+                                            "store answers") and "\n" not in str(lost.value), lost.value
+            started = time.monotonic()
+            with pytest.raises(StorageRefused, match=rf"^storage.options.endpoint_url: cannot reach {proxy.url}: "):
+                check_storage(location)
+            assert time.monotonic() - started < 30
+    finally:
+        server.kill()
+
+
 def test_only_an_object_store_that_does_not_answer_counts_against_its_budget():
     from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 

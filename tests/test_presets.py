@@ -240,3 +240,18 @@ def test_gymflow_presets_describes_each_preset_in_one_whole_sentence():
         assert description.endswith("."), (name, description)  # not cut at the end of a comment line
         assert description.count("(") == description.count(")") and description.count("`") % 2 == 0, name
         assert "\n" not in description and len(description) < 400, name
+
+
+def test_a_rollout_timeout_within_the_stores_outage_budget_is_refused():
+    """A job waiting on a store that stopped answering was restarted as wedged before the store was
+    lost (rollout_timeout_s below storage.outage_budget_s and the try under way)."""
+    from gymflow.outage import store_call_bound_s
+    from gymflow.presets.validate import resolve_experiment
+
+    least = 300 + store_call_bound_s(300)
+    with pytest.raises(InvalidPreset, match=rf"^distribution.rollout_timeout_s: 300 s would restart a worker as "
+                                            rf"wedged .* allowed: more than {least:g} s, or a shorter "
+                                            r"storage.outage_budget_s$"):
+        resolve_experiment("cartpole-ppo", {"storage.root": "s3://bucket/x", "distribution.rollout_timeout_s": 300})
+    resolve_experiment("cartpole-ppo", {"storage.root": "s3://bucket/x"})  # the defaults: 600 s against 375 s
+    resolve_experiment("cartpole-ppo", {"distribution.rollout_timeout_s": 5})  # a local folder answers or fails

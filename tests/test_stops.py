@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -128,6 +129,43 @@ def test_a_run_killed_mid_training_leaves_none_of_its_helper_processes_alive_10_
     else:  # the OOM killer's way, here
         os.killpg(flow.pid, signal.SIGKILL)
     _stopped_within(flow, started, 10)
+
+
+PREFECT_LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d{3} \| ")  # the run's own lines before the stop (piped: no bar)
+
+
+# default tier (the `alone` run): Ctrl-C before, during and after start-up
+@ALONE
+@pytest.mark.parametrize("after_s", [1, 3, 6, 10])
+def test_ctrl_c_at_any_second_of_start_up_is_one_line_naming_what_can_be_resumed(after_s, tmp_path):
+    """Ctrl-C during start-up (14-34 s on a loaded machine) used to print 46-80 lines: a KeyboardInterrupt
+    traceback through numpy's imports, the nannies' `Failed to start process ... EOFError` (the fork server
+    the workers come from killed by the same Ctrl-C), then `still stopping after 8 s`. Now: at most three
+    lines, the last saying whether a run began and how to continue it; within 10 s; nothing left running."""
+    env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}  # its own temporary API
+    flow = subprocess.Popen([GYMFLOW, "run", "cartpole-dqn", "--quiet"], cwd=tmp_path, env=env,
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(after_s)
+    started = psutil.Process(flow.pid).children(recursive=True)
+    os.killpg(flow.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole foreground group
+    try:
+        flow.wait(10)
+    except subprocess.TimeoutExpired:
+        os.killpg(flow.pid, signal.SIGKILL)
+        raise AssertionError(f"still going 10 s after Ctrl-C at {after_s} s: {flow.communicate()[0][-3000:]}") from None
+    said = flow.stdout.read()
+    lines = [line for line in said.splitlines() if line.strip() and not PREFECT_LOG_LINE.match(line)]
+    assert flow.returncode == 130 and len(lines) <= 3 and "Traceback" not in said, said[-3000:]
+    _, alive = psutil.wait_procs(started, timeout=5)
+    assert not [process for process in alive if still_running(process)], [p.cmdline()[:4] for p in alive]
+    if lines[-1].startswith("gymflow: stopped during start-up: "):
+        assert lines[-1] == "gymflow: stopped during start-up: no run began, nothing was written, nothing to resume"
+        assert not (tmp_path / "gymflow-logs").exists() and not (tmp_path / "gymflow-data" / "runs").exists()
+    else:
+        (run,) = (tmp_path / "gymflow-data" / "runs").iterdir()
+        assert lines[-1].startswith("gymflow: stopped. What was committed stays: ") and \
+            f"gymflow resume {run.name} --root gymflow-data` continues the run" in lines[-1], said[-3000:]
+        assert (tmp_path / "gymflow-logs" / f"{run.name}.log").exists()
 
 
 def _is_temporary_api(process: psutil.Process) -> bool:

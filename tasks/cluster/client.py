@@ -9,6 +9,7 @@ import itertools
 import logging
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import time
@@ -222,9 +223,9 @@ def _drop_dasks_malloc_trim_threshold() -> None:
 
 
 # the jobs and what they run (torch, every algorithm's networks and policy), imported once by the server
-# the workers are forked from
-WORKER_PRELOAD = ["distributed", "gymflow.tasks.cluster.local_worker", "gymflow.tasks.cluster.jobs",
-                  *(algorithm.module for algorithm in ALGORITHMS.values())]
+# the workers are forked from; the first, before the seconds of imports, has it ignore the flow's group's signals
+WORKER_PRELOAD = ["gymflow.tasks.cluster.forkserver_signals", "distributed", "gymflow.tasks.cluster.local_worker",
+                  "gymflow.tasks.cluster.jobs", *(algorithm.module for algorithm in ALGORITHMS.values())]
 
 
 def _workers_forked_with_jobs_imported() -> None:
@@ -242,6 +243,21 @@ def _workers_forked_with_jobs_imported() -> None:
         return
     dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})  # for this process
     get_mp_context().set_forkserver_preload(WORKER_PRELOAD)  # after Dask's own preload list: this one wins
+    _fork_server_deaf_to_the_flow_s_signals()
+
+
+def _fork_server_deaf_to_the_flow_s_signals() -> None:
+    """The fork server started here, with SIGINT and SIGTERM blocked in this thread as it is made:
+    the block passes through fork and exec, so a Ctrl-C to the flow's process group during the
+    server's interpreter start or its preloads (seconds of torch) neither ends it nor reaches the
+    workers forked from it (tasks/cluster/forkserver_signals.py ignores both once it runs)."""
+    from multiprocessing import forkserver
+
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 @contextmanager

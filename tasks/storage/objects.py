@@ -3,13 +3,14 @@
 Workers get a StorageLocation (a URL and options) and open the filesystem themselves; nothing
 heavier than that crosses a process boundary.
 
-On S3, transient failures (timeouts, 5xx, throttling, dropped connections) are retried by
-botocore's "standard" retry mode with exponential backoff, configured here as a default that a
-preset's `storage.options.config_kwargs` can override; s3fs adds its own retries for a few
-low-level read errors. A call that still gets no answer is tried again every few seconds while the
-store's outage lasts less than `storage.outage_budget_s` (gymflow/outage.py); past it, or at once
-where the store answers that the bucket is gone, it raises ServerLost. Listing caches are off, so
-a key written by another process is seen.
+On S3, every try again is gymflow's, counted once (`Storage._within_budget`): botocore makes one
+attempt a call and s3fs none of its own retries (the two multiplied held one call to a store that
+accepts and never answers ~25 minutes). A blip (a dropped connection, a 5xx, throttling) is tried
+again at once, unsaid; a call that still gets no answer is tried again after pauses of up to a few
+seconds while the store's outage lasts less than `storage.outage_budget_s` (gymflow/outage.py),
+each attempt's timeouts a share of that budget; past it, or at once where the store answers that
+the bucket is gone, it raises ServerLost. A preset's `storage.options.config_kwargs` overrides
+these defaults. Listing caches are off, so a key written by another process is seen.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import errno
+import itertools
 import json
 import os
+import random
 import shutil
 import threading
 import time
@@ -37,7 +40,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from gymflow.commands import gymflow_command
 from gymflow.errors import ServerLost, StorageFull, StorageRefused
-from gymflow.outage import Budget, Outage
+from gymflow.outage import STORE_PAUSE_S, Budget, Outage, store_attempt_timeouts
 
 if TYPE_CHECKING:
     from gymflow.presets.model import StorageConfig
@@ -46,25 +49,37 @@ S3_PROTOCOLS = ("s3", "s3a")
 S3_DEFAULTS: dict[str, Any] = {
     "use_listings_cache": False,
     "config_kwargs": {
-        "retries": {"mode": "standard", "total_max_attempts": 5},  # then the outage budget's own tries
+        # one attempt a call: every try again is the outage budget's (`Storage._within_budget`), counted
+        # once; botocore's five attempts times s3fs's five retries held one call to a silent store ~25 min
+        "retries": {"mode": "standard", "total_max_attempts": 1},
         "connect_timeout": 10,
         "read_timeout": 60,
     },
 }
 
 
-def filesystem_options(root: str, options: dict[str, Any]) -> dict[str, Any]:
-    """The options a filesystem is opened with: the preset's, over gymflow's defaults for S3."""
+def filesystem_options(root: str, options: dict[str, Any], budget_s: float | None = None) -> dict[str, Any]:
+    """The options a filesystem is opened with: the preset's, over gymflow's defaults for S3 (one
+    attempt's timeouts within `budget_s`, the outage budget, where given)."""
     if fsspec.utils.get_protocol(root) not in S3_PROTOCOLS:
         return dict(options)
     merged = {**S3_DEFAULTS, **options}
-    merged["config_kwargs"] = {**S3_DEFAULTS["config_kwargs"], **options.get("config_kwargs", {})}
+    within = store_attempt_timeouts(budget_s) if budget_s is not None else {}
+    merged["config_kwargs"] = {**S3_DEFAULTS["config_kwargs"], **within, **options.get("config_kwargs", {})}
     return merged
+
+
+def _s3fs_tries_once(fs: Any) -> None:
+    """s3fs's own retries (5 by default, around botocore's attempts) off for this file system: a call
+    is tried again by the outage budget alone."""
+    if not isinstance(fs, LocalFileSystem) and hasattr(type(fs), "retries"):
+        fs.retries = 1
 
 
 OUTAGE_BUDGET_FIELD = "storage.outage_budget_s"
 STORE_FIELD = "storage.root"  # what a lost object store's line names
-OUTAGE_PAUSE_S = 5.0  # between tries of a call the object store did not answer
+FIRST_PAUSE_S = 0.1  # the first pause; each next one doubles
+BLIP_TRIES, BLIP_S = 3, 2.0  # failures within these are tried again unsaid (a blip, not yet an outage)
 T = TypeVar("T")
 
 
@@ -84,7 +99,9 @@ class Storage:
 
     def __init__(self, location: StorageLocation):
         self.location = location
-        self.fs, self.base = fsspec.core.url_to_fs(location.root, **filesystem_options(location.root, location.options))
+        self.fs, self.base = fsspec.core.url_to_fs(location.root, **filesystem_options(
+            location.root, location.options, location.outage_budget_s))
+        _s3fs_tries_once(self.fs)
         self.base = self.base.rstrip("/")
         self.local = isinstance(self.fs, LocalFileSystem)
         self.reads: Counter[str] = Counter()  # objects read by this process, by kind (`read_kind`)
@@ -149,7 +166,12 @@ class Storage:
             raise self._lost_said(key, lost) from None
 
     def _within_budget(self, call: Callable[[], T], outage: Outage) -> T:
-        while True:
+        """`call` tried until answered, after pauses that double from FIRST_PAUSE_S up to
+        STORE_PAUSE_S (with jitter). A blip (failures answered fast, within BLIP_S of the first: a
+        dropped connection, a 503 SlowDown) is tried again unsaid, as botocore's retries did; past
+        it the outage is said and counted against the budget from the first failed try."""
+        first_failed: float | None = None
+        for tries in itertools.count():
             outage.check()
             asked_at = time.monotonic()
             try:
@@ -159,11 +181,16 @@ class Storage:
                     raise
                 if unanswered == BUCKET_GONE:
                     outage.gone(f"bucket {self.base.split('/')[0]!r} does not exist any more")
-                else:  # raises ServerLost once the budget is spent
-                    time.sleep(min(OUTAGE_PAUSE_S, max(outage.failed(error, asked_at), 0.0)))
+                    continue
+                first_failed = asked_at if first_failed is None else first_failed
+                pause = min(STORE_PAUSE_S, FIRST_PAUSE_S * 2 ** tries) * random.uniform(0.5, 1.0)
+                if tries >= BLIP_TRIES or time.monotonic() - first_failed >= BLIP_S:  # raises once the budget is spent
+                    pause = min(pause, max(outage.failed(error, first_failed), 0.0))
+                time.sleep(pause)
                 continue
             outage.answered()
             return answer
+        raise AssertionError("unreachable")
 
     def _lost_said(self, key: str, lost: ServerLost) -> ServerLost:
         parts = key.split("/")
@@ -407,10 +434,12 @@ def _check_bucket(location: StorageLocation) -> None:
     from botocore.exceptions import BotoCoreError
 
     options = filesystem_options(location.root, location.options)
-    # A quick probe: two attempts, short timeouts, so an unreachable endpoint fails in seconds.
-    options["config_kwargs"] = {**options["config_kwargs"], "connect_timeout": 5, "read_timeout": 15,
+    # A quick probe: two attempts, short timeouts (s3fs's retries off), so an unreachable or silent
+    # endpoint is refused within ~25 s.
+    options["config_kwargs"] = {**options["config_kwargs"], "connect_timeout": 5, "read_timeout": 10,
                                 "retries": {"mode": "standard", "total_max_attempts": 2}}
     fs, path = fsspec.core.url_to_fs(location.root, skip_instance_cache=True, **options)
+    _s3fs_tries_once(fs)
     bucket = path.split("/")[0]
     endpoint = location.options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL") or "AWS S3"
     try:
