@@ -37,12 +37,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     command inside a process that goes on (the tests)."""
     global _collection_paused
     if argv is None:
+        from gymflow.last_steps import allow_ending
+
+        allow_ending()  # the command's own process: a run's deadline (a lost server) may end it
+        # a log record a handler fails to send (Prefect's to an API that is out: "--- Error logging to
+        # API ---" with the answer, at every batch) is dropped, as the logging docs advise in production;
+        # the run's log file has every record, and gymflow says the API's outage once
+        logging.raiseExceptions = False
         # No garbage collections while the command imports Prefect, torch, MLflow and the flow:
         # they scanned the ~0.8 M new objects over and over and freed nothing (0.6-1.1 s of a
         # run's ~4 s of imports on the 2-core VM); back on once they are in (`_collecting_again`)
         gc.disable()
         _collection_paused = True
     code = _command(argv)
+    if argv is not None:  # the caller goes on: a lost server's deadline, if one was armed, is not its end
+        from gymflow.last_steps import cancel_end
+
+        cancel_end()
     if argv is None:
         # the process ends next: the interpreter's collection of its whole heap on the way out
         # (torch, MLflow, Prefect, Dask: ~2 s) frees nothing anybody waits for
@@ -283,6 +294,15 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready:
             print(f"gymflow: error: {error}", file=sys.stderr)
             last_steps.said(f"gymflow: error: {error}")  # a lost server's deadline does not say it again
             return 2
+        except Exception as error:
+            # Prefect's engine failing on its way out (its report of the run's end answered 500), after
+            # a server was lost (the line already armed) or not
+            line = last_steps.pending_line() or _prefect_failed(error, stopped)
+            if line is None:
+                raise
+            print(f"{said}{line}", file=sys.stderr)
+            last_steps.said(line)
+            return 2
         except KeyboardInterrupt:
             if not begun():  # stopped before the run began
                 if log_file is not None and not log_kept:
@@ -291,6 +311,20 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready:
                 return 130
             print(f"{said}gymflow: stopped. {stopped}", file=sys.stderr)
             return 130
+
+
+def _prefect_failed(error: Exception, stopped: str) -> str | None:
+    """The one line for the Prefect API's answer that failed the run's report (a 5xx to its flow run's
+    state, a dropped connection), with what can be continued; None for any other error."""
+    import httpx
+    from prefect.exceptions import PrefectHTTPStatusError
+    from prefect.settings import PREFECT_API_URL
+
+    if not isinstance(error, (PrefectHTTPStatusError, httpx.HTTPError)):
+        return None
+    answer = " ".join(str(error).split()).partition(" - For more information")[0][:300]
+    return f"gymflow: error: PREFECT_API_URL: the Prefect API at {PREFECT_API_URL.value()} failed the run's " \
+           f"report ({type(error).__name__}: {answer}). {stopped}"
 
 
 def _cluster_beside(distribution: DistributionConfig | None) -> AbstractContextManager[Callable[[], None]]:

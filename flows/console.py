@@ -88,6 +88,21 @@ def _gymflow_error_names() -> set[str]:
     return found
 
 
+class PrefectOutageSaidOnce(logging.Filter):
+    """While the Prefect API is out (gymflow says so once, then its end or loss in one line), leaves
+    out what Prefect's own clients say of it again and again: events not sent over the websocket,
+    their service failing with items pending. The run's log file keeps them."""
+
+    QUIET = ("prefect.events.clients", "prefect._internal.concurrency")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.QUIET):
+            return True
+        from gymflow.tasks.tracking.prefect_watch import api_out
+
+        return not api_out()
+
+
 class NotTheBarsLines(logging.Filter):
     """Leaves out the progress lines (tasks/tracking/progress.py) while a bar shows the same."""
 
@@ -174,3 +189,7 @@ def gymflow_errors_in_one_line_on_the_console() -> None:
                 handler.setFormatter(WithoutGymflowTracebacks(handler.formatter or logging.Formatter()))
                 handler.addFilter(InterruptNotACrash())
                 handler.addFilter(GymflowErrorsSaidOnce())
+                handler.addFilter(PrefectOutageSaidOnce())
+    for handler in logging.getLogger("prefect._internal").handlers:  # its own stderr handler (no propagation)
+        if not any(isinstance(kept, PrefectOutageSaidOnce) for kept in handler.filters):
+            handler.addFilter(PrefectOutageSaidOnce())

@@ -9,6 +9,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 _STEPS: dict[int, Callable[[], None]] = {}
@@ -32,17 +33,66 @@ def take_last_steps() -> None:
 
 _ENDING: list[threading.Timer] = []
 _SAID: list[str] = []
+_ALLOWED: list[bool] = []  # a process of gymflow's own (the command, a deployment's flow run): it may be ended
+_HOLDS: list[str] = []  # what a deadline waits for before it ends the process
+_LINE: list[str] = []  # the deadline's line, once one is armed
+_DUE: list[float] = []  # and when it is due (monotonic)
+HOLD_LIMIT_S = 600.0  # the longest a deadline waits for what holds it
+
+
+@contextlib.contextmanager
+def held(what: str) -> Iterator[None]:
+    """While inside, a deadline that comes (`end_within`) waits for this to finish, up to
+    HOLD_LIMIT_S: a delivery to an MLflow server that answers, the MLflow run's last state."""
+    _HOLDS.append(what)
+    try:
+        yield
+    finally:
+        _HOLDS.remove(what)
+
+
+def allow_ending() -> None:
+    """This process is a run's own (`gymflow run`, a deployment's flow-run process): a deadline may end it.
+    Elsewhere (a notebook, a test calling the flow) `end_within` arms nothing: the caller goes on."""
+    _ALLOWED.append(True)
+
+
+def pending_line() -> str | None:
+    """The line of the deadline armed in this process (a server lost), if any."""
+    return _LINE[0] if _LINE else None
+
+
+def cancel_end() -> None:
+    """The deadline taken back: the command returned to a caller that goes on (a test, a notebook)."""
+    _cancel_timer()
+    _SAID.clear()
+
+
+def _cancel_timer() -> None:
+    while _ENDING:
+        _ENDING.pop().cancel()
+    _LINE.clear()
+    _DUE.clear()
 
 
 def end_within(seconds: float, line: str, code: int = 2) -> None:
     """Where this process still runs `seconds` from now (its end held up by a server that is gone:
     a client that tries it again for minutes), `line` said on stderr unless said already
-    (`said`), the last steps taken, its child processes ended, and it ends with `code`. Once."""
-    if _ENDING:
+    (`said`), the last steps taken (what is `held` finished first), its child processes ended, and it
+    ends with `code`. Once: a later call changes it only to a sooner end. Only in a process
+    `allow_ending` marked as a run's own."""
+    if not _ALLOWED:
         return
+    due = time.monotonic() + seconds
+    if _ENDING:
+        if _DUE[0] <= due:
+            return
+        _cancel_timer()  # a sooner deadline (the run's work is over; only its report is left) takes its place
     timer = threading.Timer(seconds, _end_now, (line, code))
     timer.daemon = True
     _ENDING.append(timer)
+    _LINE.append(line)
+    _DUE.append(due)
     timer.start()
 
 
@@ -53,6 +103,10 @@ def said(line: str) -> None:
 
 def _end_now(line: str, code: int) -> None:
     import psutil
+
+    waited_until = time.monotonic() + HOLD_LIMIT_S
+    while _HOLDS and time.monotonic() < waited_until:  # a delivery under way finishes first
+        time.sleep(0.2)
 
     if not _SAID:
         print(line, file=sys.stderr, flush=True)

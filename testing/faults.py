@@ -9,7 +9,7 @@ The faults are the ones S3 clients meet for real: a 503 SlowDown reply, a connec
 before the request reached the server, and a connection closed after the server applied the
 request but before the reply came back (so a retried PUT writes the same key twice). And, asked
 for by name, "silent": a request taken and never answered (a store that hangs), its connection
-held until the proxy closes.
+held until the proxy closes; "500": an Internal Server Error (a server whose database is gone).
 """
 
 from __future__ import annotations
@@ -90,6 +90,14 @@ def _handler_for(proxy: FaultyProxy) -> type[BaseHTTPRequestHandler]:
             if fault == "reset":
                 self.close_connection = True
                 return
+            if fault == "500":
+                body = b'{"detail": "Internal Server Error"}'
+                self.send_response(500)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
             if fault == "silent":
                 proxy.closed.wait()
                 self.close_connection = True
@@ -114,6 +122,6 @@ def _handler_for(proxy: FaultyProxy) -> type[BaseHTTPRequestHandler]:
             if self.command != "HEAD":
                 self.wfile.write(payload)
 
-        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _relay
+        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _relay
 
     return Handler

@@ -131,6 +131,69 @@ def test_a_prefect_api_lost_mid_run_ends_it_in_one_line_past_its_budget_and_it_r
     assert sorted(evaluations) == list(range(EVERY, TOTAL + 1, EVERY)), sorted(evaluations)
 
 
+# default tier: the first of its capability (a server that answers 500 to everything)
+def test_a_prefect_api_answering_500_to_everything_ends_the_run_in_one_line_with_its_mlflow_run_failed(tmp_path):
+    """A Prefect API whose database is gone answers 500. The run used to stop at its next commit and
+    then end in Prefect's `PrefectHTTPStatusError ... 500` traceback (its engine's report of the run's
+    end refused), exit 1, or with PREFECT_CLIENT_RETRY_EXTRA_CODES=500 (a team's stack sets it) minutes
+    later. Now it ends within its budget and a minute, exit 2, its MLflow run FAILED, its last line
+    naming the API, its budget and the command that continues it."""
+    server = PrefectServer(tmp_path)
+    server.start()
+    settings = {**TINY_BUDGET, "schedule.total_env_steps": 256_000, "schedule.evaluate_every_env_steps": 12_800,
+                "storage.root": str(tmp_path / "data"), "tracking.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+                "tracking.experiment": "prefect-500", "tracking.outage_budget_s": BUDGET_S}
+    try:
+        with FaultyProxy(server.url.removesuffix("/api"), fault_rate=0.0, faults=("500",)) as proxy:
+            switched = _Switch(proxy)
+            code, stderr, ended_after = _run_until_its_server_is_lost(
+                settings, tmp_path / "data", switched, tmp_path,
+                {**os.environ, "PREFECT_API_URL": f"{proxy.url}/api", "PREFECT_CLIENT_RETRY_EXTRA_CODES": "500"})
+    finally:
+        server.kill()
+    (run_id,) = [path.name for path in (tmp_path / "data" / "runs").iterdir()]
+    assert code == 2 and ended_after < BUDGET_S + 60, (code, ended_after, stderr[-3000:])
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"gymflow: error: PREFECT_API_URL: the Prefect API at {proxy.url}/api has not answered "
+                           f"for {BUDGET_S} s (tracking.outage_budget_s): HTTPStatusError: 500 "), last
+    assert f"`gymflow resume {run_id} --root {tmp_path / 'data'}` continues the run" in last, last
+    assert "Traceback" not in stderr and "Error logging to API" not in stderr, stderr[-3000:]
+    from mlflow import MlflowClient
+
+    client = MlflowClient(settings["tracking.tracking_uri"])
+    (mlflow_run,) = client.search_runs([client.get_experiment_by_name("prefect-500").experiment_id])
+    assert mlflow_run.info.status == "FAILED"
+
+
+class _Switch:
+    """A proxy's faults switched on for good, as `_run_until_its_server_is_lost` kills a server."""
+
+    def __init__(self, proxy: FaultyProxy):
+        self.proxy = proxy
+
+    def kill(self) -> None:
+        self.proxy.fault_rate = 1.0
+
+
+def test_a_deadline_that_ends_the_process_waits_for_what_holds_it():
+    """A lost Prefect API's deadline (60 s) used to cut a delivery to a healthy MLflow under way, its
+    MLflow run left RUNNING: what is `held` (a delivery, the MLflow run's last state) finishes first."""
+    script = (
+        "import sys, time\n"
+        "from gymflow import last_steps\n"
+        "last_steps.allow_ending()\n"
+        "last_steps.end_within(0.2, 'gymflow: error: the API is lost')\n"
+        "with last_steps.held('a delivery'):\n"
+        "    time.sleep(1.5)\n"
+        "    print('delivered', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == "delivered\n", done.stdout + done.stderr
+    assert done.stderr.strip() == "gymflow: error: the API is lost" and time.monotonic() - started < 20
+
+
 def test_only_a_server_that_does_not_answer_counts_against_the_budget():
     """No reply, a timeout or a 5xx is an outage; a refusal it answered (a 401: a login, tried again
     apart; a 404) is not."""

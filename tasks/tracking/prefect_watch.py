@@ -22,6 +22,15 @@ from gymflow.last_steps import end_within
 from gymflow.outage import Outage
 from gymflow.tasks.tracking.outage import prefect_outage
 
+_WATCHED: list[Outage] = []  # the outages of the runs this process watches
+
+
+def api_out() -> bool:
+    """Whether a Prefect API this process reports to is out (or lost): Prefect's own clients' lines
+    about it (events not sent, services failing) say again what gymflow said once."""
+    return any(outage.going_on for outage in _WATCHED)
+
+
 WATCH_EVERY_S = 5.0
 ASK_TIMEOUT_S = 5.0
 END_GRACE_S = 60.0  # from the API's loss to the process's end, at the latest
@@ -99,7 +108,8 @@ def prefect_watched(flow_run_id: str, budget_s: float, resume_hint: str) -> Iter
         return
     watch = PrefectWatch(url, flow_run_id, budget_s, resume_hint)
     watch.start()
+    _WATCHED.append(watch.outage)
     try:
         yield watch.outage
     finally:
-        watch.stop()
+        watch.stop()  # its outage stays watched: what the engine reports at the end meets the same API

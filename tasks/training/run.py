@@ -15,6 +15,7 @@ import yaml
 from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.commands import gymflow_command
 from gymflow.errors import InvalidPreset, ServerLost
+from gymflow.last_steps import before_exit_now, end_within, held
 from gymflow.logs import AnyLogger
 from gymflow.outage import Outage
 from gymflow.presets.load import flatten
@@ -74,6 +75,8 @@ from gymflow.tasks.training.state import Budget, LoopState, planned_total
 from gymflow.tasks.training.stream import AsyncStream, Batches, Ratio
 from gymflow.tasks.training.summary import EvaluationRow, RunRecorder
 from gymflow.work import began
+
+FINAL_REPORT_GRACE_S = 15.0  # a run that stopped for a lost server: its final report to Prefect at most this
 
 
 @dataclass(frozen=True)
@@ -213,27 +216,35 @@ def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str], 
     tracker.prefect_outage = prefect  # the Prefect API's, watched beside MLflow's (tasks/tracking/prefect_watch.py)
     status = "FINISHED"
     try:
-        if run.record is None:
-            tracker.log_params(run.params())
-            write_stored_preset(run.storage, run.run_id, run.preset_yaml())
-            record = RunRecord(tracker.run_id, tracking.experiment, redacted_uri(tracking.tracking_uri))
-            write_run_record(run.storage, run.run_id, record)
-        yield tracker
+        # a deadline that ends the process (a lost server: gymflow.last_steps) ends the MLflow run first
+        with before_exit_now(partial(tracker.finish, "FAILED")):
+            if run.record is None:
+                tracker.log_params(run.params())
+                write_stored_preset(run.storage, run.run_id, run.preset_yaml())
+                record = RunRecord(tracker.run_id, tracking.experiment, redacted_uri(tracking.tracking_uri))
+                write_run_record(run.storage, run.run_id, record)
+            yield tracker
     except ServerLost as lost:  # a server it records to: the run stops at the commit after its budget ran out
         status = "FAILED"
         if prefect is None or prefect.lost is None:  # its events go to the Prefect API
             RunEvents(run.run_id, run.preset.name, tracker.run_id).failed(lost)
-        if lost.field == STORE_FIELD:  # the object store's: its line names the command that continues the run
+        said = lost if lost.field == STORE_FIELD else ServerLost(  # the store's names the command that continues it
+            lost.field, f"{lost.problem}; what was committed stays (and what MLflow did not get, beside it): "
+            f"`{gymflow_command()} resume {run.run_id} --root {run.preset.storage.root}` continues the run once the "
+            "server answers")
+        # what is left is Prefect's engine reporting the run's end, which it tries again for minutes
+        # against an API that answers 500: bounded (the line said, the process ended) past its grace
+        end_within(FINAL_REPORT_GRACE_S, f"gymflow: error: {said}")
+        if said is lost:
             raise
-        raise ServerLost(lost.field, f"{lost.problem}; what was committed stays (and what MLflow did not get, "
-                         f"beside it): `{gymflow_command()} resume {run.run_id} --root {run.preset.storage.root}` "
-                         "continues the run once the server answers") from None
+        raise said from None
     except BaseException as ended:  # KeyboardInterrupt, Prefect's TerminationSignal: a stop, not an error
         status = "FAILED" if isinstance(ended, Exception) else "KILLED"
         RunEvents(run.run_id, run.preset.name, tracker.run_id).failed(ended)
         raise
     finally:
-        tracker.finish(status)
+        with held("the MLflow run's last state"):
+            tracker.finish(status)
 
 
 def run_recorder(run: PreparedRun, tracker: Tracker, logger: AnyLogger) -> RunRecorder:
