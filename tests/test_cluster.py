@@ -467,3 +467,33 @@ def test_shipped_modules_are_forgotten_while_another_thread_of_the_worker_import
         sys.setswitchinterval(interval)
         for name in [name for name in list(sys.modules) if name.startswith("gymflow_tests_churn_")]:
             del sys.modules[name]
+
+
+def test_shipped_code_removes_only_a_folder_it_unpacked(tmp_path):
+    """A worker's `gymflow-shipped-code` folder is emptied for each run's code and removed after it:
+    only where gymflow's marker says it unpacked it there; a folder of that name it did not make is
+    refused in one line and left as it was."""
+    from gymflow.errors import ClusterUnavailable
+    from gymflow.tasks.cluster.shipping import SHIPPED_MARKER, ShippedCode, archive_of
+
+    (tmp_path / "mine.py").write_text("VALUE = 1\n")
+    worker = types.SimpleNamespace(local_directory=str(tmp_path / "worker"))
+    plugin = ShippedCode(archive_of([tmp_path / "mine.py"]), ["mine"])
+    folder = tmp_path / "worker" / "gymflow-shipped-code"
+    try:
+        plugin.setup(worker)
+        assert (folder / "mine.py").exists() and (folder / SHIPPED_MARKER).exists()
+        plugin.setup(worker)  # the next run's code replaces it
+        plugin.teardown(worker)
+        assert not folder.exists()
+        folder.mkdir(parents=True)
+        (folder / "notes.txt").write_text("someone's")
+        with pytest.raises(ClusterUnavailable, match=rf"^distribution.ship_paths: {folder} on the worker was not "
+                                                     rf"made by gymflow \(no {SHIPPED_MARKER}\); nothing removed"):
+            plugin.setup(worker)
+        plugin.teardown(worker)
+        assert (folder / "notes.txt").read_text() == "someone's"
+    finally:
+        sys.modules.pop("mine", None)
+        if str(folder) in sys.path:
+            sys.path.remove(str(folder))

@@ -22,6 +22,7 @@ from pathlib import Path
 from distributed import Client
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from gymflow.errors import ClusterUnavailable
 from gymflow.presets.model import Preset
 
 SKIPPED = {"__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ipynb_checkpoints"}
@@ -40,8 +41,9 @@ class ShippedCode(WorkerPlugin):
 
     def setup(self, worker) -> None:
         folder = self._folder(worker)
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_shipped(folder)
         folder.mkdir(parents=True)
+        (folder / SHIPPED_MARKER).write_text("unpacked by gymflow's ShippedCode; removed with the run\n")
         with zipfile.ZipFile(io.BytesIO(self.archive)) as archive:
             archive.extractall(folder)
         if str(folder) not in sys.path:
@@ -53,7 +55,8 @@ class ShippedCode(WorkerPlugin):
         if str(folder) in sys.path:
             sys.path.remove(str(folder))
         self._forget_modules()
-        shutil.rmtree(folder, ignore_errors=True)
+        with suppress(ClusterUnavailable):  # one not ours stays, as it was
+            remove_shipped(folder)
 
     @staticmethod
     def _folder(worker) -> Path:
@@ -64,6 +67,20 @@ class ShippedCode(WorkerPlugin):
         for name in [name for name in list(sys.modules) if name.partition(".")[0] in self.modules]:
             sys.modules.pop(name, None)
         importlib.invalidate_caches()
+
+
+SHIPPED_MARKER = ".gymflow-shipped"  # written first into the folder the code is unpacked in
+
+
+def remove_shipped(folder: Path) -> None:
+    """The folder of an earlier run's shipped code removed, where it is one (its marker is there);
+    a folder of that name gymflow did not make is refused, untouched."""
+    if not folder.exists():
+        return
+    if not (folder / SHIPPED_MARKER).is_file():
+        raise ClusterUnavailable("distribution.ship_paths", f"{folder} on the worker was not made by gymflow (no "
+                                 f"{SHIPPED_MARKER}); nothing removed; allowed: move it, or another worker folder")
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def code_to_ship(preset: Preset, working_folder: Path | None = None) -> list[Path]:
