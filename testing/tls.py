@@ -12,6 +12,8 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+from gymflow.files import write_whole
+
 
 @dataclass(frozen=True)
 class TLSFiles:
@@ -43,7 +45,7 @@ def write_certificates(folder: Path, name: str = "gymflow-test") -> TLSFiles:
     files = TLSFiles(str(folder / f"{name}-ca.pem"), str(folder / f"{name}.pem"), str(folder / f"{name}-key.pem"))
     Path(files.ca_file).write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     Path(files.cert_file).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    Path(files.key_file).write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                                       serialization.PrivateFormat.PKCS8,
-                                                       serialization.NoEncryption()))
+    # the private key readable by its owner alone from its first byte (write_bytes: 0644 under a usual umask)
+    write_whole(Path(files.key_file), key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                        serialization.NoEncryption()).decode(), 0o600)
     return files

@@ -184,6 +184,7 @@ def tls_cluster(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("tls")
     files, strangers = write_certificates(folder), write_certificates(folder / "other", "stranger")
+    assert Path(files.key_file).stat().st_mode & 0o777 == 0o600  # a private key: its owner's alone (docs/cluster.md)
     tls = ["--tls-ca-file", files.ca_file, "--tls-cert", files.cert_file, "--tls-key", files.key_file]
     port = free_port()
     address = f"tls://127.0.0.1:{port}"

@@ -49,6 +49,7 @@ def written(tmp_path_factory) -> dict:
     folder = tmp_path / "kube"
     assert not [path.name for path in folder.iterdir() if PASSWORD in path.read_text()]  # its pod reads the Secret
     assert (folder / TLS_SECRET_FILE).stat().st_mode & 0o777 == 0o600  # it holds the cluster's private key
+    assert (folder / "secrets.yaml").stat().st_mode & 0o777 == 0o600  # users fill it with real keys in place
     return {"daskcluster.yaml": yaml.safe_load((folder / "daskcluster.yaml").read_text()),
             "secrets.yaml": list(yaml.safe_load_all((folder / "secrets.yaml").read_text())),
             TLS_SECRET_FILE: yaml.safe_load((folder / TLS_SECRET_FILE).read_text()),

@@ -97,3 +97,25 @@ def test_a_policy_that_cannot_be_a_graph_is_said_in_one_line_and_its_run_deliver
     mlflow.set_tracking_uri(run["tracking.tracking_uri"])
     assert "gymflow.onnx_model" not in mlflow.get_run(summary.mlflow_run_id).data.tags
     assert mlflow.pyfunc.load_model(summary.model_uri).metadata.flavors["python_function"]
+
+
+def test_any_failure_of_the_onnx_export_is_the_same_one_line_and_the_run_delivers_its_pyfunc(
+        prefect_api, workspace, caplog, monkeypatch):
+    """Only the exporter's own refusal (CannotExport) used to be caught: an exporter or ONNX Runtime
+    error failed the run after its pyfunc model was logged, though the docs say the run goes on."""
+    import gymflow.agents.export as export
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Load model failed")
+
+    monkeypatch.setattr(export, "onnx_policy", broken)
+    run = {**SHORT, **local_overrides(workspace)}
+    with caplog.at_level(logging.WARNING):
+        summary = improve("cartpole-ppo", run)
+    said = [record.getMessage() for record in caplog.records if "ONNX" in record.getMessage()]
+    assert said == [f"v{summary.delivered_version} is not exported to ONNX: the export failed (RuntimeError: "
+                    "[ONNXRuntimeError] : 1 : FAIL : Load model failed); its pyfunc model serves it"]
+    mlflow.set_tracking_uri(run["tracking.tracking_uri"])
+    finished = mlflow.get_run(summary.mlflow_run_id)
+    assert finished.info.status == "FINISHED" and "gymflow.onnx_model" not in finished.data.tags
+    assert mlflow.pyfunc.load_model(summary.model_uri).metadata.flavors["python_function"]

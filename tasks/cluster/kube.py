@@ -292,8 +292,12 @@ def dask_cluster_schema() -> dict[str, Any]:
     return version["schema"]["openAPIV3Schema"]
 
 
+SECRET_FILES = (TLS_SECRET_FILE, "secrets.yaml")
+
+
 def write(files: dict[str, Any], folder: Path) -> list[Path]:
-    """Each file written whole; the certificate Secret's readable by its owner alone from its first byte."""
+    """Each file written whole; the Secrets' (the certificate's, and secrets.yaml, which users fill with
+    real keys in place) readable by their owner alone from their first byte."""
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for name, content in files.items():
@@ -304,6 +308,6 @@ def write(files: dict[str, Any], folder: Path) -> list[Path]:
             text = yaml.safe_dump_all(content, sort_keys=False)
         else:
             text = yaml.safe_dump(content, sort_keys=False)
-        write_whole(path, text, 0o600 if name == TLS_SECRET_FILE else 0o644)
+        write_whole(path, text, 0o600 if name in SECRET_FILES else 0o644)
         written.append(path)
     return written

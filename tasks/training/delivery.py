@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from gymflow.errors import GymflowError
 from gymflow.presets.redaction import without_password
 from gymflow.presets.validate import rank_devices
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, committed_versions, read_policy
@@ -110,12 +111,17 @@ def _log_onnx_policy(run: PreparedRun, tracker: Tracker, model: Any, summary: Ru
     try:  # every group's graph before any is logged: a run's graphs are all logged or none
         graphs = {name: onnx_policy(experiment.algorithm, run.preset.agent, experiment.observation_space,
                                     experiment.action_space, model.policy, name) for name in names or [None]}
-    except CannotExport as why:
+        uris = {name: log_onnx_policy(tracker, replace(model, policy_name=name), graph, summary.clock)
+                for name, graph in graphs.items()}
+    except GymflowError:  # a server lost meanwhile: the run's own end, not the graph's
+        raise
+    except Exception as why:  # noqa: BLE001 - any failure of the export (its own refusal, the exporter's, ONNX
+        # Runtime's check, the graph's logging) leaves the run delivered by its pyfunc model, as the docs say
+        said = str(why) if isinstance(why, CannotExport) else \
+            f"the export failed ({type(why).__name__}: {' '.join(str(why).split())[:200]})"
         recorder.progress.logger.warning("v%d is not exported to ONNX: %s; its pyfunc model serves it",
-                                         summary.delivered_version, why)
+                                         summary.delivered_version, said)
         return
-    uris = {name: log_onnx_policy(tracker, replace(model, policy_name=name), graph, summary.clock)
-            for name, graph in graphs.items()}
     if names:  # agent groups' separate policies: a graph each, as each has a pyfunc model of its own
         tracker.set_tags({"gymflow.onnx_models": ", ".join(f"{name}={uri}" for name, uri in uris.items())})
     else:
