@@ -164,7 +164,7 @@ class ReplayLearner(Learner):
         keys = dict.fromkeys(key for row in rows for key in row)
         metrics = {key: float(np.mean([row[key] for row in rows if key in row])) for key in keys}
         if self.ranks is not None:  # each rank's of its own rows
-            metrics = self.ranks.mean(metrics)
+            metrics = self.ranks.mean(metrics, self.ranks.rows_in([batch_size] * steps))
         return metrics | {"replay_size": float(len(self.replay)), "train_steps": float(self.train_steps),
                           "replay_bytes_per_transition": self.replay.bytes_per_transition()}
 

@@ -15,6 +15,7 @@ the group object itself: the ranks' processes and the group are made by the run
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,18 +44,25 @@ class Ranks:
         self.group.allreduce([tensor]).wait()
         return tensor
 
-    def mean(self, metrics: dict[str, float]) -> dict[str, float]:
+    def mean(self, metrics: dict[str, float], rows: int) -> dict[str, float]:
         """The ranks' metrics (each its own rows' means over a call's updates), averaged over the
-        ranks whose figure is a number (a rank given no rows of a minibatch has NaN for it): sums
-        and counts in one collective a call, not one an update."""
+        ranks weighted by the `rows` each had in the call (a minibatch of 10 on three ranks: 3, 3 and
+        4 rows, as one rank of all 10 would report it), over the ranks whose figure is a number (a
+        rank given no rows of a minibatch has NaN for it): sums and weights in one collective a call,
+        not one an update."""
         if not metrics:
             return metrics
         values = torch.tensor(list(metrics.values()), dtype=torch.float64)
-        counted = torch.isfinite(values)
-        summed = self.sum(torch.cat([torch.where(counted, values, 0.0), counted.double()]).to(self.device)).cpu()
-        sums, counts = summed[: len(metrics)].tolist(), summed[len(metrics):].tolist()
-        return {key: total / count if count else float("nan")
-                for key, total, count in zip(metrics, sums, counts, strict=True)}
+        counted = torch.isfinite(values) & (rows > 0)
+        weights = torch.where(counted, float(rows), 0.0)
+        summed = self.sum(torch.cat([torch.where(counted, values * rows, 0.0), weights]).to(self.device)).cpu()
+        sums, totals = summed[: len(metrics)].tolist(), summed[len(metrics):].tolist()
+        return {key: total / weight if weight else float("nan")
+                for key, total, weight in zip(metrics, sums, totals, strict=True)}
+
+    def rows_in(self, totals: Iterable[int]) -> int:
+        """This rank's rows over a call whose updates are of these batch sizes."""
+        return sum(self.share(total).size for total in totals)
 
     def gather(self, tensors: list[torch.Tensor], tensor: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's `tensor` (all of one shape), in rank order."""
@@ -77,6 +85,10 @@ class Share:
     def whole(self) -> bool:
         """The rank holds the whole batch (one rank): nothing is sliced, summed or gathered."""
         return self.ranks.world == 1
+
+    @property
+    def size(self) -> int:
+        return self.rows.stop - self.rows.start
 
     @property
     def weight(self) -> float:
@@ -124,3 +136,8 @@ class Share:
 def normalized_advantages(advantages: torch.Tensor) -> torch.Tensor:
     """Advantages scaled to mean 0 and standard deviation 1 (PPO's, per minibatch)."""
     return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+
+def minibatch_sizes(size: int, minibatch_size: int) -> list[int]:
+    """The sizes of one epoch's minibatches of a batch of `size` rows, `minibatch_size` at a time."""
+    return [min(minibatch_size, size - start) for start in range(0, size, minibatch_size)]

@@ -32,32 +32,54 @@ class CannotExport(Exception):
     """Why a policy cannot be an ONNX graph (yet), in one line."""
 
 
-class GreedyActions(nn.Module):
+class _Acting(nn.Module):
+    """What the greedy modules share: continuous actions clipped to the env's Box bounds, as gymflow's
+    rollouts and evaluations clip them before the env steps (a Gaussian's mean may lie outside)."""
+
+    discrete: bool
+    low: torch.Tensor | None
+    high: torch.Tensor | None
+
+    def within(self, action_space: spaces.Space) -> None:
+        """Continuous actions clipped to `action_space`'s bounds from here on (a Box's; nothing else)."""
+        if isinstance(action_space, spaces.Box) and not self.discrete:
+            self.low = torch.as_tensor(action_space.low, dtype=torch.float32)
+            self.high = torch.as_tensor(action_space.high, dtype=torch.float32)
+
+    def acted(self, out: torch.Tensor) -> torch.Tensor:
+        if self.discrete:
+            return out.argmax(dim=-1)
+        return out if self.low is None else torch.minimum(torch.maximum(out, self.low), self.high)
+
+
+class GreedyActions(_Acting):
     """Observations in, greedy actions out: the argmax of `outputs` (discrete actions), or `outputs`
-    itself (continuous actions, already in the env's units)."""
+    itself (continuous actions, in the env's units, clipped to its bounds once `within` them)."""
 
     def __init__(self, network: nn.Module, outputs: Callable[[torch.Tensor], torch.Tensor], discrete: bool):
         super().__init__()
         self.network, self.outputs, self.discrete = network, outputs, discrete
+        self.register_buffer("low", None)
+        self.register_buffer("high", None)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        out = self.outputs(obs)
-        return out.argmax(dim=-1) if self.discrete else out
+        return self.acted(self.outputs(obs))
 
 
-class GreedyActionsWithMemory(nn.Module):
+class GreedyActionsWithMemory(_Acting):
     """A recurrent policy's step (agents/recurrent.py), as its pyfunc model takes it: observations and the
     memory before the step in, greedy actions and the memory after it out (an episode's first step: zeros)."""
 
     def __init__(self, network: nn.Module, discrete: bool):
         super().__init__()
         self.network, self.discrete = network, discrete
+        self.register_buffer("low", None)
+        self.register_buffer("high", None)
 
     def forward(self, obs: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         network = self.network
         h, c = network.lstm(network.encoder(network.obs_norm(obs)), (memory[0], memory[1]))
-        out = network.actor(h)
-        return (out.argmax(dim=-1) if self.discrete else out), torch.stack([h, c])
+        return self.acted(network.actor(h)), torch.stack([h, c])
 
 
 class GreedyActionsOfParts(nn.Module):
@@ -80,20 +102,23 @@ class GreedyActionsOfParts(nn.Module):
 Greedy = GreedyActions | GreedyActionsWithMemory | GreedyActionsOfParts
 
 
-def greedy_module(algorithm: Algorithm, network: nn.Module, config: Any, observation_space: spaces.Space) -> Greedy:
-    """The module a policy of `algorithm` acts with when not exploring; CannotExport where there is none.
-    For a Dict observation's policy the network's parts encoder (packed parts) is taken out of it and
-    reads the parts before it (the network is changed: give it one of its own)."""
+def greedy_module(algorithm: Algorithm, network: nn.Module, config: Any, observation_space: spaces.Space,
+                  action_space: spaces.Space) -> Greedy:
+    """The module a policy of `algorithm` acts with when not exploring, its continuous actions clipped
+    to `action_space`'s bounds (what the env is given); CannotExport where there is none. For a Dict
+    observation's policy the network's parts encoder (packed parts) is taken out of it and reads the
+    parts before it (the network is changed: give it one of its own)."""
     greedy = algorithm.parts().greedy
     if greedy is None:
         raise CannotExport(f"{algorithm.name} policies are not exported to ONNX yet")
     parts = observation_parts(observation_space)
-    if not parts:
-        return greedy(network.eval(), config)
     reader = _taken_parts_encoder(network) if is_packed(parts) else None
     if is_packed(parts) and reader is None:
         raise CannotExport(f"{algorithm.name} networks of Dict observations are not exported to ONNX yet")
     module = greedy(network.eval(), config)
+    module.within(action_space)
+    if not parts:
+        return module
     if not isinstance(module, GreedyActions):
         raise CannotExport("recurrent policies of Dict observations are not exported to ONNX yet")
     return GreedyActionsOfParts(module, parts, reader)
@@ -127,8 +152,9 @@ def onnx_policy(algorithm: Algorithm, config: Any, observation_space: spaces.Spa
                 weights: bytes, policy_name: str | None = None) -> bytes:
     """The ONNX graph (serialized) of the policy whose safetensors are `weights`: input
     `observations` [batch, *observation shape] (a Dict's parts, by key), output `actions` [batch]
-    (int64) or [batch, *action shape] (float32). `policy_name`: one of an agent group's separate
-    policies (agent.policies), a graph of its own, as its pyfunc model is."""
+    (int64) or [batch, *action shape] (float32, within the Box's bounds: what gymflow's evaluation
+    steps the env with). `policy_name`: one of an agent group's separate policies (agent.policies), a
+    graph of its own, as its pyfunc model is."""
     network = algorithm.network(config, observation_space, action_space)
     network.load_state_dict(load(weights))
     if policy_name is not None:
@@ -136,7 +162,7 @@ def onnx_policy(algorithm: Algorithm, config: Any, observation_space: spaces.Spa
         if policy_name not in policies:
             raise CannotExport(f"there is no policy {policy_name!r}; the network's: {', '.join(policies) or 'one'}")
         network = policies[policy_name]
-    module = greedy_module(algorithm, network, config, observation_space)
+    module = greedy_module(algorithm, network, config, observation_space, action_space)
     named = graph_inputs(observation_space)
     inputs = tuple(torch.zeros((1, *shape), dtype=torch.from_numpy(np.zeros(0, dtype)).dtype)
                    for _, shape, dtype in named)

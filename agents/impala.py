@@ -30,6 +30,7 @@ from gymflow.agents.actor_critic import (
 from gymflow.agents.batches import Rollout
 from gymflow.agents.configs import IMPALAConfig, VTraceOptions
 from gymflow.agents.core import AlgorithmParts, Learner
+from gymflow.agents.data_parallel import minibatch_sizes
 from gymflow.agents.graphed import MinibatchUpdate
 from gymflow.agents.networks import Adam, cpu_weights, mean_metrics, on_device, seeded_init
 from gymflow.agents.normalization import RewardScaler, share_normalizer
@@ -106,7 +107,9 @@ class IMPALALearner(SavedWhole, Learner):
         self.train_steps += len(rows)
         if self.normalizer is not None:  # after the update: the batch's log-probabilities used these statistics
             self.normalizer.observe(rollout.obs for rollout in rollouts)
-        learnt = mean_metrics(rows) if self.ranks is None else self.ranks.mean(mean_metrics(rows))
+        learnt = mean_metrics(rows)
+        if self.ranks is not None:
+            learnt = self.ranks.mean(learnt, self._rank_rows(batch))
         return learnt | importance_metrics(batch["rhos"], self.config.vtrace_rho_bar) | {
             "explained_variance": explained_variance(batch["values"], batch["returns"]),
             "lr": lr, "train_steps": float(self.train_steps)}
@@ -146,6 +149,12 @@ class IMPALALearner(SavedWhole, Learner):
         for start in range(0, size, step):
             index = order[start : start + step]
             yield {key: value[index] for key, value in batch.items()}
+
+    def _rank_rows(self, batch: Batch) -> int:
+        """This rank's rows over a call's epochs (what its metrics are weighted by among the ranks)."""
+        assert self.ranks is not None
+        size = len(batch["obs"])
+        return self.config.epochs * self.ranks.rows_in(minibatch_sizes(size, self.config.minibatch_size or size))
 
     def _update(self, minibatch: Batch) -> dict[str, torch.Tensor]:
         return self.updates.step(self._loss, minibatch, {}, self.ranks)

@@ -25,7 +25,7 @@ from gymflow.agents.actor_critic import (
 from gymflow.agents.batches import Rollout
 from gymflow.agents.configs import PPOConfig
 from gymflow.agents.core import Learner
-from gymflow.agents.data_parallel import normalized_advantages
+from gymflow.agents.data_parallel import minibatch_sizes, normalized_advantages
 from gymflow.agents.graphed import MinibatchUpdate
 from gymflow.agents.networks import Adam, cpu_weights, mean_metrics, on_device, seeded_init
 from gymflow.agents.normalization import RewardScaler, share_normalizer
@@ -141,7 +141,9 @@ class PPOLearner(SavedWhole, Learner):
         # were computed with the statistics that acted, and so are this batch's (the ratio starts at 1)
         if self.normalizer is not None:
             self.normalizer.observe(live_observations(rollout) for rollout in rollouts)
-        metrics = mean_metrics(rows) if self.ranks is None else self.ranks.mean(mean_metrics(rows))
+        metrics = mean_metrics(rows) if self.ranks is None else self.ranks.mean(
+            mean_metrics(rows), self.config.epochs * self.ranks.rows_in(minibatch_sizes(len(batch["obs"]),
+                                                                                         self.config.minibatch_size)))
         metrics["explained_variance"] = explained_variance(flat["values"], flat["returns"])
         metrics["lr"] = lr
         metrics["clip_range"] = self.clip_range

@@ -1,9 +1,10 @@
 """What may leave the process: credentials masked wherever a preset, its overrides or a URI are
 logged, stored or sent (MLflow params, stored presets, Prefect events, flow-run parameters, log
-lines). A credential is a value under a key naming one (`secret`, `key`, `token`, `password`,
-`credential`), at any depth of a mapping, the password of a URI (`http://user:PASSWORD@host`), or
-the value a free-text field (a SLURM prologue, a directive) assigns to such a name
-(`export AWS_SECRET_ACCESS_KEY=...`, `--password=...`, `--token ...`)."""
+lines). A credential is a value under a key naming one (a word of it `secret`, `key`, `token`,
+`password`, `passwd`, `credential`, `auth`, ..., or a connection string: `is_secret`), at any depth of a
+mapping, the password of a URI (`http://user:PASSWORD@host`, `mysql://u:pa/ss@db`), or the value a
+free-text field (a SLURM prologue, a directive, a URI's query) assigns to such a name
+(`export AWS_SECRET_ACCESS_KEY=...`, `--password=...`, `--token ...`, `?token=...&...`)."""
 
 from __future__ import annotations
 
@@ -12,22 +13,37 @@ from collections.abc import Mapping
 from typing import Any
 
 MASK = "***"
-_SECRET_WORDS = ("secret", "key", "token", "password", "credential")
+# A name holds a credential where one of its words (split at _ . - and lowercase-to-uppercase) is
+# one of these, or ends in one of the compounds (PGPASSWORD, clientSecret, apikey, authtoken), or
+# it names a connection string; not where a word merely contains "key" (keyboard_layout, monkey)
+_SECRET_PARTS = frozenset({"secret", "secrets", "key", "token", "tokens", "password", "passwords", "passwd", "pwd",
+                           "credential", "credentials", "auth", "authorization", "passphrase", "sas", "cookie"})
+_SECRET_ENDINGS = ("secret", "token", "password", "passwd", "credential", "credentials", "apikey", "accesskey",
+                   "privatekey", "secretkey", "sessionkey", "signingkey", "passphrase")
+_CONNECTION_STRINGS = ("connection_string", "connectionstring", "conn_str", "connstr")
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z0-9]+")
 # scheme://user:password@host...; the password is everything up to the last @ before the host
-_URI_PASSWORD = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]*:)(?P<password>[^/\s]*)(?P<at>@)")
-_WORDS = "|".join(_SECRET_WORDS)
-# NAME=VALUE or --NAME VALUE in free text, NAME holding a secret word: the value (quoted or up to
-# the next blank or ;) is the credential
-_ASSIGNED_SECRET = re.compile(
-    rf"(?P<head>(?:^|(?<=[\s;'\"(]))(?:(?:[A-Za-z_][\w.-]*)?(?:{_WORDS})[\w.-]*=|--?[\w-]*(?:{_WORDS})[\w-]*\s+))"
-    r"(?P<value>'[^']*'|\"[^\"]*\"|[^\s;'\"]+)", re.IGNORECASE)
+_URI_PASSWORD = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]*:)(?P<password>\S*?)(?P<at>@)"
+                           r"(?=[^\s@/?#]*(?:[/?#\s'\";]|$))")
+# NAME=VALUE (also --NAME=VALUE, a query's &NAME=VALUE) and --NAME VALUE in free text; the value (quoted,
+# or up to the next blank, ; or &) is masked where NAME holds a credential (`is_secret`)
+_BEGINS = r"(?:^|(?<=[\s;'\"(?&]))"
+_VALUE = r"(?P<value>'[^']*'|\"[^\"]*\"|[^\s;'\"&]+)"
+_ASSIGNED = re.compile(rf"(?P<head>{_BEGINS}-{{0,2}}(?P<name>[A-Za-z_][\w.-]*)=){_VALUE}")
+_OPTION = re.compile(rf"(?P<head>{_BEGINS}--?(?P<name>[A-Za-z_][\w-]*)\s+)(?!-){_VALUE}")
 
 
 def is_secret(field: str) -> bool:
-    """A field (or dotted key) whose value is a credential, never to be logged; not one that names
-    where a credential is kept (`distribution.tls.key_file`: a path)."""
-    name = field.rpartition(".")[2].lower()
-    return any(word in name for word in _SECRET_WORDS) and not name.endswith(("_file", "_path"))
+    """A field (or dotted key, or an environment variable's name) whose value is a credential, never
+    to be logged; not one that names where a credential is kept (`distribution.tls.key_file`: a path)."""
+    name = field.rpartition(".")[2]
+    lowered = name.lower()
+    if lowered.endswith(("_file", "_path", "-file", "-path")):
+        return False
+    if any(compound in lowered.replace("-", "_") for compound in _CONNECTION_STRINGS):
+        return True
+    words = [word.lower() for word in _WORD.findall(name)]
+    return any(word in _SECRET_PARTS or word.endswith(_SECRET_ENDINGS) for word in words)
 
 
 def redacted(data: Any) -> Any:
@@ -46,8 +62,14 @@ def redacted(data: Any) -> Any:
 
 def redacted_text(text: str) -> str:
     """Free text (a shell line, a URI) with its credentials masked: a URI's password and the value
-    assigned to a name holding a secret word (`export AWS_SECRET_ACCESS_KEY=***`, `--password ***`)."""
-    return _ASSIGNED_SECRET.sub(lambda match: f"{match['head']}{MASK}", redacted_uri(text))
+    assigned to a name holding one (`export AWS_SECRET_ACCESS_KEY=***`, `--password=***`, `--password
+    ***`, `?X-Amz-Security-Token=***&...`)."""
+    text = _ASSIGNED.sub(_masked_if_secret, redacted_uri(text))
+    return _OPTION.sub(_masked_if_secret, text)
+
+
+def _masked_if_secret(match: re.Match) -> str:
+    return f"{match['head']}{MASK}" if is_secret(match["name"]) else match[0]
 
 
 def redacted_uri(text: str) -> str:

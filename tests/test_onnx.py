@@ -5,6 +5,8 @@ graph yet refused in one line. A finished run's ONNX model in MLflow: tests/test
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import onnxruntime
 import pytest
@@ -72,6 +74,12 @@ def _feeds(space, observations: np.ndarray) -> dict[str, np.ndarray]:
     return unflatten_parts(parts, observations) if parts else {"observations": observations}
 
 
+def _evaluated(actions: np.ndarray, action_space) -> np.ndarray:
+    """The actions as gymflow's evaluation steps the env with them (agents/rollout.py): a Box's clipped."""
+    return np.clip(actions, action_space.low, action_space.high).astype(actions.dtype) \
+        if hasattr(action_space, "low") else actions
+
+
 def _network_of_varied_actions(experiment, observations: np.ndarray) -> tuple[torch.nn.Module, np.ndarray]:
     """The first of a few seeded weight draws whose greedy actions on the observations are not all one
     action (a constant policy would pass any comparison), with those actions."""
@@ -81,7 +89,7 @@ def _network_of_varied_actions(experiment, observations: np.ndarray) -> tuple[to
         network = _trained_like(algorithm.network(config, experiment.observation_space, experiment.action_space))
         expected, _ = algorithm.policy(network, config, 0.0, 0).act(observations, explore=False)
         if expected.dtype != np.int64 or len(np.unique(expected)) > 1:
-            return network, expected
+            return network, _evaluated(expected, experiment.action_space)
     raise AssertionError("no weights of ten seeds reach more than one action on these observations")
 
 
@@ -172,3 +180,40 @@ def test_a_recurrent_policy_s_graph_takes_and_gives_its_memory_as_the_policy_car
         else:
             assert np.abs(actions - actions_expected).max() <= 1e-5
         assert np.abs(memory - memory_expected).max() <= 1e-5
+
+
+GAUSSIANS = [("halfcheetah-ppo", {}), ("halfcheetah-ppo", {"agent.algo": "appo", "distribution.mode": "async"}),
+             ("halfcheetah-ppo", {"agent.algo": "impala", "distribution.mode": "async"})]
+
+
+@pytest.mark.parametrize(("preset", "overrides"), GAUSSIANS, ids=["ppo", "appo", "impala"])
+def test_a_gaussian_policy_s_graph_and_pyfunc_serve_the_actions_its_evaluation_takes(preset, overrides, tmp_path):
+    """The served policy is the evaluated one: with its mean pushed out of the env's bounds (the actor's
+    bias at 5 against +-1), the graph used to answer 5; gymflow's evaluation clips, and now so do the
+    ONNX graph and the pyfunc model."""
+    import yaml
+
+    from gymflow.tasks.tracking.policy_model import GymflowPolicy
+
+    experiment = resolve_experiment(preset, overrides)
+    algorithm, config, space = experiment.algorithm, experiment.preset.agent, experiment.action_space
+    network = _trained_like(algorithm.network(config, experiment.observation_space, space))
+    actor_bias = [name for name, parameter in network.named_parameters()
+                  if name.endswith("bias") and parameter.shape == (space.shape[0],) and "std" not in name][-1]
+    with torch.no_grad():
+        network.get_parameter(actor_bias).fill_(5.0)
+    observations = _observations(experiment.observation_space, 200)
+    raw, _ = algorithm.policy(network, config, 0.0, 0).act(observations, explore=False)
+    assert (np.abs(raw) > 1.0).any(), "the mean lies within the bounds: the check would prove nothing"
+    evaluated = _evaluated(raw, space)
+    graph = onnx_policy(algorithm, config, experiment.observation_space, space, save(network.state_dict()))
+    session = onnxruntime.InferenceSession(graph, providers=["CPUExecutionProvider"])
+    (served,) = session.run(["actions"], {"observations": observations})
+    assert served.min() >= space.low.min() and served.max() <= space.high.max()
+    np.testing.assert_allclose(served, evaluated, atol=1e-5)
+    (tmp_path / "preset.yaml").write_text(yaml.safe_dump(experiment.preset.model_dump(mode="json")))
+    (tmp_path / "policy.safetensors").write_bytes(save(network.state_dict()))
+    pyfunc = GymflowPolicy()
+    pyfunc.load_context(types.SimpleNamespace(artifacts={"preset": str(tmp_path / "preset.yaml"),
+                                                         "policy": str(tmp_path / "policy.safetensors")}))
+    np.testing.assert_array_equal(pyfunc.predict(None, observations), evaluated)

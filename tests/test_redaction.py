@@ -6,13 +6,17 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from gymflow.errors import InvalidPreset
 from gymflow.presets import load_preset
 from gymflow.presets.load import flatten
 from gymflow.presets.redaction import (
     credentials_given_back,
+    is_secret,
     redacted,
+    redacted_text,
     redacted_uri,
     without_credentials,
     without_password,
@@ -108,3 +112,83 @@ def test_a_stored_preset_s_credentials_come_back_only_from_a_caller_holding_the_
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "from-the-environment")
     assert tracking_uri_logged_in(stored, "r1") == "https://alice:from-the-environment@mlflow.example.com:5000/"
     assert tracking_uri_logged_in("https://mlflow.example.com", "r1") == "https://mlflow.example.com"
+
+
+# What a credential looks like: no blank, quote, ; or & (those end a value in free text), no @ (a URI's
+# user info ends there); at least 8 characters, so it appears nowhere else in its line
+_SECRET_CHARACTERS = st.characters(whitelist_categories=("Lu", "Ll", "Nd"), whitelist_characters="+/=%-_.!~*^$")
+_SECRETS = st.text(_SECRET_CHARACTERS, min_size=8, max_size=40).filter(lambda text: not text.startswith("-"))
+_SECRET_WORDS = ["password", "passwd", "secret", "token", "key", "credentials", "auth", "apikey", "api_key",
+                 "access_token", "client_secret", "pgpassword", "session_token", "private_key"]
+_PARTS = st.sampled_from(["aws", "my", "db", "api", "x", "amz", "security", "service", "prod", "azure"])
+
+
+@st.composite
+def _secret_names(draw) -> str:
+    """A name holding a credential: a secret word among other words, in one of the spellings names
+    come in (AWS_SECRET_ACCESS_KEY, api-token, X-Amz-Security-Token, clientSecret)."""
+    words = [*draw(st.lists(_PARTS, max_size=2)), draw(st.sampled_from(_SECRET_WORDS)),
+             *draw(st.lists(_PARTS, max_size=1))]
+    spelling = draw(st.sampled_from(["upper", "lower", "kebab", "title", "camel"]))
+    if spelling == "upper":
+        return "_".join(words).upper()
+    if spelling == "lower":
+        return "_".join(words)
+    if spelling == "kebab":
+        return "-".join(words)
+    if spelling == "title":
+        return "-".join(word.title() for word in words)
+    return words[0] + "".join(word.title() for word in words[1:])
+
+
+_CONTEXTS = [
+    "export {name}={secret} && module load python/3.11",
+    "mytool --{name}={secret} --constraint=skylake",
+    "mytool --{name} {secret} --qos=long",
+    "{name}='{secret}' psql -h db",
+    '{name}="{secret}"; ls',
+    "https://store.example.com/bucket/object?versionId=3&{name}={secret}&X-Amz-Expires=300",
+]
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=_secret_names(), secret=_SECRETS, context=st.sampled_from(_CONTEXTS), field=st.sampled_from(
+    ["distribution.slurm.prologue", "distribution.slurm.directives", "tracking.tracking_uri", "env.kwargs.url"]))
+def test_a_generated_secret_planted_in_a_generated_command_or_uri_is_masked_everywhere(name, secret, context, field):
+    line = context.format(name=name, secret=secret)
+    assume(secret not in line.replace(secret, "", 1))  # the secret once, not part of the rest of the line
+    assert secret not in redacted_text(line), line
+    assert secret not in json.dumps(redacted({field: line})), line
+    if name.replace("-", "_").isidentifier():
+        assert secret not in json.dumps(redacted({name: secret}))
+
+
+@settings(max_examples=200, deadline=None)
+@given(user=st.text(st.characters(whitelist_categories=("Ll", "Nd")), min_size=1, max_size=12),
+       password=st.text(_SECRET_CHARACTERS, min_size=8, max_size=30),
+       scheme=st.sampled_from(["http", "https", "mysql", "postgresql+psycopg2", "redis"]))
+def test_a_generated_uri_password_is_masked_and_its_host_kept(user, password, scheme):
+    uri = f"{scheme}://{user}:{password}@db.example.com:5432/mlflow?sslmode=require"
+    assert redacted_text(uri) == f"{scheme}://{user}:***@db.example.com:5432/mlflow?sslmode=require"
+
+
+NEAR_MISSES = ["keyboard_layout", "monkey", "tokenizer", "author", "turkey_count", "keyboard", "donkey_kong",
+               "sort_keys", "hotkeys", "passage", "secretary_bird", "tls.key_file", "ssh_key_path"]
+
+
+@pytest.mark.parametrize("name", NEAR_MISSES)
+def test_a_name_that_only_looks_like_a_credential_stays_readable(name):
+    assert not is_secret(name)
+    assert redacted({name: "us"}) == {name: "us"}
+    for line in (f"{name}=us", f"--{name}=us", f"--{name} us", f"https://h/p?{name}=us&b=2"):
+        assert redacted_text(line) == line
+
+
+def test_the_review_s_cases_are_masked_and_the_names_it_missed_are_secrets():
+    assert redacted_text("run --password=hunter2 x") == "run --password=*** x"
+    assert redacted_text("--api-key=abc") == "--api-key=***"
+    assert redacted_text("https://h/p?token=abc&X-Amz-Security-Token=zzz") == "https://h/p?token=***&X-Amz-Security-Token=***"
+    assert redacted_text("mysql://u:pa/ss@db") == "mysql://u:***@db"
+    for name in ("passwd", "auth_string", "PREFECT_API_AUTH_STRING", "AZURE_STORAGE_CONNECTION_STRING",
+                 "mlflow_connection_string", "PGPASSWORD", "clientSecret"):
+        assert is_secret(name), name

@@ -113,12 +113,26 @@ def start_child(module: str, credentials: bool = True) -> subprocess.Popen:
                             env={**environment, "PYTHONPATH": path}, start_new_session=True)
 
 
+# What a child that reads no storage and records nothing (a learner rank) is given of the flow's
+# environment, by name: where things are (paths, home, temporary folder, locale, time zone, the
+# virtual env), how many threads and which kernels (OpenMP, BLAS, oneDNN), torch's, CUDA's, NCCL's and
+# gloo's settings, how an env renders (MuJoCo's GL, a display), and gymflow's own. Anything else (a
+# login, a database URL, a connection string, whatever it is named) stays with the flow.
+CHILD_NAMES = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "TEMP", "TMP", "LANG", "LANGUAGE", "TZ",
+               "TERM", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "DISPLAY", "WAYLAND_DISPLAY", "XDG_CACHE_HOME",
+               "XDG_RUNTIME_DIR", "MUJOCO_GL", "PYOPENGL_PLATFORM", "SDL_VIDEODRIVER", "CUBLAS_WORKSPACE_CONFIG",
+               "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX"}
+CHILD_PREFIXES = ("LC_", "PYTHON", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO_", "ONEDNN_", "DNNL_", "TORCH_",
+                  "PYTORCH_", "CUDA_", "NVIDIA_", "NCCL_", "GLOO_", "TP_", "GYMFLOW_")
+
+
 def without_credentials(environment: Mapping[str, str]) -> dict[str, str]:
-    """The environment less what carries a credential: storage's (AWS_*: keys, session tokens) and
-    the tracking server's (MLFLOW_TRACKING_*: user, password, token), and any variable whose name
-    says it holds one (secret, key, token, password, credential)."""
+    """What a child that reads no storage and records nothing is given of `environment`: the names it
+    needs (CHILD_NAMES, CHILD_PREFIXES), an allow-list, never a secret-named one among them. A deny-list
+    let PREFECT_API_AUTH_STRING, PREFECT_API_DATABASE_CONNECTION_URL, MLFLOW_BACKEND_STORE_URI and
+    AZURE_STORAGE_CONNECTION_STRING through."""
     return {name: value for name, value in environment.items()
-            if not name.startswith(("AWS_", "MLFLOW_TRACKING_")) and not is_secret(name)}
+            if (name in CHILD_NAMES or name.startswith(CHILD_PREFIXES)) and not is_secret(name)}
 
 
 def read_frame_within(process: subprocess.Popen, seconds: float) -> bytes | None:

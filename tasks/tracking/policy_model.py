@@ -50,6 +50,12 @@ class GymflowPolicy(PythonModel):
                 network = network.policies[handle.read()]
         network.eval()
         self.policy = algorithm.policy(network, preset.agent, 0.0, 0)
+        # a Box's actions as gymflow's evaluation steps the env with them: clipped to its bounds (a
+        # Gaussian's mean may lie outside)
+        self.bounds = (action_space.low, action_space.high) if hasattr(action_space, "low") else None
+
+    def _served(self, actions: np.ndarray) -> np.ndarray:
+        return actions if self.bounds is None else np.clip(actions, *self.bounds).astype(actions.dtype, copy=False)
 
     # model_input: a recurrent policy's is a dict of arrays; np.ndarray is the hint MLflow infers no
     # schema from (the logged signature describes the input)
@@ -58,18 +64,18 @@ class GymflowPolicy(PythonModel):
             from gymflow.envs.parts import flatten_parts
 
             actions, _ = self.policy.act(flatten_parts(self.parts, model_input), explore=False)
-            return actions
+            return self._served(actions)
         if isinstance(model_input, dict):  # a recurrent policy's observations and memory
             return self._predict_with_memory(model_input)
         obs = np.asarray(model_input, dtype=self.observation_dtype)
         actions, _ = self.policy.act(obs if obs.ndim == len(self.observation_shape) + 1 else obs[None], explore=False)
-        return actions
+        return self._served(actions)
 
     def _predict_with_memory(self, model_input: dict) -> dict:
         obs = np.asarray(model_input["observations"], dtype=self.observation_dtype)
         self.policy.memory = np.array(model_input["memory"], dtype=np.float32)  # this call's, not the last one's
         actions, _ = self.policy.act(obs, explore=False)
-        return {"actions": actions, "memory": self.policy.memory}
+        return {"actions": self._served(actions), "memory": self.policy.memory}
 
 
 mlflow.models.set_model(GymflowPolicy())
