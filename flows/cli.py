@@ -262,55 +262,84 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready:
     what a stop or a refusal before that run began leaves (its log removed, where it made it); None where
     `log` names no run (a sweep's). Returns what the flow returned, or an exit code."""
     from gymflow import last_steps
-    from gymflow.flows.console import (
-        LOG_FOLDER,
-        forget_log,
-        gymflow_errors_in_one_line_on_the_console,
-        log_to_file_and_console,
-    )
+    from gymflow.flows.console import gymflow_errors_in_one_line_on_the_console
     from gymflow.flows.stopping import stopping_cleanly
-    from gymflow.work import has_begun
 
     with stopping_cleanly(), _cluster_beside(distribution) as cluster_ready:
-        log_kept = log is None or Path(LOG_FOLDER, f"{log[0]}.log").exists()  # a resumed run's: it holds its past
-        log_file, said = None, ""
-        begun = lambda: unbegun is None or (log is not None and has_begun(log[0]))  # noqa: E731
+        run_log = _RunLog.of(log, unbegun)
         try:
             call = load()
             _collecting_again()
             gymflow_errors_in_one_line_on_the_console()
-            log_file = log_to_file_and_console(log[0], log[1].verbose) if log is not None else None
-            said = f"gymflow: the whole log is in {log_file}\n" if log_file else ""
+            run_log.open()
             api_ready()
             cluster_ready()
             result = call()
-            print(said, end="", file=sys.stderr)
+            print(run_log.said, end="", file=sys.stderr)
             return result
         except GymflowError as error:
-            if log_file is not None and not log_kept and not begun():  # refused before any work
-                forget_log(log_file)
-            else:  # the run had begun: its log (the traceback in it) stays beside what it wrote
-                print(said, end="", file=sys.stderr)
-            print(f"gymflow: error: {error}", file=sys.stderr)
-            last_steps.said(f"gymflow: error: {error}")  # a lost server's deadline does not say it again
-            return 2
+            return run_log.ended(f"gymflow: error: {error}", 2)
         except Exception as error:
             # Prefect's engine failing on its way out (its report of the run's end answered 500), after
             # a server was lost (the line already armed) or not
             line = last_steps.pending_line() or _prefect_failed(error, stopped)
             if line is None:
                 raise
-            print(f"{said}{line}", file=sys.stderr)
-            last_steps.said(line)
-            return 2
+            return run_log.ended(line, 2)
         except KeyboardInterrupt:
-            if not begun():  # stopped before the run began
-                if log_file is not None and not log_kept:
-                    forget_log(log_file)
-                print(f"gymflow: stopped during start-up: {unbegun}", file=sys.stderr)
-                return 130
-            print(f"{said}gymflow: stopped. {stopped}", file=sys.stderr)
-            return 130
+            if not run_log.begun():
+                return run_log.ended(f"gymflow: stopped during start-up: {unbegun}", 130)
+            return run_log.ended(f"gymflow: stopped. {stopped}", 130)
+
+
+@dataclass
+class _RunLog:
+    """A command's log file (`gymflow-logs/NAME.log`) and what its end does with it: kept, and named,
+    once the run began (or where it was there before: a resumed run's); removed where a refusal or a
+    stop came before any work."""
+
+    name: str | None
+    verbose: bool
+    unbegun: str | None  # None: the log names no run (a sweep's), whose log always stays
+    kept: bool
+    file: Path | None = None
+
+    @classmethod
+    def of(cls, log: tuple[str, Output] | None, unbegun: str | None) -> _RunLog:
+        from gymflow.flows.console import LOG_FOLDER
+
+        if log is None:
+            return cls(None, False, unbegun, True)
+        return cls(log[0], log[1].verbose, unbegun, Path(LOG_FOLDER, f"{log[0]}.log").exists())
+
+    def open(self) -> None:
+        from gymflow.flows.console import log_to_file_and_console
+
+        if self.name is not None:
+            self.file = log_to_file_and_console(self.name, self.verbose)
+
+    @property
+    def said(self) -> str:
+        return f"gymflow: the whole log is in {self.file}\n" if self.file else ""
+
+    def begun(self) -> bool:
+        from gymflow.work import has_begun
+
+        return self.unbegun is None or (self.name is not None and has_begun(self.name))
+
+    def ended(self, line: str, code: int) -> int:
+        """`line` said last (a lost server's deadline does not say it again); the log named above it where
+        it stays, removed where nothing began. Returns `code`."""
+        from gymflow import last_steps
+        from gymflow.flows.console import forget_log
+
+        if self.file is not None and not self.kept and not self.begun():
+            forget_log(self.file)
+        else:
+            print(self.said, end="", file=sys.stderr)
+        print(line, file=sys.stderr)
+        last_steps.said(line)
+        return code
 
 
 def _prefect_failed(error: Exception, stopped: str) -> str | None:

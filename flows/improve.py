@@ -15,7 +15,6 @@ from pydantic import Field
 
 from gymflow.flows.parameters import checked_flow, overrides_checked, refusal_said
 from gymflow.flows.stopping import cancellable
-from gymflow.last_steps import allow_ending, held
 from gymflow.presets.overrides import PresetOverrides
 from gymflow.presets.validate import resolve_experiment
 from gymflow.tasks.cluster.placement import rollout_hosts
@@ -70,8 +69,6 @@ def improve(
         member = sweep_trial if isinstance(sweep_trial, PbtMember) else None
         run = prepare_run(experiment, warm_start, resume, run_id, member)  # so does an unusable root or server
     logger = get_run_logger()
-    if _deployment_id() is not None:  # a worker's process of the run's own: a lost server's deadline may end it
-        allow_ending()
     judge = TrialJudge(sweep_trial) if isinstance(sweep_trial, SweepTrial) else None
     with (
         cancellable(flow_run.id, _deployment_id()),  # a Prefect cancellation ends the run within seconds
@@ -99,8 +96,7 @@ def improve(
                 logger.info("run %s paused at %s %s: v%d scored %.1f; its sweep continues it", run.run_id,
                             f"{summary.clock:,}", recorder.budget.unit, summary.delivered_version, summary.final_return)
                 return summary
-            with held(f"the delivery of v{summary.delivered_version}"):  # a lost Prefect API's deadline waits for it
-                delivered = deliver(run, tracker, summary, recorder)  # artifacts, figures, the model
+            delivered = deliver(run, tracker, summary, recorder)  # artifacts, figures, the model
             loop.film_landed()
             summary, report = delivered.summary, report_run(run, tracker, delivered, recorder)
     logger.info("run %s done: %s", run.run_id, describe(summary))

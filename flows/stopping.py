@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from gymflow.errors import PrefectUnavailable
-from gymflow.last_steps import take_last_steps
+from gymflow.last_steps import allow_ending, take_last_steps
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import State
@@ -348,9 +348,13 @@ def cancellable(flow_run_id: str, deployment_id: str | None) -> Iterator[None]:
     stops itself with the SIGTERM Prefect's engine turns into TerminationSignal; once the flow has
     closed its cluster and MLflow run (what this wraps), it marks itself Cancelled, and its
     process skips the collection of its whole heap at exit (1-3 s). Prefect cancels only
-    deployment runs: other runs are not watched.
+    deployment runs: other runs are not watched. A deployment run's process (a worker's) is the run's
+    own: a lost server's deadline may end it (gymflow.last_steps).
     """
     from prefect.exceptions import TerminationSignal
+
+    if deployment_id:
+        allow_ending()
 
     watching = threading.Event()
     engine_handler = signal.getsignal(signal.SIGTERM)

@@ -71,57 +71,59 @@ class FaultyProxy:
 
 
 def _handler_for(proxy: FaultyProxy) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    return type("Handler", (_Relay,), {"proxy": proxy})
 
-        def log_message(self, *args) -> None:  # quiet
-            pass
 
-        def _relay(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            fault = proxy.draw()
-            if fault == "503":
-                self.send_response(503)
-                self.send_header("Content-Type", "application/xml")
-                self.send_header("Content-Length", str(len(_SLOW_DOWN)))
-                self.end_headers()
-                self.wfile.write(_SLOW_DOWN)
-                return
-            if fault == "reset":
-                self.close_connection = True
-                return
-            if fault == "500":
-                body = b'{"detail": "Internal Server Error"}'
-                self.send_response(500)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-                return
-            if fault == "silent":
-                proxy.closed.wait()
-                self.close_connection = True
-                return
-            upstream = http.client.HTTPConnection(*proxy.target, timeout=60)
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
-            upstream.request(self.command, self.path, body=body, headers=headers)
-            reply = upstream.getresponse()
-            payload = reply.read()
-            upstream.close()
-            if fault == "lost-reply":
-                self.close_connection = True
-                return
-            self.send_response(reply.status, reply.reason)
-            for name, value in reply.getheaders():
-                if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length":
-                    self.send_header(name, value)
-            # A HEAD reply announces the object's size without carrying it.
-            length = reply.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(payload))
-            self.send_header("Content-Length", length)
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(payload)
+_INTERNAL_ERROR = b'{"detail": "Internal Server Error"}'
 
-        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _relay
 
-    return Handler
+class _Relay(BaseHTTPRequestHandler):
+    """One request: relayed to the proxy's target, or failed as the proxy draws."""
+
+    protocol_version = "HTTP/1.1"
+    proxy: FaultyProxy
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def _answer(self, status: int, content_type: str, payload: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def _relay(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        fault = self.proxy.draw()
+        if fault == "503":
+            return self._answer(503, "application/xml", _SLOW_DOWN)
+        if fault == "500":
+            return self._answer(500, "application/json", _INTERNAL_ERROR)
+        if fault == "silent":
+            self.proxy.closed.wait()
+        if fault in ("reset", "silent"):
+            self.close_connection = True
+            return None
+        upstream = http.client.HTTPConnection(*self.proxy.target, timeout=60)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+        upstream.request(self.command, self.path, body=body, headers=headers)
+        reply = upstream.getresponse()
+        payload = reply.read()
+        upstream.close()
+        if fault == "lost-reply":
+            self.close_connection = True
+            return None
+        self.send_response(reply.status, reply.reason)
+        for name, value in reply.getheaders():
+            if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length":
+                self.send_header(name, value)
+        # A HEAD reply announces the object's size without carrying it.
+        length = reply.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(payload))
+        self.send_header("Content-Length", length)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+        return None
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _relay

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from gymflow.errors import GymflowError
+from gymflow.last_steps import held
 from gymflow.presets.redaction import without_password
 from gymflow.presets.validate import rank_devices
 from gymflow.tasks.storage.checkpoints import POLICY_BLOB, committed_versions, read_policy
@@ -31,6 +32,7 @@ class Delivered(NamedTuple):
     learning_curve: bytes  # the PNG
 
 
+@held("the run's delivery")  # a lost Prefect API's deadline waits for it: the model reaches MLflow
 def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: RunRecorder) -> Delivered:
     """Log the run's artifacts, summary figures and model to MLflow. The model is logged last, at
     the run's final env step, so the summary figures and the final evaluation's metrics are
