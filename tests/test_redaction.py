@@ -192,3 +192,22 @@ def test_the_review_s_cases_are_masked_and_the_names_it_missed_are_secrets():
     for name in ("passwd", "auth_string", "PREFECT_API_AUTH_STRING", "AZURE_STORAGE_CONNECTION_STRING",
                  "mlflow_connection_string", "PGPASSWORD", "clientSecret"):
         assert is_secret(name), name
+
+
+def test_a_password_in_a_slurm_prologue_and_a_query_token_in_an_override_reach_no_sink():
+    """The review's held-out case: `--password=...` in a SLURM prologue and a URL's query token in an
+    override passed the mask into MLflow's params, the stored preset, the run's tags and Prefect's
+    flow-run parameters. Each sink's own function, given them, holds neither."""
+    from gymflow.flows.improve import improve
+
+    password, token = "hunter2-prologue-pw", "zzz-query-security-token"
+    overrides = {"distribution.slurm.partition": "cpu",
+                 "distribution.slurm.prologue": [f"mytool --password={password} --retries 3", "module load x"],
+                 "storage.options.endpoint_url": f"https://s3.example.com/?X-Amz-Security-Token={token}&v=2"}
+    preset = load_preset("cartpole-ppo", overrides).model_dump(mode="json")
+    sinks = {"mlflow params": json.dumps(flatten(redacted(preset))),  # PreparedRun.params, preset_yaml
+             "run tags": json.dumps(run_tags(overrides)),
+             "prefect parameters": json.dumps(improve.serialize_parameters({"overrides": overrides}))}
+    for sink, held in sinks.items():
+        assert password not in held and token not in held, sink
+        assert "--password=***" in held and "X-Amz-Security-Token=***&v=2" in held, sink
