@@ -72,9 +72,9 @@ def improve(
     judge = TrialJudge(sweep_trial) if isinstance(sweep_trial, SweepTrial) else None
     with (
         cancellable(flow_run.id, _deployment_id()),  # a Prefect cancellation ends the run within seconds
-        rollout_hosts(run.experiment, logger, run.run_id) as (hosts, where),  # an unreachable cluster stops here, and a
-        # worker that cannot make the env; single mode runs the jobs in this process
-        tracked_run(run, str(flow_run.id), run_tags(changed, sweep_trial.tags() if sweep_trial else None)) as tracker,
+        rollout_hosts(run.experiment, logger, run.run_id) as (hosts, where),  # a cluster or env unusable: stops here
+        tracked_run(run, str(flow_run.id), run_tags(changed, sweep_trial.tags() if sweep_trial else None),
+                    alone=sweep_trial is None) as tracker,
     ):
         recorder = run_recorder(run, tracker, logger)
         logger.info("run %s: storage %s, MLflow run %s, %s", run.run_id, storage_url(run), tracker.run_id, where)

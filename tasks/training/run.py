@@ -178,15 +178,17 @@ def find_dataset(experiment: Experiment) -> ExperienceDataset | None:
 
 
 @contextmanager
-def tracked_run(run: PreparedRun, flow_run_id: str, tags: Mapping[str, str] | None = None) -> Iterator[Tracker]:
+def tracked_run(run: PreparedRun, flow_run_id: str, tags: Mapping[str, str] | None = None,
+                alone: bool = True) -> Iterator[Tracker]:
     """The run's MLflow run (a resumed run's own), ended on the way out as FINISHED, FAILED (an
     error) or KILLED (stopped from outside: Ctrl-C, SIGTERM, a Prefect cancellation);
     MLflow reaches artifacts on S3 with the storage's endpoint and credentials. A new run's
-    parameters, stored preset and record are written here."""
+    parameters, stored preset and record are written here. `alone`: the run is its process's only
+    one (not a sweep's trial, whose sweep records its end): a lost server bounds its final report."""
     resume = f"`{gymflow_command()} resume {run.run_id} --root {run.preset.storage.root}` continues the run"
     with s3_artifact_environment(run.preset.storage.options), \
             prefect_watched(flow_run_id, run.preset.tracking.outage_budget_s, resume) as prefect:
-        yield from _tracked(run, flow_run_id, tags or {}, prefect)
+        yield from _tracked(run, flow_run_id, tags or {}, prefect, alone)
 
 
 def run_tags(overrides: Mapping[str, Any], extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -198,8 +200,8 @@ def run_tags(overrides: Mapping[str, Any], extra: Mapping[str, str] | None = Non
     return {"gymflow.overrides": changed[:5000] or "(none)", **(extra or {})}
 
 
-def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str], prefect: Outage | None
-             ) -> Iterator[Tracker]:
+def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str], prefect: Outage | None,
+             alone: bool) -> Iterator[Tracker]:
     tracking = run.preset.tracking
     tags = {**source_tags(), RETURN_TAG: NOT_EVALUATED,  # the first tag a run's page shows (tasks/tracking/pages.py)
             "gymflow.run_id": run.run_id, "prefect.flow_run_id": flow_run_id, "gymflow.preset": run.preset.name,
@@ -234,7 +236,8 @@ def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str], 
             "server answers")
         # what is left is Prefect's engine reporting the run's end, which it tries again for minutes
         # against an API that answers 500: bounded (the line said, the process ended) past its grace
-        end_within(FINAL_REPORT_GRACE_S, f"gymflow: error: {said}")
+        if alone:
+            end_within(FINAL_REPORT_GRACE_S, f"gymflow: error: {said}")
         if said is lost:
             raise
         raise said from None
