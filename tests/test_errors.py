@@ -191,3 +191,16 @@ def test_a_storage_root_that_fills_mid_run_stops_it_in_one_line_and_the_run_resu
     resumed = subprocess.run([gymflow, "resume", stopped[2], "--root", root, "--quiet"], capture_output=True, text=True,
                              timeout=240, env=env)
     assert resumed.returncode == 0 and "after 8,192 env steps" in resumed.stdout, resumed.stderr[-3000:]
+
+
+def test_importing_every_module_leaves_the_process_s_signals_as_they_were():
+    """No module changes a process's signals by being imported (a fork server's preload once ignored
+    SIGINT and SIGTERM at import: the test process that imported it could no longer end its pool's
+    children, which hung the suite)."""
+    import signal
+
+    before = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    _error_types()  # imports every module of agents, envs, presets and tasks
+    assert {number: signal.getsignal(number) for number in before} == before
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask

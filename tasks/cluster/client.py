@@ -129,6 +129,7 @@ def local_cluster_started_beside(config: DistributionConfig | None) -> Iterator[
     if config is None or config.scheduler_address or config.cluster_class or config.slurm or config.mode == "single":
         yield lambda: None
         return
+    _workers_forked_with_jobs_imported()  # their fork server made here, in the main thread: deaf to Ctrl-C
     up, done = threading.Event(), threading.Event()
 
     def serve() -> None:  # the cluster's client lives and ends in this thread's context
@@ -223,9 +224,9 @@ def _drop_dasks_malloc_trim_threshold() -> None:
 
 
 # the jobs and what they run (torch, every algorithm's networks and policy), imported once by the server
-# the workers are forked from; the first, before the seconds of imports, has it ignore the flow's group's signals
-WORKER_PRELOAD = ["gymflow.tasks.cluster.forkserver_signals", "distributed", "gymflow.tasks.cluster.local_worker",
-                  "gymflow.tasks.cluster.jobs", *(algorithm.module for algorithm in ALGORITHMS.values())]
+# the workers are forked from
+WORKER_PRELOAD = ["distributed", "gymflow.tasks.cluster.local_worker", "gymflow.tasks.cluster.jobs",
+                  *(algorithm.module for algorithm in ALGORITHMS.values())]
 
 
 def _workers_forked_with_jobs_imported() -> None:
@@ -247,17 +248,24 @@ def _workers_forked_with_jobs_imported() -> None:
 
 
 def _fork_server_deaf_to_the_flow_s_signals() -> None:
-    """The fork server started here, with SIGINT and SIGTERM blocked in this thread as it is made:
-    the block passes through fork and exec, so a Ctrl-C to the flow's process group during the
-    server's interpreter start or its preloads (seconds of torch) neither ends it nor reaches the
-    workers forked from it (tasks/cluster/forkserver_signals.py ignores both once it runs)."""
+    """The fork server started here, and, from the main thread (the command's), with SIGINT and
+    SIGTERM ignored for the instant it is made: an ignored signal stays ignored through exec, and
+    Python installs no handler over it, so a Ctrl-C to the flow's process group during the server's
+    interpreter start or its preloads (seconds of torch) neither ends it (each nanny then logged
+    "Failed to start process ... EOFError") nor reaches the workers forked from it, which ignore
+    both anyway (tasks/cluster/local_worker.py). A signal mask does not last: the new interpreter
+    starts with none blocked. A Ctrl-C within the instant is lost; the next one stops the run."""
     from multiprocessing import forkserver
 
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    if threading.current_thread() is not threading.main_thread():  # signal dispositions are the main thread's
+        forkserver.ensure_running()
+        return
+    previous = {number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, signal.SIGTERM)}
     try:
         forkserver.ensure_running()
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 @contextmanager
