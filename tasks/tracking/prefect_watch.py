@@ -108,7 +108,7 @@ def prefect_watched(flow_run_id: str, budget_s: float, resume_hint: str) -> Iter
         return
     watch = PrefectWatch(url, flow_run_id, budget_s, resume_hint)
     watch.start()
-    _WATCHED.append(watch.outage)
+    _WATCHED[:] = [*_WATCHED[-7:], watch.outage]  # the newest runs' (a sweep's trials), not every run's since
     try:
         yield watch.outage
     finally:
