@@ -183,7 +183,7 @@ class Storage:
                     outage.gone(f"bucket {self.base.split('/')[0]!r} does not exist any more")
                     continue
                 first_failed = asked_at if first_failed is None else first_failed
-                pause = min(STORE_PAUSE_S, FIRST_PAUSE_S * 2 ** tries) * random.uniform(0.5, 1.0)
+                pause = min(STORE_PAUSE_S, FIRST_PAUSE_S * 2 ** min(tries, 16)) * random.uniform(0.5, 1.0)
                 if tries >= BLIP_TRIES or time.monotonic() - first_failed >= BLIP_S:  # raises once the budget is spent
                     pause = min(pause, max(outage.failed(error, first_failed), 0.0))
                 time.sleep(pause)
