@@ -65,14 +65,22 @@ class OnlyWhatAPersonReads(logging.Filter):
         return record.name in RUN_LOGGERS and not record.pathname.startswith(_PREFECT_CODE)
 
 
+UNSTORED_RESULT = "Failed to write result:"  # Prefect's warning where it could not store a run's end
+
+
 class GymflowErrorsSaidOnce(logging.Filter):
     """Leaves out the ERROR lines Prefect's engine writes about a task or flow that a gymflow error ended
-    (the task run failed, finished in state Failed, the flow run's exception): gymflow's own line says it,
-    once, last; the API keeps them."""
+    (the task run failed, finished in state Failed, the flow run's exception), and its warning that
+    such an end could not be stored as the run's result: gymflow's own line says it, once, last; the
+    API and the run's log file keep them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR or not record.pathname.startswith(_PREFECT_CODE):
+        if not record.pathname.startswith(_PREFECT_CODE):
             return True
+        if record.levelno < logging.ERROR:  # but its warning that the run's end (a gymflow error) was not stored
+            message = record.getMessage()
+            return not (message.startswith(UNSTORED_RESULT) and
+                        any(f"type '{name}'" in message for name in _gymflow_error_names()))
         if record.exc_info and isinstance(record.exc_info[1], GymflowError):
             return False
         message = record.getMessage()

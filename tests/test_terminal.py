@@ -59,3 +59,27 @@ def test_the_bar_fits_80_columns_and_cuts_only_the_status():
         bar.refresh()
     (line, *_) = [line for line in reversed(_screen_lines(written.getvalue())) if "env steps" in line]
     assert len(line) <= 80 and "22,528/200,000 env steps" in line and line.endswith("…")
+
+
+def test_what_prefect_repeats_of_a_lost_server_stays_off_the_terminal(monkeypatch):
+    """A run stopped for a lost server: Prefect's warning that the run's end (a gymflow error) could not be
+    stored, and, while its API is out, its clients' lines about events not sent, used to stand between the
+    outage's line and gymflow's last one; the run's log file keeps them. Other warnings stay."""
+    from gymflow.flows.console import _PREFECT_CODE, GymflowErrorsSaidOnce, PrefectOutageSaidOnce
+    from gymflow.tasks.tracking import prefect_watch
+
+    def record(name: str, message: str, level: int = logging.WARNING) -> logging.LogRecord:
+        return logging.LogRecord(name, level, f"{_PREFECT_CODE}/engine.py", 1, message, None, None)
+
+    said_once = GymflowErrorsSaidOnce()
+    assert not said_once.filter(record("prefect.flow_runs", "Failed to write result: Failed to serialize object of "
+                                                            "type 'ServerLost' with serializer 'pickle'."))
+    assert said_once.filter(record("prefect.flow_runs", "Failed to write result: of type 'dict'"))
+    assert said_once.filter(record("prefect.flow_runs", "Flow run is taking long"))
+    quiet, unsent = PrefectOutageSaidOnce(), record("prefect.events.clients", "Unable to connect to 'ws://h/api'")
+    monkeypatch.setattr(prefect_watch, "_WATCHED", [])
+    assert quiet.filter(unsent)  # no outage: a websocket a proxy blocks is worth a line
+    outage = prefect_watch.prefect_outage("http://h/api", 300)
+    outage.failed(ConnectionError("refused"))
+    monkeypatch.setattr(prefect_watch, "_WATCHED", [outage])
+    assert not quiet.filter(unsent) and quiet.filter(record("prefect.flow_runs", "something else"))
