@@ -212,25 +212,32 @@ def test_only_a_server_that_does_not_answer_counts_against_the_budget():
 
 
 @pytest.mark.slow  # long tier: the object store's loss (the default tier's is the MLflow server's)
-def test_an_object_store_lost_mid_run_ends_it_in_one_line_past_its_budget(tmp_path):
-    """The run's S3 server killed for good: what the run reads and writes waits through the budget,
-    then the run ends in one line naming the store, its budget and the command that continues it."""
+@pytest.mark.parametrize("how", ["killed", "silent"])
+def test_an_object_store_lost_mid_run_ends_it_in_one_line_past_its_budget(how, tmp_path):
+    """The run's S3 server killed for good, or taking every request and never answering (on gymflow's
+    default timeouts, which used to hold one call ~25 minutes): what the run reads and writes waits
+    through the budget, then the run ends in one line naming the store, its budget and the command that
+    continues it."""
     server = MotoServer()
     server.start()
     root = "s3://gymflow/outage"
-    settings = {**TINY_BUDGET, "schedule.total_env_steps": TOTAL, "schedule.evaluate_every_env_steps": EVERY,
-                "storage.root": root, "storage.options": server.with_bucket("gymflow").options(),
-                "storage.outage_budget_s": BUDGET_S, "tracking.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     try:
-        store = Storage(StorageLocation(root, server.options()))
-        code, stderr, ended_after = _run_until_its_server_is_lost(settings, store, server, tmp_path)
+        with FaultyProxy(server.with_bucket("gymflow").url, fault_rate=0.0, faults=("silent",)) as proxy:
+            endpoint = server.url if how == "killed" else proxy.url
+            settings = {**TINY_BUDGET, "schedule.total_env_steps": TOTAL, "schedule.evaluate_every_env_steps": EVERY,
+                        "storage.root": root, "storage.options": {**server.options(), "endpoint_url": endpoint},
+                        "storage.outage_budget_s": BUDGET_S,
+                        "tracking.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+            store = Storage(StorageLocation(root, server.options()))
+            lost = server if how == "killed" else _Switch(proxy)
+            code, stderr, ended_after = _run_until_its_server_is_lost(settings, store, lost, tmp_path)
     finally:
         server.kill()
     assert code == 2, stderr[-3000:]
     assert ended_after < BUDGET_S + 60, ended_after
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("gymflow: error: ") and "Traceback" not in stderr, stderr[-3000:]
-    assert f"storage.root: the object store at {server.url} has not answered for {BUDGET_S} s " \
+    assert f"storage.root: the object store at {endpoint} has not answered for {BUDGET_S} s " \
            "(storage.outage_budget_s): " in last, last
     assert re.search(rf"`gymflow resume \S+ --root {root}` continues it once the store answers$", last), last
 
