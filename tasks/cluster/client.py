@@ -255,11 +255,12 @@ def _fork_server_deaf_to_the_flow_s_signals() -> None:
     "Failed to start process ... EOFError") nor reaches the workers forked from it, which ignore
     both anyway (tasks/cluster/local_worker.py). A signal mask does not last: the new interpreter
     starts with none blocked. A Ctrl-C within the instant is lost; the next one stops the run."""
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver, resource_tracker
 
     if threading.current_thread() is not threading.main_thread():  # signal dispositions are the main thread's
         forkserver.ensure_running()
         return
+    resource_tracker.ensure_running()  # (it guards its own start) outside the instant, which stays ~3 ms
     previous = {number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, signal.SIGTERM)}
     try:
         forkserver.ensure_running()
