@@ -89,14 +89,21 @@ def test_a_policy_that_cannot_be_a_graph_is_said_in_one_line_and_its_run_deliver
         prefect_api, workspace, caplog):
     run = {**SHORT, **local_overrides(workspace), "env.id": "gymflow.testing.envs:PartsCorridor",
            "agent.recurrent": 16, "agent.minibatch_size": 4}
-    with caplog.at_level(logging.WARNING):
-        summary = improve("cartpole-ppo", run)
-    said = [record.getMessage() for record in caplog.records if "ONNX" in record.getMessage()]
+    summary, said = _delivered_without_a_graph(run, caplog)
     assert said == [f"v{summary.delivered_version} is not exported to ONNX: recurrent policies of Dict observations "
                     "are not exported to ONNX yet; its pyfunc model serves it"]
+
+
+def _delivered_without_a_graph(run: dict, caplog) -> tuple:
+    """A cartpole-ppo run whose policy is not exported: its summary and what was said of ONNX, once its
+    MLflow run is checked FINISHED with its pyfunc model and no graph."""
+    with caplog.at_level(logging.WARNING):
+        summary = improve("cartpole-ppo", run)
     mlflow.set_tracking_uri(run["tracking.tracking_uri"])
-    assert "gymflow.onnx_model" not in mlflow.get_run(summary.mlflow_run_id).data.tags
+    finished = mlflow.get_run(summary.mlflow_run_id)
+    assert finished.info.status == "FINISHED" and "gymflow.onnx_model" not in finished.data.tags
     assert mlflow.pyfunc.load_model(summary.model_uri).metadata.flavors["python_function"]
+    return summary, [record.getMessage() for record in caplog.records if "ONNX" in record.getMessage()]
 
 
 def test_any_failure_of_the_onnx_export_is_the_same_one_line_and_the_run_delivers_its_pyfunc(
@@ -109,13 +116,6 @@ def test_any_failure_of_the_onnx_export_is_the_same_one_line_and_the_run_deliver
         raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Load model failed")
 
     monkeypatch.setattr(export, "onnx_policy", broken)
-    run = {**SHORT, **local_overrides(workspace)}
-    with caplog.at_level(logging.WARNING):
-        summary = improve("cartpole-ppo", run)
-    said = [record.getMessage() for record in caplog.records if "ONNX" in record.getMessage()]
+    summary, said = _delivered_without_a_graph({**SHORT, **local_overrides(workspace)}, caplog)
     assert said == [f"v{summary.delivered_version} is not exported to ONNX: the export failed (RuntimeError: "
                     "[ONNXRuntimeError] : 1 : FAIL : Load model failed); its pyfunc model serves it"]
-    mlflow.set_tracking_uri(run["tracking.tracking_uri"])
-    finished = mlflow.get_run(summary.mlflow_run_id)
-    assert finished.info.status == "FINISHED" and "gymflow.onnx_model" not in finished.data.tags
-    assert mlflow.pyfunc.load_model(summary.model_uri).metadata.flavors["python_function"]
