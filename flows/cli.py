@@ -10,8 +10,9 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -76,17 +77,17 @@ def _command(argv: Sequence[str] | None) -> int:
     args = parser.parse_args(argv)
     _working_folder_importable()
     if args.command in ("run", "resume", "sweep"):
-        signal.signal(signal.SIGTERM, _stop_starting)  # as Ctrl-C, until `stopping_cleanly` takes both
-        try:
-            from gymflow.flows.stopping import temporary_api
+        with _sigterm_as_ctrl_c():  # until `stopping_cleanly` takes both
+            try:
+                from gymflow.flows.stopping import temporary_api
 
-            # started before the preset is checked (torch, Gymnasium) and the flow imported (MLflow):
-            # the server's start-up then runs on the other core
-            with temporary_api() as api_ready:
-                return _train(args, api_ready)
-        except KeyboardInterrupt:  # during the imports and checks, before any run began
-            print(f"\ngymflow: stopped during start-up: {NOTHING_MADE}", file=sys.stderr)
-            return 130
+                # started before the preset is checked (torch, Gymnasium) and the flow imported (MLflow):
+                # the server's start-up then runs on the other core
+                with temporary_api() as api_ready:
+                    return _train(args, api_ready)
+            except KeyboardInterrupt:  # during the imports and checks, before any run began
+                print(f"\ngymflow: stopped during start-up: {NOTHING_MADE}", file=sys.stderr)
+                return 130
     from gymflow.presets import builtin_presets, parse_assignments
 
     if args.command == "presets":
@@ -109,6 +110,20 @@ def _command(argv: Sequence[str] | None) -> int:
 
 
 NOTHING_MADE = "no run began, nothing was written, nothing to resume"
+
+
+@contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt while inside (the main thread's; elsewhere nothing changes), as
+    Ctrl-C does: a stop during start-up is one line too. The handler before is put back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _stop_starting)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _stop_starting(signum: int, frame: object) -> None:
