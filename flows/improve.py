@@ -50,8 +50,8 @@ def improve(
     or the target return.
 
     Args:
-        preset: A built-in preset name (cartpole-ppo, cartpole-dqn, cartpole-dqn-async,
-            pendulum-sac, lunarlander-ppo) or a preset YAML path.
+        preset: A built-in preset name (cartpole-ppo, hopper-ppo, pendulum-sac, ...; `gymflow
+            presets` lists every one) or a preset YAML path.
         overrides: Preset fields to change, as a form or as dotted keys ({"agent.lr": 0.0003}).
         warm_start: Start from this policy: an MLflow model URI (models:/name@champion) or a
             policy.safetensors path; or from a whole learner (critics and optimisers too): learner:RUN_ID

@@ -111,8 +111,8 @@ def retrain(
     beats the current champion on the same evaluation episodes.
 
     Args:
-        preset: A built-in preset name (cartpole-ppo, cartpole-dqn, cartpole-dqn-async,
-            pendulum-sac) or a preset YAML path.
+        preset: A built-in preset name (cartpole-ppo, cartpole-dqn, pendulum-sac, ...; `gymflow
+            presets` lists every one) or a preset YAML path.
         overrides: Preset fields to change, as a form or as dotted keys ({"agent.lr": 0.0003}).
         model_name: The MLflow registered model; empty means gymflow-<preset name>.
         margin: Promote only if the challenger's mean return beats the champion's by more than this.
