@@ -40,6 +40,11 @@ class _Acting(nn.Module):
     low: torch.Tensor | None
     high: torch.Tensor | None
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("low", None)  # the Box's bounds once `within` them
+        self.register_buffer("high", None)
+
     def within(self, action_space: spaces.Space) -> None:
         """Continuous actions clipped to `action_space`'s bounds from here on (a Box's; nothing else)."""
         if isinstance(action_space, spaces.Box) and not self.discrete:
@@ -59,8 +64,6 @@ class GreedyActions(_Acting):
     def __init__(self, network: nn.Module, outputs: Callable[[torch.Tensor], torch.Tensor], discrete: bool):
         super().__init__()
         self.network, self.outputs, self.discrete = network, outputs, discrete
-        self.register_buffer("low", None)
-        self.register_buffer("high", None)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.acted(self.outputs(obs))
@@ -73,8 +76,6 @@ class GreedyActionsWithMemory(_Acting):
     def __init__(self, network: nn.Module, discrete: bool):
         super().__init__()
         self.network, self.discrete = network, discrete
-        self.register_buffer("low", None)
-        self.register_buffer("high", None)
 
     def forward(self, obs: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         network = self.network

@@ -256,10 +256,11 @@ def holds_stack(folder: Path) -> bool:
     """Whether `up` made `folder`: its marker, or (a stack started before the marker) a state file
     that names this very folder."""
     folder = Path(folder).resolve()
-    if (folder / MARKER_FILE).is_file():
-        return True
-    state = _state_or_none(folder)
-    return state is not None and Path(state.folder) == folder
+    return _made_by_up(folder, _state_or_none(folder))
+
+
+def _made_by_up(folder: Path, state: Stack | None) -> bool:
+    return (folder / MARKER_FILE).is_file() or (state is not None and Path(state.folder) == folder)
 
 
 def stop(folder: Path, remove: bool = True) -> list[str]:
@@ -270,10 +271,10 @@ def stop(folder: Path, remove: bool = True) -> list[str]:
     A folder `up` did not make (`holds_stack`) is refused whole, before anything is touched: the
     folder given may be a user's project."""
     folder = Path(folder).resolve()
-    if folder.exists() and any(folder.iterdir()) and not holds_stack(folder):
+    state = _state_or_none(folder)
+    if folder.exists() and any(folder.iterdir()) and not _made_by_up(folder, state):
         raise StackError(f"{folder}: holds no stack (no {MARKER_FILE} or {STATE_FILE} of `gymflow stack up`); "
                          "nothing stopped, nothing removed")
-    state = _state_or_none(folder)
     home = Path(state.postgres_folder) if state and state.postgres_folder else postgres_home(folder)
     owned = {name: pid for name, pid in state.pids.items() if _proven(state, name)} if state else {}
     _stop_pids(home, owned)

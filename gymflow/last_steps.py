@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 _STEPS: dict[int, Callable[[], None]] = {}
 
@@ -31,12 +32,18 @@ def take_last_steps() -> None:
             step()
 
 
-_ENDING: list[threading.Timer] = []
+class _Deadline(NamedTuple):
+    """The one deadline armed in this process: its timer, its line, when it is due (monotonic)."""
+
+    timer: threading.Timer
+    line: str
+    due: float
+
+
+_ENDING: list[_Deadline] = []  # none or one
 _SAID: list[str] = []
 _ALLOWED: list[bool] = []  # a process of gymflow's own (the command, a deployment's flow run): it may be ended
 _HOLDS: list[str] = []  # what a deadline waits for before it ends the process
-_LINE: list[str] = []  # the deadline's line, once one is armed
-_DUE: list[float] = []  # and when it is due (monotonic)
 HOLD_LIMIT_S = 600.0  # the longest a deadline waits for what holds it
 
 
@@ -59,7 +66,7 @@ def allow_ending() -> None:
 
 def pending_line() -> str | None:
     """The line of the deadline armed in this process (a server lost), if any."""
-    return _LINE[0] if _LINE else None
+    return _ENDING[0].line if _ENDING else None
 
 
 def cancel_end() -> None:
@@ -70,9 +77,7 @@ def cancel_end() -> None:
 
 def _cancel_timer() -> None:
     while _ENDING:
-        _ENDING.pop().cancel()
-    _LINE.clear()
-    _DUE.clear()
+        _ENDING.pop().timer.cancel()
 
 
 def end_within(seconds: float, line: str, code: int = 2) -> None:
@@ -85,14 +90,12 @@ def end_within(seconds: float, line: str, code: int = 2) -> None:
         return
     due = time.monotonic() + seconds
     if _ENDING:
-        if _DUE[0] <= due:
+        if _ENDING[0].due <= due:
             return
         _cancel_timer()  # a sooner deadline (the run's work is over; only its report is left) takes its place
     timer = threading.Timer(seconds, _end_now, (line, code))
     timer.daemon = True
-    _ENDING.append(timer)
-    _LINE.append(line)
-    _DUE.append(due)
+    _ENDING.append(_Deadline(timer, line, due))
     timer.start()
 
 
