@@ -27,7 +27,7 @@ class Rollout(NamedTuple):
     """T steps of N envs, as one rollout worker collected them."""
 
     obs: np.ndarray  # [T, N, *obs_shape]
-    actions: np.ndarray  # [T, N, *action_shape]
+    actions: np.ndarray  # [T, N, *action_shape] what the envs were sent (a C++ backend's FIRE where it sent that)
     rewards: np.ndarray  # [T, N] float32
     terminated: np.ndarray  # [T, N] bool: a terminal state (an episode's end, or an Atari life lost in training)
     truncated: np.ndarray  # [T, N] bool: the episode was cut (time limit); bootstrap from it
@@ -37,7 +37,9 @@ class Rollout(NamedTuple):
     log_probs: np.ndarray  # [T, N] behaviour log-probabilities (zeros for value-based policies)
     memory: np.ndarray | None = None  # [2, N, H] a recurrent policy's memory (LSTM h, c) where it began
     agents: np.ndarray | None = None  # [N] int64 where each env is one agent of a game (envs/agents.py): its index
-    alive: np.ndarray | None = None  # [T, N] bool with agents: the agent was in its game (left agents' rows idle)
+    # [T, N] bool: a sample of the policy's. With agents, the agent was in its game (left agents' rows idle);
+    # on a C++ backend that serves FIRE (envs/batched.py), the env was sent the policy's action, not a press
+    alive: np.ndarray | None = None
 
     @property
     def env_steps(self) -> int:

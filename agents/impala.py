@@ -25,6 +25,7 @@ from gymflow.agents.actor_critic import (
     continuing,
     explained_variance,
     greedy_actions,
+    live_observations,
     make_actor_critic,
 )
 from gymflow.agents.batches import Rollout
@@ -106,7 +107,7 @@ class IMPALALearner(SavedWhole, Learner):
         rows = [self._update(minibatch) for _ in range(self.config.epochs) for minibatch in self._passes(batch)]
         self.train_steps += len(rows)
         if self.normalizer is not None:  # after the update: the batch's log-probabilities used these statistics
-            self.normalizer.observe(rollout.obs for rollout in rollouts)
+            self.normalizer.observe(live_observations(rollout) for rollout in rollouts)
         learnt = mean_metrics(rows)
         if self.ranks is not None:
             learnt = self.ranks.mean(learnt, self._rank_rows(batch))
@@ -131,14 +132,18 @@ class IMPALALearner(SavedWhole, Learner):
             behaviour = on_device(rollout.log_probs, device)
             rewards = rollout.rewards if self.reward_scaler is None else self.reward_scaler.scale(rollout.rewards)
             learning = dist.log_prob(actions).view(steps, n)
-            targets = vtrace_targets(learning - behaviour, on_device(rewards, device), values, next_values,
+            log_rhos, live = learning - behaviour, None
+            if rollout.alive is not None:  # a row the policy did not act in is the env's own step: weight 1
+                live = on_device(rollout.alive, device)
+                log_rhos = torch.where(live, log_rhos, torch.zeros_like(log_rhos))
+            targets = vtrace_targets(log_rhos, on_device(rewards, device), values, next_values,
                                      continuing(rollout, device), config)
             samples = {"obs": obs, "actions": actions, "log_probs": behaviour.flatten(),
                        "proximal_log_probs": learning.flatten(),
                        "advantages": targets.advantages.flatten(), "returns": targets.values.flatten(),
                        "values": values.flatten(), "rhos": targets.rhos.flatten()}
-            for key, value in samples.items():
-                parts.setdefault(key, []).append(value)
+            for key, value in samples.items():  # rows the policy did not act in are no samples
+                parts.setdefault(key, []).append(value if live is None else value[live.flatten()])
         return {key: torch.cat(value) for key, value in parts.items()}
 
     def _passes(self, batch: Batch) -> Iterator[Batch]:

@@ -187,8 +187,12 @@ class RecurrentPPOLearner(PPOLearner):
     def _loss(self, minibatch: Batch, clip_range: float | torch.Tensor) -> PPOLossTerms:
         features, _ = self.network.sequence(minibatch["obs"], minibatch["starts"], minibatch["memory"])
         flat = {key: value.flatten(0, 1) for key, value in minibatch.items() if key not in ("memory", "starts", "obs")}
+        features = features.flatten(0, 1)
+        if "alive" in flat:  # the steps the policy did not act in (a backend's FIRE) are no samples
+            live = flat.pop("alive")
+            features, flat = features[live], {key: value[live] for key, value in flat.items()}
         actions = flat["actions"] if self.network.discrete else flat["actions"].float()
-        dist, value = self.network.distribution(features.flatten(0, 1)), self.network.value(features).flatten()
+        dist, value = self.network.distribution(features), self.network.value(features).flatten()
         return clipped_objective(dist, value, {**flat, "actions": actions}, self.config, clip_range)
 
     @torch.no_grad()
@@ -202,4 +206,5 @@ class RecurrentPPOLearner(PPOLearner):
         return {"obs": on_device(rollout.obs, device), "actions": on_device(rollout.actions, device),
                 "log_probs": on_device(rollout.log_probs, device), "advantages": advantages,
                 "returns": advantages + values, "values": values,
-                "starts": on_device(episode_starts(rollout), device), "memory": on_device(rollout.memory, device)}
+                "starts": on_device(episode_starts(rollout), device), "memory": on_device(rollout.memory, device),
+                **({} if rollout.alive is None else {"alive": on_device(rollout.alive, device)})}

@@ -19,7 +19,8 @@ def collect(policy: Policy, env: VectorEnv, steps: int, explore: bool = True,
             learning: np.ndarray | None = None) -> tuple[Rollout, Episodes]:
     """Step every env `steps` times from where it stands; returns the batch and the episodes
     that ended during it. A multi-agent env's rows outside `learning` (a [N] mask: an opponent's)
-    act but are no samples: not alive in the batch, their episodes not counted."""
+    act but are no samples: not alive in the batch, their episodes not counted; so are the steps a
+    C++ backend sent FIRE's presses instead of the policy's action (the presses recorded as sent)."""
     recording = _Recording(env, steps, learning)
     recurrent = hasattr(policy, "episodes_ended")  # a policy with a memory of each env's episode: the envs keep
     if recurrent:  # it between rollouts, as they keep their cursor
@@ -128,20 +129,28 @@ class _Recording:
         self.returns: list[float] = []
         self.lengths: list[int] = []
         self.agents = getattr(env, "agents", None)  # a multi-agent env's rows (envs/agents.py): which were in
-        self.alive = None if self.agents is None else np.empty((steps, n), dtype=bool)  # their game
+        # their game; or the rows whose action a C++ backend replaced (envs/batched.py: FIRE's presses)
+        self._replaced = np.full(n, -1, np.int64) if getattr(env, "serves", False) and self.agents is None else None
+        self.alive = None if self.agents is None and self._replaced is None else np.empty((steps, n), dtype=bool)
         self.low, self.high = _action_bounds(env.action_space)
         self.memory: np.ndarray | None = None  # a recurrent policy's, as the rollout began
 
     def observe(self, t: int) -> np.ndarray:
         """Step t's observations (a view of the rollout's)."""
         self.obs[t] = self.env.obs
-        if self.alive is not None:
+        if self._replaced is not None:
+            self._replaced[:] = self.env.replaced_actions()
+            np.less(self._replaced, 0, out=self.alive[t])
+        elif self.alive is not None:
             self.alive[t] = self.env.alive if self.learning is None else self.env.alive & self.learning
         return self.obs[t]
 
     def observe_rows(self, t: int, rows: slice) -> np.ndarray:
         """Step t's observations of `rows` (single-agent envs)."""
         self.obs[t, rows] = self.env.obs[rows]
+        if self._replaced is not None:
+            self._replaced[rows] = self.env.replaced_actions()[rows]
+            np.less(self._replaced[rows], 0, out=self.alive[t, rows])
         return self.obs[t, rows]
 
     def step(self, t: int, actions: np.ndarray, log_probs: np.ndarray) -> Any:
@@ -157,8 +166,13 @@ class _Recording:
         return self._record(t, (t, rows), self.env.step_rows(rows, env_actions))
 
     def _record(self, t: int, at: int | tuple[int, slice], step: Any) -> Any:
-        """Keep step t's outcome at `at` (t, or t and the rows stepped)."""
+        """Keep step t's outcome at `at` (t, or t and the rows stepped); where the env sent some rows
+        an action of its own, that action, the rows no samples of the policy (not alive)."""
         self.rewards[at], self.terminated[at], self.truncated[at] = step.rewards, step.terminated, step.truncated
+        if self._replaced is not None and not self.alive[at].all():
+            rows = np.arange(self.n)[at[1]] if isinstance(at, tuple) else np.arange(self.n)
+            replaced = rows[~self.alive[t, rows]]
+            self.actions[t, replaced] = self._replaced[replaced]
         if step.done_envs:
             self.done_index += [t * self.n + i for i in step.done_envs]
             self.done_obs += step.done_obs

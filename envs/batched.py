@@ -10,7 +10,9 @@ and action 2 inside the reset and the step that lost a life, here they replace t
 actions, at a game's start and after each lost life (the pools' own FIRE at reset is one frame,
 which sticky actions lose about half the time on EnvPool): the policy's actions are logged (a cursor
 replays them, and the replacement with them), the presses are what the game is sent. Either way a
-policy is never the one to serve the ball."""
+policy is never the one to serve the ball, and the presses are no steps of the policy's: a rollout
+records them as the actions sent and not as samples (`replaced_actions`, agents/rollout.py), and an
+episode's length leaves them out, as the Gymnasium path's does."""
 
 from __future__ import annotations
 
@@ -52,7 +54,8 @@ class BatchedVectorEnv:
         self._every_id = np.arange(num_envs, dtype=np.int32)
         self.episode_index = np.zeros(num_envs, dtype=np.int64)
         self.episode_return = np.zeros(num_envs, dtype=np.float64)
-        self._skipped = np.zeros(num_envs, dtype=np.int64)  # the steps since each env's episode began it stood out
+        # the steps since each env's episode began that were not its policy's: it stood out, or was sent FIRE's presses
+        self._skipped = np.zeros(num_envs, dtype=np.int64)
         self._log = ActionLog(num_envs)
         self._lives = np.zeros(num_envs, dtype=np.int64)
         self.memory: np.ndarray | None = None  # a recurrent policy's memory of these envs, carried between rounds
@@ -70,6 +73,12 @@ class BatchedVectorEnv:
 
     def step(self, actions: np.ndarray) -> VectorStep:
         return self._step_envs(0, self.num_envs, actions)
+
+    def replaced_actions(self) -> np.ndarray:
+        """[N] the action each env is sent at its next step in place of its policy's (FIRE's
+        presses), -1 where it is sent the policy's."""
+        due = self._presses_left
+        return np.where(due == 2, FireToServe.FIRE, np.where(due == 1, FireToServe.AFTER_FIRE, -1))
 
     def cursor(self) -> EnvCursor:
         dtype = np.int64 if self._discrete else np.float32
@@ -120,7 +129,8 @@ class BatchedVectorEnv:
 
     def _episode_lengths(self, ids: np.ndarray) -> np.ndarray:
         """The steps envs `ids` have taken in their episodes: the steps logged since each began, less
-        those it stood out (a count kept where some envs step alone, not a sum added to every step)."""
+        those it stood out or was sent FIRE's presses (a count kept where some envs step alone or are
+        served, not a sum added to every step)."""
         return self._log.steps_since_began(ids) - self._skipped[ids]
 
     def _lives_lost(self, first: int, stop: int, lives: np.ndarray, ended: np.ndarray, learning_end: np.ndarray
@@ -143,9 +153,10 @@ class BatchedVectorEnv:
         due = self._presses_left[first:stop]
         if not due.any():
             return sent
-        pressed = sent.copy()
+        pressed, pressing = sent.copy(), due > 0
         pressed[due == 2], pressed[due == 1] = FireToServe.FIRE, FireToServe.AFTER_FIRE
-        due[due > 0] -= 1
+        self._skipped[first:stop][pressing] += 1
+        due[pressing] -= 1
         return pressed
 
     def _begin(self, ids: np.ndarray, obs: np.ndarray, lives: np.ndarray | None,

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
+from gymflow.agents.rollout import collect, collect_in_halves
 from gymflow.envs.batched import ActionLog
 from gymflow.envs.envpool_backend import EnvPoolVectorEnv, pool_task
 from gymflow.envs.make import Preprocessing, make_env
@@ -79,13 +80,59 @@ def _games_never_pressing_fire(env, games: int) -> list[tuple[int, float]]:
 @pytest.mark.parametrize("backend", ["envpool", "ale"])
 def test_every_ball_is_served_on_the_cpp_backends_as_on_gymnasium_for_a_policy_that_never_presses_fire(backend):
     """FIRE at a game's start and after each of Breakout's 5 lost lives: a policy that stands still
-    plays Gymnasium's games (its two kinds, by the no-op start) on every backend, each two steps
-    longer a serve (the presses replace the env's next two actions, where Gymnasium's are inside a
-    step); unserved, a game would run to the 27,000-step cap."""
-    kwargs, serves = {"repeat_action_probability": 0.0}, 5
+    plays Gymnasium's games (its two kinds, by the no-op start) on every backend, as long (the
+    presses replace the env's next two actions, where Gymnasium's are inside a step, and are no
+    steps of the policy's); unserved, a game would run to the 27,000-step cap."""
+    kwargs = {"repeat_action_probability": 0.0}
     python = _games_never_pressing_fire(SeededVectorEnv("ALE/Breakout-v5", kwargs, 4, 0, ATARI.evaluation()), 8)
     cpp = _games_never_pressing_fire(make_vector_env("ALE/Breakout-v5", kwargs, 4, 0, ATARI.evaluation(), backend), 8)
-    assert {(length - 2 * serves, score) for length, score in cpp} <= set(python), (cpp, python)
+    assert set(cpp) <= set(python), (cpp, python)
+
+
+class _StandingStill:
+    """A policy that always sends NOOP, acting from outputs another process computed (or its own)."""
+
+    def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
+        return np.zeros(len(obs), np.int64), np.full(len(obs), -0.5, np.float32)
+
+    def act_on(self, obs: np.ndarray, outputs: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
+        return self.act(obs, explore)
+
+
+class _Outputs:
+    """Outputs for `collect_in_halves`, handed back in the order asked for."""
+
+    def __init__(self):
+        self.asked: list[int] = []
+
+    def request(self, obs: np.ndarray) -> None:
+        self.asked.append(len(obs))
+
+    def receive(self) -> np.ndarray:
+        return np.zeros((self.asked.pop(0), 4), np.float32)
+
+
+@pytest.mark.parametrize(("backend", "halves"), [("envpool", False), ("ale", False), ("envpool", True)])
+def test_the_steps_a_cpp_backend_sends_fire_in_are_recorded_as_sent_and_as_no_samples_of_the_policy(backend, halves):
+    """A policy that stands still, on Breakout: at each game's start and after each lost life the
+    backend sends FIRE, then action 2; the rollout holds those actions, and those rows alone are not
+    alive (what the learners leave out of their losses); the episodes' lengths leave them out."""
+    env = make_vector_env("ALE/Breakout-v5", {"repeat_action_probability": 0.0}, 4, 0, ATARI, backend)
+    env.reset()
+    rollout, episodes = (collect_in_halves(_StandingStill(), env, 600, _Outputs()) if halves
+                         else collect(_StandingStill(), env, 600))
+    env.close()
+    sent, alive = rollout.actions, rollout.alive
+    assert alive is not None and np.array_equal(alive, sent == 0)
+    assert np.array_equal(sent[:2], np.tile([[1], [2]], (1, 4)))  # every game's start served
+    presses = [1 if t == 0 or rollout.terminated[t - 1, env_index] else 2 if sent[t - 1, env_index] == 1 else 0
+               for t in range(len(sent)) for env_index in range(4)]
+    assert np.array_equal(sent.flatten(), presses)  # after each lost life (terminal for learning), two presses
+    assert (~alive).sum() >= 2 * 4 * 3 and len(episodes.lengths) >= 1
+    first_ends = {}  # each env's first game, from the rollout's first step: its length, the step it ended at
+    for length, flat in zip(episodes.lengths, rollout.done_index):
+        first_ends.setdefault(int(flat) % 4, (int(length), int(flat) // 4))
+    assert first_ends and all(length == alive[:t + 1, i].sum() for i, (length, t) in first_ends.items())
 
 
 def test_the_ales_stacks_repeat_a_game_s_first_frame_as_gymnasium_s_do():
@@ -113,10 +160,10 @@ def test_the_cpp_backends_envs_reset_on_the_step_that_ends_an_episode_and_a_lost
     i = ended.done_envs[0]
     assert not np.array_equal(ended.done_obs[0], ended.obs[i])  # the game's last frame apart; obs: a new game
     assert ended.episode_lengths[0] > 0 and ended.rewards.dtype == np.float32
-    cursor = env.cursor()
+    cursor, presses = env.cursor(), 2 * 5  # FIRE's two presses at the start and after each of 4 lost lives
     for j in range(2):  # a game that ended has just begun its next; one that goes on holds its actions
         assert (cursor.episode_index[j], cursor.action_counts[j] == 0) == (1, True) if j in ended.done_envs else \
-            (cursor.episode_index[j], len(cursor.actions_of(j))) == (0, ended.episode_lengths[0])
+            (cursor.episode_index[j], len(cursor.actions_of(j))) == (0, ended.episode_lengths[0] + presses)
     env.close()
 
 

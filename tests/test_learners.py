@@ -33,6 +33,7 @@ from gymflow.agents.configs import (
 )
 from gymflow.agents.core import ReplayLearner
 from gymflow.agents.networks import Adam, TransitionBatch, TwinCritic, step_optimizer
+from gymflow.agents.recurrent import RecurrentPPOLearner
 from gymflow.tasks.storage.codec import decode_state, encode_state
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -247,6 +248,38 @@ def _fingerprint(value, seen: list | None = None):
         seen.append(value)
         return {name: _fingerprint(item, seen) for name, item in vars(value).items()}
     return value
+
+
+ACTING_LEARNERS = {  # the learners whose losses read the acting policy's log-probabilities
+    "ppo": lambda: ppo.PPOLearner(PPOConfig(minibatch_size=8, epochs=2), OBS, TWO_ACTIONS, 1),
+    "recurrent-ppo": lambda: RecurrentPPOLearner(PPOConfig(minibatch_size=16, epochs=2, recurrent=8, hidden_sizes=[8]),
+                                                 OBS, TWO_ACTIONS, 1),
+    "impala": lambda: impala.IMPALALearner(IMPALAConfig(hidden_sizes=[8], vtrace_lambda=1.0), OBS, TWO_ACTIONS, 1),
+    "appo": lambda: appo.APPOLearner(APPOConfig(hidden_sizes=[8], minibatch_size=8), OBS, TWO_ACTIONS, 1),
+}
+
+
+@pytest.mark.parametrize("name", ACTING_LEARNERS)
+def test_a_step_the_env_sent_its_own_action_in_is_no_sample_yet_its_reward_reaches_the_steps_before(name):
+    """Rows not alive (a C++ backend's FIRE presses, agents/rollout.py): whatever action and
+    log-probability they hold, the learning is the same; their rewards still reach the targets of
+    the steps before them (the env's own steps, as the Gymnasium path's presses inside a step)."""
+    rng = np.random.default_rng(0)
+    alive = np.ones((16, 2), bool)
+    alive[6:8, 0] = alive[0:2, 1] = False
+    rollout = _rollout_of(rng, rng.integers(0, 2, (16, 2)))._replace(alive=alive, memory=np.zeros((2, 2, 8), np.float32))
+    garbled = rollout._replace(actions=np.where(alive, rollout.actions, 1 - rollout.actions),
+                               log_probs=np.where(alive, rollout.log_probs, -5.0).astype(np.float32))
+    rewarded = rollout._replace(rewards=np.where(alive, rollout.rewards, 3.0).astype(np.float32))
+
+    def learnt(batch: Rollout):
+        learner = ACTING_LEARNERS[name]()
+        learner.learn([batch], 0.0)
+        return _fingerprint(learner.network)
+
+    assert learnt(garbled) == learnt(rollout)
+    assert learnt(garbled._replace(alive=None)) != learnt(rollout._replace(alive=None))  # as samples they would count
+    assert learnt(rewarded) != learnt(rollout)
 
 
 LEARNERS = {  # every learner, its training state as full as its config makes it (`changes`: to its config)

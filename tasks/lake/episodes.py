@@ -124,7 +124,9 @@ class EpisodeStitcher:
         since its reset are this shard's)."""
         if ends:
             step, row = ends[0]
-            began_here = int(shard.episode_lengths[row]) == step + 1
+            alive = shard.rollout.alive  # a C++ backend's FIRE presses are no steps of the episode's length
+            policy_steps = step + 1 if alive is None else int(np.count_nonzero(alive[: step + 1, env]))
+            began_here = int(shard.episode_lengths[row]) == policy_steps
         else:
             began_here = int(shard.cursor.action_counts[env]) == len(shard.rollout.rewards)
         return _Open(index=int(shard.cursor.episode_index[env]) - len(ends), whole=began_here)
