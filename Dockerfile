@@ -1,6 +1,7 @@
 # gymflow's image for Kubernetes (docs/cluster.md, "Kubernetes"): the README's install, `make setup`
-# (a .venv with gymflow and its extras), whose bin/ comes first on PATH: the DaskCluster's pods run
-# `dask scheduler` / `dask worker`, the work pool's Jobs `prefect flow-run execute`.
+# with every workload extra (a .venv with gymflow, its envs, MLflow's UI and the ONNX export), whose
+# bin/ comes first on PATH: the DaskCluster's pods run `dask scheduler` / `dask worker`, the work
+# pool's Jobs `prefect flow-run execute`.
 FROM python:3.11-slim
 # make for `make setup`; git for MLflow's source tags; EGL and Mesa for MuJoCo films off-screen
 RUN apt-get update \
@@ -8,5 +9,5 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/gymflow
 COPY . .
-RUN make setup
+RUN make setup EXTRAS=all
 ENV PATH=/opt/gymflow/.venv/bin:$PATH

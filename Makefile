@@ -1,19 +1,28 @@
-# The two commands of the README: `make train` and `make test`. Both set up .venv first.
+# The two commands of the README: `make train` and `make test`. Both set up .venv first: `train` with
+# gymflow and the extras EXTRAS names (none: what the main job needs; `make setup EXTRAS=atari,mujoco`),
+# `test` with every extra and the test bench. `make ui` serves MLflow's UI on ./mlflow.db (the ui extra).
 VENV   := .venv
 PYTHON := $(VENV)/bin/python
 PRESET ?= cartpole-ppo
+EXTRAS ?=
 
-.PHONY: setup system-packages train test test-all
-setup: $(VENV)/.installed
+.PHONY: setup system-packages train ui test test-all
+setup: $(VENV)/.installed-$(or $(EXTRAS),core)
 
-$(VENV)/.installed: pyproject.toml
+$(PYTHON):
 	python3 -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet --upgrade pip
-	$(PYTHON) -m pip install --quiet -e ".[test]"
+
+# one stamp an install: .installed-core (gymflow alone), .installed-test, .installed-<extras>
+$(VENV)/.installed-%: pyproject.toml | $(PYTHON)
+	$(PYTHON) -m pip install --quiet -e ".$(if $(filter-out core,$*),[$*])"
 	touch $@
 
 train: setup
 	$(VENV)/bin/gymflow run $(PRESET) $(ARGS)
+
+ui: $(VENV)/.installed-ui
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db
 
 # The suite in two pytest runs (tests/suite.py): the tests not marked `alone` in PYTEST_WORKERS
 # processes (pytest-xdist, a file's tests in one), then the stop-within-10-s tests (`alone`) in one
@@ -22,10 +31,10 @@ train: setup
 # pytest's exit code 5 (no tests collected) counts as a failure where neither run collected one.
 # `test` is the default tier (CI's); `test-all` adds the long tier (`slow`): tests/README.md.
 PYTEST_WORKERS ?= 2
-test: setup system-packages
+test: $(VENV)/.installed-test system-packages
 	$(PYTHON) tests/suite.py --workers $(PYTEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
-test-all: setup system-packages
+test-all: $(VENV)/.installed-test system-packages
 	$(PYTHON) tests/suite.py --workers $(PYTEST_WORKERS) -m "slow or not slow" --durations=25 $(PYTEST_ARGS)
 
 # The queue the SLURM tests start (tests/slurm.py): Debian's slurm-wlm and munge; the team's stack

@@ -32,6 +32,20 @@ class CannotExport(Exception):
     """Why a policy cannot be an ONNX graph (yet), in one line."""
 
 
+class OnnxNotInstalled(CannotExport):
+    """The export's packages are an extra this install lacks."""
+
+    def __init__(self):
+        super().__init__("onnx and onnxruntime are not installed (gymflow's onnx extra: pip install 'gymflow[onnx]')")
+
+
+def onnx_installed() -> bool:
+    """Whether the packages an export needs (the onnx extra) are installed."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxruntime"))
+
+
 class _Acting(nn.Module):
     """What the greedy modules share: continuous actions clipped to the env's Box bounds, as gymflow's
     rollouts and evaluations clip them before the env steps (a Gaussian's mean may lie outside)."""
@@ -156,6 +170,8 @@ def onnx_policy(algorithm: Algorithm, config: Any, observation_space: spaces.Spa
     (int64) or [batch, *action shape] (float32, within the Box's bounds: what gymflow's evaluation
     steps the env with). `policy_name`: one of an agent group's separate policies (agent.policies), a
     graph of its own, as its pyfunc model is."""
+    if not onnx_installed():
+        raise OnnxNotInstalled()
     network = algorithm.network(config, observation_space, action_space)
     network.load_state_dict(load(weights))
     if policy_name is not None:

@@ -195,9 +195,13 @@ def _show(preset: str, assignments: list[str]) -> int:
 
 def _kube(args: argparse.Namespace) -> int:
     """The manifests a team applies to run the preset on Kubernetes, checked, in args.out."""
+    from gymflow.extras import KUBE, extra_missing
     from gymflow.presets import parse_assignments
     from gymflow.tasks.cluster.kube import KubeTarget, check, manifests, write
 
+    if missing := extra_missing("`gymflow kube`", "kube", KUBE):
+        print(f"gymflow: error: {missing}", file=sys.stderr)
+        return 2
     target = KubeTarget(args.image, args.name, args.namespace, args.worker_cpu, args.worker_memory,
                         args.learner_cpu, args.learner_memory, args.learner_gpus)
     try:

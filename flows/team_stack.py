@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from gymflow.commands import gymflow_command
+from gymflow.extras import STACK, extra_missing
 from gymflow.files import write_whole
 from gymflow.tasks.cluster.clocks import housekeeping_environment
 from gymflow.tasks.tracking.servers import basic_authorization
@@ -124,6 +125,8 @@ def start(folder: Path, users: tuple[str, ...] = ("alice", "bob"), dask_workers:
     their own; the parts run on after this returns (`stop` ends them). A part that does not start
     stops those started and raises StackError naming it."""
     folder = Path(folder).resolve()
+    if missing := extra_missing("`gymflow stack up`", "stack", STACK):
+        raise StackError(missing)
     if folder.exists() and any(folder.iterdir()):
         if holds_stack(folder):
             raise StackError(f"{folder}: a stack is there (`{gymflow_command()} stack down --folder {folder}` ends it)")

@@ -96,6 +96,15 @@ def test_the_interquartile_mean_drops_the_best_and_worst_quarter():
     assert interquartile_mean(np.array([1.0, 3.0])) == pytest.approx(2.0)  # two seeds: their mean
 
 
+def test_the_interquartile_mean_is_scipy_s_trimmed_mean_of_a_quarter_at_each_end_for_any_number_of_runs():
+    """gymflow computes it with numpy (scipy is not installed with gymflow alone); rliable's is scipy's."""
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    for runs in range(1, 24):
+        scores = rng.normal(size=runs) * 10
+        assert interquartile_mean(scores) == pytest.approx(stats.trim_mean(scores, 0.25), rel=1e-12), runs
+
+
 def test_the_bootstrap_interval_holds_the_estimate_and_is_the_same_each_time():
     scores = np.array([10.0, 12.0, 9.0, 30.0, 11.0])
     estimate = iqm_with_interval(scores)

@@ -220,8 +220,6 @@ def unsatisfied_requirements(requirements: Iterable[str]) -> list[str]:
     (`name (current: VERSION, required: REQUIREMENT)`); lines that are not a requirement by name
     (`-c constraints.txt`, a path, a URL) and requirements whose marker excludes this
     environment are skipped, as MLflow skips them."""
-    from importlib import metadata
-
     from packaging.requirements import InvalidRequirement, Requirement
 
     unsatisfied = []
@@ -232,13 +230,24 @@ def unsatisfied_requirements(requirements: Iterable[str]) -> list[str]:
             continue
         if requirement.marker and not requirement.marker.evaluate():
             continue
-        try:
-            installed = metadata.version(requirement.name)
-        except metadata.PackageNotFoundError:
-            installed = None
+        installed = _installed_version(requirement.name)
         if installed is None or not requirement.specifier.contains(installed):
             unsatisfied.append(f"{requirement.name} (current: {installed or 'uninstalled'}, required: {line})")
     return unsatisfied
+
+
+def _installed_version(name: str) -> str | None:
+    """The installed version of distribution `name`; MLflow's as its module says it, as MLflow's own
+    check reads it (whichever distribution installed it: `mlflow`, or `mlflow-skinny` alone, as gymflow
+    needs it)."""
+    from importlib import metadata
+
+    if name.lower() == "mlflow":
+        return mlflow.__version__
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _warn_of_unsatisfied_requirements(requirements: list[str]) -> None:
@@ -463,3 +472,4 @@ class _PredictingPolicy:
     def _by_part(self, obs: np.ndarray) -> dict[str, np.ndarray]:
         """Flat observations back into the Dict's parts (the signature's order is the flat array's)."""
         return unflatten_parts(self.parts, obs)
+

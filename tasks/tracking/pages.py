@@ -55,7 +55,22 @@ def served_by(tracking_uri: str) -> str:
     tracking server serves its own)."""
     if is_tracking_server(tracking_uri):
         return ""
-    return f" (once `{installed_command('mlflow')} ui --backend-store-uri {tracking_uri}` serves it)"
+    serve = f"`{installed_command('mlflow')} ui --backend-store-uri {tracking_uri}`"
+    if not mlflow_ui_installed():  # gymflow alone: MLflow's client; its UI is the ui extra, the full package
+        return f" (once `{installed_command('pip')} install 'mlflow>=3'` adds MLflow's UI and {serve} serves it)"
+    return f" (once {serve} serves it)"
+
+
+def mlflow_ui_installed() -> bool:
+    """Whether MLflow's web UI is installed (the full `mlflow` package, gymflow's ui extra), not its
+    client alone (`mlflow-skinny`, what gymflow needs to record runs)."""
+    from importlib import metadata
+
+    try:
+        metadata.version("mlflow")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def where_to_see(tracking_uri: str, page: str) -> str:

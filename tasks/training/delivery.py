@@ -5,6 +5,7 @@ summary: the MLflow run's description, and a report for the Prefect UI."""
 from __future__ import annotations
 
 import base64
+import logging
 import tempfile
 import time
 from dataclasses import replace
@@ -106,7 +107,7 @@ def _log_onnx_policy(run: PreparedRun, tracker: Tracker, model: Any, summary: Ru
     """The delivered policy as an ONNX graph too (agents/export.py), checked against the policy by ONNX
     Runtime and logged beside the pyfunc model (`policy-onnx`, the run's tag `gymflow.onnx_model`);
     where it cannot be one, a line says why and the run goes on."""
-    from gymflow.agents.export import CannotExport, onnx_policy
+    from gymflow.agents.export import CannotExport, OnnxNotInstalled, onnx_policy
     from gymflow.tasks.tracking.models import log_onnx_policy
 
     experiment, names = run.experiment, _separate_policies(run)
@@ -121,8 +122,9 @@ def _log_onnx_policy(run: PreparedRun, tracker: Tracker, model: Any, summary: Ru
         # Runtime's check, the graph's logging) leaves the run delivered by its pyfunc model, as the docs say
         said = str(why) if isinstance(why, CannotExport) else \
             f"the export failed ({type(why).__name__}: {' '.join(str(why).split())[:200]})"
-        recorder.progress.logger.warning("v%d is not exported to ONNX: %s; its pyfunc model serves it",
-                                         summary.delivered_version, said)
+        level = logging.INFO if isinstance(why, OnnxNotInstalled) else logging.WARNING  # an install's choice
+        recorder.progress.logger.log(level, "v%d is not exported to ONNX: %s; its pyfunc model serves it",
+                                     summary.delivered_version, said)
         return
     if names:  # agent groups' separate policies: a graph each, as each has a pyfunc model of its own
         tracker.set_tags({"gymflow.onnx_models": ", ".join(f"{name}={uri}" for name, uri in uris.items())})
