@@ -50,7 +50,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # run's ~4 s of imports on the 2-core VM); back on once they are in (`_collecting_again`)
         gc.disable()
         _collection_paused = True
-    code = _command(argv)
+    try:
+        code = _command(argv)
+    except BrokenPipeError:  # the reader of its output went away (`gymflow presets | head`): as Python's docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     if argv is not None:  # the caller goes on: a lost server's deadline, if one was armed, is not its end
         from gymflow.last_steps import cancel_end
 

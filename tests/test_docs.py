@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from gymflow.flows.cli import _parser
-from gymflow.presets.load import load_preset, read_preset_source, validate_preset_data
+from gymflow.presets.load import builtin_presets, load_preset, read_preset_source, validate_preset_data
 from gymflow.presets.model import Preset
 from gymflow.presets.sweep import check_sweep, sweep_spec
 
@@ -111,3 +111,17 @@ def test_each_run_in_the_docs_resolves_to_an_experiment_gymflow_would_start(wher
         resolve_experiment(args.preset, parse_assignments(args.set))
     except GymflowError as error:
         pytest.fail(f"{where}: `{line}`: {error}")
+
+
+def test_the_reference_page_is_the_one_the_preset_model_generates():
+    """docs/reference.md is generated (presets/reference.py): a field added, renamed or described anew
+    without regenerating it fails here, with the command that regenerates it."""
+    from gymflow.presets.reference import reference_page
+
+    committed = (ROOT / "docs" / "reference.md").read_text()
+    assert committed == reference_page(), "docs/reference.md is stale: .venv/bin/python -m gymflow.presets.reference " \
+                                          "> docs/reference.md"
+    for field in ("distribution.cluster_tls", "distribution.slurm", "distribution.learners", "distribution.gpu_wait_s",
+                  "storage.options_block", "agent.vtrace_rho_bar"):
+        assert f"| `{field}` |" in committed, field
+    assert all(f"| `{name}` |" in committed for name in builtin_presets())

@@ -96,3 +96,9 @@ def test_a_logged_model_s_mlflow_requirement_holds_where_only_mlflow_s_client_is
     monkeypatch.setattr(metadata, "version", skinny_only)
     assert models.unsatisfied_requirements(["mlflow>=3", "numpy<1"])[0].startswith("numpy")
     assert len(models.unsatisfied_requirements(["mlflow>=3"])) == 0
+
+
+def test_a_listing_piped_into_a_reader_that_leaves_early_ends_without_a_traceback():
+    gymflow = Path(sys.executable).with_name("gymflow")
+    piped = subprocess.run(f"'{gymflow}' presets | true", shell=True, capture_output=True, text=True, timeout=120)
+    assert piped.stderr == ""
