@@ -61,3 +61,27 @@ class VectorStep(NamedTuple):
     done_obs: list[np.ndarray]  # the final observation of each of those episodes
     episode_returns: list[float]  # undiscounted return of each episode that ended
     episode_lengths: list[int]
+
+
+SAMPLED_EVERY = 4  # the steps of a rollout whose observations are checked against the space: one in this many
+
+
+def observations_outside(space: Any, observations: np.ndarray) -> str | None:
+    """Where a rollout's float observations ([T, N, *shape], every SAMPLED_EVERY-th step) leave the
+    finite bounds their Box declares: the entry furthest outside, its value and the bound, in words
+    (None where all fit, to float32's rounding, or the space has no finite bounds to leave)."""
+    if not hasattr(space, "low") or np.issubdtype(observations.dtype, np.integer) or observations.size == 0:
+        return None
+    sampled = observations[::SAMPLED_EVERY].reshape(-1, *space.shape)
+    low, high = np.asarray(space.low, np.float64), np.asarray(space.high, np.float64)
+    slack = 1e-5 * (1.0 + np.maximum(np.abs(low), np.abs(high)))
+    below = np.where(np.isfinite(low), low - sampled.min(axis=0), -np.inf)
+    above = np.where(np.isfinite(high), sampled.max(axis=0) - high, -np.inf)
+    outside = np.maximum(below, above) - slack
+    if not (outside > 0).any():
+        return None
+    worst = np.unravel_index(int(np.argmax(outside)), outside.shape)
+    entry = worst[0] if len(worst) == 1 else worst
+    if below[worst] >= above[worst]:
+        return f"entry {entry} reached {float(sampled.min(axis=0)[worst]):.4g}, below its low {low[worst]:.4g}"
+    return f"entry {entry} reached {float(sampled.max(axis=0)[worst]):.4g}, above its high {high[worst]:.4g}"

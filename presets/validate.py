@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from gymnasium import spaces
@@ -46,6 +46,9 @@ class Experiment:
     algorithm: Algorithm
     observation_space: spaces.Box
     action_space: spaces.Space
+    # the preset it was made from as the user named it (a built-in's name, a file's path); None where it was
+    # rebuilt from what a run stored
+    source: str | None = None
 
 
 def _check_images(config: Preset, observation_space: spaces.Box) -> None:
@@ -68,7 +71,7 @@ def _check_images(config: Preset, observation_space: spaces.Box) -> None:
 
 def resolve_experiment(preset: str, overrides: Mapping[str, Any] | None = None) -> Experiment:
     """Load, override and validate; raises InvalidPreset (one line: field and what is allowed)."""
-    return experiment_from(load_preset(preset, overrides))
+    return replace(experiment_from(load_preset(preset, overrides)), source=preset)
 
 
 def experiment_from(config: Preset) -> Experiment:

@@ -59,6 +59,24 @@ class BreaksMidRun(gym.Env):
         return np.zeros(5 if self.steps >= 40 else 2, np.float32), 1.0, False, self.steps % 8 == 0, {}
 
 
+class Drifts(gym.Env):
+    """Declares Box(-1, 1) and drifts out of it: its first entry grows by 0.5 a step."""
+
+    def __init__(self):
+        self.observation_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.steps = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        return np.array([0.5 * self.steps, 0.0], np.float32), 1.0, False, self.steps >= 120, {}
+
+
 class Raising(MyEnv):
     def reset(self, *, seed=None, options=None):
         raise RuntimeError("no level file")
@@ -163,3 +181,47 @@ def test_a_users_env_failing_in_step_mid_run_keeps_the_run_s_log_and_names_what_
     kept = log.read_text()
     assert "Traceback" in kept and "returned an observation of shape (5,) from step" in kept
     assert (users_folder / "data" if (users_folder / "data").exists() else users_folder / "gymflow-data").is_dir()
+
+
+def test_observations_outside_the_declared_space_are_said_once_a_run_and_the_run_is_tagged_with_its_preset_and_env(
+        users_folder):
+    """An env that declares Box(-1, 1) and returns 60: training goes on, and one line names the env,
+    its space, the entry and how far outside (checked on a sample of each shard's steps). The MLflow
+    run says which preset it came from (one `gymflow run` takes: not the run's name `drifts-ppo`) and
+    which env it learned."""
+    settings = {"env.id": "my_own_envs:Drifts", "distribution.rollout_workers": 1,
+                "distribution.envs_per_worker": 2, "schedule.rollout_steps_per_env": 64,
+                "schedule.total_env_steps": 512, "schedule.target_return": "null"}
+    args = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_") or key == "PREFECT_HOME"}
+    done = subprocess.run([sys.executable, "-m", "gymflow.flows.cli", "run", "cartpole-ppo", *args],
+                          cwd=users_folder, env={**env, "PYTHONPATH": str(users_folder)}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if "outside the bounds it declares" in line]
+    assert len(said) == 1, done.stderr[-3000:]  # 4 rounds, each shard outside: said once
+    assert "env.id: 'my_own_envs:Drifts' (observation_space Box(-1.0, 1.0, (2,), float32)) returned observations " \
+           "outside the bounds it declares: entry 0 reached " in said[0] and "above its high 1" in said[0], said
+    from mlflow.tracking import MlflowClient
+
+    (run,) = MlflowClient(f"sqlite:///{users_folder / 'mlflow.db'}").search_runs(["1"])
+    assert run.info.run_name.startswith("drifts-ppo-")
+    assert (run.data.tags["gymflow.preset"], run.data.tags["gymflow.env"]) == ("cartpole-ppo", "my_own_envs:Drifts")
+
+
+def test_the_bounds_check_names_the_entry_furthest_outside_and_lets_rounding_images_and_open_bounds_be():
+    import numpy as np
+    from gymnasium import spaces
+
+    from gymflow.envs.steps import observations_outside
+
+    box = spaces.Box(np.array([-1.0, 0.0]), np.array([1.0, 10.0]), dtype=np.float32)
+    obs = np.zeros((8, 3, 2), np.float32)
+    assert observations_outside(box, obs) is None
+    obs[4, 1] = [1.0000001, 10.00001]  # float32's rounding of the bounds: inside
+    assert observations_outside(box, obs) is None
+    obs[0, 2] = [-3.0, 12.0]  # 2 below, 2 above: the first found of the furthest
+    obs[4, 0, 1] = 30.0
+    assert observations_outside(box, obs) == "entry 1 reached 30, above its high 10"
+    assert observations_outside(spaces.Box(-np.inf, np.inf, (2,)), obs * 1e6) is None
+    assert observations_outside(spaces.Box(0, 255, (2, 2), np.uint8), np.full((4, 1, 2, 2), 255, np.uint8)) is None

@@ -34,7 +34,7 @@ from gymflow.envs.ale_backend import ale_game
 from gymflow.envs.envpool_backend import pool_task
 from gymflow.envs.make import EnvSpecError, check_env, is_multi_agent
 from gymflow.envs.seeding import derive_seed
-from gymflow.envs.steps import Backend
+from gymflow.envs.steps import Backend, observations_outside
 from gymflow.envs.vector import AnyVectorEnv, make_vector_env
 from gymflow.envs.video import CannotFilm, film_episode, film_game
 from gymflow.errors import GymflowError
@@ -164,7 +164,8 @@ def _land(spec: RolloutSpec, storage: Storage, version: int | None, env: AnyVect
     ref = write_shard(storage, spec.shard_key, version, spec.worker, collected, spec.chunk)
     _keep(_LIVE_ENVS, (spec.storage.root, spec.run_id, spec.worker), (spec.shard_key, env))
     sample = sample_to_send()
-    return ref if sample is None else replace(ref, host=tuple(sample.metrics().items()))
+    return replace(ref, host=() if sample is None else tuple(sample.metrics().items()),
+                   observations_outside=observations_outside(env.observation_space, collected.rollout.obs))
 
 
 def run_evaluation(spec: EvaluationSpec) -> EvaluationResult:

@@ -72,6 +72,8 @@ class ShardRef:
     chunk: int | None = None  # async: its number in its worker's stream of chunks
     # what the collecting process's machine was doing, by MLflow's system-metric names (cluster/host_figures.py)
     host: tuple[tuple[str, float], ...] = ()
+    # where the rollout's observations left the bounds their space declares (envs/steps.py), in words; None: they fit
+    observations_outside: str | None = None
 
 
 @dataclass(frozen=True)

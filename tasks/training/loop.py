@@ -87,6 +87,7 @@ class StepReport:
     work_seconds: float  # stepping envs, learning, an evaluation waited for: the step's critical path
     collected_by: frozenset[str]  # host:pid of the processes whose shards landed
     hosts: dict[str, dict[str, float]] = field(default_factory=dict)  # worker node -> its machine's figures
+    observations_outside: str | None = None  # where a landed shard's observations left their space (envs/steps.py)
 
 
 class Commit(NamedTuple):
@@ -278,7 +279,9 @@ def _report(experience: Experience, learned: Learned, state: LoopState, evaluati
     }
     work = experience.collect_seconds + max(learned.seconds, evaluation_seconds)
     hosts = {node_id("worker", shard.collected_by): dict(shard.host) for shard in experience.landed if shard.host}
-    return StepReport(state, metrics, work, frozenset(shard.collected_by for shard in experience.landed), hosts)
+    outside = next((shard.observations_outside for shard in experience.landed if shard.observations_outside), None)
+    return StepReport(state, metrics, work, frozenset(shard.collected_by for shard in experience.landed), hosts,
+                      outside)
 
 
 def _timings(experience: Experience, commit: Commit, seconds: float) -> dict[str, float]:

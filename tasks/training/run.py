@@ -200,12 +200,20 @@ def run_tags(overrides: Mapping[str, Any], extra: Mapping[str, str] | None = Non
     return {"gymflow.overrides": changed[:5000] or "(none)", **(extra or {})}
 
 
+def preset_tag(run: PreparedRun) -> dict[str, str]:
+    """The preset a new run was made from, as `gymflow run` takes it (the run's name is another where
+    it learns another env: `myenv-ppo`); a resumed run's MLflow run keeps the tag it has."""
+    if run.record is not None:
+        return {}
+    return {"gymflow.preset": run.experiment.source or run.preset.name}
+
+
 def _tracked(run: PreparedRun, flow_run_id: str, extra_tags: Mapping[str, str], prefect: Outage | None,
              alone: bool) -> Iterator[Tracker]:
     tracking = run.preset.tracking
     tags = {**source_tags(), RETURN_TAG: NOT_EVALUATED,  # the first tag a run's page shows (tasks/tracking/pages.py)
-            "gymflow.run_id": run.run_id, "prefect.flow_run_id": flow_run_id, "gymflow.preset": run.preset.name,
-            "gymflow.env_backend": rollout_backend(run.preset), **extra_tags}
+            "gymflow.run_id": run.run_id, "prefect.flow_run_id": flow_run_id, "gymflow.env": run.preset.env.id,
+            "gymflow.env_backend": rollout_backend(run.preset), **preset_tag(run), **extra_tags}
     try:
         tracker = Tracker(tracking.tracking_uri, tracking.experiment, run_name=run.run_id, tags=tags,
                           existing_run_id=run.record.mlflow_run_id if run.record else None,
@@ -264,6 +272,7 @@ def run_recorder(run: PreparedRun, tracker: Tracker, logger: AnyLogger) -> RunRe
     recorder.shows_training_return = not preset.offline and preset.schedule.evaluation_opponent != "random"
     recorder.events = RunEvents(run.run_id, preset.name, tracker.run_id)
     recorder.system = SystemMetrics(tracker)
+    recorder.env_words = f"env.id: {preset.env.id!r} (observation_space {run.experiment.observation_space})"
     return recorder
 
 

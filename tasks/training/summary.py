@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from gymflow.envs.steps import SAMPLED_EVERY
 from gymflow.tasks.storage.objects import Storage
 from gymflow.tasks.tracking.events import RunEvents
 from gymflow.tasks.tracking.pages import RETURN_TAG, return_words
@@ -92,7 +93,9 @@ class RunRecorder:
     events: RunEvents | None = None  # Prefect events of its evaluations and its end
     system: SystemMetrics | None = None  # per node: CPU, memory, GPU
     backlog_key: str | None = None  # where what MLflow has not got is kept at a commit (RunLayout.tracking_backlog)
+    env_words: str = "the env"  # the env and its observation space, as a line about its observations names them
     _backlog_kept: bool = False
+    _said_outside: bool = False
     _episode_return: float = float("nan")
     _step: int = 0  # the newest step logged
 
@@ -118,6 +121,11 @@ class RunRecorder:
         self.work_seconds += report.work_seconds
         self.processes |= report.collected_by
         self._episode_return = report.metrics.get("rollout/episode_return_mean", self._episode_return)
+        if report.observations_outside and not self._said_outside:  # once a run: the env's, not the run's, to mend
+            self._said_outside = True
+            self.progress.logger.warning("%s returned observations outside the bounds it declares: %s (one step in "
+                                         "%d checked); training goes on with them as they are", self.env_words,
+                                         report.observations_outside, SAMPLED_EVERY)
         self.progress.update(self.budget.spent(report.state), self._status(report.state))
 
     def committed(self, state: LoopState, timings: dict[str, float]) -> None:
