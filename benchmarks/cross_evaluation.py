@@ -149,7 +149,8 @@ def train(args: argparse.Namespace, root: str, mlflow_db: str) -> None:
         for trained_on in args.trained_on:
             improve(args.preset, {**parse_assignments(args.set), "seed": seed, "schedule.total_env_steps": args.env_steps,
                                   "env.backend": trained_on, "schedule.evaluate_every_env_steps": args.env_steps,
-                                  "storage.root": root, "tracking.tracking_uri": f"sqlite:///{mlflow_db}"})
+                                  "storage.root": root, "tracking.tracking_uri": f"sqlite:///{mlflow_db}",
+                                  "tracking.artifact_location": os.path.join(os.path.dirname(mlflow_db), "mlartifacts")})
 
 
 if __name__ == "__main__":

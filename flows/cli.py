@@ -430,9 +430,20 @@ def _run(preset: str, overrides: dict, output: Output, api_ready: Callable[[], N
     print(
         f"run {summary.run_id} {verdict}; {delivered_words(summary)} after {spent} ({summary.wall_seconds:.1f} s)"
         f"\n  MLflow run: {summary.mlflow_run_id}, at {summary.mlflow_page}"
+        f"{_flow_run_page(summary.flow_run_id)}"
         f"\n  checkpoints and shards: {summary.storage_url}"
     )
     return 0
+
+
+def _flow_run_page(flow_run_id: str) -> str:
+    """The line with the flow run's page in Prefect's UI, where a server that outlives the run holds it
+    (PREFECT_API_URL); a run's temporary API ends with it: "" (`prefect server start` shows its runs)."""
+    if not os.environ.get("PREFECT_API_URL") or not flow_run_id:
+        return ""
+    from prefect.settings import get_current_settings
+
+    return f"\n  Prefect flow run: {get_current_settings().ui_url}/runs/flow-run/{flow_run_id}"
 
 
 # MLflow's INFO lines of its own housekeeping in the run's terminal: a new tracking database's tables

@@ -87,7 +87,7 @@ def improve(
                 state = train(loop, state)  # ~2 s of collect -> learn -> commit -> maybe evaluate
             finished = loop.finish(state)  # the delivered policy's film is made beside delivery
             state, deciding = finished.state, finished.deciding
-            identity = RunIdentity(run.run_id, tracker.run_id, storage_url(run))
+            identity = RunIdentity(run.run_id, tracker.run_id, storage_url(run), str(flow_run.id))
             ending = RunEnding(loop.stop.target_reached(deciding), loop.stop.stopped_early(loop.latest),
                                time.perf_counter() - started, run.preset.schedule.target_return,
                                paused=loop.paused(state, deciding))

@@ -111,7 +111,7 @@ def test_a_finished_runs_pages_show_its_return_at_a_glance_and_prefect_shows_its
             browser = driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
             page = browser.new_page(viewport=SCREEN)
             _look_at_mlflow(page, link.replace(":5000/", f":{port}/"))
-            _look_at_prefect(page, prefect_ui)
+            _look_at_prefect(page, prefect_ui, printed)
             browser.close()
     finally:
         mlflow_ui.stop()
@@ -121,7 +121,7 @@ def _look_at_mlflow(page, run_link: str) -> None:
     page.goto(run_link)
     returned = page.get_by_text("gymflow.return", exact=True)
     returned.wait_for(timeout=60_000)
-    page.get_by_text(re.compile(r"v\d+ delivered \(best ")).wait_for()
+    page.get_by_text(re.compile(r"\d\.\d, v\d+ delivered")).wait_for()
     _shot(page, "mlflow-run")
     assert _in_first_screen(page, returned), "the run's return is below MLflow's first screen"
     experiment = re.search(r"#/experiments/(\w+)/", run_link).group(1)
@@ -135,6 +135,23 @@ def _look_at_mlflow(page, run_link: str) -> None:
         assert re.fullmatch(r"-?\d+(\.\d+)?", value.strip()), (column, value)
     for column in ("summary/final_return", "summary/best_return"):  # the newest evaluation's may scroll in
         assert _in_first_screen(page, page.locator(_cell(column))), f"{column} is out of the runs table's first screen"
+    _choose_the_returns_view_from_the_views_menu(page, f"{base}#/experiments/{experiment}/runs")
+
+
+def _choose_the_returns_view_from_the_views_menu(page, runs: str) -> None:
+    """As docs/usage.md says: MLflow's Views menu opens a view in the navigation the browser last chose
+    (GenAI at first), so a person picks Model training once; then the view keeps it, best return first."""
+    page.goto(runs)
+    page.get_by_text("Model training", exact=True).click()
+    page.get_by_text("Model registry", exact=True).wait_for(timeout=60_000)  # the model-training navigation
+    page.get_by_role("button", name="Views").click()
+    page.get_by_text("gymflow: returns").first.click()
+    page.locator(_cell("summary/best_return")).first.wait_for(timeout=60_000)
+    page.get_by_text("Sort: summary/best_return").wait_for()
+    _shot(page, "mlflow-views-menu-returns")
+    assert page.get_by_text("Model registry", exact=True).is_visible() and not page.get_by_text("Training runs").count()
+    for column in ("summary/final_return", "summary/best_return"):
+        assert _in_first_screen(page, page.locator(_cell(column))), f"{column} is out of the view's first screen"
 
 
 def _cell(metric: str) -> str:
@@ -142,9 +159,11 @@ def _cell(metric: str) -> str:
     return f'[role=gridcell][col-id="metrics.`{metric}`"]'
 
 
-def _look_at_prefect(page, prefect: str) -> None:
+def _look_at_prefect(page, prefect: str, printed: str) -> None:
     (flow_run,) = post_json(f"{prefect}/api/flow_runs/filter", {"limit": 1})
-    page.goto(f"{prefect}/runs/flow-run/{flow_run['id']}")
+    (link,) = re.findall(r"Prefect flow run: (\S+)", printed)  # the run's page, printed with PREFECT_API_URL set
+    assert link == f"{prefect}/runs/flow-run/{flow_run['id']}", link
+    page.goto(link)
     page.get_by_text(flow_run["name"]).first.wait_for(timeout=60_000)
     page.get_by_text("Completed").first.wait_for()
     page.get_by_text(re.compile(r"v\d+ delivered to MLflow")).first.wait_for(timeout=60_000)  # its log, as sent

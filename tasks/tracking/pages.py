@@ -15,7 +15,8 @@ _MODEL_TRAINING = "workflowType=machine_learning"
 # table's (selected columns as MLflow names them: `metrics.`<key>``); a link opens it with viewStateShareKey
 RUNS_BY_RETURN = "gymflow-returns"
 SAVED_VIEW_PREFIX = "mlflow.sharedViewState."
-RETURN_COLUMNS = ("summary/final_return", "summary/best_return", "eval/return_mean")
+BEST_RETURN = "summary/best_return"
+RETURN_COLUMNS = ("summary/final_return", BEST_RETURN, "eval/return_mean")
 # The run's return as its first tag, which a run's page shows above the fold: the newest evaluation's while
 # it trains, the delivered version's once it is delivered
 RETURN_TAG = "gymflow.return"
@@ -29,9 +30,11 @@ def runs_by_return_view(now_ms: int) -> tuple[str, str]:
     columns = [*returns, "tags.`gymflow.preset`", "attributes.`Models`"]
     # the returns right after the run's name: the table is narrow beside MLflow's assistant panel
     order = ["attributes.`Run Name`", *returns, "runDateAndNestInfo", "duration", *columns[len(returns):]]
-    widths = {"attributes.`Run Name`": 255} | dict.fromkeys(returns, 90)  # a name's time and hash in view too
+    # each return column's whole name (`summary/final_return`), and the two runs' returns beside a run's name (its
+    # preset and time) in the table's first screen, which MLflow's assistant panel narrows to ~700 px at 1280
+    widths = {"attributes.`Run Name`": 190} | dict.fromkeys(returns, 135)
     state = {"selectedColumns": columns, "columnOrder": order, "columnWidths": widths,
-             "orderByKey": "attributes.start_time", "orderByAsc": False}
+             "orderByKey": f"metrics.`{BEST_RETURN}`", "orderByAsc": False}  # the best runs first
     envelope = {"name": "gymflow: returns", "createdAt": now_ms, "updatedAt": now_ms, "state": json.dumps(state)}
     return SAVED_VIEW_PREFIX + RUNS_BY_RETURN, json.dumps(envelope)
 
@@ -79,6 +82,8 @@ def where_to_see(tracking_uri: str, page: str) -> str:
 
 
 def return_words(mean_return: float, version: int, best: float, delivered: bool = False) -> str:
-    """The return tag's value: `478.1, v7 delivered (best 478.1)`, or `41.6 at v231 (best 478.1)` meanwhile."""
-    return f"{mean_return:.2f}, v{version} delivered (best {best:.2f})" if delivered \
-        else f"{mean_return:.2f} at v{version} (best {best:.2f})"
+    """The return tag's value, short enough for the run page's tag chip: `478.1, v7 delivered` (the best
+    evaluated version is the one delivered), or `41.6 at v231, best 478.1` while the run trains."""
+    if delivered:
+        return f"{mean_return:.1f}, v{version} delivered"
+    return f"{mean_return:.1f} at v{version}, best {best:.1f}"

@@ -62,8 +62,9 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
     tracker.log_metrics({
         "summary/wall_seconds": summary.wall_seconds,
         "summary/orchestration_share": summary.orchestration_share,
-        "summary/final_return": summary.final_return or 0.0,
-        "summary/best_return": summary.best_return or 0.0,
+        # two decimals, as a person reads a return (MLflow's table shows a value's every digit: -0.20900...)
+        "summary/final_return": round(summary.final_return or 0.0, 2),
+        "summary/best_return": round(summary.best_return or 0.0, 2),
     }, step=summary.clock)
     tracker.flush()  # the metrics are linked to the model as it is logged
     _say(recorder, summary, f"delivering v{summary.delivered_version} to MLflow ({where}): the policy model")

@@ -41,6 +41,7 @@ class RunSummary:
     final_return: float | None = None  # the delivered version's evaluation return
     best_return: float | None = None
     solved: bool = False
+    flow_run_id: str = ""  # the Prefect flow run that trained it
     stopped_early: bool = False  # a sweep's pruner ended it before its budget
     wall_seconds: float = 0.0
     work_seconds: float = 0.0  # stepping envs with the policy, learning, evaluating (critical path)
@@ -205,6 +206,7 @@ class RunIdentity:
     run_id: str
     mlflow_run_id: str
     storage_url: str
+    flow_run_id: str = ""  # the Prefect flow run's id
 
 
 class RunEnding(NamedTuple):
@@ -223,7 +225,8 @@ def summarize(identity: RunIdentity, finished: Finished, recorder: RunRecorder, 
         identity.run_id, identity.mlflow_run_id, identity.storage_url,
         env_steps=state.env_steps, versions_committed=state.version + 1, delivered_version=delivered.version,
         final_return=delivered.mean_return, best_return=max(row.mean for row in recorder.evaluations),
-        solved=ending.solved, stopped_early=ending.stopped_early, wall_seconds=ending.wall_seconds,
+        solved=ending.solved, flow_run_id=identity.flow_run_id, stopped_early=ending.stopped_early,
+        wall_seconds=ending.wall_seconds,
         work_seconds=recorder.work_seconds, evaluations=tuple(recorder.evaluations),
         rollout_processes=frozenset(recorder.processes), shards_inserted=ledger.shards_inserted,
         shards_dropped=ledger.shards_dropped, shards_unused=ledger.shards_unused,
