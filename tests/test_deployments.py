@@ -31,28 +31,80 @@ REPO = Path(__file__).resolve().parents[1]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 
 
+def readme_deploy_block() -> list[str]:
+    """The README's deploy block, as a user copies it: its command lines, comments cut."""
+    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    (block,) = [body for body in blocks if "deploy --all" in body]
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip() and
+            not line.strip().startswith("#")]
+
+
+def _set_up_as_the_readme_says(lines: list[str], env: dict, port: int, deploy: tuple[str, ...]
+                               ) -> subprocess.Popen | None:
+    """Run the README's set-up lines in order (the venv's activation is this interpreter's PATH): the
+    server it backgrounds (on `port`), its export, its work pool, and its `prefect deploy` in a
+    terminal of its own (`script`), where a question would wait for an answer and the fixture time out;
+    the worker and the runs are the tests'. Returns the server it started."""
+    server = None
+    for line in lines:
+        if line.startswith(". .venv/bin/activate") or line.startswith("prefect worker") or " deployment run " in \
+                f" {line}":
+            continue
+        if line.startswith("export "):
+            name, _, value = line.removeprefix("export ").partition("=")
+            env[name] = value.replace(":4200", f":{port}")
+        elif line.endswith("&"):
+            assert line.startswith("prefect server start"), line  # the only other thing the block backgrounds
+            server = subprocess.Popen(line.rstrip("&").split(), env={**env, "PREFECT_SERVER_API_PORT": str(port),
+                                                                     "PREFECT_SERVER_API_HOST": "127.0.0.1"},
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+            wait_for_answer(f"http://127.0.0.1:{port}/api/health", 120)
+        else:
+            command = line if " deploy --all" not in line or not deploy else line.replace("--all", " ".join(deploy))
+            # `deploy --all` loads the flow once for each of prefect.yaml's 20 deployments and asks the server
+            # ~20 times for each: ~50 s on a quiet 2-core VM, past 120 s beside the suite's other process
+            done = subprocess.run(["script", "-qec", command, "/dev/null"], env=env, cwd=REPO, capture_output=True,
+                                  text=True, timeout=600, stdin=subprocess.DEVNULL)
+            assert done.returncode == 0, (line, done.stdout[-3000:] + done.stderr[-3000:])
+    return server
+
+
 @contextmanager
 def _server_with(tmp_path_factory, *deploy: str) -> Iterator[dict]:
-    """A Prefect server with the gymflow process work pool and the deployments `prefect deploy
-    *deploy` makes from prefect.yaml; the environment that reaches it."""
+    """A Prefect server with the gymflow process work pool and the deployments prefect.yaml holds
+    (`deploy`: `prefect deploy`'s selection instead of `--all`), set up by the README's deploy block
+    as written (tests/README.md): the environment that reaches it."""
     home = tmp_path_factory.mktemp("prefect-home")
     seed_prefect_database(home / "prefect.db")
     port = free_port()
-    env = {**os.environ, "PREFECT_HOME": str(home),
-           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PATH": f"{Path(PREFECT).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("PREFECT_API_URL", None)
+    server = None
     try:
-        wait_for_answer(f"http://127.0.0.1:{port}/api/health", 120)
-        assert _prefect(env, "work-pool", "create", "gymflow", "--type", "process").returncode == 0
-        # `deploy --all` loads the flow once for each of prefect.yaml's 20 deployments and asks the server
-        # ~20 times for each: ~50 s on a quiet 2-core VM, past 120 s beside the suite's other process
-        deployed = _prefect(env, "--no-prompt", "deploy", *deploy, timeout=600)
-        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        server = _set_up_as_the_readme_says(readme_deploy_block(), env, port, deploy)
+        assert server is not None and env.get("PREFECT_API_URL") == f"http://127.0.0.1:{port}/api", env.get(
+            "PREFECT_API_URL")
         yield env
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
+
+
+def test_the_readme_s_deploy_block_is_the_deploy_path_of_these_tests_and_deploy_md_s_alike():
+    """The fixture above runs the README's block; docs/deploy.md's says the same in the same order
+    (its server and worker left running in shells of their own), and every `prefect deploy` asks
+    no question."""
+    readme = readme_deploy_block()
+    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "docs" / "deploy.md").read_text(), re.S)
+    (deploy_md,) = [body for body in blocks if "deploy --all" in body]
+    guide = [line.split("  #")[0].strip() for line in deploy_md.splitlines() if line.strip()]
+    setting_up = [line.rstrip("& ").strip() for line in readme if not line.startswith("prefect deployment run")]
+    assert setting_up == guide, (setting_up, guide)
+    assert all("--no-prompt" in line for line in readme + guide if " deploy " in f" {line} ")
+    assert [line for line in readme if line.endswith("&")] == ["prefect server start &",
+                                                             "prefect worker start --pool gymflow &"]
 
 
 @pytest.fixture(scope="module")
