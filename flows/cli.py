@@ -441,9 +441,9 @@ def _flow_run_page(flow_run_id: str) -> str:
     (PREFECT_API_URL); a run's temporary API ends with it: "" (`prefect server start` shows its runs)."""
     if not os.environ.get("PREFECT_API_URL") or not flow_run_id:
         return ""
-    from prefect.settings import get_current_settings
+    from gymflow.tasks.tracking.pages import flow_run_page
 
-    return f"\n  Prefect flow run: {get_current_settings().ui_url}/runs/flow-run/{flow_run_id}"
+    return f"\n  Prefect flow run: {flow_run_page(flow_run_id)}"
 
 
 # MLflow's INFO lines of its own housekeeping in the run's terminal: a new tracking database's tables

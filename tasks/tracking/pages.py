@@ -87,3 +87,10 @@ def return_words(mean_return: float, version: int, best: float, delivered: bool 
     if delivered:
         return f"{mean_return:.1f}, v{version} delivered"
     return f"{mean_return:.1f} at v{version}, best {best:.1f}"
+
+
+def flow_run_page(flow_run_id: str) -> str:
+    """A flow run's page in the Prefect UI of the API this process reports to."""
+    from prefect.settings import get_current_settings
+
+    return f"{get_current_settings().ui_url}/runs/flow-run/{flow_run_id}"

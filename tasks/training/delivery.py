@@ -62,8 +62,7 @@ def deliver(run: PreparedRun, tracker: Tracker, summary: RunSummary, recorder: R
     tracker.log_metrics({
         "summary/wall_seconds": summary.wall_seconds,
         "summary/orchestration_share": summary.orchestration_share,
-        # two decimals, as a person reads a return (MLflow's table shows a value's every digit: -0.20900...)
-        "summary/final_return": round(summary.final_return or 0.0, 2),
+        "summary/final_return": round(summary.final_return or 0.0, 2),  # as read: MLflow shows every digit
         "summary/best_return": round(summary.best_return or 0.0, 2),
     }, step=summary.clock)
     tracker.flush()  # the metrics are linked to the model as it is logged
