@@ -86,7 +86,7 @@ def evaluate_decisions(decisions: Decisions, seed: int = 0) -> dict[str, Estimat
         estimators["dm"] = lambda rows: float(np.mean(modelled[rows]))
         estimators["dr"] = lambda rows: float(np.mean(modelled[rows] + correction[rows]))
     ess = effective_sample_size(weights)
-    return {name: _with_interval(estimator, len(weights), ess, seed) for name, estimator in estimators.items()}
+    return {name: bootstrapped(estimator, len(weights), ess, seed) for name, estimator in estimators.items()}
 
 
 def evaluate_episodes(episodes: Episodes, gamma: float, seed: int = 0) -> dict[str, Estimate]:
@@ -110,7 +110,7 @@ def evaluate_episodes(episodes: Episodes, gamma: float, seed: int = 0) -> dict[s
         estimators["wdr"] = lambda rows: _weighted_dr(rows, rho, before, (rewards, q, v), episodes.mask, discounts)
     last = rho[np.arange(len(rho)), np.maximum(episodes.mask.sum(axis=1) - 1, 0)]
     ess = effective_sample_size(last)
-    return {name: _with_interval(estimator, len(rho), ess, seed) for name, estimator in estimators.items()}
+    return {name: bootstrapped(estimator, len(rho), ess, seed) for name, estimator in estimators.items()}
 
 
 def checked_support(decisions: Decisions) -> None:
@@ -158,8 +158,9 @@ def _weighted_dr(rows: np.ndarray, rho: np.ndarray, before: np.ndarray, values: 
     return float(np.sum(discounts * (now * (rewards - q) + earlier * v)))
 
 
-def _with_interval(estimator: Callable[[np.ndarray], float], count: int, ess: float, seed: int) -> Estimate:
-    """The estimate on every row, and its bootstrap percentile interval over resampled rows."""
+def bootstrapped(estimator: Callable[[np.ndarray], float], count: int, ess: float, seed: int) -> Estimate:
+    """The estimate on every row (decision, episode), and its bootstrap percentile interval over
+    resampled rows (seeded)."""
     rng = np.random.default_rng(seed)
     resampled = [estimator(rng.integers(0, count, count)) for _ in range(BOOTSTRAP_RESAMPLES)]
     tail = (1 - CONFIDENCE) / 2 * 100

@@ -89,3 +89,34 @@ def test_on_policy_episodes_give_their_mean_discounted_return_and_padding_counts
     assert estimates["pdis"].value == pytest.approx(discounted) and estimates["wpdis"].value == pytest.approx(discounted)
     assert set(estimates) == {"pdis", "wpdis"}  # no Q: no DR
     assert estimates["pdis"].effective_sample_size == pytest.approx(500)
+
+
+def test_fitted_q_evaluation_learns_the_target_s_q_from_the_logs_alone_and_dr_corrects_with_it():
+    """The two-step chain, its states one-hot (the first; the second after right; after left): FQE
+    fits the target's Q from the behaviour's transitions; its value of the first state is the truth,
+    and DR with that Q finds it within its interval."""
+    from gymflow.agents.fqe import FQEOptions, LoggedTransitions, fitted_q, fqe_estimate, q_values
+
+    gamma, behaviour_right, target_right, count = 0.9, 0.5, 0.8, 2_000
+    episodes, truth = _chain_episodes(behaviour_right, target_right, count, seed=6)
+    right = episodes.rewards.astype(bool)
+    states = np.eye(3)
+    second = np.where(right[:, 0], 1, 2)
+    target = np.tile([1 - target_right, target_right], (count, 1))
+    transitions = LoggedTransitions(
+        obs=np.concatenate([states[np.zeros(count, int)], states[second]]),
+        actions=np.concatenate([right[:, 0], right[:, 1]]).astype(np.int64),
+        rewards=np.concatenate([episodes.rewards[:, 0], episodes.rewards[:, 1]]),
+        next_obs=np.concatenate([states[second], states[second]]),
+        terminal=np.concatenate([np.zeros(count, bool), np.ones(count, bool)]),
+        next_target_probs=np.concatenate([target, target]))
+    network = fitted_q(transitions, FQEOptions(gamma=gamma, iterations=10, steps_per_iteration=200, seed=0))
+    estimate = fqe_estimate(network, states[[0]].repeat(count, axis=0), target)
+    assert estimate.value == pytest.approx(truth, abs=0.03)
+    q = q_values(network, states)
+    np.testing.assert_allclose(q[0], [gamma * target_right, 1 + gamma * target_right], atol=0.05)
+    learned_q = np.stack([q[0][right[:, 0].astype(int)], q[second, right[:, 1].astype(int)]], axis=1)
+    learned_v = np.stack([np.full(count, q[0] @ [1 - target_right, target_right]),
+                          q[second] @ np.array([1 - target_right, target_right])], axis=1)
+    dr = evaluate_episodes(episodes._replace(q_values=learned_q, state_values=learned_v), gamma=gamma)["dr"]
+    assert dr.low <= truth <= dr.high
