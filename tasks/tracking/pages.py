@@ -82,11 +82,12 @@ def where_to_see(tracking_uri: str, page: str) -> str:
 
 
 def return_words(mean_return: float, version: int, best: float, delivered: bool = False) -> str:
-    """The return tag's value, short enough for the run page's tag chip: `478.1, v7 delivered` (the best
-    evaluated version is the one delivered), or `41.6 at v231, best 478.1` while the run trains."""
+    """The return tag's value, short enough for the run page's tag chip (4 significant digits):
+    `478.1, v7 delivered` (the best evaluated version is the one delivered), or `41.6 at v231, best 478.1`
+    while the run trains."""
     if delivered:
-        return f"{mean_return:.1f}, v{version} delivered"
-    return f"{mean_return:.1f} at v{version}, best {best:.1f}"
+        return f"{mean_return:.4g}, v{version} delivered"
+    return f"{mean_return:.4g} at v{version}, best {best:.4g}"
 
 
 def flow_run_page(flow_run_id: str) -> str:
