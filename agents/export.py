@@ -35,8 +35,9 @@ class CannotExport(Exception):
 class OnnxNotInstalled(CannotExport):
     """The export's packages are an extra this install lacks."""
 
-    def __init__(self):
-        super().__init__("onnx and onnxruntime are not installed (gymflow's onnx extra: pip install 'gymflow[onnx]')")
+    def __init__(self, message: str = "onnx and onnxruntime are not installed (gymflow's onnx extra: "
+                                      "pip install 'gymflow[onnx]')"):
+        super().__init__(message)
 
 
 def onnx_installed() -> bool:
