@@ -92,6 +92,11 @@ def _command(argv: Sequence[str] | None) -> int:
             except KeyboardInterrupt:  # during the imports and checks, before any run began
                 print(f"\ngymflow: stopped during start-up: {NOTHING_MADE}", file=sys.stderr)
                 return 130
+            except Exception:  # the stop's KeyboardInterrupt turned into another error by the code it hit
+                if not _stop_asked.is_set():  # (pydantic's serializer: PydanticSerializationError)
+                    raise
+                print(f"\ngymflow: stopped during start-up: {NOTHING_MADE}", file=sys.stderr)
+                return 130
     from gymflow.presets import builtin_presets, parse_assignments
 
     if args.command == "presets":
@@ -119,18 +124,25 @@ NOTHING_MADE = "no run began, nothing was written, nothing to resume"
 @contextmanager
 def _sigterm_as_ctrl_c() -> Iterator[None]:
     """SIGTERM raises KeyboardInterrupt while inside (the main thread's; elsewhere nothing changes), as
-    Ctrl-C does: a stop during start-up is one line too. The handler before is put back after."""
+    Ctrl-C does, and either is noted (`_stop_asked`): a stop during start-up is one line too, whatever
+    error the interrupted code made of it. The handlers before are put back after."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signal.SIGTERM, _stop_starting)
+    previous_interrupt = signal.signal(signal.SIGINT, _stop_starting)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_interrupt)
+
+
+_stop_asked = threading.Event()  # a Ctrl-C or SIGTERM came during start-up
 
 
 def _stop_starting(signum: int, frame: object) -> None:
+    _stop_asked.set()
     raise KeyboardInterrupt
 
 
