@@ -170,8 +170,8 @@ class _Recording:
         an action of its own, that action, the rows no samples of the policy (not alive)."""
         self.rewards[at], self.terminated[at], self.truncated[at] = step.rewards, step.terminated, step.truncated
         if self._replaced is not None and not self.alive[at].all():
-            rows = np.arange(self.n)[at[1]] if isinstance(at, tuple) else np.arange(self.n)
-            replaced = rows[~self.alive[t, rows]]
+            first = (at[1].start or 0) if isinstance(at, tuple) else 0
+            replaced = first + np.flatnonzero(~self.alive[at])
             self.actions[t, replaced] = self._replaced[replaced]
         if step.done_envs:
             self.done_index += [t * self.n + i for i in step.done_envs]

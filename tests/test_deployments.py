@@ -31,9 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 
 
-def readme_deploy_block() -> list[str]:
-    """The README's deploy block, as a user copies it: its command lines, comments cut."""
-    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+def readme_deploy_block(page: Path = REPO / "README.md") -> list[str]:
+    """A page's deploy block (the README's), as a user copies it: its command lines, comments cut."""
+    blocks = re.findall(r"```bash\n(.*?)```", page.read_text(), re.S)
     (block,) = [body for body in blocks if "deploy --all" in body]
     return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip() and
             not line.strip().startswith("#")]
@@ -96,10 +96,7 @@ def test_the_readme_s_deploy_block_is_the_deploy_path_of_these_tests_and_deploy_
     """The fixture above runs the README's block; docs/deploy.md's says the same in the same order
     (its server and worker left running in shells of their own), and every `prefect deploy` asks
     no question."""
-    readme = readme_deploy_block()
-    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "docs" / "deploy.md").read_text(), re.S)
-    (deploy_md,) = [body for body in blocks if "deploy --all" in body]
-    guide = [line.split("  #")[0].strip() for line in deploy_md.splitlines() if line.strip()]
+    readme, guide = readme_deploy_block(), readme_deploy_block(REPO / "docs" / "deploy.md")
     setting_up = [line.rstrip("& ").strip() for line in readme if not line.startswith("prefect deployment run")]
     assert setting_up == guide, (setting_up, guide)
     assert all("--no-prompt" in line for line in readme + guide if " deploy " in f" {line} ")

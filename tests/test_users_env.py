@@ -42,8 +42,8 @@ class Misdeclared(MyEnv):
         super().__init__(size=1)
 
 
-class BreaksMidRun(gym.Env):
-    """Observes 2 numbers, until its 40th step, which returns 5."""
+class TwoNumbers(gym.Env):
+    """Declares Box(-1, 1) of 2 numbers and counts its steps."""
 
     def __init__(self):
         self.observation_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
@@ -53,24 +53,22 @@ class BreaksMidRun(gym.Env):
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         return np.zeros(2, np.float32), {}
+
+
+class BreaksMidRun(TwoNumbers):
+    """Observes 2 numbers, until its 40th step, which returns 5."""
 
     def step(self, action):
         self.steps += 1
         return np.zeros(5 if self.steps >= 40 else 2, np.float32), 1.0, False, self.steps % 8 == 0, {}
 
 
-class Drifts(gym.Env):
-    """Declares Box(-1, 1) and drifts out of it: its first entry grows by 0.5 a step."""
-
-    def __init__(self):
-        self.observation_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
-        self.action_space = spaces.Discrete(2)
-        self.steps = 0
+class Drifts(TwoNumbers):
+    """Drifts out of its Box: its first entry grows by 0.5 a step."""
 
     def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
         self.steps = 0
-        return np.zeros(2, np.float32), {}
+        return super().reset(seed=seed, options=options)
 
     def step(self, action):
         self.steps += 1
@@ -159,18 +157,24 @@ def test_the_commands_gymflow_prints_run_from_where_the_user_is(tmp_path, monkey
 
 
 # default tier: the first of its capability (a run that fails mid-way keeps its log, says what failed)
+def _run_on(users_folder, env_class: str, settings: dict, *flags: str) -> subprocess.CompletedProcess:
+    """`gymflow run cartpole-ppo` on one of USERS_ENVS from the user's folder (1 worker of 2 envs, no
+    target), its own temporary Prefect API."""
+    settings = {"env.id": f"my_own_envs:{env_class}", "distribution.rollout_workers": 1,
+                "distribution.envs_per_worker": 2, "schedule.target_return": "null", **settings}
+    args = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_") or key == "PREFECT_HOME"}
+    return subprocess.run([sys.executable, "-m", "gymflow.flows.cli", "run", "cartpole-ppo", *flags, *args],
+                          cwd=users_folder, env={**env, "PYTHONPATH": str(users_folder)}, capture_output=True,
+                          text=True, timeout=300)
+
+
 def test_a_users_env_failing_in_step_mid_run_keeps_the_run_s_log_and_names_what_it_returned(users_folder):
     """An env whose `step` returns shape (5,) against its (2,) space, long after the check before the
     run: the run used to remove its own log and say numpy's `could not broadcast` error. Its log stays,
     with the traceback, and its line names the env, `step`, what it returned and what its space holds."""
-    settings = {"env.id": "my_own_envs:BreaksMidRun", "distribution.rollout_workers": 1,
-                "distribution.envs_per_worker": 2, "schedule.rollout_steps_per_env": 16,
-                "schedule.total_env_steps": 640, "schedule.target_return": "null"}
-    args = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_") or key == "PREFECT_HOME"}
-    done = subprocess.run([sys.executable, "-m", "gymflow.flows.cli", "run", "cartpole-ppo", "--quiet", *args],
-                          cwd=users_folder, env={**env, "PYTHONPATH": str(users_folder)}, capture_output=True,
-                          text=True, timeout=300)
+    done = _run_on(users_folder, "BreaksMidRun", {"schedule.rollout_steps_per_env": 16,
+                                                  "schedule.total_env_steps": 640}, "--quiet")
     assert done.returncode == 2, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("gymflow: error: rollout job ") and "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -189,14 +193,7 @@ def test_observations_outside_the_declared_space_are_said_once_a_run_and_the_run
     its space, the entry and how far outside (checked on a sample of each shard's steps). The MLflow
     run says which preset it came from (one `gymflow run` takes: not the run's name `drifts-ppo`) and
     which env it learned."""
-    settings = {"env.id": "my_own_envs:Drifts", "distribution.rollout_workers": 1,
-                "distribution.envs_per_worker": 2, "schedule.rollout_steps_per_env": 64,
-                "schedule.total_env_steps": 512, "schedule.target_return": "null"}
-    args = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_") or key == "PREFECT_HOME"}
-    done = subprocess.run([sys.executable, "-m", "gymflow.flows.cli", "run", "cartpole-ppo", *args],
-                          cwd=users_folder, env={**env, "PYTHONPATH": str(users_folder)}, capture_output=True,
-                          text=True, timeout=300)
+    done = _run_on(users_folder, "Drifts", {"schedule.rollout_steps_per_env": 64, "schedule.total_env_steps": 512})
     assert done.returncode == 0, done.stderr[-3000:]
     said = [line for line in done.stderr.splitlines() if "outside the bounds it declares" in line]
     assert len(said) == 1, done.stderr[-3000:]  # 4 rounds, each shard outside: said once
