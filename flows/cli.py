@@ -652,7 +652,7 @@ def _parser() -> argparse.ArgumentParser:
                 "start from this policy: an MLflow model URI (models:/NAME@champion), the path of a policy's "
                 "safetensors file, or learner:RUN_ID[@vN] (a run's whole learner, in the same storage)"))
     command = commands.add_parser("sweep", help="search preset fields over configurations x seeds, and rank them")
-    command.add_argument("spec", help="a sweep spec YAML (docs/usage.md, Sweeps)")
+    command.add_argument("spec", help="a sweep spec YAML (docs/sweeps.md, Sweeps)")
     command.add_argument("--id", help="the sweep's id: continue that sweep where it stopped, or start it with this id")
     command.add_argument("--verbose", action="store_true", help=VERBOSE)
     for name, help_text in (

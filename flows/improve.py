@@ -40,7 +40,7 @@ RunId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,119}$")]
 @checked_flow(name="improve", log_prints=True)
 def improve(
     preset: str = "cartpole-ppo",
-    overrides: PresetOverrides | None = None,
+    overrides: PresetOverrides = PresetOverrides(),  # an empty form, its sections open in Prefect's UI
     warm_start: str | None = None,
     resume: str | None = None,
     run_id: RunId | None = None,
@@ -50,8 +50,12 @@ def improve(
     or the target return.
 
     Args:
-        preset: A built-in preset name (cartpole-ppo, hopper-ppo, pendulum-sac, ...; `gymflow
-            presets` lists every one) or a preset YAML path.
+        preset: What to train: one of the built-in presets (breakout-appo, breakout-dqn, breakout-ppo,
+            cartpole-appo, cartpole-bc, cartpole-dqn, cartpole-dqn-async, cartpole-po-ppo, cartpole-ppo,
+            catch-appo, catch-dqn, catch-ppo, halfcheetah-ppo, halfcheetah-sac, hallway-ppo, hallway-walk-ppo,
+            hopper-iql, hopper-ppo, hopper-td3, lunarlander-ppo, mujoco-ppo, pendulum-po-ppo, pendulum-sac,
+            picture-corridor-ppo, pong-appo, race-ppo, spread-ippo, spread-mappo; `gymflow presets` says what
+            each trains) or a preset YAML path.
         overrides: Preset fields to change, as a form or as dotted keys ({"agent.lr": 0.0003}).
         warm_start: Start from this policy: an MLflow model URI (models:/name@champion) or a
             policy.safetensors path; or from a whole learner (critics and optimisers too): learner:RUN_ID

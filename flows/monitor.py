@@ -41,7 +41,7 @@ class ChampionScore:
 @checked_flow(name="monitor", log_prints=True)
 def monitor(
     preset: str = "cartpole-ppo",
-    overrides: PresetOverrides | None = None,
+    overrides: PresetOverrides = PresetOverrides(),  # an empty form, its sections open in Prefect's UI
     model_name: str | None = None,
     threshold: float = 475.0,
     evaluation_episodes: Annotated[int, Field(ge=1, le=1000)] = 20,
@@ -50,7 +50,12 @@ def monitor(
     (and `gymflow.model.scored` either way) with what a retraining needs as its payload.
 
     Args:
-        preset: The preset whose env the champion is scored on, and that a retraining trains.
+        preset: The preset whose env the champion is scored on, and that a retraining trains: one of the
+            built-in presets (breakout-appo, breakout-dqn, breakout-ppo, cartpole-appo, cartpole-bc,
+            cartpole-dqn, cartpole-dqn-async, cartpole-po-ppo, cartpole-ppo, catch-appo, catch-dqn, catch-ppo,
+            halfcheetah-ppo, halfcheetah-sac, hallway-ppo, hallway-walk-ppo, hopper-iql, hopper-ppo, hopper-td3,
+            lunarlander-ppo, mujoco-ppo, pendulum-po-ppo, pendulum-sac, picture-corridor-ppo, pong-appo,
+            race-ppo, spread-ippo, spread-mappo; `gymflow presets` says what each trains) or a preset YAML path.
         overrides: Preset fields to change (its tracking URI: where the registry is).
         model_name: The MLflow registered model; empty means gymflow-<preset name>.
         threshold: Below this mean return the champion counts as degraded.

@@ -101,7 +101,7 @@ class ChallengerTraining(BaseModel):
 @checked_flow(name="retrain", log_prints=True)
 def retrain(
     preset: str = "cartpole-ppo",
-    overrides: PresetOverrides | None = None,
+    overrides: PresetOverrides = PresetOverrides(),  # an empty form, its sections open in Prefect's UI
     model_name: str | None = None,
     margin: Annotated[float, Field(ge=0)] = 0.0,
     evaluation_episodes: Annotated[int, Field(ge=1, le=1000)] = 20,
@@ -111,8 +111,12 @@ def retrain(
     beats the current champion on the same evaluation episodes.
 
     Args:
-        preset: A built-in preset name (cartpole-ppo, cartpole-dqn, pendulum-sac, ...; `gymflow
-            presets` lists every one) or a preset YAML path.
+        preset: What the challenger trains: one of the built-in presets (breakout-appo, breakout-dqn,
+            breakout-ppo, cartpole-appo, cartpole-bc, cartpole-dqn, cartpole-dqn-async, cartpole-po-ppo,
+            cartpole-ppo, catch-appo, catch-dqn, catch-ppo, halfcheetah-ppo, halfcheetah-sac, hallway-ppo,
+            hallway-walk-ppo, hopper-iql, hopper-ppo, hopper-td3, lunarlander-ppo, mujoco-ppo, pendulum-po-ppo,
+            pendulum-sac, picture-corridor-ppo, pong-appo, race-ppo, spread-ippo, spread-mappo; `gymflow
+            presets` says what each trains) or a preset YAML path.
         overrides: Preset fields to change, as a form or as dotted keys ({"agent.lr": 0.0003}).
         model_name: The MLflow registered model; empty means gymflow-<preset name>.
         margin: Promote only if the challenger's mean return beats the champion's by more than this.

@@ -98,7 +98,7 @@ def sweep(spec: SweepSpec, sweep_id: str | None = None) -> SweepResult:
 
     Args:
         spec: The preset, the fields to search, the sampler, seeds per configuration, the budget,
-            the concurrency and the pruner (docs/usage.md, "Sweeps").
+            the concurrency and the pruner (docs/sweeps.md, "Sweeps").
         sweep_id: Start a new sweep with this id, or continue the sweep of this id where it
             stopped (a crash, a kill): finished runs are kept, interrupted ones resume.
     """

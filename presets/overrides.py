@@ -5,7 +5,7 @@ mean the same."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union, get_args
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
@@ -17,8 +17,28 @@ class _Overrides(BaseModel):
 
 
 def _optional(info: Any, annotation: Any) -> tuple[Any, Any]:
+    if isinstance(annotation, type) and issubclass(annotation, _Overrides):  # a section: a form open at once
+        optional = type(None) in get_args(info.annotation)  # dataset: None takes the preset's away
+        return annotation | None if optional else annotation, Field(default_factory=annotation,
+                                                                     description=info.description)
     constrained = Annotated[(annotation, *info.metadata)] if info.metadata else annotation
-    return constrained | None, Field(default=None, description=info.description)
+    return constrained | None, Field(default=None, description=info.description, json_schema_extra=_left_blank)
+
+
+def _left_blank(schema: dict[str, Any]) -> None:
+    """A field's schema as Prefect's form should show it: an empty input where the field may be
+    left out (not a type to pick, with None picked), a choice with an empty entry. The form sends
+    what was left empty as null, which the overrides read as unset (see `_dotted`)."""
+    schema.pop("default", None)
+    options = schema.get("anyOf", [])
+    kept = [option for option in options if option != {"type": "null"}]
+    if len(kept) != 1 or len(options) != 2 or "$ref" in kept[0] or kept[0].get("type") == "boolean":
+        return  # a section to open, or a yes/no whose empty box would send false: None stays a choice
+    del schema["anyOf"]
+    schema.update(kept[0])
+    if "enum" in schema:
+        schema["enum"] = [*schema["enum"], None]
+        schema.pop("type", None)
 
 
 def _partial(name: str, *models: type[BaseModel]) -> type[BaseModel]:
@@ -36,11 +56,17 @@ def _partial(name: str, *models: type[BaseModel]) -> type[BaseModel]:
             infos.setdefault(field_name, info)
             if annotation not in annotations.setdefault(field_name, []):
                 annotations[field_name].append(annotation)
-    fields = {
-        field_name: _optional(infos[field_name], Union[tuple(types)] if len(types) > 1 else types[0])  # noqa: UP007
-        for field_name, types in annotations.items()
-    }
+    fields = {field_name: _optional(infos[field_name], _one_of(types)) for field_name, types in annotations.items()}
     return create_model(name, __base__=_Overrides, **fields)
+
+
+def _one_of(types: list[Any]) -> Any:
+    """The type that takes any of `types`; literals merged into one (agent.algo: one choice of eight names)."""
+    if len(types) == 1:
+        return types[0]
+    if all(get_origin(kind) is Literal for kind in types):
+        return Literal[tuple(value for kind in types for value in get_args(kind))]
+    return Union[tuple(types)]  # noqa: UP007
 
 
 def _section(annotation: Any) -> type[BaseModel] | None:
@@ -70,7 +96,8 @@ class PresetOverrides(_PresetFields):
         nested: dict[str, Any] = {}
         for key, value in data.items():
             *sections, last = key.split(".")
-            if _into_a_mapping(sections):  # env.kwargs.task: one key of the mapping, kept dotted
+            if value is None or _into_a_mapping(sections):  # kept dotted: a null set on purpose, or
+                # env.kwargs.task, one key of a mapping
                 nested[key] = value
                 continue
             node = nested
@@ -103,13 +130,21 @@ def _into_a_mapping(sections: list[str]) -> bool:
 
 def _dotted(overrides: BaseModel, prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
+    fields = type(overrides).model_fields
     for name, value in overrides.model_dump(exclude_unset=True).items():
+        if value is None and name in fields and (prefix or not _takes_none(name)):
+            continue  # a field Prefect's form sent empty; a null meant is a dotted key (or dataset: null)
         section = getattr(overrides, name, None)
         if isinstance(section, BaseModel):
             flat.update(_dotted(section, f"{prefix}{name}."))
         else:
             flat[f"{prefix}{name}"] = value
     return flat
+
+
+def _takes_none(field: str) -> bool:
+    """Whether a preset's top-level field may be None (dataset: none to put in the replay memory)."""
+    return type(None) in get_args(Preset.model_fields[field].annotation)
 
 
 def as_dotted(overrides: PresetOverrides | dict[str, Any] | None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ budget; and its checks, all made before any trial starts (one line each, naming 
     concurrency: 2        # improve runs at once, on one shared Dask cluster
     pruner: median        # none | median | halving
 
-Population-based training (`sampler: pbt`, docs/usage.md "Population-based training") trains a
+Population-based training (`sampler: pbt`, docs/sweeps.md "Population-based training") trains a
 population at once and, every interval, copies the best members into the worst and perturbs the
 copies' values:
 

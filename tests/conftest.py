@@ -15,7 +15,7 @@ import pytest
 # torch's intra-op threads in the test processes (and the processes they start, where a run does not
 # set its own count, as its learner and Dask workers do): one. Two test processes share two cores, so a
 # second thread is a core the other process holds: each parallel region waits for it (a learner test took
-# 0.6 s alone and 11 s beside another process at half the CPU; docs/benchmarks.md, "The test suite in two tiers").
+# 0.6 s alone and 11 s beside another process at half the CPU; benchmarks/records/history.md, "The test suite in two tiers").
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The suite's commands on PATH, as an activated environment has them: the commands gymflow prints then
@@ -47,7 +47,7 @@ else:
 
 
 # The files that take longest in the default run, longest first (each file's tests' durations summed, beside
-# the other process's load: docs/benchmarks.md, "The test suite in two tiers"); the others follow in their order, each under
+# the other process's load: benchmarks/records/history.md, "The test suite in two tiers"); the others follow in their order, each under
 # 10 s. tests/suite.py keeps this order in the default run's two xdist processes (`--no-loadscope-reorder`; xdist's own puts
 # the files with the most tests first, which left the longest, with few tests each, to the end): each
 # process takes the next file as it finishes one, so the run ends on short files, not on one long file
@@ -86,7 +86,7 @@ def _set_up_late_in_the_first_run():
     """In the suite's second run (tests/suite.py), the session's and modules' fixtures are made once
     the first run has reported its set-up mark (tests/suite.py's SET_UP_AT % of its tests; first among
     the session's fixtures: autouse): made at its start, its Prefect server (and then its own Prefect API) idled
-    through all of it, ~3.7 CPU-s a minute together (docs/benchmarks.md, "The test suite in two tiers")."""
+    through all of it, ~3.7 CPU-s a minute together (benchmarks/records/history.md, "The test suite in two tiers")."""
     if ready := os.environ.get(ALONE_SET_UP):
         _wait_for_the_first_run(ready, "report its set-up mark")
 

@@ -1,7 +1,7 @@
 """One temporary Prefect API for a whole suite run: tests/suite.py starts it beside its two pytest
 runs, and every test process of both uses it (tests/conftest.py's `prefect_api`). One API a test
 process cost each its start (~5 CPU-s) and its housekeeping while the run went on (~1.7 CPU-s a
-minute under the tests' load, twice that at half the CPU): three of them a run (docs/benchmarks.md,
+minute under the tests' load, twice that at half the CPU): three of them a run (benchmarks/records/history.md,
 "The test suite in two tiers"). Tests keep apart on it by their own run ids, flow-run ids and event resources.
 
 `python -m tests.shared_prefect_api FILE`: the API's URL is written to FILE once it answers (or

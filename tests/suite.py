@@ -5,7 +5,7 @@
    once).
 2. The tests marked `alone`, in one process: they bound how long a stop takes (10 s from a
    Ctrl-C, a SIGTERM or a Prefect cancellation), and beside another test's load one missed its
-   bound (docs/benchmarks.md, "The test suite in two tiers"). Both runs: 44.5-47.6 min on the slow 2-core
+   bound (benchmarks/records/history.md, "The test suite in two tiers"). Both runs: 44.5-47.6 min on the slow 2-core
    kind, against 50 for the whole suite in one process.
 
 Both use one temporary Prefect API (tests/shared_prefect_api.py), started beside them and stopped
@@ -125,7 +125,7 @@ def main(argv: list[str]) -> int:
     together, alone = pytest_runs(options.workers, pytest_args)
     # Python's bytecode written and read again, as by default, in every process the suite starts: where the
     # environment says not to write it (these machines' does), each test process compiled gymflow's modules
-    # and pytest rewrote every test file anew (a collection: 9.7 CPU-s against 7.3; docs/benchmarks.md, "The test suite in two tiers")
+    # and pytest rewrote every test file anew (a collection: 9.7 CPU-s against 7.3; benchmarks/records/history.md, "The test suite in two tiers")
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     set_up_at = set_up_mark(split_markers(pytest_args)[0]) if options.set_up_at is None else options.set_up_at
     # the migrated empty Prefect database the tests' servers start on (tests/prefect_databases.py), made

@@ -1,7 +1,8 @@
 """What a person sees of a finished run, in a real browser (Debian's Chromium, headless, driven by
 Playwright): the run's MLflow page, opened from the link the run prints, shows its return in the
 first screen; the experiment's runs table, from the summary's link, has the return columns; the run's
-own Prefect API's UI shows its flow run and its summary artifact. The screenshots are kept in
+own Prefect API's UI shows its flow run and its summary artifact; the improve deployment's custom-run
+form lists the presets and, filled in one field, runs with that one override. The screenshots are kept in
 test-artifacts/browser/ (GYMFLOW_TEST_ARTIFACTS moves it)."""
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prefect.utilities.callables import parameter_schema_from_entrypoint
 
+from gymflow.presets.load import builtin_presets
+from gymflow.presets.overrides import PresetOverrides
 from gymflow.testing.http import post_json, wait_for_answer
 from tests.conftest import TINY_BUDGET, free_port
 from tests.prefect_databases import seed_prefect_database
@@ -25,6 +29,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SCREEN = {"width": 1280, "height": 800}  # a laptop's browser window: the "first screen"
 ARTIFACTS = Path(os.environ.get("GYMFLOW_TEST_ARTIFACTS", Path(__file__).parents[1] / "test-artifacts"), "browser")
 BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = [
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (make test installs "
@@ -112,6 +117,7 @@ def test_a_finished_runs_pages_show_its_return_at_a_glance_and_prefect_shows_its
             page = browser.new_page(viewport=SCREEN)
             _look_at_mlflow(page, link.replace(":5000/", f":{port}/"))
             _look_at_prefect(page, prefect_ui, printed)
+            _run_from_prefects_form(page, prefect_ui)
             browser.close()
     finally:
         mlflow_ui.stop()
@@ -173,3 +179,25 @@ def _look_at_prefect(page, prefect: str, printed: str) -> None:
     page.get_by_text("final evaluation return").first.wait_for(timeout=60_000)
     page.get_by_text("the experiment's runs by return").first.wait_for()
     _shot(page, "prefect-summary-artifact")
+
+
+def _run_from_prefects_form(page, prefect: str) -> None:
+    """The improve deployment's custom run, as a person fills it: the preset's description lists every
+    built-in preset, the override sections are open (no "None" to switch first), and a run with one
+    field filled in overrides that field alone (the rest of the form, sent empty, changes nothing)."""
+    flow = post_json(f"{prefect}/api/flows/", {"name": "improve"})
+    schema = parameter_schema_from_entrypoint(f"{ROOT / 'flows' / 'improve.py'}:improve").model_dump_for_openapi()
+    deployment = post_json(f"{prefect}/api/deployments/", {"name": "form", "flow_id": flow["id"], "parameters": {},
+                                                          "entrypoint": "flows/improve.py:improve",
+                                                          "parameter_openapi_schema": schema})
+    page.goto(f"{prefect}/deployments/deployment/{deployment['id']}/run")
+    learning_rate = page.locator("span.schema-form-property__label", has_text=re.compile(r"^Lr \(Optional\)$"))
+    learning_rate.wait_for(timeout=60_000)
+    described = page.get_by_text("What to train:").inner_text()
+    assert all(name in described for name in builtin_presets()), described
+    _shot(page, "prefect-custom-run-form")
+    learning_rate.locator("xpath=../../../..").locator("input").fill("0.001")
+    page.get_by_role("button", name="Submit").click()
+    learning_rate.wait_for(state="detached", timeout=60_000)  # on the new run's page
+    (run,) = post_json(f"{prefect}/api/flow_runs/filter", {"deployments": {"id": {"any_": [deployment["id"]]}}})
+    assert PresetOverrides.model_validate(run["parameters"]["overrides"]).dotted() == {"agent.lr": 0.001}

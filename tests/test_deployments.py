@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from gymflow.presets.load import builtin_presets
 from gymflow.tasks.storage.checkpoints import latest_version, read_policy
 from gymflow.tasks.storage.layout import RunLayout
 from gymflow.tasks.storage.objects import Storage, StorageLocation
@@ -299,7 +300,8 @@ def test_a_degraded_champion_starts_the_retraining_deployment_with_the_events_pa
 
 def test_flow_parameters_show_as_a_form_with_the_preset_models_descriptions_and_bounds(deployed):
     inspected = _prefect(deployed, "deployment", "inspect", "improve/cartpole-ppo").stdout
-    assert "A built-in preset name" in inspected
+    assert "What to train: one of the built-in presets" in inspected
+    assert not [name for name in builtin_presets() if name not in inspected]  # each named in the form's text
     assert "ScheduleConfigOverrides" in inspected and "AgentOverrides" in inspected
     assert "Stop after this many" in inspected
     assert "exclusiveMinimum" in inspected

@@ -43,6 +43,23 @@ def test_a_flow_parameter_may_change_one_field_of_an_optional_section():
     assert "DatasetConfigOverrides" in json.dumps(improve.parameters.model_dump())  # a section of the form
 
 
+def test_what_prefects_form_sends_empty_changes_nothing_and_a_dotted_null_still_sets_null():
+    from gymflow.presets.overrides import PresetOverrides
+
+    # Prefect's custom-run form sends every field it shows: the ones left empty as null, sections as objects
+    sent = {"name": None, "seed": None, "env": {"id": None, "kwargs": None, "atari": None},
+            "agent": {"lr": 0.001, "algo": None}, "distribution": {"tls": None, "adaptive": {"minimum": None}},
+            "dataset": {"id": None}}
+    assert PresetOverrides.model_validate(sent).dotted() == {"agent.lr": 0.001}
+    meant = PresetOverrides.model_validate({"schedule.target_return": None, "agent.recurrent": None})
+    assert meant.dotted() == {"schedule.target_return": None, "agent.recurrent": None}
+    assert load_preset("cartpole-ppo", meant.dotted()).schedule.target_return is None
+    schema = PresetOverrides.model_json_schema()
+    assert schema["$defs"]["AgentOverrides"]["properties"]["algo"]["enum"][-1] is None  # a choice with an empty entry
+    assert "anyOf" not in schema["$defs"]["AgentOverrides"]["properties"]["lr"]  # an empty input, no type to pick
+    assert "anyOf" not in schema["properties"]["env"]  # a section open at once, not a "None" to switch
+
+
 def test_on_and_off_on_the_command_line_are_words_that_boolean_fields_read_too():
     preset = load_preset("cartpole-ppo", parse_assignments(["tracking.video=off", "agent.normalize_observations=on",
                                                             "agent.anneal_lr=no", "agent.normalize_rewards=true"]))
