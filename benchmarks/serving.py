@@ -13,6 +13,10 @@ serving it needs (the model's pip requirements and everything they require, as i
 The last line:
 
     ONNX Runtime / pyfunc, predictions per second: R (CartPole, 1), R (CartPole, 256), R (Atari, 1), R (Atari, 256)
+    pyfunc logging decisions / pyfunc, predictions per second: R (CartPole, 1), ...
+
+The third side is the pyfunc model serving as a deployment that logs every decision sets it
+(epsilon-greedy exploration, each decision written to a folder by the log's own thread).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 POLICIES = {"CartPole": "cartpole-ppo", "Atari": "breakout-ppo"}
+EXPLORATION = {"CartPole": "epsilon=0.1", "Atari": "epsilon=0.05"}
 BATCHES = (1, 256)
 
 
@@ -36,24 +41,18 @@ def saved_models(preset: str, folder: Path) -> dict[str, str]:
     """The pyfunc model and the ONNX one of `preset`'s policy, saved under `folder`."""
     import mlflow
     import onnx
-    from safetensors.torch import save
 
     from gymflow.agents.export import onnx_policy
     from gymflow.presets.validate import resolve_experiment
-    from gymflow.tasks.tracking.models import _MODEL_CODE, _model_code, model_requirements, policy_signature
+    from gymflow.tasks.tracking.models import save_policy_model
+    from gymflow.testing.policies import untrained_policy_model
 
     experiment = resolve_experiment(preset)
     folder.mkdir(parents=True)
     algorithm, config = experiment.algorithm, experiment.preset.agent
-    network = algorithm.network(config, experiment.observation_space, experiment.action_space)
-    weights = save(network.state_dict())
-    (folder / "policy.safetensors").write_bytes(weights)
-    (folder / "preset.yaml").write_text(experiment.preset.model_dump_json())  # JSON is YAML
-    mlflow.pyfunc.save_model(str(folder / "pyfunc"), python_model=_MODEL_CODE,
-                             artifacts={"policy": str(folder / "policy.safetensors"),
-                                        "preset": str(folder / "preset.yaml")},
-                             code_paths=[_model_code(str(folder))], pip_requirements=model_requirements(),
-                             signature=policy_signature(experiment.observation_space, experiment.action_space))
+    model = untrained_policy_model(preset)
+    weights = model.policy
+    save_policy_model(model, str(folder / "pyfunc"))
     graph = onnx_policy(algorithm, config, experiment.observation_space, experiment.action_space, weights)
     mlflow.onnx.save_model(onnx.load_from_string(graph), str(folder / "onnx"), save_as_external_data=False,
                            onnx_execution_providers=["CPUExecutionProvider"])
@@ -108,11 +107,13 @@ def main() -> None:
     torch.set_num_threads(1)
     print(f"{args.rounds} rounds of {args.seconds:g} s a side, torch and ONNX Runtime on their defaults, "
           f"{os.cpu_count()} cores")
-    ratios = []
+    ratios, logging_ratios = [], []
     with tempfile.TemporaryDirectory() as folder:
         for name, preset in POLICIES.items():
             paths = saved_models(preset, Path(folder, name))
             models = {side: mlflow.pyfunc.load_model(path) for side, path in paths.items()}
+            models["logging"] = mlflow.pyfunc.load_model(paths["pyfunc"], model_config={  # every decision logged
+                "decision_log": str(Path(folder, name, "decisions")), "exploration": EXPLORATION[name]})
             shape = models["pyfunc"].metadata.signature.inputs.inputs[0].shape[1:]
             dtype = np.uint8 if len(shape) == 3 else np.float32
             for batch in BATCHES:
@@ -122,14 +123,19 @@ def main() -> None:
                     for side, model in models.items():
                         figures[side].append(predictions_per_second(model, observations, side == "onnx", args.seconds))
                 ratio = statistics.median(o / p for o, p in zip(figures["onnx"], figures["pyfunc"], strict=True))
+                logged = statistics.median(o / p for o, p in zip(figures["logging"], figures["pyfunc"], strict=True))
                 ratios.append((name, batch, ratio))
+                logging_ratios.append((name, batch, logged))
                 print(f"{name:9s} batch {batch:3d}  pyfunc {statistics.median(figures['pyfunc']):10,.0f}/s  "
-                      f"ONNX Runtime {statistics.median(figures['onnx']):10,.0f}/s  ratio {ratio:.2f}")
+                      f"ONNX Runtime {statistics.median(figures['onnx']):10,.0f}/s  ratio {ratio:.2f}  "
+                      f"pyfunc logging decisions {statistics.median(figures['logging']):10,.0f}/s  ratio {logged:.2f}")
             for side, path in paths.items():
                 print(f"{name:9s} {side:6s} model {_folder_megabytes(path):7.2f} MB, what serving it installs "
                       f"{installed_megabytes(Path(path, 'requirements.txt')):8.0f} MB")
     print("ONNX Runtime / pyfunc, predictions per second: "
           + ", ".join(f"{ratio:.2f} ({name}, {batch})" for name, batch, ratio in ratios))
+    print("pyfunc logging decisions / pyfunc, predictions per second: "
+          + ", ".join(f"{ratio:.2f} ({name}, {batch})" for name, batch, ratio in logging_ratios))
 
 
 if __name__ == "__main__":

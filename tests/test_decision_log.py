@@ -16,7 +16,7 @@ from gymflow.tasks.storage.objects import Storage, StorageLocation
 
 
 def _decision(caller: int, index: int) -> Decision:
-    return Decision(f"{caller}-{index}", np.full(3, index, np.float32), index % 2, 0.5, "cartpole", 7, time.time())
+    return Decision(f"{caller}-{index}", np.full(3, index, np.float32), index % 2, np.log(0.5), "cartpole", 7, time.time())
 
 
 def test_concurrent_callers_decisions_and_outcomes_are_all_stored_and_joined_by_request_id(tmp_path):
@@ -43,7 +43,7 @@ def test_concurrent_callers_decisions_and_outcomes_are_all_stored_and_joined_by_
                                                        logged.next_observations):
         index = int(str(request).split("-")[1])
         assert observation[0] == index and reward == index and following[0] == index + 1
-    assert set(logged.probabilities) == {0.5} and set(logged.versions) == {7}
+    assert set(logged.log_probabilities) == {np.log(0.5)} and set(logged.versions) == {7}
     assert len(storage.list("serving/cartpole/decisions")) == -(-2_400 // 64)  # full shards of 64, then the rest
 
 

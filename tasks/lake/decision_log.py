@@ -1,14 +1,15 @@
 """Decisions a served policy took, and what came of them, logged in a run's storage (a folder or a
 bucket) for learning and off-policy evaluation (agents/ope.py) without a simulator.
 
-A decision: a request id, the observation, the action, its probability under the policy that acted
-(a density for continuous actions), the policy's name and version, the time. An outcome arrives
-later under the decision's request id: the reward, the next observation, whether the episode ended.
-Both are buffered and written as shards of their own (npz, no pickles), append-only: a shard's key is
-new each time (`<prefix>/decisions/<time>-<uuid>-<sha256 prefix>.npz`, outcomes alike), never
-overwritten, its content checked against the hash in its name when read. Logging never fails the
-caller: a shard that cannot be written is dropped and counted. `read_logged` joins decisions with
-their outcomes by request id.
+A decision: a request id, the observation, the action, its log-probability under the policy that
+acted (a log-density for continuous actions), the policy's name and version, the time. An outcome
+arrives later under the decision's request id: the reward, the next observation, whether the episode
+ended. Both are buffered and written as shards of their own (npz, no pickles), append-only: a shard's
+key is new each time (`<prefix>/decisions/<time>-<uuid>-<sha256 prefix>.npz`, outcomes alike), never
+overwritten, its content checked against the hash in its name when read. Logging never fails or
+holds up the caller: a serving process's log writes from a thread of its own (`start`), and a shard
+that cannot be written, or records beyond what may wait in memory, are dropped and counted.
+`read_logged` joins decisions with their outcomes by request id.
 """
 
 from __future__ import annotations
@@ -23,17 +24,18 @@ import numpy as np
 
 from gymflow.errors import GymflowError
 from gymflow.tasks.storage.codec import decode_arrays, encode_arrays
-from gymflow.tasks.storage.objects import Storage
+from gymflow.tasks.storage.objects import Storage, StorageLocation
 
 SHARD_RECORDS = 1_000  # records a shard holds at most: written once this many are buffered
+MOST_WAITING = 200_000  # records of a kind that may wait in memory for a store that is behind; more are dropped
 
 
 @dataclass(frozen=True)
 class Decision:
     request_id: str
     observation: np.ndarray
-    action: int
-    probability: float  # of `action` under the policy that acted
+    action: int | np.ndarray  # a continuous action: the policy's sample, before the env's bounds clip it
+    log_probability: float  # of `action` under the policy that acted (a log-density where continuous)
     policy: str
     version: int
     at: float  # time.time()
@@ -54,8 +56,8 @@ class LoggedDecisions:
 
     request_ids: np.ndarray  # [N] str
     observations: np.ndarray  # [N, *obs]
-    actions: np.ndarray  # [N]
-    probabilities: np.ndarray  # [N]
+    actions: np.ndarray  # [N] or [N, *action shape]
+    log_probabilities: np.ndarray  # [N]
     rewards: np.ndarray  # [N]
     next_observations: np.ndarray  # [N, *obs]
     terminal: np.ndarray  # [N] bool
@@ -64,14 +66,19 @@ class LoggedDecisions:
 
 
 class DecisionLog:
-    """The writer a serving process keeps: thread-safe, append-only, never raising to its callers."""
+    """The writer a serving process keeps: thread-safe, append-only, never raising to its callers.
+    Without `start`, a full shard is written by the call that fills it and the rest by `flush`."""
 
-    def __init__(self, storage: Storage, prefix: str, shard_records: int = SHARD_RECORDS):
+    def __init__(self, storage: Storage, prefix: str, shard_records: int = SHARD_RECORDS,
+                 most_waiting: int = MOST_WAITING):
         self.storage, self.prefix, self.shard_records = storage, prefix.rstrip("/"), shard_records
+        self.most_waiting = most_waiting
         self._lock = threading.Lock()
         self._pending: dict[str, list] = {"decisions": [], "outcomes": []}
         self.written = {"decisions": 0, "outcomes": 0}
         self.dropped = {"decisions": 0, "outcomes": 0}
+        self._writer: threading.Thread | None = None
+        self._wake, self._stopping = threading.Event(), threading.Event()
 
     def decided(self, decision: Decision) -> None:
         self._add("decisions", decision)
@@ -79,37 +86,78 @@ class DecisionLog:
     def observed(self, outcome: Outcome) -> None:
         self._add("outcomes", outcome)
 
+    def start(self, every_s: float) -> None:
+        """Write from a thread of this log's own: a full shard at once, the rest every `every_s`."""
+        self._writer = threading.Thread(target=self._write_behind, args=(every_s,), daemon=True,
+                                        name="gymflow-decision-log")
+        self._writer.start()
+
+    def close(self) -> None:
+        """Stop the writing thread, if any, and write whatever is buffered."""
+        self._stopping.set()
+        self._wake.set()
+        if self._writer is not None:
+            self._writer.join()
+        self.flush()
+
     def flush(self) -> None:
-        """Write whatever is buffered."""
+        """Write whatever is buffered, in shards of at most `shard_records`."""
         for kind in self._pending:
             with self._lock:
                 records, self._pending[kind] = self._pending[kind], []
-            self._write(kind, records)
+            for start in range(0, len(records), self.shard_records):
+                if not self._write(kind, records[start:start + self.shard_records]):
+                    with self._lock:  # the store refused one shard: the rest would wait as long, for as little
+                        self.dropped[kind] += max(0, len(records) - start - self.shard_records)
+                    break
+
+    def _write_behind(self, every_s: float) -> None:
+        while not self._stopping.is_set():
+            self._wake.wait(every_s)
+            self._wake.clear()
+            self.flush()
 
     def _add(self, kind: str, record: Decision | Outcome) -> None:
         with self._lock:
+            if len(self._pending[kind]) >= self.most_waiting:  # the store is behind: memory stays bounded
+                self.dropped[kind] += 1
+                return
             self._pending[kind].append(record)
             full = len(self._pending[kind]) >= self.shard_records
-            records = self._pending[kind] if full else []
-            if full:
+            records = self._pending[kind] if full and self._writer is None else []
+            if records:
                 self._pending[kind] = []
-        if records:
+        if full and self._writer is not None:
+            self._wake.set()
+        elif records:
             self._write(kind, records)
 
-    def _write(self, kind: str, records: list) -> None:
+    def _write(self, kind: str, records: list) -> bool:
+        """Whether the shard was written; one that was not is counted dropped."""
         if not records:
-            return
+            return True
         try:
             data = encode_arrays(_arrays(records))
             digest = hashlib.sha256(data).hexdigest()[:16]
-            key = f"{self.prefix}/{kind}/{time.time():.6f}-{uuid.uuid4().hex}-{digest}.npz"
+            key = _under(self.prefix, f"{kind}/{time.time():.6f}-{uuid.uuid4().hex}-{digest}.npz")
             self.storage.write(key, data)
         except Exception:  # noqa: BLE001 - logging never fails the prediction it records: the shard is counted lost
             with self._lock:
                 self.dropped[kind] += len(records)
-            return
+            return False
         with self._lock:
             self.written[kind] += len(records)
+        return True
+
+
+def open_decision_log(url: str, outage_budget_s: float = 30.0) -> DecisionLog:
+    """The log under a folder or a bucket's URL (s3://bucket/serving/cartpole), credentials from the
+    environment, as gymflow's storage takes them: what a serving process and an outcome reporter open."""
+    return DecisionLog(Storage(StorageLocation(url, outage_budget_s=outage_budget_s)), "")
+
+
+def _under(prefix: str, rest: str) -> str:
+    return f"{prefix.strip('/')}/{rest}" if prefix.strip("/") else rest
 
 
 def _arrays(records: list) -> dict[str, np.ndarray]:
@@ -121,7 +169,7 @@ def _arrays(records: list) -> dict[str, np.ndarray]:
 def read_logged(storage: Storage, prefix: str) -> LoggedDecisions:
     """Every decision under `prefix` whose outcome arrived, joined by request id (the first outcome of
     an id counts); a shard whose content does not match its name is refused in one line."""
-    decisions, outcomes = (_read_kind(storage, f"{prefix.rstrip('/')}/{kind}") for kind in ("decisions", "outcomes"))
+    decisions, outcomes = (_read_kind(storage, _under(prefix, kind)) for kind in ("decisions", "outcomes"))
     if not decisions:
         raise GymflowError("decisions", f"no logged decisions under {storage.url(prefix)}")
     order = np.argsort(decisions["at"], kind="stable")
@@ -132,7 +180,7 @@ def read_logged(storage: Storage, prefix: str) -> LoggedDecisions:
     joined = rows[kept]
     return LoggedDecisions(
         decisions["request_id"][kept], decisions["observation"][kept], decisions["action"][kept],
-        decisions["probability"][kept], outcomes["reward"][joined] if len(joined) else np.zeros(0),
+        decisions["log_probability"][kept], outcomes["reward"][joined] if len(joined) else np.zeros(0),
         outcomes["next_observation"][joined] if len(joined) else decisions["observation"][:0],
         outcomes["terminal"][joined] if len(joined) else np.zeros(0, bool), decisions["version"][kept],
         int((~kept).sum()))

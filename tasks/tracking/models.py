@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import numpy as np
@@ -29,12 +30,15 @@ import gymflow
 import gymflow.agents
 import gymflow.envs
 import gymflow.presets
+import gymflow.tasks.lake
+import gymflow.tasks.storage
 from gymflow.agents.match import MatchResult, play_match
 from gymflow.agents.rollout import evaluate
 from gymflow.envs.parts import Part, lay_out, observation_parts, unflatten_parts
 from gymflow.envs.vector import make_vector_env, observation_dtype
 from gymflow.errors import UnusableWarmStart
 from gymflow.presets.model import EnvConfig
+from gymflow.tasks.lake.serving_log import MODEL_CONFIG
 from gymflow.tasks.tracking.store import tracking_client
 from gymflow.tasks.tracking.tracker import Tracker, patiently
 
@@ -119,13 +123,6 @@ def log_policy_model(tracker: Tracker, model: PolicyModel, step: int) -> str:
                                                 model_type="gymflow-policy")
     with (tempfile.TemporaryDirectory() as folder, _global_tracking_uri(tracker.tracking_uri), _no_progress_bars(),
           _logged_without_mlflows_slow_checks()):
-        Path(folder, "policy.safetensors").write_bytes(model.policy)
-        Path(folder, "preset.yaml").write_bytes(model.preset_yaml)
-        artifacts = {"policy": os.path.join(folder, "policy.safetensors"),
-                     "preset": os.path.join(folder, "preset.yaml")}
-        if model.policy_name is not None:  # which of the network's policies acts
-            Path(folder, "policy_name.txt").write_text(model.policy_name)
-            artifacts["policy_name"] = os.path.join(folder, "policy_name.txt")
         patiently(  # a login refused for a moment (a failover), a server out within its budget: tried again
             Model.log,
             outage=tracker.outage,
@@ -135,17 +132,35 @@ def log_policy_model(tracker: Tracker, model: PolicyModel, step: int) -> str:
             model_id=logged.model_id,
             run_id=None if linked else tracker.run_id,
             step=step,
-            python_model=_MODEL_CODE,
-            artifacts=artifacts,
-            code_paths=[_model_code(folder)],
-            pip_requirements=model_requirements(),
-            signature=policy_signature(model.observation_space, model.action_space, model.memory_size),
-            input_example=model.input_example(),
+            **_pyfunc_parts(model, folder),
         )
     if linked:
         tracker.client.log_outputs(tracker.run_id, [LoggedModelOutput(logged.model_id, step=step)])
         tracker.link_metrics(shown, logged.model_id)
     return f"models:/{logged.model_id}"
+
+
+def save_policy_model(model: PolicyModel, path: str) -> None:
+    """The policy's pyfunc model saved in a folder, as `log_policy_model` logs it: what
+    `mlflow models serve -m PATH` serves."""
+    with tempfile.TemporaryDirectory() as folder, _no_progress_bars(), _logged_without_mlflows_slow_checks():
+        mlflow.pyfunc.save_model(path, **_pyfunc_parts(model, folder))
+
+
+def _pyfunc_parts(model: PolicyModel, folder: str) -> dict[str, Any]:
+    """The pyfunc model's code, artifacts (written under `folder`), requirements and signature."""
+    Path(folder, "policy.safetensors").write_bytes(model.policy)
+    Path(folder, "preset.yaml").write_bytes(model.preset_yaml)
+    Path(folder, "label.txt").write_text(model.name)  # what its logged decisions name the policy that acted
+    artifacts = {"policy": os.path.join(folder, "policy.safetensors"),
+                 "preset": os.path.join(folder, "preset.yaml"), "label": os.path.join(folder, "label.txt")}
+    if model.policy_name is not None:  # which of the network's policies acts
+        Path(folder, "policy_name.txt").write_text(model.policy_name)
+        artifacts["policy_name"] = os.path.join(folder, "policy_name.txt")
+    return {"python_model": _MODEL_CODE, "artifacts": artifacts, "code_paths": [_model_code(folder)],
+            "pip_requirements": model_requirements(), "input_example": model.input_example(),
+            "signature": policy_signature(model.observation_space, model.action_space, model.memory_size),
+            "model_config": MODEL_CONFIG}
 
 
 def log_onnx_policy(tracker: Tracker, model: PolicyModel, graph: bytes, step: int) -> str:
@@ -309,16 +324,22 @@ def _part_dtype(part: Part) -> type:
 
 
 def _model_code(folder: str) -> str:
-    """A `gymflow` package holding what loading a policy needs (agents, envs, presets), copied
-    under `folder`: the model carries it, so loading it needs no gymflow install."""
+    """A `gymflow` package holding what loading a policy needs (agents, envs, presets) and what its
+    decision log writes with (storage), copied under `folder`: the model carries it, so loading it
+    needs no gymflow install."""
     package = Path(folder, "code", "gymflow")
     package.mkdir(parents=True)
-    for module in ("__init__.py", "errors.py"):
+    for module in ("__init__.py", "errors.py", "commands.py", "outage.py"):
         shutil.copy(Path(gymflow.__file__).with_name(module), package / module)
-    for subpackage in (gymflow.agents, gymflow.envs, gymflow.presets):
-        name = subpackage.__name__.rpartition(".")[2]
+    for subpackage in (gymflow.agents, gymflow.envs, gymflow.presets, gymflow.tasks.storage):
+        name = subpackage.__name__.removeprefix("gymflow.").replace(".", "/")
         shutil.copytree(Path(subpackage.__file__).parent, package / name,
                         ignore=shutil.ignore_patterns("__pycache__"))
+    lake = Path(gymflow.tasks.lake.__file__).parent
+    shutil.copy(Path(gymflow.tasks.__file__), package / "tasks" / "__init__.py")
+    (package / "tasks" / "lake").mkdir()
+    for module in ("__init__.py", "decision_log.py", "serving_log.py"):
+        shutil.copy(lake / module, package / "tasks" / "lake" / module)
     return str(package)
 
 

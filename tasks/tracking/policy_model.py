@@ -14,6 +14,9 @@ out, named, and the caller carries it, zeroing an env's rows where its episode e
     memory = np.zeros((2, N, policy.metadata.get_input_schema().inputs[1].shape[-1]), np.float32)
     out = policy.predict({"observations": observations, "memory": memory})
     actions, memory = out["actions"], out["memory"]
+
+Where it serves, a deployment may set exploration and log every decision (tasks/lake/serving_log.py:
+GYMFLOW_EXPLORATION, GYMFLOW_DECISION_LOG); with a log it answers `{"actions": ..., "request_ids": ...}`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class GymflowPolicy(PythonModel):
         from gymflow.envs.make import env_spaces
         from gymflow.envs.parts import observation_parts
         from gymflow.presets.load import validate_preset_data
+        from gymflow.tasks.lake.serving_log import serving_settings
 
         with open(context.artifacts["preset"]) as handle:
             preset = validate_preset_data(yaml.safe_load(handle))
@@ -53,6 +57,15 @@ class GymflowPolicy(PythonModel):
         # a Box's actions as gymflow's evaluation steps the env with them: clipped to its bounds (a
         # Gaussian's mean may lie outside)
         self.bounds = (action_space.low, action_space.high) if hasattr(action_space, "low") else None
+        settings = serving_settings(getattr(context, "model_config", None))
+        self.recorder = None
+        if settings.decision_log or settings.exploration.kind != "greedy":
+            if getattr(preset.agent, "recurrent", None):
+                from gymflow.errors import GymflowError
+
+                raise GymflowError("GYMFLOW_EXPLORATION", "a recurrent policy serves greedily and logs no decisions "
+                                                          "(its memory would have to be logged with each)")
+            self.recorder = _recorder(settings, context, preset, action_space, self.bounds)
 
     def _served(self, actions: np.ndarray) -> np.ndarray:
         return actions if self.bounds is None else np.clip(actions, *self.bounds).astype(actions.dtype, copy=False)
@@ -63,19 +76,40 @@ class GymflowPolicy(PythonModel):
         if isinstance(model_input, dict) and self.parts:  # a Dict observation's parts
             from gymflow.envs.parts import flatten_parts
 
-            actions, _ = self.policy.act(flatten_parts(self.parts, model_input), explore=False)
-            return self._served(actions)
+            observations = flatten_parts(self.parts, model_input)
+            actions, _ = self.policy.act(observations, explore=False)
+            return self._decided(observations, actions)
         if isinstance(model_input, dict):  # a recurrent policy's observations and memory
             return self._predict_with_memory(model_input)
         obs = np.asarray(model_input, dtype=self.observation_dtype)
-        actions, _ = self.policy.act(obs if obs.ndim == len(self.observation_shape) + 1 else obs[None], explore=False)
-        return self._served(actions)
+        obs = obs if obs.ndim == len(self.observation_shape) + 1 else obs[None]
+        actions, _ = self.policy.act(obs, explore=False)
+        return self._decided(obs, actions)
+
+    def _decided(self, observations: np.ndarray, greedy: np.ndarray) -> np.ndarray | dict:
+        """The greedy actions, or what the deployment's exploration serves instead, with the request ids
+        of their logged decisions."""
+        if self.recorder is None:
+            return self._served(greedy)
+        actions, request_ids = self.recorder.act(observations, greedy)
+        return actions if request_ids is None else {"actions": actions, "request_ids": np.array(request_ids)}
 
     def _predict_with_memory(self, model_input: dict) -> dict:
         obs = np.asarray(model_input["observations"], dtype=self.observation_dtype)
         self.policy.memory = np.array(model_input["memory"], dtype=np.float32)  # this call's, not the last one's
         actions, _ = self.policy.act(obs, explore=False)
         return {"actions": self._served(actions), "memory": self.policy.memory}
+
+
+def _recorder(settings, context, preset, action_space, bounds):
+    from gymflow.tasks.lake.serving_log import DecisionRecorder
+
+    label = preset.name
+    if "label" in context.artifacts:  # the preset's name and the policy's version: cartpole-ppo-v12
+        with open(context.artifacts["label"]) as handle:
+            label = handle.read().strip()
+    discrete = hasattr(action_space, "n")
+    return DecisionRecorder(settings, label, int(action_space.n) if discrete else None, None if discrete else bounds)
 
 
 mlflow.models.set_model(GymflowPolicy())
