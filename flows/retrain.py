@@ -8,18 +8,20 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
+from gymnasium import spaces
 from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel, ConfigDict, Field
 
 from gymflow.agents.match import MatchResult
+from gymflow.agents.ope import Estimate
 from gymflow.envs.seeding import derive_seed
 from gymflow.errors import InvalidPreset
 from gymflow.flows.improve import improve
 from gymflow.flows.parameters import checked_flow, overrides_checked, refusal_said
 from gymflow.presets.model import Preset
 from gymflow.presets.overrides import PresetOverrides
-from gymflow.presets.validate import resolve_experiment
+from gymflow.presets.validate import Experiment, resolve_experiment
 from gymflow.tasks.tracking.events import model_decided
 from gymflow.tasks.tracking.logged import find_logged_experience
 from gymflow.tasks.tracking.models import (
@@ -32,6 +34,7 @@ from gymflow.tasks.tracking.models import (
     register_onnx_sibling,
     score_policy,
 )
+from gymflow.tasks.tracking.off_policy import HeldOutDecisions, greedy_actions, held_out_decisions, score_off_policy
 from gymflow.tasks.tracking.servers import check_tracking_server
 from gymflow.tasks.tracking.store import tracking_client
 
@@ -48,6 +51,7 @@ class RetrainDecision:
     episode_seeds: list[int]
     promoted: bool
     match: MatchResult | None = None  # judge "match": the challenger's games against the champion
+    off_policy: dict[str, dict[str, Estimate]] | None = None  # judge "off_policy": each policy's estimates
 
     def scores(self) -> str:
         """What decided, in words."""
@@ -56,6 +60,8 @@ class RetrainDecision:
             return (f"the challenger won {self.match.wins}, drew {self.match.draws} and lost {self.match.losses} of "
                     f"{self.match.games} games against the champion: score {self.match.score:.3f} [{low:.3f}, "
                     f"{high:.3f}]")
+        if self.off_policy is not None:
+            return "; ".join(f"{who} {_said(estimates)}" for who, estimates in self.off_policy.items())
         champion = "-" if self.champion_return is None else f"{self.champion_return:.2f}"
         return f"challenger {self.challenger_return:.2f} vs champion {champion}"
 
@@ -65,7 +71,9 @@ class RetrainDecision:
                 "champion_return": self.champion_return, "margin": self.margin,
                 "challenger_version": self.challenger.version,
                 "champion_version": self.champion.version if self.champion else None,
-                "match_score": self.match.score if self.match else None}
+                "match_score": self.match.score if self.match else None,
+                "off_policy": {who: {name: list(estimate) for name, estimate in estimates.items()}
+                               for who, estimates in (self.off_policy or {}).items()} or None}
 
     @property
     def outcome(self) -> str:
@@ -74,7 +82,14 @@ class RetrainDecision:
         return "challenger promoted" if self.promoted else "champion kept"
 
 
-Judge = Literal["returns", "match"]
+Judge = Literal["returns", "match", "off_policy"]
+JUDGING_ESTIMATOR = "dr"  # judge off_policy: doubly robust, whose interval held the truth in 58 of 60 logs (results.md)
+
+
+def _said(estimates: dict[str, Estimate]) -> str:
+    judged = estimates[JUDGING_ESTIMATOR]
+    return (f"{JUDGING_ESTIMATOR.upper()} {judged.value:.3f} [{judged.low:.3f}, {judged.high:.3f}] "
+            f"(ESS {judged.effective_sample_size:,.0f})")
 
 
 class ChallengerTraining(BaseModel):
@@ -83,18 +98,33 @@ class ChallengerTraining(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     warm_start: bool = Field(default=True, description="Start the challenger from the champion's policy.")
-    experience: Literal["collect", "logged"] = Field(
+    experience: Literal["collect", "logged", "decisions"] = Field(
         default="collect",
         description="collect: the challenger collects its own experience. logged: it learns offline (an off-policy "
         "agent, schedule.total_train_steps) from the shards of the runs of the preset's env in its storage that "
-        "were made since the champion was registered.",
+        "were made since the champion was registered. decisions: it learns offline from a served policy's "
+        "decision log (decision_log), the held-out share left out.",
+    )
+    decision_log: str | None = Field(
+        default=None, min_length=1,
+        description="Where a served policy logged its decisions (GYMFLOW_DECISION_LOG: a folder or an s3:// URL, "
+        "read with the preset's storage options): what experience decisions learns from and judge off_policy "
+        "weighs.",
+    )
+    held_out: float = Field(
+        default=0.3, ge=0.05, le=0.9,
+        description="The share of logged decisions (chosen by request id) the challenger does not learn from and "
+        "judge off_policy scores both policies on.",
     )
     judge: Judge = Field(
         default="returns",
         description="returns: the challenger and the champion score their mean returns on the same episodes; "
         "promoted if it wins by more than `margin`. match: for a two-player PettingZoo game (race-ppo), the "
         "challenger plays the champion `evaluation_episodes` games, sides swapped; promoted when its score's 95% "
-        "interval (wins and half the draws, per game) lies above 0.5 + margin; its returns are the two scores.",
+        "interval (wins and half the draws, per game) lies above 0.5 + margin; its returns are the two scores. "
+        "off_policy: no env is played: both policies' values are estimated on the decision log's held-out "
+        "decisions (doubly robust, with IPS, SNIPS and the direct method beside it); promoted when the challenger's "
+        "95% lower bound beats the champion's estimate by more than `margin`.",
     )
 
 
@@ -135,6 +165,7 @@ def retrain(
         if judge == "match" and len(getattr(experiment.observation_space, "groups", ())) != 2:
             raise InvalidPreset("challenger.judge", f"match is for two-player PettingZoo envs; {config.env.id!r} is "
                                                     "not one: allowed: returns")
+        held = _held_out(training, experiment) if judge == "off_policy" else None  # a log that cannot judge stops
         tracking_uri = config.tracking.tracking_uri
         name = model_name or f"gymflow-{config.name}"
         check_tracking_server(tracking_uri, config.tracking.experiment)
@@ -142,6 +173,8 @@ def retrain(
         logger.info("champion: %s", champion.uri if champion else "none yet")
         if training.experience == "logged":
             changes = _offline_on_logged_runs(preset, config, changes, champion)
+        elif training.experience == "decisions":
+            changes = _offline_on_decisions(preset, changes, _decision_log(training), training.held_out)
     summary = improve(preset, changes, warm_start=champion.uri if champion and training.warm_start else None)
     registered = register_challenger(tracking_uri, name, summary.mlflow_run_id, summary.model_uri)
     graph = register_onnx_sibling(tracking_uri, name, summary.mlflow_run_id)  # `<name>-onnx@champion` with it
@@ -149,7 +182,10 @@ def retrain(
     seed = derive_seed(config.seed, "retrain-evaluation")
     decision = RetrainDecision(name, registered, champion, 0.0, None, margin, seed,
                                [derive_seed(seed, i, 0) for i in range(evaluation_episodes)], promoted=False)
-    decision = (_judged_by_match if judge == "match" else _judged_by_returns)(decision, config, tracking_uri)
+    if held is not None:
+        decision = _judged_off_policy(decision, held, tracking_uri)
+    else:
+        decision = (_judged_by_match if judge == "match" else _judged_by_returns)(decision, config, tracking_uri)
     if decision.promoted:
         promote(tracking_uri, registered, graph)
     _record(decision, tracking_uri, summary.mlflow_run_id)
@@ -181,6 +217,46 @@ def _judged_by_match(decision: RetrainDecision, config: Preset, tracking_uri: st
                    promoted=match.interval()[0] > 0.5 + decision.margin)
 
 
+def _judged_off_policy(decision: RetrainDecision, held: HeldOutDecisions, tracking_uri: str) -> RetrainDecision:
+    """Both policies' values estimated on the held-out decisions, with no env played; the challenger
+    promoted if its interval's lower end beats the champion's estimate by more than the margin."""
+    observations = held.logged.observations
+    estimates = {"challenger": score_off_policy(greedy_actions(tracking_uri, decision.challenger, observations), held)}
+    if decision.champion is not None:
+        estimates["champion"] = score_off_policy(greedy_actions(tracking_uri, decision.champion, observations), held)
+    challenger = estimates["challenger"][JUDGING_ESTIMATOR]
+    champion = estimates["champion"][JUDGING_ESTIMATOR] if decision.champion is not None else None
+    return replace(decision, challenger_return=challenger.value, off_policy=estimates,
+                   champion_return=champion.value if champion else None,
+                   promoted=champion is None or challenger.low > champion.value + decision.margin)
+
+
+def _decision_log(training: ChallengerTraining) -> str:
+    if training.decision_log is None:
+        raise InvalidPreset("challenger.decision_log", "experience decisions and judge off_policy read a served "
+                                                       "policy's decision log: a folder or an s3:// URL")
+    return training.decision_log
+
+
+def _held_out(training: ChallengerTraining, experiment: Experiment) -> HeldOutDecisions:
+    """The log's held-out decisions, read and checked before any training."""
+    if not isinstance(experiment.action_space, spaces.Discrete):
+        raise InvalidPreset("challenger.judge", "off_policy weighs discrete actions; this env's are continuous: "
+                                                "allowed: returns")
+    log = _decision_log(training)
+    options = experiment.preset.storage.options if log.startswith("s3://") else {}
+    return held_out_decisions(log, options, training.held_out, int(experiment.action_space.n))
+
+
+def _offline_on_decisions(preset: str, changes: dict[str, Any], log: str, share: float) -> dict[str, Any]:
+    """`changes` with the decision log as the dataset, its held-out share left out, nothing collected."""
+    get_run_logger().info("learning offline from the decisions logged at %s (%.0f%% held out)", log, share * 100)
+    changes = {**changes, "dataset.decisions": log, "dataset.holdout": share, "dataset.root": None,
+               "schedule.total_env_steps": 0, "schedule.heatup_env_steps": 0}
+    resolve_experiment(preset, changes)  # an agent that cannot learn offline stops here, in one line
+    return changes
+
+
 def _offline_on_logged_runs(preset: str, config: Preset, changes: dict[str, Any], champion: ModelRef | None
                             ) -> dict[str, Any]:
     """`changes` with the runs logged since the champion as the dataset, and nothing collected;
@@ -209,6 +285,10 @@ def _record(decision: RetrainDecision, tracking_uri: str, run_id: str) -> None:
     client.set_tag(run_id, "gymflow.retrain.champion_before", decision.champion.uri if decision.champion else "none")
     client.set_tag(run_id, "gymflow.retrain.challenger", decision.challenger.uri)
     client.set_tag(run_id, "gymflow.retrain.episode_seeds", ",".join(map(str, decision.episode_seeds)))
+    for who, estimates in (decision.off_policy or {}).items():  # judge off_policy: every estimator, its interval
+        for name, estimate in estimates.items():
+            for key, value in zip(("", "_low", "_high", "_ess"), estimate, strict=True):
+                client.log_metric(run_id, f"retrain/ope_{who}_{name}{key}", value)
     if decision.match is not None:  # the league's history: each challenger's match, on its run and its model version
         low, high = decision.match.interval()
         for key, value in (("wins", decision.match.wins), ("draws", decision.match.draws),
@@ -216,7 +296,7 @@ def _record(decision: RetrainDecision, tracking_uri: str, run_id: str) -> None:
             client.log_metric(run_id, f"retrain/match_{key}", value)
         client.set_model_version_tag(decision.model_name, decision.challenger.version, "gymflow.match",
                                      f"{decision.outcome} against v{decision.champion.version}: {decision.scores()}")
-    scored = "match score" if decision.match else "mean return"
+    scored = "match score" if decision.match else "estimated value (DR)" if decision.off_policy else "mean return"
     rows = [
         {"policy": "challenger", "model": decision.challenger.uri, scored: round(decision.challenger_return, 3),
          "champion after": "yes" if decision.promoted else "no"},
@@ -229,6 +309,13 @@ def _record(decision: RetrainDecision, tracking_uri: str, run_id: str) -> None:
         key="retrain-decision",
         table=rows,
         description=f"{decision.outcome} (margin {decision.margin:g}); "
-        + (f"{decision.scores()}; game seeds {decision.episode_seeds}" if decision.match else
-           f"both scored on the same {len(decision.episode_seeds)} episodes, reset seeds {decision.episode_seeds}"),
+        + _how_scored(decision),
     )
+
+
+def _how_scored(decision: RetrainDecision) -> str:
+    if decision.match:
+        return f"{decision.scores()}; game seeds {decision.episode_seeds}"
+    if decision.off_policy:
+        return f"{decision.scores()}; no env played: estimated on held-out logged decisions"
+    return f"both scored on the same {len(decision.episode_seeds)} episodes, reset seeds {decision.episode_seeds}"

@@ -223,16 +223,20 @@ def spec_target(env_id: str) -> float | None:
 
 
 def _switch_dataset_source(data: dict[str, Any], overrides: Mapping[str, Any]) -> None:
-    """dataset.id (a Minari dataset) and dataset.runs (gymflow runs) are two kinds of source:
-    naming one drops the preset's other, with the root and options that went with it."""
+    """dataset.id (a Minari dataset), dataset.runs (gymflow runs) and dataset.decisions (a decision log)
+    are kinds of source: naming one drops the preset's other, with the root and options that went with it."""
     dataset = data.get("dataset")
     if not isinstance(dataset, dict):
         return
-    for named, other in (("id", "runs"), ("runs", "id")):
-        if f"dataset.{named}" in overrides and f"dataset.{other}" not in overrides and dataset.get(other):
-            for key in (other, "root", "options"):
-                if f"dataset.{key}" not in overrides:
-                    dataset.pop(key, None)
+    sources = ("id", "runs", "decisions")
+    for named in sources:
+        if f"dataset.{named}" not in overrides:
+            continue
+        for other in (source for source in sources if source != named):
+            if f"dataset.{other}" not in overrides and dataset.get(other):
+                for key in (other, "root", "options"):
+                    if f"dataset.{key}" not in overrides:
+                        dataset.pop(key, None)
 
 
 def _assign(data: dict[str, Any], dotted_key: str, value: Any) -> None:

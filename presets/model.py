@@ -481,6 +481,17 @@ class DatasetConfig(_Strict):
         description="Instead of a Minari dataset: gymflow run ids whose stored experience (their shards' whole "
         "episodes, as `gymflow export` reads them) to learn from, in this order.",
     )
+    decisions: str | None = Field(
+        default=None, min_length=1,
+        description="Instead of a Minari dataset or runs: a served policy's decision log (a folder or an s3:// URL, "
+        "as GYMFLOW_DECISION_LOG named it where the policy served): each decision whose outcome arrived, a step "
+        "from its observation to the outcome's next observation.",
+    )
+    holdout: float = Field(
+        default=0.0, ge=0.0, le=0.9,
+        description="decisions: the share of logged decisions not learned from (chosen by request id), kept for "
+        "off-policy evaluation (a retraining's judge: off_policy).",
+    )
     root: str | None = Field(
         default=None,
         description="Where the dataset is: for `id`, the Minari datasets root (a local folder, file:// or s3:// "
@@ -493,13 +504,16 @@ class DatasetConfig(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetConfig:
-        if (self.id is None) == (not self.runs):
-            raise ValueError("name a Minari dataset (id) or gymflow runs (runs), one of the two")
+        if sum((self.id is not None, bool(self.runs), self.decisions is not None)) != 1:
+            raise ValueError("name a Minari dataset (id), gymflow runs (runs) or a decision log (decisions), one of "
+                             "the three")
         return self
 
     @property
     def name(self) -> str:
-        """What a person reads: the dataset id, or the runs."""
+        """What a person reads: the dataset id, the runs, or the decision log."""
+        if self.decisions is not None:
+            return f"decisions at {self.decisions}"
         return self.id or f"runs {', '.join(self.runs)}"
 
 

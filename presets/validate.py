@@ -244,8 +244,8 @@ def _check_dataset(config: Preset, algorithm: Algorithm) -> None:
         raise InvalidPreset("dataset.id", f"{algorithm.name} learns from a dataset alone: name one, with "
                                           "schedule.total_env_steps 0")
     if config.dataset is None and schedule.total_env_steps == 0:
-        raise InvalidPreset("schedule.total_env_steps", "must be > 0, or 0 with a dataset (dataset.id or "
-                                                        "dataset.runs) to learn from offline")
+        raise InvalidPreset("schedule.total_env_steps", "must be > 0, or 0 with a dataset (dataset.id, "
+                                                        "dataset.runs or dataset.decisions) to learn from offline")
     if config.dataset is not None and algorithm.on_policy:
         raise InvalidPreset("dataset", f"{algorithm.name} learns only from its current policy's rollouts; a dataset "
                                        f"needs an off-policy agent ({_off_policy()})")

@@ -123,6 +123,31 @@ class Fading(gym.Env):
         return np.zeros(1, np.float32), 1.0 / Fading._episodes_in_process, True, False, {}
 
 
+class Offers(gym.Env):
+    """A contextual bandit, as production sees one: a customer (four numbers drawn from the env's seeded
+    RNG), two offers; offer 1 pays 1 when the customer's first two numbers sum above 0, offer 0 pays 1
+    otherwise. One decision an episode. For tests of learning from logged decisions."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(self):
+        self.observation_space = spaces.Box(-5.0, 5.0, shape=(4,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self._customer = np.zeros(4, np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self._customer = np.clip(self.np_random.normal(size=4), -5, 5).astype(np.float32)
+        return self._customer.copy(), {}
+
+    def step(self, action):
+        return self._customer.copy(), float(int(action) == self.best_offer(self._customer)), True, False, {}
+
+    @staticmethod
+    def best_offer(customer: np.ndarray) -> int:
+        return int(customer[0] + customer[1] > 0)
+
+
 class Tripwire(Corridor):
     """The corridor, with one fault armed for fault-tolerance drills: on the `at_step`-th step
     taken in a Dask worker process, SIGKILL that process (`fault="kill"`) or hang it

@@ -9,8 +9,11 @@ import threading
 import time
 import uuid
 
+import mlflow
 import numpy as np
+import pytest
 import requests
+from mlflow.tracking import MlflowClient
 
 from gymflow.agents.exploration import epsilon_greedy_probabilities
 from gymflow.tasks.lake.decision_log import Outcome, open_decision_log, read_logged
@@ -66,3 +69,57 @@ def test_a_served_policy_logs_every_decision_of_concurrent_callers_and_every_out
     assert set(logged.versions) == {3}
     non_greedy = epsilon_greedy_probabilities(np.zeros(1, int), 0.2, 2)[0, 1]
     assert abs(np.mean(np.isclose(probabilities, non_greedy)) - 0.1) < 0.03  # a tenth of the actions explored away
+
+
+def _serve_and_log(model_uri: str, tracking_uri: str, log: str, customers: int) -> float:
+    """The champion deployed on the offers: epsilon-greedy, every decision and its outcome logged; its
+    greedy policy's true share of paying offers."""
+    from gymflow.tasks.tracking.models import _global_tracking_uri
+    from gymflow.testing.envs import Offers
+
+    with _global_tracking_uri(tracking_uri):
+        deployed = mlflow.pyfunc.load_model(model_uri, model_config={"decision_log": log, "exploration": "epsilon=0.3"})
+        greedy = mlflow.pyfunc.load_model(model_uri)
+    env, reporter = Offers(), open_decision_log(log)
+    observations = np.stack([env.reset(seed=seed)[0] for seed in range(customers)])
+    answer = deployed.predict(observations)
+    for request, observation, action in zip(answer["request_ids"], observations, answer["actions"], strict=True):
+        env._customer = observation
+        reward = env.step(action)[1]
+        reporter.observed(Outcome(str(request), reward, observation, True, time.time()))
+    reporter.close()
+    deployed.unwrap_python_model().recorder.log.close()
+    best = np.array([Offers.best_offer(observation) for observation in observations])
+    return float(np.mean(greedy.predict(observations) == best))
+
+
+# default tier: the first retraining with no env played to judge: from a deployed champion's logged decisions
+def test_a_retraining_judged_off_policy_promotes_a_better_challenger_and_keeps_the_champion_against_a_worse(
+        prefect_api, workspace):
+    from gymflow.flows.retrain import retrain
+    from tests.conftest import local_overrides
+
+    on_offers = {"env.id": "gymflow.testing.envs:Offers", "agent.hidden_sizes": [32], "schedule.target_return": None,
+                 "schedule.heatup_env_steps": 0, "schedule.evaluation_episodes": 20, **local_overrides(workspace)}
+    weak = {**on_offers, "schedule.total_env_steps": 64, "schedule.rollout_steps_per_env": 8,
+            "schedule.evaluate_every_env_steps": 64, "agent.train_steps_per_iteration": 1}
+    first = retrain("cartpole-dqn", weak, model_name="offers", evaluation_episodes=20)
+    assert first.promoted  # the first champion, deployed
+    log = str(workspace / "decisions")
+    champion_accuracy = _serve_and_log(first.challenger.uri, on_offers["tracking.tracking_uri"], log, 4_000)
+
+    offline = {**on_offers, "schedule.total_train_steps": 1_500, "schedule.evaluate_every_train_steps": 1_500}
+    learned = {"experience": "decisions", "decision_log": log, "judge": "off_policy", "warm_start": False}
+    second = retrain("cartpole-dqn", offline, model_name="offers", challenger=learned)
+    assert second.champion == first.challenger and second.promoted, second.scores()
+    challenger, champion = (second.off_policy[who]["dr"] for who in ("challenger", "champion"))
+    assert challenger.low > champion.value and abs(champion.value - champion_accuracy) < 0.05, second.scores()
+
+    untrained = {**offline, "agent.lr": 1e-9}  # its initial weights: a coin's worth of right offers
+    third = retrain("cartpole-dqn", untrained, model_name="offers", challenger=learned)
+    assert third.champion == second.challenger and not third.promoted, third.scores()
+    assert third.off_policy["challenger"]["dr"].high < third.off_policy["champion"]["dr"].low, third.scores()
+    run = MlflowClient(on_offers["tracking.tracking_uri"]).get_run(third.challenger.run_id)
+    assert run.data.tags["gymflow.retrain.outcome"] == "champion kept"
+    assert run.data.metrics["retrain/ope_champion_dr"] == pytest.approx(third.champion_return)
+    assert {"retrain/ope_challenger_ips_low", "retrain/ope_challenger_snips_ess"} <= set(run.data.metrics)

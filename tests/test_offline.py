@@ -295,7 +295,8 @@ def test_behaviour_cloning_learns_from_a_run_s_shards_named_on_the_command_line(
 @pytest.mark.parametrize(("change", "says"), [
     ({"dataset.runs": ["nowhere"]}, "dataset.runs: no run 'nowhere' under"),
     ({"env.id": "CartPole-v1"}, "dataset.runs: run 'RUN' has observations Box(2,), the env's are Box(4,)"),
-    ({"dataset.id": "gymflow/corridor-v0"}, "dataset: name a Minari dataset (id) or gymflow runs (runs), one of"),
+    ({"dataset.id": "gymflow/corridor-v0"},
+     "dataset: name a Minari dataset (id), gymflow runs (runs) or a decision log (decisions), one of"),
 ], ids=["missing", "other-env", "both"])
 def test_unusable_runs_are_refused_in_one_line_before_any_work(corridor_dataset, workspace, capsys, change, says):
     datasets, _ = corridor_dataset

@@ -156,6 +156,19 @@ def open_decision_log(url: str, outage_budget_s: float = 30.0) -> DecisionLog:
     return DecisionLog(Storage(StorageLocation(url, outage_budget_s=outage_budget_s)), "")
 
 
+def held_out(request_ids: np.ndarray, share: float) -> np.ndarray:
+    """[N] bool: the decisions kept out of learning for off-policy evaluation, `share` of them, chosen
+    by their request id's hash (the same ids, the same choice, wherever it is made)."""
+    buckets = [int.from_bytes(hashlib.sha256(str(request).encode()).digest()[:4], "big") for request in request_ids]
+    return np.asarray(buckets, dtype=np.float64) / 2**32 < share
+
+
+def logged_part(logged: LoggedDecisions, rows: np.ndarray) -> LoggedDecisions:
+    """The decisions at `rows` (a mask or indices)."""
+    return LoggedDecisions(*(getattr(logged, name)[rows] for name in LoggedDecisions.__dataclass_fields__
+                             if name != "without_outcome"), logged.without_outcome)
+
+
 def _under(prefix: str, rest: str) -> str:
     return f"{prefix.strip('/')}/{rest}" if prefix.strip("/") else rest
 

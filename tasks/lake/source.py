@@ -90,6 +90,8 @@ def open_dataset(config: DatasetConfig, storage: StorageConfig, observation_spac
     if config.runs:
         location = StorageLocation(config.root, config.options) if config.root else storage_location(storage)
         return open_runs(config.runs, open_storage(location), observation_space, action_space, dtype)
+    if config.decisions is not None:
+        return open_decisions(config, observation_space, action_space, dtype)
     return open_minari_dataset(config, observation_space, action_space, dtype)
 
 
@@ -164,6 +166,35 @@ def open_runs(run_ids: list[str], storage: Storage, observation_space: spaces.Sp
     if not episodes:
         raise InvalidPreset("dataset.runs", f"runs {', '.join(run_ids)} hold no whole episode yet")
     return ExperienceDataset(f"runs {', '.join(run_ids)}", storage.url("runs"), episodes, steps, read_episodes, dtype)
+
+
+def open_decisions(config: DatasetConfig, observation_space: spaces.Space, action_space: spaces.Space,
+                   dtype: Any) -> ExperienceDataset:
+    """A decision log as a source: each decision whose outcome arrived (and that `holdout` leaves to
+    learning), a step of its own from its observation to the outcome's next one; a continuous action
+    as the env received it, clipped to the bounds."""
+    from gymflow.tasks.lake.decision_log import held_out, logged_part, read_logged
+
+    storage = open_storage(StorageLocation(config.decisions, config.options))
+    try:
+        logged = read_logged(storage, "")
+    except GymflowError as error:
+        raise InvalidPreset("dataset.decisions", error.problem) from None
+    logged = logged_part(logged, ~held_out(logged.request_ids, config.holdout))
+    if not len(logged.actions):
+        raise InvalidPreset("dataset.decisions", f"{storage.url()} holds no decision with its outcome to learn from")
+    their_observations = spaces.Box(-np.inf, np.inf, logged.observations.shape[1:])
+    _check_spaces("dataset.decisions", f"the decision log at {storage.url()}", (their_observations, action_space),
+                  (observation_space, action_space))
+    actions = logged.actions if not isinstance(action_space, spaces.Box) else np.clip(
+        logged.actions, action_space.low, action_space.high)
+
+    def read_episodes() -> Iterator[EpisodeArrays]:
+        for row in range(len(actions)):
+            yield EpisodeArrays(np.stack([logged.observations[row], logged.next_observations[row]]),
+                                actions[row:row + 1], logged.rewards[row:row + 1], bool(logged.terminal[row]))
+
+    return ExperienceDataset(config.name, storage.url(), len(actions), len(actions), read_episodes, dtype)
 
 
 def _check_spaces(field_name: str, what_it_is: str, theirs: tuple[spaces.Space, spaces.Space],

@@ -1,0 +1,110 @@
+"""Registered policies scored on what a deployed policy did, with no env played: a decision log's
+held-out decisions (tasks/lake/decision_log.py) weighed by each policy's greedy choices (agents/ope.py:
+IPS, SNIPS, the direct method and doubly robust, each with its bootstrap 95% interval and effective
+sample size). The direct method's reward model is fitted on the decisions learned from, not on those
+it judges.
+
+The decisions are judged one by one, each its own episode (a contextual bandit: a recommendation, a
+price, an ad); a log whose outcomes continue episodes is refused in one line, before any training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gymflow.agents.ope import Decisions, Estimate, evaluate_decisions
+from gymflow.errors import GymflowError, InvalidPreset
+from gymflow.tasks.lake.decision_log import LoggedDecisions, held_out, logged_part, read_logged
+from gymflow.tasks.storage.objects import StorageLocation, open_storage
+from gymflow.tasks.tracking.models import ModelRef
+
+RIDGE = 1e-2  # the reward model's regularisation
+
+
+@dataclass(frozen=True)
+class HeldOutDecisions:
+    logged: LoggedDecisions  # the decisions kept out of learning
+    rewards_model: np.ndarray  # [N, A] the reward model's q(x, .) of each of them
+    actions_n: int
+
+
+def held_out_decisions(url: str, options: dict, share: float, actions_n: int) -> HeldOutDecisions:
+    """The log's held-out share and a reward model fitted on the rest; InvalidPreset (one line) where
+    the log cannot judge: no decisions, none held out, or episodes of several decisions."""
+    field = "challenger.decision_log"
+    try:
+        logged = read_logged(open_storage(StorageLocation(url, options)), "")
+    except GymflowError as error:
+        raise InvalidPreset(field, error.problem) from None
+    continuing = int(np.sum(~logged.terminal))
+    if continuing:
+        raise InvalidPreset(field, f"{continuing:,} of {len(logged.terminal):,} logged outcomes continue an episode: "
+                                   "judge off_policy weighs one-step decisions; allowed: returns")
+    kept = held_out(logged.request_ids, share)
+    if kept.sum() < 2 or (~kept).sum() < 2:
+        raise InvalidPreset("challenger.held_out", f"{int(kept.sum())} of {len(kept)} logged decisions held out: "
+                                                   "too few on one side to learn from and to judge on")
+    learned = logged_part(logged, ~kept)
+    judged = logged_part(logged, kept)
+    model = fitted_reward_model(learned.observations, learned.actions, learned.rewards, actions_n)
+    return HeldOutDecisions(judged, predicted_rewards(model, judged.observations), actions_n)
+
+
+def score_off_policy(greedy: np.ndarray, held: HeldOutDecisions, seed: int = 0) -> dict[str, Estimate]:
+    """What a policy acting greedily as `greedy` ([N] its actions on the held-out observations) would
+    score, by each estimator; NoSupport where the log never took its actions."""
+    logged = held.logged
+    target = np.zeros((len(greedy), held.actions_n))
+    target[np.arange(len(greedy)), np.asarray(greedy, dtype=np.int64)] = 1.0
+    logged_probs = np.exp(logged.log_probabilities)
+    sure = np.isclose(logged_probs, 1.0)  # a greedy log: its other actions had probability 0
+    behaviour = None
+    if sure.any():
+        behaviour = np.full_like(target, np.nan)
+        behaviour[sure] = 0.0
+        behaviour[sure, logged.actions[sure].astype(np.int64)] = 1.0
+        behaviour = np.where(np.isnan(behaviour), 1.0, behaviour)  # unknown: taken as possible
+    decisions = Decisions(logged.actions.astype(np.int64), logged.rewards.astype(np.float64), logged_probs, target,
+                          held.rewards_model, behaviour)
+    return evaluate_decisions(decisions, seed)
+
+
+def greedy_actions(tracking_uri: str, model: ModelRef, observations: np.ndarray) -> np.ndarray:
+    """The registered policy's greedy actions on `observations`, as its pyfunc model serves them."""
+    import mlflow
+
+    from gymflow.tasks.tracking.models import _global_tracking_uri
+
+    with _global_tracking_uri(tracking_uri):
+        policy = mlflow.pyfunc.load_model(model.uri, model_config={"exploration": "greedy"})
+    return np.asarray(policy.predict(observations.astype(np.float32)))
+
+
+def fitted_reward_model(observations: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
+                        actions_n: int) -> np.ndarray:
+    """[A, F] a ridge regression of the reward on the observation's features, one an action (an
+    action never taken predicts the mean reward)."""
+    features = _features(observations)
+    weights = np.zeros((actions_n, features.shape[1]))
+    for action in range(actions_n):
+        rows = actions == action
+        if not rows.any():
+            weights[action, -1] = float(np.mean(rewards))
+            continue
+        x, y = features[rows], rewards[rows].astype(np.float64)
+        weights[action] = np.linalg.solve(x.T @ x + RIDGE * np.eye(x.shape[1]), x.T @ y)
+    return weights
+
+
+def predicted_rewards(weights: np.ndarray, observations: np.ndarray) -> np.ndarray:
+    return _features(observations) @ weights.T
+
+
+def _features(observations: np.ndarray) -> np.ndarray:
+    """The observation, its squares and a constant."""
+    flat = observations.reshape(len(observations), -1).astype(np.float64)
+    return np.concatenate([flat, flat**2, np.ones((len(flat), 1))], axis=1)
+
+
