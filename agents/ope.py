@@ -81,12 +81,20 @@ def evaluate_decisions(decisions: Decisions, seed: int = 0) -> dict[str, Estimat
     }
     if decisions.rewards_model is not None:
         modelled = np.sum(decisions.target_probs * decisions.rewards_model, axis=1)
-        taken = decisions.rewards_model[np.arange(len(decisions.actions)), decisions.actions]
-        correction = weights * (decisions.rewards - taken)
+        terms = doubly_robust_terms(decisions)
         estimators["dm"] = lambda rows: float(np.mean(modelled[rows]))
-        estimators["dr"] = lambda rows: float(np.mean(modelled[rows] + correction[rows]))
+        estimators["dr"] = lambda rows: float(np.mean(terms[rows]))
     ess = effective_sample_size(weights)
     return {name: bootstrapped(estimator, len(weights), ess, seed) for name, estimator in estimators.items()}
+
+
+def doubly_robust_terms(decisions: Decisions) -> np.ndarray:
+    """[N] each decision's term of DR, whose mean is the estimate: the reward model's value of the
+    target's choice, corrected by the weighted error of its reward for the logged action."""
+    assert decisions.rewards_model is not None, "doubly robust needs a reward model"
+    modelled = np.sum(decisions.target_probs * decisions.rewards_model, axis=1)
+    taken = decisions.rewards_model[np.arange(len(decisions.actions)), decisions.actions]
+    return modelled + importance_weights(decisions) * (decisions.rewards - taken)
 
 
 def evaluate_episodes(episodes: Episodes, gamma: float, seed: int = 0) -> dict[str, Estimate]:

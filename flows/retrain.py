@@ -22,11 +22,13 @@ from gymflow.flows.parameters import checked_flow, overrides_checked, refusal_sa
 from gymflow.presets.model import Preset
 from gymflow.presets.overrides import PresetOverrides
 from gymflow.presets.validate import Experiment, resolve_experiment
+from gymflow.tasks.lake.off_policy import HeldOutDecisions, held_out_decisions, score_off_policy
 from gymflow.tasks.tracking.events import model_decided
 from gymflow.tasks.tracking.logged import find_logged_experience
 from gymflow.tasks.tracking.models import (
     ModelRef,
     find_champion,
+    greedy_actions,
     match_policies,
     mean_return,
     promote,
@@ -34,7 +36,6 @@ from gymflow.tasks.tracking.models import (
     register_onnx_sibling,
     score_policy,
 )
-from gymflow.tasks.tracking.off_policy import HeldOutDecisions, greedy_actions, held_out_decisions, score_off_policy
 from gymflow.tasks.tracking.servers import check_tracking_server
 from gymflow.tasks.tracking.store import tracking_client
 
@@ -175,6 +176,9 @@ def retrain(
             changes = _offline_on_logged_runs(preset, config, changes, champion)
         elif training.experience == "decisions":
             changes = _offline_on_decisions(preset, changes, _decision_log(training), training.held_out)
+            if judge == "off_policy":  # the challenger's own evaluations play no env either
+                changes = {**changes, "schedule.evaluate_on": "decisions"}
+                resolve_experiment(preset, changes)
     summary = improve(preset, changes, warm_start=champion.uri if champion and training.warm_start else None)
     registered = register_challenger(tracking_uri, name, summary.mlflow_run_id, summary.model_uri)
     graph = register_onnx_sibling(tracking_uri, name, summary.mlflow_run_id)  # `<name>-onnx@champion` with it

@@ -142,6 +142,13 @@ class ScheduleConfig(_Strict):
     evaluation_episodes: int = Field(
         default=10, gt=0, le=1000, description="Episodes averaged in each evaluation."
     )
+    evaluate_on: Literal["env", "decisions"] = Field(
+        default="env",
+        description="env: each evaluation plays greedy episodes. decisions: an offline run on a decision log "
+        "(dataset.decisions, dataset.holdout above 0) plays none: each version is scored off-policy on the held-out "
+        "decisions (doubly robust; each decision's term is a return of the evaluation, their mean the estimate), "
+        "and no film is made.",
+    )
     evaluation_opponent: Literal["itself", "random"] = Field(
         default="itself",
         description="Two-player PettingZoo games: whom the greedy policy plays in evaluations. itself: every agent "

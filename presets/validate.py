@@ -118,7 +118,24 @@ def experiment_from(config: Preset) -> Experiment:
     if algorithm.on_policy and config.schedule.heatup_env_steps:
         raise InvalidPreset("schedule.heatup_env_steps", f"must be 0 for the on-policy {algorithm.name}")
     _check_dataset(config, algorithm)
+    _check_evaluation_on_decisions(config, action_space)
     return Experiment(config, algorithm, observation_space, action_space)
+
+
+def _check_evaluation_on_decisions(config: Preset, action_space: Any) -> None:
+    """schedule.evaluate_on decisions: an offline run on a decision log with decisions held out, of
+    discrete actions (a greedy continuous action has no weight against logged densities)."""
+    if config.schedule.evaluate_on != "decisions":
+        return
+    field = "schedule.evaluate_on"
+    if config.dataset is None or config.dataset.decisions is None or not config.offline:
+        raise InvalidPreset(field, "decisions scores an offline run on its decision log: needs dataset.decisions "
+                                   "and schedule.total_env_steps 0; allowed: env")
+    if config.dataset.holdout <= 0:
+        raise InvalidPreset("dataset.holdout", "must be above 0 with schedule.evaluate_on decisions: the held-out "
+                                               "decisions are what each version is scored on")
+    if not hasattr(action_space, "n"):
+        raise InvalidPreset(field, "decisions weighs discrete actions; this env's are continuous: allowed: env")
 
 
 def rollout_backend(config: Preset) -> Literal["gymnasium", "envpool", "ale"]:

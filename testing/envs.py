@@ -130,10 +130,11 @@ class Offers(gym.Env):
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
-    def __init__(self):
+    def __init__(self, steps_file: str | None = None):
         self.observation_space = spaces.Box(-5.0, 5.0, shape=(4,), dtype=np.float32)
         self.action_space = spaces.Discrete(2)
         self._customer = np.zeros(4, np.float32)
+        self.steps_file = steps_file  # where each step is counted (a byte appended), across processes
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
@@ -141,6 +142,9 @@ class Offers(gym.Env):
         return self._customer.copy(), {}
 
     def step(self, action):
+        if self.steps_file:
+            with open(self.steps_file, "ab") as counted:
+                counted.write(b".")
         return self._customer.copy(), float(int(action) == self.best_offer(self._customer)), True, False, {}
 
     @staticmethod

@@ -108,7 +108,9 @@ def test_a_retraining_judged_off_policy_promotes_a_better_challenger_and_keeps_t
     log = str(workspace / "decisions")
     champion_accuracy = _serve_and_log(first.challenger.uri, on_offers["tracking.tracking_uri"], log, 4_000)
 
-    offline = {**on_offers, "schedule.total_train_steps": 1_500, "schedule.evaluate_every_train_steps": 1_500}
+    steps = workspace / "steps-played"  # every step any process plays of the offers, from here on
+    offline = {**on_offers, "schedule.total_train_steps": 1_500, "schedule.evaluate_every_train_steps": 500,
+               "env.kwargs": {"steps_file": str(steps)}}
     learned = {"experience": "decisions", "decision_log": log, "judge": "off_policy", "warm_start": False}
     second = retrain("cartpole-dqn", offline, model_name="offers", challenger=learned)
     assert second.champion == first.challenger and second.promoted, second.scores()
@@ -119,7 +121,43 @@ def test_a_retraining_judged_off_policy_promotes_a_better_challenger_and_keeps_t
     third = retrain("cartpole-dqn", untrained, model_name="offers", challenger=learned)
     assert third.champion == second.challenger and not third.promoted, third.scores()
     assert third.off_policy["challenger"]["dr"].high < third.off_policy["champion"]["dr"].low, third.scores()
-    run = MlflowClient(on_offers["tracking.tracking_uri"]).get_run(third.challenger.run_id)
+    assert not steps.exists()  # neither challenger's training, evaluations nor judgement played a step
+    client = MlflowClient(on_offers["tracking.tracking_uri"])
+    evaluated = client.get_metric_history(second.challenger.run_id, "eval/return_mean")
+    assert len(evaluated) >= 3 and evaluated[-1].value > 0.9  # each evaluation an off-policy estimate, rising
+    run = client.get_run(third.challenger.run_id)
     assert run.data.tags["gymflow.retrain.outcome"] == "champion kept"
     assert run.data.metrics["retrain/ope_champion_dr"] == pytest.approx(third.champion_return)
     assert {"retrain/ope_challenger_ips_low", "retrain/ope_challenger_snips_ess"} <= set(run.data.metrics)
+
+
+@pytest.mark.parametrize(("changes", "line"), [
+    ({"schedule.evaluate_on": "decisions"}, "schedule.evaluate_on: decisions scores an offline run on its decision log"),
+    ({"schedule.evaluate_on": "decisions", "dataset.decisions": "logs", "schedule.total_env_steps": 0,
+      "schedule.total_train_steps": 10, "schedule.evaluate_every_train_steps": 5, "schedule.heatup_env_steps": 0},
+     "dataset.holdout: must be above 0 with schedule.evaluate_on decisions"),
+])
+def test_scoring_a_run_on_decisions_needs_an_offline_run_on_a_log_with_decisions_held_out(changes, line):
+    from gymflow.errors import InvalidPreset
+    from gymflow.presets.validate import resolve_experiment
+
+    with pytest.raises(InvalidPreset) as refused:
+        resolve_experiment("cartpole-dqn", changes)
+    assert str(refused.value).startswith(line)
+
+
+def test_a_log_of_episodes_or_of_too_few_decisions_cannot_judge_in_one_line(tmp_path):
+    from gymflow.errors import InvalidPreset
+    from gymflow.tasks.lake.decision_log import Decision
+    from gymflow.tasks.lake.off_policy import held_out_decisions
+
+    log = open_decision_log(str(tmp_path / "episodes"))
+    for index in range(50):
+        log.decided(Decision(str(index), np.zeros(4, np.float32), index % 2, np.log(0.5), "p", 1, time.time()))
+        log.observed(Outcome(str(index), 1.0, np.ones(4, np.float32), index % 10 == 9, time.time()))
+    log.close()
+    with pytest.raises(InvalidPreset, match=r"^challenger.decision_log: 45 of 50 logged outcomes continue an episode: "
+                                            r"judge off_policy weighs one-step decisions; allowed: returns$"):
+        held_out_decisions(str(tmp_path / "episodes"), {}, 0.3, 2)
+    with pytest.raises(InvalidPreset, match=r"^challenger.decision_log: no logged decisions under "):
+        held_out_decisions(str(tmp_path / "nothing"), {}, 0.3, 2)

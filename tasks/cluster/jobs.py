@@ -171,6 +171,10 @@ def _land(spec: RolloutSpec, storage: Storage, version: int | None, env: AnyVect
 def run_evaluation(spec: EvaluationSpec) -> EvaluationResult:
     """Run `episodes` greedy episodes of one policy version, one per env. Runs on a Dask worker."""
     _one_thread()
+    if spec.held_out is not None:
+        from gymflow.tasks.cluster.held_out import evaluate_on_decisions
+
+        return evaluate_on_decisions(spec, lambda made: _policy(spec, spec.policy_version, made, 0.0, spec.seed))
     if spec.opponent == "random":
         return _evaluate_against_random(spec)
     started = time.perf_counter()

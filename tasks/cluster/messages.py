@@ -71,6 +71,18 @@ class EvaluationSpec:
     seed: int  # the same at every evaluation of a run, so evaluations compare
     film: bool = False  # after its episodes, film its first one again into the run's videos/
     opponent: str = "itself"  # two-player games: "random" plays a random player, a game's return being its score
+    held_out: HeldOutSource | None = None  # schedule.evaluate_on decisions: scored on these, no episode played
+
+
+@dataclass(frozen=True)
+class HeldOutSource:
+    """A decision log's held-out decisions, `part` of `parts` of them (each worker scores a part)."""
+
+    url: str
+    options: dict[str, Any]
+    share: float
+    part: int = 0
+    parts: int = 1
 
 
 @dataclass(frozen=True)

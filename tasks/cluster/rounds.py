@@ -27,6 +27,7 @@ from gymflow.tasks.cluster.jobs import check_worker, run_evaluation, run_rollout
 from gymflow.tasks.cluster.messages import (
     EvaluationResult,
     EvaluationSpec,
+    HeldOutSource,
     InferenceAddress,
     RolloutSpec,
     WorkerCheckSpec,
@@ -93,7 +94,7 @@ class RoundPlan:
         preset, video = self.preset, self.preset.tracking.video
         films = video == "every_evaluation" or (final and video == "final")
         shares = np.array_split(np.arange(preset.schedule.evaluation_episodes), self.workers)
-        return [
+        specs = [
             EvaluationSpec(
                 storage=storage_location(preset.storage), run_id=self.run_id, env_id=preset.env.id,
                 env_kwargs=dict(preset.env.kwargs), preprocessing=preset.env.preprocessing().evaluation(),
@@ -104,6 +105,15 @@ class RoundPlan:
             for part, share in enumerate(shares)
             if len(share)
         ]
+        return specs if preset.schedule.evaluate_on == "env" else self._on_held_out_decisions(specs)
+
+    def _on_held_out_decisions(self, specs: list[EvaluationSpec]) -> list[EvaluationSpec]:
+        """schedule.evaluate_on decisions: each worker scores a part of the held-out decisions, none films."""
+        dataset = self.preset.dataset
+        assert dataset is not None and dataset.decisions is not None  # presets/validate.py checked it
+        return [replace(spec, film=False, held_out=HeldOutSource(dataset.decisions, dict(dataset.options),
+                                                                 dataset.holdout, part, len(specs)))
+                for part, spec in enumerate(specs)]
 
     def _rollout(self, worker: int, version: int | Literal["newest"] | None, exploration: float,
                  cursor: str | None, steps: int, policy_seed: int) -> RolloutSpec:

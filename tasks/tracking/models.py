@@ -417,6 +417,13 @@ def _load_policy(tracking_uri: str, model: ModelRef, folder: str) -> _Predicting
     return _PredictingPolicy(mlflow.pyfunc.load_model(local))
 
 
+def greedy_actions(tracking_uri: str, model: ModelRef, observations: np.ndarray) -> np.ndarray:
+    """The registered policy's greedy actions on `observations`, as its pyfunc model serves them."""
+    with _global_tracking_uri(tracking_uri):
+        policy = mlflow.pyfunc.load_model(model.uri, model_config={"exploration": "greedy"})
+    return np.asarray(policy.predict(observations.astype(np.float32)))
+
+
 def mean_return(returns: list[float]) -> float:
     return float(np.mean(returns))
 

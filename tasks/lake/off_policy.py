@@ -1,5 +1,5 @@
-"""Registered policies scored on what a deployed policy did, with no env played: a decision log's
-held-out decisions (tasks/lake/decision_log.py) weighed by each policy's greedy choices (agents/ope.py:
+"""Policies scored on what a deployed policy did, with no env played: a decision log's held-out
+decisions (tasks/lake/decision_log.py) weighed by each policy's greedy choices (agents/ope.py:
 IPS, SNIPS, the direct method and doubly robust, each with its bootstrap 95% interval and effective
 sample size). The direct method's reward model is fitted on the decisions learned from, not on those
 it judges.
@@ -18,7 +18,6 @@ from gymflow.agents.ope import Decisions, Estimate, evaluate_decisions
 from gymflow.errors import GymflowError, InvalidPreset
 from gymflow.tasks.lake.decision_log import LoggedDecisions, held_out, logged_part, read_logged
 from gymflow.tasks.storage.objects import StorageLocation, open_storage
-from gymflow.tasks.tracking.models import ModelRef
 
 RIDGE = 1e-2  # the reward model's regularisation
 
@@ -30,10 +29,15 @@ class HeldOutDecisions:
     actions_n: int
 
 
-def held_out_decisions(url: str, options: dict, share: float, actions_n: int) -> HeldOutDecisions:
-    """The log's held-out share and a reward model fitted on the rest; InvalidPreset (one line) where
-    the log cannot judge: no decisions, none held out, or episodes of several decisions."""
-    field = "challenger.decision_log"
+RETRAIN_FIELDS = ("challenger.decision_log", "challenger.held_out")  # what a refusal names: the log, the share
+
+
+def held_out_decisions(url: str, options: dict, share: float, actions_n: int,
+                       fields: tuple[str, str] = RETRAIN_FIELDS) -> HeldOutDecisions:
+    """The log's held-out share and a reward model fitted on the rest; InvalidPreset (one line, naming
+    `fields`: the log's, the share's) where the log cannot judge: no decisions, too few held out, or
+    episodes of several decisions."""
+    field, share_field = fields
     try:
         logged = read_logged(open_storage(StorageLocation(url, options)), "")
     except GymflowError as error:
@@ -44,7 +48,7 @@ def held_out_decisions(url: str, options: dict, share: float, actions_n: int) ->
                                    "judge off_policy weighs one-step decisions; allowed: returns")
     kept = held_out(logged.request_ids, share)
     if kept.sum() < 2 or (~kept).sum() < 2:
-        raise InvalidPreset("challenger.held_out", f"{int(kept.sum())} of {len(kept)} logged decisions held out: "
+        raise InvalidPreset(share_field, f"{int(kept.sum())} of {len(kept)} logged decisions held out: "
                                                    "too few on one side to learn from and to judge on")
     learned = logged_part(logged, ~kept)
     judged = logged_part(logged, kept)
@@ -55,6 +59,11 @@ def held_out_decisions(url: str, options: dict, share: float, actions_n: int) ->
 def score_off_policy(greedy: np.ndarray, held: HeldOutDecisions, seed: int = 0) -> dict[str, Estimate]:
     """What a policy acting greedily as `greedy` ([N] its actions on the held-out observations) would
     score, by each estimator; NoSupport where the log never took its actions."""
+    return evaluate_decisions(greedy_decisions(greedy, held), seed)
+
+
+def greedy_decisions(greedy: np.ndarray, held: HeldOutDecisions) -> Decisions:
+    """The held-out decisions as OPE weighs them for a policy acting greedily as `greedy`."""
     logged = held.logged
     target = np.zeros((len(greedy), held.actions_n))
     target[np.arange(len(greedy)), np.asarray(greedy, dtype=np.int64)] = 1.0
@@ -66,20 +75,8 @@ def score_off_policy(greedy: np.ndarray, held: HeldOutDecisions, seed: int = 0) 
         behaviour[sure] = 0.0
         behaviour[sure, logged.actions[sure].astype(np.int64)] = 1.0
         behaviour = np.where(np.isnan(behaviour), 1.0, behaviour)  # unknown: taken as possible
-    decisions = Decisions(logged.actions.astype(np.int64), logged.rewards.astype(np.float64), logged_probs, target,
-                          held.rewards_model, behaviour)
-    return evaluate_decisions(decisions, seed)
-
-
-def greedy_actions(tracking_uri: str, model: ModelRef, observations: np.ndarray) -> np.ndarray:
-    """The registered policy's greedy actions on `observations`, as its pyfunc model serves them."""
-    import mlflow
-
-    from gymflow.tasks.tracking.models import _global_tracking_uri
-
-    with _global_tracking_uri(tracking_uri):
-        policy = mlflow.pyfunc.load_model(model.uri, model_config={"exploration": "greedy"})
-    return np.asarray(policy.predict(observations.astype(np.float32)))
+    return Decisions(logged.actions.astype(np.int64), logged.rewards.astype(np.float64), logged_probs, target,
+                     held.rewards_model, behaviour)
 
 
 def fitted_reward_model(observations: np.ndarray, actions: np.ndarray, rewards: np.ndarray,

@@ -1,0 +1,54 @@
+"""A version scored on a decision log's held-out decisions (schedule.evaluate_on decisions), on a
+rollout worker, with no env played: each decision's doubly robust term (agents/ope.py) is a return
+of the evaluation, so their mean is the estimate and their spread its interval."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from gymnasium import spaces
+
+from gymflow.agents.core import Policy
+from gymflow.agents.ope import doubly_robust_terms
+from gymflow.envs.make import env_spaces
+from gymflow.tasks.cluster.messages import EvaluationResult, EvaluationSpec, HeldOutSource
+from gymflow.tasks.lake.decision_log import logged_part
+from gymflow.tasks.lake.off_policy import HeldOutDecisions, greedy_decisions, held_out_decisions
+
+NO_FILM = "no env is played: schedule.evaluate_on decisions scores each version on held-out logged decisions"
+
+
+@dataclass(frozen=True)
+class Spaces:
+    """What a policy's network is built for, without an env made to step."""
+
+    observation_space: spaces.Space
+    action_space: spaces.Space
+
+
+def evaluate_on_decisions(spec: EvaluationSpec, policy_of: Callable[[Spaces], Policy]) -> EvaluationResult:
+    """`spec`'s part of the held-out decisions, each its doubly robust term of the version's value."""
+    assert spec.held_out is not None
+    started = time.perf_counter()
+    observation_space, action_space = env_spaces(spec.env_id, spec.env_kwargs, spec.preprocessing)
+    held = _part(spec.held_out, int(action_space.n))
+    greedy, _ = policy_of(Spaces(observation_space, action_space)).act(held.logged.observations, explore=False)
+    terms = doubly_robust_terms(greedy_decisions(greedy, held))
+    return EvaluationResult(version=spec.policy_version, returns=tuple(float(term) for term in terms),
+                            lengths=(1,) * len(terms), seconds=time.perf_counter() - started, no_film=NO_FILM)
+
+
+def _part(source: HeldOutSource, actions_n: int) -> HeldOutDecisions:
+    held = _held_out(source.url, json.dumps(source.options, sort_keys=True), source.share, actions_n)
+    rows = np.array_split(np.arange(len(held.logged.actions)), source.parts)[source.part]
+    return HeldOutDecisions(logged_part(held.logged, rows), held.rewards_model[rows], actions_n)
+
+
+@lru_cache(maxsize=4)  # read once a worker, not once an evaluation: the log does not change during a run
+def _held_out(url: str, options: str, share: float, actions_n: int) -> HeldOutDecisions:
+    return held_out_decisions(url, json.loads(options), share, actions_n, ("dataset.decisions", "dataset.holdout"))
