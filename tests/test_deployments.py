@@ -62,7 +62,7 @@ def _set_up_as_the_readme_says(lines: list[str], env: dict, port: int, deploy: t
             wait_for_answer(f"http://127.0.0.1:{port}/api/health", 120)
         else:
             command = line if " deploy --all" not in line or not deploy else line.replace("--all", " ".join(deploy))
-            # `deploy --all` loads the flow once for each of prefect.yaml's 20 deployments and asks the server
+            # `deploy --all` loads the flow once for each of prefect.yaml's 21 deployments and asks the server
             # ~20 times for each: ~50 s on a quiet 2-core VM, past 120 s beside the suite's other process
             done = subprocess.run(["script", "-qec", command, "/dev/null"], env=env, cwd=REPO, capture_output=True,
                                   text=True, timeout=600, stdin=subprocess.DEVNULL)

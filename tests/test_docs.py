@@ -125,3 +125,21 @@ def test_the_reference_page_is_the_one_the_preset_model_generates():
                   "storage.options_block", "agent.vtrace_rho_bar"):
         assert f"| `{field}` |" in committed, field
     assert all(f"| `{name}` |" in committed for name in builtin_presets())
+
+
+def _deployments() -> list[dict]:
+    return yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+
+
+@pytest.mark.parametrize("deployment", _deployments(), ids=[d["name"] for d in _deployments()])
+def test_each_deployment_s_parameters_are_ones_its_flow_takes_and_its_preset_resolves(deployment):
+    import importlib
+
+    from gymflow.presets.overrides import as_dotted
+    from gymflow.presets.validate import resolve_experiment
+
+    path, name = deployment["entrypoint"].split(":")
+    flow = getattr(importlib.import_module("gymflow." + path.removesuffix(".py").replace("/", ".")), name)
+    parameters = flow.validate_parameters(deployment.get("parameters", {}))  # what Prefect checks as a run starts
+    if "preset" in parameters and flow.name != "sweep":
+        resolve_experiment(parameters["preset"], as_dotted(parameters.get("overrides")))
