@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 
 import mlflow
 import numpy as np
@@ -47,7 +48,7 @@ def test_gaussian_noise_logs_the_samples_density_and_sends_it_clipped_to_the_bou
     ({"exploration": "epsilon=2"}, "model_config['exploration']: 'epsilon=2' is not an exploration; allowed: "
                                    "greedy, epsilon=E (0 < E <= 1), noise=S (S > 0)"),
     ({"exploration": "boltzmann"}, "model_config['exploration']: 'boltzmann' is not an exploration"),
-    ({"decision_flush_s": "soon"}, "model_config['decision_flush_s']: 'soon' is not a number of seconds above 0"),
+    ({"decision_flush_s": "soon"}, "model_config['decision_flush_s']: 'soon' is not a number above 0"),
 ])
 def test_a_deployments_bad_setting_is_one_line_naming_it(config, line):
     with pytest.raises(GymflowError) as refused:
@@ -125,3 +126,21 @@ def test_closing_the_log_writes_what_its_thread_had_not_yet(tmp_path):
     log.close()
     assert log.written["decisions"] == 150
     assert len(storage.list("serving/decisions")) == 1
+
+
+def test_a_serving_log_with_a_retention_deletes_the_shards_older_than_it_and_keeps_the_rest(tmp_path):
+    storage = Storage(StorageLocation(str(tmp_path)))
+    now, day = time.time(), 86_400
+    for age_days, kind in ((100, "decisions"), (95, "outcomes"), (10, "decisions"), (1, "outcomes")):
+        storage.write(f"serving/{kind}/{now - age_days * day:.6f}-{uuid.uuid4().hex}-0123456789abcdef.npz", b"x")
+    settings = serving_settings({"decision_log": str(tmp_path / "serving"), "decision_retention_days": "90"})
+    assert settings.retention_s == 90 * day
+    log = DecisionLog(storage, "serving")
+    log.start(every_s=0.01, retention_s=settings.retention_s)
+    deadline = time.monotonic() + 10
+    while log.pruned < 2:
+        assert time.monotonic() < deadline, "the log's thread pruned nothing in 10 s"
+        time.sleep(0.01)
+    log.close()
+    ages = sorted(round((now - float(key.rsplit("/", 1)[-1].split("-")[0])) / day) for key in storage.list("serving"))
+    assert ages == [1, 10] and log.pruned == 2

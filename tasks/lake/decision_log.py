@@ -8,13 +8,15 @@ ended. Both are buffered and written as shards of their own (npz, no pickles), a
 key is new each time (`<prefix>/decisions/<time>-<uuid>-<sha256 prefix>.npz`, outcomes alike), never
 overwritten, its content checked against the hash in its name when read. Logging never fails or
 holds up the caller: a serving process's log writes from a thread of its own (`start`), and a shard
-that cannot be written, or records beyond what may wait in memory, are dropped and counted.
+that cannot be written, or records beyond what may wait in memory, are dropped and counted. With a
+retention, that thread also deletes the shards older than it, by the time in their names.
 `read_logged` joins decisions with their outcomes by request id.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 import time
 import uuid
@@ -27,6 +29,7 @@ from gymflow.tasks.storage.codec import decode_arrays, encode_arrays
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 
 SHARD_RECORDS = 1_000  # records a shard holds at most: written once this many are buffered
+PRUNE_EVERY_S = 3600.0  # how often a serving process deletes the shards past its retention
 MOST_WAITING = 200_000  # records of a kind that may wait in memory for a store that is behind; more are dropped
 
 
@@ -77,6 +80,7 @@ class DecisionLog:
         self._pending: dict[str, list] = {"decisions": [], "outcomes": []}
         self.written = {"decisions": 0, "outcomes": 0}
         self.dropped = {"decisions": 0, "outcomes": 0}
+        self.pruned = 0  # shards deleted as older than the retention
         self._writer: threading.Thread | None = None
         self._wake, self._stopping = threading.Event(), threading.Event()
 
@@ -86,11 +90,24 @@ class DecisionLog:
     def observed(self, outcome: Outcome) -> None:
         self._add("outcomes", outcome)
 
-    def start(self, every_s: float) -> None:
-        """Write from a thread of this log's own: a full shard at once, the rest every `every_s`."""
-        self._writer = threading.Thread(target=self._write_behind, args=(every_s,), daemon=True,
+    def start(self, every_s: float, retention_s: float | None = None) -> None:
+        """Write from a thread of this log's own: a full shard at once, the rest every `every_s`; and
+        where `retention_s` is given, delete the shards older than that at once and every hour."""
+        self._writer = threading.Thread(target=self._write_behind, args=(every_s, retention_s), daemon=True,
                                         name="gymflow-decision-log")
         self._writer.start()
+
+    def prune(self, retention_s: float) -> int:
+        """Delete the shards (decisions and outcomes) written more than `retention_s` ago, by the time in
+        their names; how many. A store that fails here is left as it is until the next try."""
+        cutoff = time.time() - retention_s
+        try:
+            old = [key for kind in self._pending for key in self.storage.list(_under(self.prefix, kind))
+                   if _written_at(key) < cutoff]
+            self.storage.delete(old)
+        except Exception:  # noqa: BLE001 - pruning never fails the serving process; the next hour tries again
+            return 0
+        return len(old)
 
     def close(self) -> None:
         """Stop the writing thread, if any, and write whatever is buffered."""
@@ -111,8 +128,12 @@ class DecisionLog:
                         self.dropped[kind] += max(0, len(records) - start - self.shard_records)
                     break
 
-    def _write_behind(self, every_s: float) -> None:
+    def _write_behind(self, every_s: float, retention_s: float | None) -> None:
+        pruned_at = -math.inf
         while not self._stopping.is_set():
+            if retention_s is not None and time.monotonic() - pruned_at >= PRUNE_EVERY_S:
+                self.pruned += self.prune(retention_s)
+                pruned_at = time.monotonic()
             self._wake.wait(every_s)
             self._wake.clear()
             self.flush()
@@ -167,6 +188,15 @@ def logged_part(logged: LoggedDecisions, rows: np.ndarray) -> LoggedDecisions:
     """The decisions at `rows` (a mask or indices)."""
     return LoggedDecisions(*(getattr(logged, name)[rows] for name in LoggedDecisions.__dataclass_fields__
                              if name != "without_outcome"), logged.without_outcome)
+
+
+def _written_at(key: str) -> float:
+    """The unix time a shard's name begins with (`<time>-<uuid>-<hash>.npz`); a key of another name
+    counts as new (never pruned)."""
+    try:
+        return float(key.rsplit("/", 1)[-1].split("-", 1)[0])
+    except ValueError:
+        return math.inf
 
 
 def _under(prefix: str, rest: str) -> str:

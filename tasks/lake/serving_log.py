@@ -7,6 +7,7 @@ Set where it serves, in its environment (`mlflow models serve` passes it on) or 
     GYMFLOW_DECISION_LOG=s3://bucket/serving/cartpole   (decision_log: a folder or a bucket's URL)
     GYMFLOW_EXPLORATION=epsilon=0.1                     (exploration: greedy, epsilon=E, noise=S)
     GYMFLOW_DECISION_FLUSH_S=5                          (decision_flush_s: how often shards are written)
+    GYMFLOW_DECISION_RETENTION_DAYS=90                  (decision_retention_days: older shards deleted hourly)
 
 With a decision log the model answers `{"actions": [...], "request_ids": [...]}`: the ids the
 caller reports outcomes under (`open_decision_log(url).observed(Outcome(...))`).
@@ -33,7 +34,8 @@ from gymflow.errors import GymflowError
 from gymflow.tasks.lake.decision_log import Decision, DecisionLog, open_decision_log
 
 SETTINGS = {"decision_log": "GYMFLOW_DECISION_LOG", "exploration": "GYMFLOW_EXPLORATION",
-            "decision_flush_s": "GYMFLOW_DECISION_FLUSH_S"}
+            "decision_flush_s": "GYMFLOW_DECISION_FLUSH_S",
+            "decision_retention_days": "GYMFLOW_DECISION_RETENTION_DAYS"}
 MODEL_CONFIG = dict.fromkeys(SETTINGS, "")  # logged with the model, so MLflow passes a load's model_config on
 
 
@@ -42,6 +44,7 @@ class ServingSettings:
     decision_log: str | None = None
     exploration: Exploration = Exploration()
     flush_every_s: float = 5.0
+    retention_s: float | None = None  # None: kept for ever
 
 
 def serving_settings(model_config: Mapping[str, object] | None) -> ServingSettings:
@@ -54,9 +57,11 @@ def serving_settings(model_config: Mapping[str, object] | None) -> ServingSettin
         exploration = Exploration.parse(str(given["exploration"] or "greedy"), where["exploration"])
     except ValueError as refused:
         raise GymflowError(where["exploration"], str(refused).split(": ", 1)[1]) from None
-    flush = given["decision_flush_s"]
+    flush, days = given["decision_flush_s"], given["decision_retention_days"]
     every_s = _positive(flush, where["decision_flush_s"]) if flush not in (None, "") else 5.0
-    return ServingSettings(str(given["decision_log"]) if given["decision_log"] else None, exploration, every_s)
+    retention_s = _positive(days, where["decision_retention_days"]) * 86_400 if days not in (None, "") else None
+    return ServingSettings(str(given["decision_log"]) if given["decision_log"] else None, exploration, every_s,
+                           retention_s)
 
 
 def _positive(value: object, field: str) -> float:
@@ -65,7 +70,7 @@ def _positive(value: object, field: str) -> float:
     except ValueError:
         seconds = math.nan
     if not 0 < seconds < math.inf:
-        raise GymflowError(field, f"{value!r} is not a number of seconds above 0")
+        raise GymflowError(field, f"{value!r} is not a number above 0")
     return seconds
 
 
@@ -81,7 +86,7 @@ class DecisionRecorder:
         self.log: DecisionLog | None = None
         if settings.decision_log:
             self.log = open_decision_log(settings.decision_log)
-            self.log.start(settings.flush_every_s)
+            self.log.start(settings.flush_every_s, settings.retention_s)
             atexit.register(self.log.close)
             _exit_handlers_after_sigterm()
 
