@@ -5,6 +5,7 @@ challenger plays the champion instead: a league whose registry keeps each winner
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
@@ -14,7 +15,7 @@ from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel, ConfigDict, Field
 
 from gymflow.agents.match import MatchResult
-from gymflow.agents.ope import Estimate
+from gymflow.agents.ope import Estimate, NoSupport
 from gymflow.envs.seeding import derive_seed
 from gymflow.errors import InvalidPreset
 from gymflow.flows.improve import improve
@@ -22,7 +23,15 @@ from gymflow.flows.parameters import checked_flow, overrides_checked, refusal_sa
 from gymflow.presets.model import Preset
 from gymflow.presets.overrides import PresetOverrides
 from gymflow.presets.validate import Experiment, resolve_experiment
-from gymflow.tasks.lake.off_policy import HeldOutDecisions, held_out_decisions, score_off_policy
+from gymflow.tasks.lake.decision_log import decision_log_location
+from gymflow.tasks.lake.off_policy import (
+    HeldOutChoice,
+    HeldOutDecisions,
+    held_out_decisions,
+    paired_difference,
+    score_off_policy,
+)
+from gymflow.tasks.tracking.blocks import with_block_options
 from gymflow.tasks.tracking.events import model_decided
 from gymflow.tasks.tracking.logged import find_logged_experience
 from gymflow.tasks.tracking.models import (
@@ -84,7 +93,7 @@ class RetrainDecision:
 
 
 Judge = Literal["returns", "match", "off_policy"]
-JUDGING_ESTIMATOR = "dr"  # judge off_policy: doubly robust, whose interval held the truth in 58 of 60 logs (results.md)
+JUDGING_ESTIMATOR = "dr"  # judge off_policy: doubly robust, whose interval held the bandit's truth in 58 of 60 logs
 
 
 def _said(estimates: dict[str, Estimate]) -> str:
@@ -124,8 +133,9 @@ class ChallengerTraining(BaseModel):
         "challenger plays the champion `evaluation_episodes` games, sides swapped; promoted when its score's 95% "
         "interval (wins and half the draws, per game) lies above 0.5 + margin; its returns are the two scores. "
         "off_policy: no env is played: both policies' values are estimated on the decision log's held-out "
-        "decisions (doubly robust, with IPS, SNIPS and the direct method beside it); promoted when the challenger's "
-        "95% lower bound beats the champion's estimate by more than `margin`.",
+        "decisions (doubly robust, with IPS, SNIPS and the direct method beside it); promoted when the 95% "
+        "interval of the challenger's value less the champion's, paired on the same decisions, lies above "
+        "`margin`.",
     )
 
 
@@ -166,7 +176,8 @@ def retrain(
         if judge == "match" and len(getattr(experiment.observation_space, "groups", ())) != 2:
             raise InvalidPreset("challenger.judge", f"match is for two-player PettingZoo envs; {config.env.id!r} is "
                                                     "not one: allowed: returns")
-        held = _held_out(training, experiment) if judge == "off_policy" else None  # a log that cannot judge stops
+        started = time.time()  # what the log holds now is what the challenger learns from and is judged on
+        held = _held_out(training, experiment, started) if judge == "off_policy" else None  # an unusable log stops
         tracking_uri = config.tracking.tracking_uri
         name = model_name or f"gymflow-{config.name}"
         check_tracking_server(tracking_uri, config.tracking.experiment)
@@ -175,7 +186,7 @@ def retrain(
         if training.experience == "logged":
             changes = _offline_on_logged_runs(preset, config, changes, champion)
         elif training.experience == "decisions":
-            changes = _offline_on_decisions(preset, changes, _decision_log(training), training.held_out)
+            changes = _offline_on_decisions(preset, changes, _decision_log(training), training.held_out, started)
             if judge == "off_policy":  # the challenger's own evaluations play no env either
                 changes = {**changes, "schedule.evaluate_on": "decisions"}
                 resolve_experiment(preset, changes)
@@ -223,16 +234,22 @@ def _judged_by_match(decision: RetrainDecision, config: Preset, tracking_uri: st
 
 def _judged_off_policy(decision: RetrainDecision, held: HeldOutDecisions, tracking_uri: str) -> RetrainDecision:
     """Both policies' values estimated on the held-out decisions, with no env played; the challenger
-    promoted if its interval's lower end beats the champion's estimate by more than the margin."""
+    promoted if the lower end of the interval of its value less the champion's (paired, on the same
+    decisions) is above the margin."""
     observations = held.logged.observations
-    estimates = {"challenger": score_off_policy(greedy_actions(tracking_uri, decision.challenger, observations), held)}
+    acts = {"challenger": greedy_actions(tracking_uri, decision.challenger, observations)}
     if decision.champion is not None:
-        estimates["champion"] = score_off_policy(greedy_actions(tracking_uri, decision.champion, observations), held)
-    challenger = estimates["challenger"][JUDGING_ESTIMATOR]
-    champion = estimates["champion"][JUDGING_ESTIMATOR] if decision.champion is not None else None
-    return replace(decision, challenger_return=challenger.value, off_policy=estimates,
-                   champion_return=champion.value if champion else None,
-                   promoted=champion is None or challenger.low > champion.value + decision.margin)
+        acts["champion"] = greedy_actions(tracking_uri, decision.champion, observations)
+    try:
+        estimates = {who: score_off_policy(actions, held) for who, actions in acts.items()}
+        if decision.champion is not None:
+            estimates["difference"] = {JUDGING_ESTIMATOR: paired_difference(acts["challenger"], acts["champion"], held)}
+    except NoSupport as refused:
+        raise InvalidPreset("challenger.decision_log", str(refused)) from None
+    difference = estimates.get("difference", {}).get(JUDGING_ESTIMATOR)
+    return replace(decision, challenger_return=estimates["challenger"][JUDGING_ESTIMATOR].value, off_policy=estimates,
+                   champion_return=estimates["champion"][JUDGING_ESTIMATOR].value if difference else None,
+                   promoted=difference is None or difference.low > decision.margin)
 
 
 def _decision_log(training: ChallengerTraining) -> str:
@@ -242,21 +259,24 @@ def _decision_log(training: ChallengerTraining) -> str:
     return training.decision_log
 
 
-def _held_out(training: ChallengerTraining, experiment: Experiment) -> HeldOutDecisions:
-    """The log's held-out decisions, read and checked before any training."""
+def _held_out(training: ChallengerTraining, experiment: Experiment, before: float) -> HeldOutDecisions:
+    """The log's held-out decisions to judge on, read and checked before any training."""
     if not isinstance(experiment.action_space, spaces.Discrete):
         raise InvalidPreset("challenger.judge", "off_policy weighs discrete actions; this env's are continuous: "
                                                 "allowed: returns")
-    log = _decision_log(training)
-    options = experiment.preset.storage.options if log.startswith("s3://") else {}
-    return held_out_decisions(log, options, training.held_out, int(experiment.action_space.n))
+    storage = with_block_options(experiment).preset.storage  # the log's credentials, as the run's workers read it
+    location = decision_log_location(_decision_log(training), {}, storage)
+    return held_out_decisions(location, HeldOutChoice(training.held_out, "judging", before),
+                              int(experiment.action_space.n))
 
 
-def _offline_on_decisions(preset: str, changes: dict[str, Any], log: str, share: float) -> dict[str, Any]:
-    """`changes` with the decision log as the dataset, its held-out share left out, nothing collected."""
+def _offline_on_decisions(preset: str, changes: dict[str, Any], log: str, share: float, before: float
+                          ) -> dict[str, Any]:
+    """`changes` with the decision log as the dataset (what was logged before `before`), its held-out
+    share left out, nothing collected."""
     get_run_logger().info("learning offline from the decisions logged at %s (%.0f%% held out)", log, share * 100)
-    changes = {**changes, "dataset.decisions": log, "dataset.holdout": share, "dataset.root": None,
-               "schedule.total_env_steps": 0, "schedule.heatup_env_steps": 0}
+    changes = {**changes, "dataset.decisions": log, "dataset.holdout": share, "dataset.logged_before": before,
+               "dataset.root": None, "schedule.total_env_steps": 0, "schedule.heatup_env_steps": 0}
     resolve_experiment(preset, changes)  # an agent that cannot learn offline stops here, in one line
     return changes
 

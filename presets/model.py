@@ -499,6 +499,12 @@ class DatasetConfig(_Strict):
         description="decisions: the share of logged decisions not learned from (chosen by request id), kept for "
         "off-policy evaluation (a retraining's judge: off_policy).",
     )
+    logged_before: float | None = Field(
+        default=None,
+        description="decisions: only the decisions and outcomes logged before this unix time, so a log that is "
+        "still being written reads the same in every process of a run (a retraining sets its start). None: all "
+        "there when read.",
+    )
     root: str | None = Field(
         default=None,
         description="Where the dataset is: for `id`, the Minari datasets root (a local folder, file:// or s3:// "

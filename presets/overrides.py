@@ -91,6 +91,8 @@ class PresetOverrides(_PresetFields):
     @model_validator(mode="before")
     @classmethod
     def _expand_dotted_keys(cls, data: Any) -> Any:
+        if data is None:  # `improve(preset, None)`, `overrides: null`: no overrides, as before the form's default
+            return {}
         if not isinstance(data, dict) or not any("." in key for key in data):
             return data
         nested: dict[str, Any] = {}

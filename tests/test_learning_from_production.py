@@ -5,6 +5,7 @@ carries the probability the served policy acted with."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 import uuid
@@ -77,9 +78,11 @@ def _serve_and_log(model_uri: str, tracking_uri: str, log: str, customers: int) 
     from gymflow.tasks.tracking.models import _global_tracking_uri
     from gymflow.testing.envs import Offers
 
+    kept = signal.getsignal(signal.SIGTERM)  # a model that logs sets the process's SIGTERM handler: put back below
     with _global_tracking_uri(tracking_uri):
         deployed = mlflow.pyfunc.load_model(model_uri, model_config={"decision_log": log, "exploration": "epsilon=0.3"})
         greedy = mlflow.pyfunc.load_model(model_uri)
+    signal.signal(signal.SIGTERM, kept)
     env, reporter = Offers(), open_decision_log(log)
     observations = np.stack([env.reset(seed=seed)[0] for seed in range(customers)])
     answer = deployed.predict(observations)
@@ -114,13 +117,13 @@ def test_a_retraining_judged_off_policy_promotes_a_better_challenger_and_keeps_t
     learned = {"experience": "decisions", "decision_log": log, "judge": "off_policy", "warm_start": False}
     second = retrain("cartpole-dqn", offline, model_name="offers", challenger=learned)
     assert second.champion == first.challenger and second.promoted, second.scores()
-    challenger, champion = (second.off_policy[who]["dr"] for who in ("challenger", "champion"))
-    assert challenger.low > champion.value and abs(champion.value - champion_accuracy) < 0.05, second.scores()
+    champion, better_by = second.off_policy["champion"]["dr"], second.off_policy["difference"]["dr"]
+    assert better_by.low > 0 and abs(champion.value - champion_accuracy) < 0.05, second.scores()
 
     untrained = {**offline, "agent.lr": 1e-9}  # its initial weights: a coin's worth of right offers
     third = retrain("cartpole-dqn", untrained, model_name="offers", challenger=learned)
     assert third.champion == second.challenger and not third.promoted, third.scores()
-    assert third.off_policy["challenger"]["dr"].high < third.off_policy["champion"]["dr"].low, third.scores()
+    assert third.off_policy["difference"]["dr"].high < 0, third.scores()  # worse, not merely not better enough
     assert not steps.exists()  # neither challenger's training, evaluations nor judgement played a step
     client = MlflowClient(on_offers["tracking.tracking_uri"])
     evaluated = client.get_metric_history(second.challenger.run_id, "eval/return_mean")
@@ -146,18 +149,45 @@ def test_scoring_a_run_on_decisions_needs_an_offline_run_on_a_log_with_decisions
     assert str(refused.value).startswith(line)
 
 
-def test_a_log_of_episodes_or_of_too_few_decisions_cannot_judge_in_one_line(tmp_path):
+def test_a_log_of_episodes_of_no_exploration_or_of_nothing_cannot_judge_in_one_line(tmp_path):
     from gymflow.errors import InvalidPreset
     from gymflow.tasks.lake.decision_log import Decision
-    from gymflow.tasks.lake.off_policy import held_out_decisions
+    from gymflow.tasks.lake.off_policy import HeldOutChoice, held_out_decisions
+    from gymflow.tasks.storage.objects import StorageLocation
 
-    log = open_decision_log(str(tmp_path / "episodes"))
-    for index in range(50):
-        log.decided(Decision(str(index), np.zeros(4, np.float32), index % 2, np.log(0.5), "p", 1, time.time()))
-        log.observed(Outcome(str(index), 1.0, np.ones(4, np.float32), index % 10 == 9, time.time()))
-    log.close()
+    def logged(name: str, probability: float, ends_every: int) -> StorageLocation:
+        log = open_decision_log(str(tmp_path / name))
+        for index in range(50):
+            log.decided(Decision(str(index), np.zeros(4, np.float32), index % 2, np.log(probability), "p", 1,
+                                 time.time()))
+            log.observed(Outcome(str(index), 1.0, np.ones(4, np.float32), index % ends_every == ends_every - 1,
+                                 time.time()))
+        log.close()
+        return StorageLocation(str(tmp_path / name))
+
     with pytest.raises(InvalidPreset, match=r"^challenger.decision_log: 45 of 50 logged outcomes continue an episode: "
                                             r"judge off_policy weighs one-step decisions; allowed: returns$"):
-        held_out_decisions(str(tmp_path / "episodes"), {}, 0.3, 2)
+        held_out_decisions(logged("episodes", 0.5, 10), HeldOutChoice(0.3), 2)
+    with pytest.raises(InvalidPreset, match=r"^challenger.decision_log: every logged decision was the served policy's "
+                                            r"sure choice \(probability 1\): no other choice has support"):
+        held_out_decisions(logged("greedy", 1.0, 1), HeldOutChoice(0.3), 2)
     with pytest.raises(InvalidPreset, match=r"^challenger.decision_log: no logged decisions under "):
-        held_out_decisions(str(tmp_path / "nothing"), {}, 0.3, 2)
+        held_out_decisions(StorageLocation(str(tmp_path / "nothing")), HeldOutChoice(0.3), 2)
+    assert len(held_out_decisions(logged("bandit", 0.5, 1), HeldOutChoice(0.3), 2).logged.actions) > 2
+
+
+def test_a_live_log_reads_the_same_before_a_cutoff_and_its_held_out_halves_do_not_overlap(tmp_path):
+    from gymflow.tasks.lake.decision_log import Decision, held_out
+    from gymflow.tasks.storage.objects import Storage, StorageLocation
+
+    log, cutoff = open_decision_log(str(tmp_path)), time.time()
+    for index in range(400):
+        at = cutoff - 10 if index < 300 else cutoff + 10  # a hundred logged after the run began
+        log.decided(Decision(str(index), np.zeros(4, np.float32), 0, np.log(0.5), "p", 1, at))
+        log.observed(Outcome(str(index), 1.0, np.zeros(4, np.float32), True, at))
+    log.close()
+    read = read_logged(Storage(StorageLocation(str(tmp_path))), "", before=cutoff)
+    assert sorted(map(int, read.request_ids)) == list(range(300))
+    selection, judging, everything = (held_out(read.request_ids, 0.4, part) for part in ("selection", "judging", "all"))
+    assert not (selection & judging).any() and ((selection | judging) == everything).all()
+    assert 0.3 < everything.mean() < 0.5 and 0.1 < selection.mean() < 0.3

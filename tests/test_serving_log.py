@@ -5,6 +5,7 @@ request, and a store that is behind costs the callers neither time nor errors.""
 from __future__ import annotations
 
 import math
+import signal
 import time
 import uuid
 
@@ -66,7 +67,15 @@ def test_the_environment_sets_what_the_model_config_leaves_empty(monkeypatch):
         serving_settings({"exploration": ""})
 
 
-def test_a_served_model_logs_each_decision_it_answers_under_the_request_id_it_returns(tmp_path):
+@pytest.fixture
+def sigterm_kept():
+    """A model that logs decisions sets the process's SIGTERM handler (tasks/lake/serving_log.py): put back."""
+    kept = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, kept)
+
+
+def test_a_served_model_logs_each_decision_it_answers_under_the_request_id_it_returns(tmp_path, sigterm_kept):
     save_policy_model(untrained_policy_model("cartpole-ppo", version=4), str(tmp_path / "model"))
     model = mlflow.pyfunc.load_model(str(tmp_path / "model"), model_config={
         "decision_log": str(tmp_path / "log"), "exploration": "epsilon=0.5", "decision_flush_s": 0.05})
@@ -78,8 +87,9 @@ def test_a_served_model_logs_each_decision_it_answers_under_the_request_id_it_re
     while not storage.list("decisions"):
         assert time.monotonic() < deadline, "the log's thread wrote nothing in 30 s"
         time.sleep(0.05)
-    decisions = storage.list("decisions")
-    logged = decode_arrays(storage.read(decisions[0]))
+    model.unwrap_python_model().recorder.log.close()  # what its thread had not written yet, and its thread
+    shards = [decode_arrays(storage.read(key)) for key in sorted(storage.list("decisions"))]
+    logged = {name: np.concatenate([shard[name] for shard in shards]) for name in shards[0]}
     np.testing.assert_array_equal(logged["request_id"], answer["request_ids"])
     np.testing.assert_array_equal(logged["action"], answer["actions"])
     np.testing.assert_array_equal(logged["observation"], observations)
@@ -95,7 +105,7 @@ def test_a_continuous_policy_logs_only_with_noise_and_a_discrete_one_takes_no_no
                                            r"noise=S exploration"):
         mlflow.pyfunc.load_model(str(tmp_path / "sac"), model_config={"decision_log": str(tmp_path / "log")})
     save_policy_model(untrained_policy_model("cartpole-dqn"), str(tmp_path / "dqn"))
-    with pytest.raises(GymflowError, match=r"^GYMFLOW_EXPLORATION: noise=S is for continuous actions"):
+    with pytest.raises(GymflowError, match=r"^model_config\['exploration'\]: noise=S is for continuous actions"):
         mlflow.pyfunc.load_model(str(tmp_path / "dqn"), model_config={"exploration": "noise=0.1"})
     assert not (tmp_path / "log").exists()
 

@@ -18,7 +18,8 @@ from gymflow.agents.ope import doubly_robust_terms
 from gymflow.envs.make import env_spaces
 from gymflow.tasks.cluster.messages import EvaluationResult, EvaluationSpec, HeldOutSource
 from gymflow.tasks.lake.decision_log import logged_part
-from gymflow.tasks.lake.off_policy import HeldOutDecisions, greedy_decisions, held_out_decisions
+from gymflow.tasks.lake.off_policy import HeldOutChoice, HeldOutDecisions, greedy_decisions, held_out_decisions
+from gymflow.tasks.storage.objects import StorageLocation
 
 NO_FILM = "no env is played: schedule.evaluate_on decisions scores each version on held-out logged decisions"
 
@@ -44,11 +45,15 @@ def evaluate_on_decisions(spec: EvaluationSpec, policy_of: Callable[[Spaces], Po
 
 
 def _part(source: HeldOutSource, actions_n: int) -> HeldOutDecisions:
-    held = _held_out(source.url, json.dumps(source.options, sort_keys=True), source.share, actions_n)
+    location, choice = source.location, HeldOutChoice(source.share, "selection", source.before)
+    held = _held_out(location.root, json.dumps(location.options, sort_keys=True), location.outage_budget_s, choice,
+                     actions_n)
     rows = np.array_split(np.arange(len(held.logged.actions)), source.parts)[source.part]
     return HeldOutDecisions(logged_part(held.logged, rows), held.rewards_model[rows], actions_n)
 
 
-@lru_cache(maxsize=4)  # read once a worker, not once an evaluation: the log does not change during a run
-def _held_out(url: str, options: str, share: float, actions_n: int) -> HeldOutDecisions:
-    return held_out_decisions(url, json.loads(options), share, actions_n, ("dataset.decisions", "dataset.holdout"))
+@lru_cache(maxsize=4)  # read once a worker and run (the choice holds its cutoff), not once an evaluation
+def _held_out(root: str, options: str, outage_budget_s: float, choice: HeldOutChoice, actions_n: int
+              ) -> HeldOutDecisions:
+    return held_out_decisions(StorageLocation(root, json.loads(options), outage_budget_s), choice, actions_n,
+                              ("dataset.decisions", "dataset.holdout"))

@@ -76,11 +76,12 @@ class EvaluationSpec:
 
 @dataclass(frozen=True)
 class HeldOutSource:
-    """A decision log's held-out decisions, `part` of `parts` of them (each worker scores a part)."""
+    """A decision log's held-out decisions for selection (dataset.holdout's first half, logged before
+    `before`), `part` of `parts` of them: each worker scores a part."""
 
-    url: str
-    options: dict[str, Any]
+    location: StorageLocation
     share: float
+    before: float | None
     part: int = 0
     parts: int = 1
 

@@ -33,6 +33,7 @@ from gymflow.tasks.cluster.messages import (
     WorkerCheckSpec,
 )
 from gymflow.tasks.cluster.wire import describe_job
+from gymflow.tasks.lake.decision_log import decision_log_location
 from gymflow.tasks.storage.objects import storage_location
 from gymflow.tasks.storage.shards import ShardRef
 
@@ -111,8 +112,9 @@ class RoundPlan:
         """schedule.evaluate_on decisions: each worker scores a part of the held-out decisions, none films."""
         dataset = self.preset.dataset
         assert dataset is not None and dataset.decisions is not None  # presets/validate.py checked it
-        return [replace(spec, film=False, held_out=HeldOutSource(dataset.decisions, dict(dataset.options),
-                                                                 dataset.holdout, part, len(specs)))
+        location = decision_log_location(dataset.decisions, dataset.options, self.preset.storage)
+        return [replace(spec, film=False, held_out=HeldOutSource(location, dataset.holdout, dataset.logged_before,
+                                                                 part, len(specs)))
                 for part, spec in enumerate(specs)]
 
     def _rollout(self, worker: int, version: int | Literal["newest"] | None, exploration: float,

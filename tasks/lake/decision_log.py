@@ -16,21 +16,29 @@ retention, that thread also deletes the shards older than it, by the time in the
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
+import os
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Literal
 
+import fsspec
 import numpy as np
 
 from gymflow.errors import GymflowError
+from gymflow.presets.model import StorageConfig
 from gymflow.tasks.storage.codec import decode_arrays, encode_arrays
 from gymflow.tasks.storage.objects import Storage, StorageLocation
 
 SHARD_RECORDS = 1_000  # records a shard holds at most: written once this many are buffered
+LOGGER = logging.getLogger("gymflow.decisions")
 PRUNE_EVERY_S = 3600.0  # how often a serving process deletes the shards past its retention
 MOST_WAITING = 200_000  # records of a kind that may wait in memory for a store that is behind; more are dropped
+MOST_WAITING_BYTES = 512 * 2**20  # and the bytes they may take (an Atari frame stack: 28 KB a record)
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,7 @@ class DecisionLog:
         self.written = {"decisions": 0, "outcomes": 0}
         self.dropped = {"decisions": 0, "outcomes": 0}
         self.pruned = 0  # shards deleted as older than the retention
+        self._waiting_bytes = {"decisions": 0, "outcomes": 0}
         self._writer: threading.Thread | None = None
         self._wake, self._stopping = threading.Event(), threading.Event()
 
@@ -122,11 +131,22 @@ class DecisionLog:
         for kind in self._pending:
             with self._lock:
                 records, self._pending[kind] = self._pending[kind], []
+                self._waiting_bytes[kind] = 0
             for start in range(0, len(records), self.shard_records):
                 if not self._write(kind, records[start:start + self.shard_records]):
                     with self._lock:  # the store refused one shard: the rest would wait as long, for as little
-                        self.dropped[kind] += max(0, len(records) - start - self.shard_records)
+                        self._count_dropped(kind, max(0, len(records) - start - self.shard_records),
+                                            "the store refused a shard before them")
                     break
+
+    def _count_dropped(self, kind: str, count: int, why: str) -> None:
+        """Count records lost (under the lock); said on the log's logger at the first loss and at every
+        10,000th after, so a serving process's output shows what the log is missing."""
+        before = self.dropped[kind]
+        self.dropped[kind] += count
+        if count and (before == 0 or before // 10_000 != self.dropped[kind] // 10_000):
+            LOGGER.warning("decision log %s: %d %s dropped so far (%s)", self.storage.url(self.prefix),
+                           self.dropped[kind], kind, why)
 
     def _write_behind(self, every_s: float, retention_s: float | None) -> None:
         pruned_at = -math.inf
@@ -139,11 +159,13 @@ class DecisionLog:
             self.flush()
 
     def _add(self, kind: str, record: Decision | Outcome) -> None:
+        size = _nbytes(record)
         with self._lock:
-            if len(self._pending[kind]) >= self.most_waiting:  # the store is behind: memory stays bounded
-                self.dropped[kind] += 1
-                return
+            if len(self._pending[kind]) >= self.most_waiting or self._waiting_bytes[kind] + size > MOST_WAITING_BYTES:
+                self._count_dropped(kind, 1, "the store is behind and what waits for it is at its bound")
+                return  # memory stays bounded
             self._pending[kind].append(record)
+            self._waiting_bytes[kind] += size
             full = len(self._pending[kind]) >= self.shard_records
             records = self._pending[kind] if full and self._writer is None else []
             if records:
@@ -162,9 +184,9 @@ class DecisionLog:
             digest = hashlib.sha256(data).hexdigest()[:16]
             key = _under(self.prefix, f"{kind}/{time.time():.6f}-{uuid.uuid4().hex}-{digest}.npz")
             self.storage.write(key, data)
-        except Exception:  # noqa: BLE001 - logging never fails the prediction it records: the shard is counted lost
+        except Exception as error:  # noqa: BLE001 - logging never fails the prediction it records: counted lost
             with self._lock:
-                self.dropped[kind] += len(records)
+                self._count_dropped(kind, len(records), f"{type(error).__name__}: {error}".splitlines()[0])
             return False
         with self._lock:
             self.written[kind] += len(records)
@@ -177,17 +199,29 @@ def open_decision_log(url: str, outage_budget_s: float = 30.0) -> DecisionLog:
     return DecisionLog(Storage(StorageLocation(url, outage_budget_s=outage_budget_s)), "")
 
 
-def held_out(request_ids: np.ndarray, share: float) -> np.ndarray:
+HeldOutPart = Literal["all", "selection", "judging"]
+
+
+def held_out(request_ids: np.ndarray, share: float, part: HeldOutPart = "all") -> np.ndarray:
     """[N] bool: the decisions kept out of learning for off-policy evaluation, `share` of them, chosen
-    by their request id's hash (the same ids, the same choice, wherever it is made)."""
-    buckets = [int.from_bytes(hashlib.sha256(str(request).encode()).digest()[:4], "big") for request in request_ids]
-    return np.asarray(buckets, dtype=np.float64) / 2**32 < share
+    by their request id's hash (the same ids, the same choice, wherever it is made). Its first half
+    is the `selection` part (what a run's evaluations choose its delivered version on), its second
+    the `judging` part (what a retraining's judge weighs, apart from what chose the challenger)."""
+    buckets = np.asarray([int.from_bytes(hashlib.sha256(str(request).encode()).digest()[:4], "big")
+                          for request in request_ids], dtype=np.float64) / 2**32
+    low, high = {"all": (0.0, share), "selection": (0.0, share / 2), "judging": (share / 2, share)}[part]
+    return (buckets >= low) & (buckets < high)
 
 
 def logged_part(logged: LoggedDecisions, rows: np.ndarray) -> LoggedDecisions:
     """The decisions at `rows` (a mask or indices)."""
     return LoggedDecisions(*(getattr(logged, name)[rows] for name in LoggedDecisions.__dataclass_fields__
                              if name != "without_outcome"), logged.without_outcome)
+
+
+def _nbytes(record: Decision | Outcome) -> int:
+    observation = record.observation if isinstance(record, Decision) else record.next_observation
+    return int(getattr(observation, "nbytes", 0)) + 128  # and the id, the numbers, the names
 
 
 def _written_at(key: str) -> float:
@@ -209,11 +243,14 @@ def _arrays(records: list) -> dict[str, np.ndarray]:
     return {name: np.asarray([getattr(record, name) for record in records]) for name in fields}
 
 
-def read_logged(storage: Storage, prefix: str) -> LoggedDecisions:
+def read_logged(storage: Storage, prefix: str, before: float | None = None) -> LoggedDecisions:
     """Every decision under `prefix` whose outcome arrived, joined by request id (the first outcome of
-    an id counts); a shard whose content does not match its name is refused in one line."""
-    decisions, outcomes = (_read_kind(storage, _under(prefix, kind)) for kind in ("decisions", "outcomes"))
-    if not decisions:
+    an id counts); with `before` (unix time), only decisions and outcomes logged before it, so readers
+    at different moments of a live log read the same. A shard whose content does not match its name
+    is refused in one line."""
+    decisions, outcomes = (_before(_read_kind(storage, _under(prefix, kind)), before)
+                           for kind in ("decisions", "outcomes"))
+    if not decisions or not len(decisions["at"]):
         raise GymflowError("decisions", f"no logged decisions under {storage.url(prefix)}")
     order = np.argsort(decisions["at"], kind="stable")
     decisions = {name: values[order] for name, values in decisions.items()}
@@ -227,6 +264,23 @@ def read_logged(storage: Storage, prefix: str) -> LoggedDecisions:
         outcomes["next_observation"][joined] if len(joined) else decisions["observation"][:0],
         outcomes["terminal"][joined] if len(joined) else np.zeros(0, bool), decisions["version"][kept],
         int((~kept).sum()))
+
+
+def _before(records: dict[str, np.ndarray], before: float | None) -> dict[str, np.ndarray]:
+    if before is None or not records:
+        return records
+    kept = records["at"] < before
+    return {name: values[kept] for name, values in records.items()}
+
+
+def decision_log_location(url: str, options: Mapping[str, Any], storage: StorageConfig) -> StorageLocation:
+    """Where a decision log is read from: a relative folder as an absolute path (workers elsewhere
+    find it too); its own options, else the run's storage options (with their block's credentials)
+    where the log is on the same kind of store."""
+    root = url if "://" in url else os.path.abspath(url)
+    same_store = fsspec.utils.get_protocol(url) == fsspec.utils.get_protocol(storage.root)
+    chosen = dict(options) or (dict(storage.options) if same_store else {})
+    return StorageLocation(root, chosen, storage.outage_budget_s)
 
 
 def _read_kind(storage: Storage, prefix: str) -> dict[str, np.ndarray]:

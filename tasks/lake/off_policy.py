@@ -14,12 +14,31 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gymflow.agents.ope import Decisions, Estimate, evaluate_decisions
+from gymflow.agents.ope import (
+    Decisions,
+    Estimate,
+    bootstrapped,
+    checked_support,
+    doubly_robust_terms,
+    effective_sample_size,
+    evaluate_decisions,
+    importance_weights,
+)
 from gymflow.errors import GymflowError, InvalidPreset
-from gymflow.tasks.lake.decision_log import LoggedDecisions, held_out, logged_part, read_logged
+from gymflow.tasks.lake.decision_log import HeldOutPart, LoggedDecisions, held_out, logged_part, read_logged
 from gymflow.tasks.storage.objects import StorageLocation, open_storage
 
 RIDGE = 1e-2  # the reward model's regularisation
+
+
+@dataclass(frozen=True)
+class HeldOutChoice:
+    """Which held-out decisions: `share` of the log kept from learning, `part` of those, logged before
+    `before` (unix time; None: all there when read)."""
+
+    share: float
+    part: HeldOutPart = "judging"
+    before: float | None = None
 
 
 @dataclass(frozen=True)
@@ -32,25 +51,29 @@ class HeldOutDecisions:
 RETRAIN_FIELDS = ("challenger.decision_log", "challenger.held_out")  # what a refusal names: the log, the share
 
 
-def held_out_decisions(url: str, options: dict, share: float, actions_n: int,
+def held_out_decisions(location: StorageLocation, source: HeldOutChoice, actions_n: int,
                        fields: tuple[str, str] = RETRAIN_FIELDS) -> HeldOutDecisions:
-    """The log's held-out share and a reward model fitted on the rest; InvalidPreset (one line, naming
-    `fields`: the log's, the share's) where the log cannot judge: no decisions, too few held out, or
-    episodes of several decisions."""
+    """The log's held-out decisions (`source`'s part of them) and a reward model fitted on those learned
+    from; InvalidPreset (one line, naming `fields`: the log's, the share's) where the log cannot judge: no
+    decisions, too few held out, episodes of several decisions, or no exploration to give other choices
+    support."""
     field, share_field = fields
     try:
-        logged = read_logged(open_storage(StorageLocation(url, options)), "")
+        logged = read_logged(open_storage(location), "", source.before)
     except GymflowError as error:
         raise InvalidPreset(field, error.problem) from None
     continuing = int(np.sum(~logged.terminal))
     if continuing:
         raise InvalidPreset(field, f"{continuing:,} of {len(logged.terminal):,} logged outcomes continue an episode: "
                                    "judge off_policy weighs one-step decisions; allowed: returns")
-    kept = held_out(logged.request_ids, share)
-    if kept.sum() < 2 or (~kept).sum() < 2:
-        raise InvalidPreset(share_field, f"{int(kept.sum())} of {len(kept)} logged decisions held out: "
-                                                   "too few on one side to learn from and to judge on")
-    learned = logged_part(logged, ~kept)
+    if np.all(np.isclose(logged.log_probabilities, 0.0)):
+        raise InvalidPreset(field, "every logged decision was the served policy's sure choice (probability 1): no "
+                                   "other choice has support; serve with GYMFLOW_EXPLORATION=epsilon=E")
+    kept = held_out(logged.request_ids, source.share, source.part)
+    if kept.sum() < 2 or (~held_out(logged.request_ids, source.share)).sum() < 2:
+        raise InvalidPreset(share_field, f"{int(kept.sum())} of {len(kept)} logged decisions held out for "
+                                         f"{source.part}: too few on one side to learn from and to judge on")
+    learned = logged_part(logged, ~held_out(logged.request_ids, source.share))
     judged = logged_part(logged, kept)
     model = fitted_reward_model(learned.observations, learned.actions, learned.rewards, actions_n)
     return HeldOutDecisions(judged, predicted_rewards(model, judged.observations), actions_n)
@@ -60,6 +83,20 @@ def score_off_policy(greedy: np.ndarray, held: HeldOutDecisions, seed: int = 0) 
     """What a policy acting greedily as `greedy` ([N] its actions on the held-out observations) would
     score, by each estimator; NoSupport where the log never took its actions."""
     return evaluate_decisions(greedy_decisions(greedy, held), seed)
+
+
+def paired_difference(challenger: np.ndarray, champion: np.ndarray, held: HeldOutDecisions,
+                      seed: int = 0) -> Estimate:
+    """The challenger's value less the champion's (each acting greedily as given), on the same held-out
+    decisions: each decision's doubly robust term of the one less the other's, their mean with its
+    bootstrap interval. Paired, the decisions' own luck cancels out of the difference. Its ESS: the
+    smaller of the two policies' weights'."""
+    theirs = [greedy_decisions(actions, held) for actions in (challenger, champion)]
+    for decisions in theirs:
+        checked_support(decisions)
+    terms = doubly_robust_terms(theirs[0]) - doubly_robust_terms(theirs[1])
+    ess = min(effective_sample_size(importance_weights(decisions)) for decisions in theirs)
+    return bootstrapped(lambda rows: float(np.mean(terms[rows])), len(terms), ess, seed)
 
 
 def greedy_decisions(greedy: np.ndarray, held: HeldOutDecisions) -> Decisions:

@@ -4,7 +4,7 @@ decision (tasks/lake/decision_log.py), so what it did can be learned from and ev
 Set where it serves, in its environment (`mlflow models serve` passes it on) or as the model's
 `model_config` (`mlflow.pyfunc.load_model(uri, model_config={...})`):
 
-    GYMFLOW_DECISION_LOG=s3://bucket/serving/cartpole   (decision_log: a folder or a bucket's URL)
+    GYMFLOW_DECISION_LOG=s3://bucket/serving/cartpole   (decision_log: a folder or a bucket's URL; off: none)
     GYMFLOW_EXPLORATION=epsilon=0.1                     (exploration: greedy, epsilon=E, noise=S)
     GYMFLOW_DECISION_FLUSH_S=5                          (decision_flush_s: how often shards are written)
     GYMFLOW_DECISION_RETENTION_DAYS=90                  (decision_retention_days: older shards deleted hourly)
@@ -37,6 +37,8 @@ SETTINGS = {"decision_log": "GYMFLOW_DECISION_LOG", "exploration": "GYMFLOW_EXPL
             "decision_flush_s": "GYMFLOW_DECISION_FLUSH_S",
             "decision_retention_days": "GYMFLOW_DECISION_RETENTION_DAYS"}
 MODEL_CONFIG = dict.fromkeys(SETTINGS, "")  # logged with the model, so MLflow passes a load's model_config on
+OWN_USE = {"decision_log": "off", "exploration": "greedy"}  # gymflow scoring a model: greedy, logging nothing,
+# whatever the environment it runs in sets for serving
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class ServingSettings:
     exploration: Exploration = Exploration()
     flush_every_s: float = 5.0
     retention_s: float | None = None  # None: kept for ever
+    exploration_field: str = SETTINGS["exploration"]  # where the exploration was set: what a refusal names
 
 
 def serving_settings(model_config: Mapping[str, object] | None) -> ServingSettings:
@@ -60,8 +63,8 @@ def serving_settings(model_config: Mapping[str, object] | None) -> ServingSettin
     flush, days = given["decision_flush_s"], given["decision_retention_days"]
     every_s = _positive(flush, where["decision_flush_s"]) if flush not in (None, "") else 5.0
     retention_s = _positive(days, where["decision_retention_days"]) * 86_400 if days not in (None, "") else None
-    return ServingSettings(str(given["decision_log"]) if given["decision_log"] else None, exploration, every_s,
-                           retention_s)
+    log = str(given["decision_log"]) if given["decision_log"] and given["decision_log"] != "off" else None
+    return ServingSettings(log, exploration, every_s, retention_s, where["exploration"])
 
 
 def _positive(value: object, field: str) -> float:
@@ -125,7 +128,7 @@ def _exit_handlers_after_sigterm() -> None:
 
 def _check_fits(settings: ServingSettings, discrete: bool) -> None:
     """The deployment's exploration fits the policy's actions, and gives logged decisions a probability."""
-    kind, field = settings.exploration.kind, SETTINGS["exploration"]
+    kind, field = settings.exploration.kind, settings.exploration_field
     if discrete and kind == "noise":
         raise GymflowError(field, "noise=S is for continuous actions; this policy's are discrete: greedy or epsilon=E")
     if not discrete and kind == "epsilon":
@@ -136,6 +139,7 @@ def _check_fits(settings: ServingSettings, discrete: bool) -> None:
 
 
 def _version(label: str) -> int:
-    """The policy version a model's label ends with (cartpole-ppo-v12: 12); 0 where it names none."""
-    found = re.search(r"-v(\d+)(?:-|$)", label)
-    return int(found.group(1)) if found else 0
+    """The run's policy version a model's label names last (cartpole-v1-dqn-v12: 12; cartpole-ppo-v3-adversary,
+    one of a group's policies: 3); 0 where it names none."""
+    found = re.findall(r"-v(\d+)(?=-|$)", label)
+    return int(found[-1]) if found else 0

@@ -91,7 +91,7 @@ def open_dataset(config: DatasetConfig, storage: StorageConfig, observation_spac
         location = StorageLocation(config.root, config.options) if config.root else storage_location(storage)
         return open_runs(config.runs, open_storage(location), observation_space, action_space, dtype)
     if config.decisions is not None:
-        return open_decisions(config, observation_space, action_space, dtype)
+        return open_decisions(config, storage, observation_space, action_space, dtype)
     return open_minari_dataset(config, observation_space, action_space, dtype)
 
 
@@ -168,16 +168,17 @@ def open_runs(run_ids: list[str], storage: Storage, observation_space: spaces.Sp
     return ExperienceDataset(f"runs {', '.join(run_ids)}", storage.url("runs"), episodes, steps, read_episodes, dtype)
 
 
-def open_decisions(config: DatasetConfig, observation_space: spaces.Space, action_space: spaces.Space,
-                   dtype: Any) -> ExperienceDataset:
+def open_decisions(config: DatasetConfig, storage_config: StorageConfig, observation_space: spaces.Space,
+                   action_space: spaces.Space, dtype: Any) -> ExperienceDataset:
     """A decision log as a source: each decision whose outcome arrived (and that `holdout` leaves to
     learning), a step of its own from its observation to the outcome's next one; a continuous action
     as the env received it, clipped to the bounds."""
-    from gymflow.tasks.lake.decision_log import held_out, logged_part, read_logged
+    from gymflow.tasks.lake.decision_log import decision_log_location, held_out, logged_part, read_logged
 
-    storage = open_storage(StorageLocation(config.decisions, config.options))
+    assert config.decisions is not None
+    storage = open_storage(decision_log_location(config.decisions, config.options, storage_config))
     try:
-        logged = read_logged(storage, "")
+        logged = read_logged(storage, "", config.logged_before)
     except GymflowError as error:
         raise InvalidPreset("dataset.decisions", error.problem) from None
     logged = logged_part(logged, ~held_out(logged.request_ids, config.holdout))

@@ -38,7 +38,7 @@ from gymflow.envs.parts import Part, lay_out, observation_parts, unflatten_parts
 from gymflow.envs.vector import make_vector_env, observation_dtype
 from gymflow.errors import UnusableWarmStart
 from gymflow.presets.model import EnvConfig
-from gymflow.tasks.lake.serving_log import MODEL_CONFIG
+from gymflow.tasks.lake.serving_log import MODEL_CONFIG, OWN_USE
 from gymflow.tasks.tracking.store import tracking_client
 from gymflow.tasks.tracking.tracker import Tracker, patiently
 
@@ -414,13 +414,13 @@ def _load_policy(tracking_uri: str, model: ModelRef, folder: str) -> _Predicting
     with _global_tracking_uri(tracking_uri), _no_progress_bars():  # a models:/ URI is resolved through the
         # process-global registry
         local = mlflow.artifacts.download_artifacts(artifact_uri=model.uri, dst_path=folder, tracking_uri=tracking_uri)
-    return _PredictingPolicy(mlflow.pyfunc.load_model(local))
+    return _PredictingPolicy(mlflow.pyfunc.load_model(local, model_config=OWN_USE))
 
 
 def greedy_actions(tracking_uri: str, model: ModelRef, observations: np.ndarray) -> np.ndarray:
     """The registered policy's greedy actions on `observations`, as its pyfunc model serves them."""
     with _global_tracking_uri(tracking_uri):
-        policy = mlflow.pyfunc.load_model(model.uri, model_config={"exploration": "greedy"})
+        policy = mlflow.pyfunc.load_model(model.uri, model_config=OWN_USE)
     return np.asarray(policy.predict(observations.astype(np.float32)))
 
 

@@ -63,8 +63,8 @@ class GymflowPolicy(PythonModel):
             if getattr(preset.agent, "recurrent", None):
                 from gymflow.errors import GymflowError
 
-                raise GymflowError("GYMFLOW_EXPLORATION", "a recurrent policy serves greedily and logs no decisions "
-                                                          "(its memory would have to be logged with each)")
+                raise GymflowError(settings.exploration_field, "a recurrent policy serves greedily and logs "
+                                                               "no decisions (its memory would be logged with each)")
             self.recorder = _recorder(settings, context, preset, action_space, self.bounds)
 
     def _served(self, actions: np.ndarray) -> np.ndarray:
