@@ -151,10 +151,13 @@ def effective_sample_size(weights: np.ndarray) -> float:
 
 
 def _normalised(rho: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """rho_t over its sum at each decision t among the episodes that reach t (0 where none has weight)."""
-    live = np.where(mask, rho, 0.0)
-    totals = live.sum(axis=0, keepdims=True)
-    return np.divide(live, totals, out=np.zeros_like(live), where=totals > 0)
+    """rho_t over its sum at each decision t over every episode, one that has ended holding its last
+    weight (its rewards past its end are 0): an episode that ended early still counts, as 0 reward,
+    so on-policy logs give their mean return. Zero where the decision is padding or no episode has
+    weight."""
+    totals = rho.sum(axis=0, keepdims=True)
+    weights = np.divide(rho, totals, out=np.zeros_like(rho), where=totals > 0)
+    return np.where(mask, weights, 0.0)
 
 
 def _weighted_dr(rows: np.ndarray, rho: np.ndarray, before: np.ndarray, values: tuple[np.ndarray, ...],

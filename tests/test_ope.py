@@ -120,3 +120,13 @@ def test_fitted_q_evaluation_learns_the_target_s_q_from_the_logs_alone_and_dr_co
                           q[second] @ np.array([1 - target_right, target_right])], axis=1)
     dr = evaluate_episodes(episodes._replace(q_values=learned_q, state_values=learned_v), gamma=gamma)["dr"]
     assert dr.low <= truth <= dr.high
+
+
+def test_weighted_estimators_count_an_episode_that_ended_early_as_zero_reward_after_its_end():
+    # on-policy logs of two episodes, 1 and 2 steps, reward 1 a step: their mean discounted return (1 + 1.9) / 2
+    episodes = Episodes(rewards=np.array([[1.0, 0.0], [1.0, 1.0]]), logged_probs=np.ones((2, 2)),
+                        target_probs=np.ones((2, 2)), mask=np.array([[True, False], [True, True]]),
+                        q_values=np.zeros((2, 2)), state_values=np.zeros((2, 2)))
+    estimates = evaluate_episodes(episodes, gamma=0.9)
+    assert {name: round(estimate.value, 6) for name, estimate in estimates.items()} == {
+        "pdis": 1.45, "wpdis": 1.45, "dr": 1.45, "wdr": 1.45}

@@ -38,9 +38,6 @@ def test_on_the_behaviour_s_own_logs_pdis_is_their_mean_discounted_return_with_e
     assert estimates["dr"].value == pytest.approx(mean)  # a Q of zeros: DR is PDIS
 
 
-@pytest.mark.xfail(strict=True, reason="agents/ope.py normalises WPDIS's weights at each step over the episodes "
-                                       "still running, so episodes that ended early stop counting: on-policy it "
-                                       "gives sum_t gamma^t up to the longest episode, not the mean return")
 def test_on_the_behaviour_s_own_logs_wpdis_is_their_mean_discounted_return(logs):
     lengths = logs.mask.sum(axis=1)
     estimates = evaluate_episodes(bench.episodes_for(logs, BEHAVIOUR, _ZeroQ()), bench.GAMMA)
