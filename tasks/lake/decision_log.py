@@ -36,6 +36,7 @@ from gymflow.tasks.storage.objects import Storage, StorageLocation
 
 SHARD_RECORDS = 1_000  # records a shard holds at most: written once this many are buffered
 LOGGER = logging.getLogger("gymflow.decisions")
+Columns = dict[str, np.ndarray]  # records as arrays, a field each, rows first
 PRUNE_EVERY_S = 3600.0  # how often a serving process deletes the shards past its retention
 MOST_WAITING = 200_000  # records of a kind that may wait in memory for a store that is behind; more are dropped
 MOST_WAITING_BYTES = 512 * 2**20  # and the bytes they may take (an Atari frame stack: 28 KB a record)
@@ -85,19 +86,23 @@ class DecisionLog:
         self.storage, self.prefix, self.shard_records = storage, prefix.rstrip("/"), shard_records
         self.most_waiting = most_waiting
         self._lock = threading.Lock()
-        self._pending: dict[str, list] = {"decisions": [], "outcomes": []}
+        self._pending: dict[str, list[Columns]] = {"decisions": [], "outcomes": []}
         self.written = {"decisions": 0, "outcomes": 0}
         self.dropped = {"decisions": 0, "outcomes": 0}
         self.pruned = 0  # shards deleted as older than the retention
-        self._waiting_bytes = {"decisions": 0, "outcomes": 0}
+        self._waiting = {"decisions": [0, 0], "outcomes": [0, 0]}  # rows and bytes waiting to be written
         self._writer: threading.Thread | None = None
         self._wake, self._stopping = threading.Event(), threading.Event()
 
     def decided(self, decision: Decision) -> None:
-        self._add("decisions", decision)
+        self._add("decisions", _arrays([decision]))
+
+    def decided_together(self, decisions: Columns) -> None:
+        """A batch of decisions at once, as columns (Decision's fields, each [N, ...])."""
+        self._add("decisions", decisions)
 
     def observed(self, outcome: Outcome) -> None:
-        self._add("outcomes", outcome)
+        self._add("outcomes", _arrays([outcome]))
 
     def start(self, every_s: float, retention_s: float | None = None) -> None:
         """Write from a thread of this log's own: a full shard at once, the rest every `every_s`; and
@@ -130,14 +135,22 @@ class DecisionLog:
         """Write whatever is buffered, in shards of at most `shard_records`."""
         for kind in self._pending:
             with self._lock:
-                records, self._pending[kind] = self._pending[kind], []
-                self._waiting_bytes[kind] = 0
-            for start in range(0, len(records), self.shard_records):
-                if not self._write(kind, records[start:start + self.shard_records]):
-                    with self._lock:  # the store refused one shard: the rest would wait as long, for as little
-                        self._count_dropped(kind, max(0, len(records) - start - self.shard_records),
-                                            "the store refused a shard before them")
-                    break
+                chunks, self._pending[kind] = self._pending[kind], []
+                self._waiting[kind] = [0, 0]
+            self._write_shards(kind, chunks)
+
+    def _write_shards(self, kind: str, chunks: list[Columns]) -> None:
+        if not chunks:
+            return
+        columns = {name: np.concatenate([chunk[name] for chunk in chunks]) for name in chunks[0]}
+        rows = _rows(columns)
+        for start in range(0, rows, self.shard_records):
+            if not self._write(kind, {name: values[start:start + self.shard_records]
+                                      for name, values in columns.items()}):
+                with self._lock:  # the store refused one shard: the rest would wait as long, for as little
+                    self._count_dropped(kind, max(0, rows - start - self.shard_records),
+                                        "the store refused a shard before them")
+                break
 
     def _count_dropped(self, kind: str, count: int, why: str) -> None:
         """Count records lost (under the lock); said on the log's logger at the first loss and at every
@@ -158,38 +171,40 @@ class DecisionLog:
             self._wake.clear()
             self.flush()
 
-    def _add(self, kind: str, record: Decision | Outcome) -> None:
-        size = _nbytes(record)
+    def _add(self, kind: str, chunk: Columns) -> None:
+        rows, size = _rows(chunk), sum(values.nbytes for values in chunk.values())
         with self._lock:
-            if len(self._pending[kind]) >= self.most_waiting or self._waiting_bytes[kind] + size > MOST_WAITING_BYTES:
-                self._count_dropped(kind, 1, "the store is behind and what waits for it is at its bound")
+            waiting_rows, waiting_bytes = self._waiting[kind]
+            if waiting_rows + rows > self.most_waiting or waiting_bytes + size > MOST_WAITING_BYTES:
+                self._count_dropped(kind, rows, "the store is behind and what waits for it is at its bound")
                 return  # memory stays bounded
-            self._pending[kind].append(record)
-            self._waiting_bytes[kind] += size
-            full = len(self._pending[kind]) >= self.shard_records
-            records = self._pending[kind] if full and self._writer is None else []
-            if records:
-                self._pending[kind] = []
+            self._pending[kind].append(chunk)
+            self._waiting[kind] = [waiting_rows + rows, waiting_bytes + size]
+            full = waiting_rows + rows >= self.shard_records
+            chunks = self._pending[kind] if full and self._writer is None else []
+            if chunks:
+                self._pending[kind], self._waiting[kind] = [], [0, 0]
         if full and self._writer is not None:
             self._wake.set()
-        elif records:
-            self._write(kind, records)
+        elif chunks:
+            self._write_shards(kind, chunks)
 
-    def _write(self, kind: str, records: list) -> bool:
+    def _write(self, kind: str, columns: Columns) -> bool:
         """Whether the shard was written; one that was not is counted dropped."""
-        if not records:
+        rows = _rows(columns)
+        if not rows:
             return True
         try:
-            data = encode_arrays(_arrays(records))
+            data = encode_arrays(columns)
             digest = hashlib.sha256(data).hexdigest()[:16]
             key = _under(self.prefix, f"{kind}/{time.time():.6f}-{uuid.uuid4().hex}-{digest}.npz")
             self.storage.write(key, data)
         except Exception as error:  # noqa: BLE001 - logging never fails the prediction it records: counted lost
             with self._lock:
-                self._count_dropped(kind, len(records), f"{type(error).__name__}: {error}".splitlines()[0])
+                self._count_dropped(kind, rows, f"{type(error).__name__}: {error}".splitlines()[0])
             return False
         with self._lock:
-            self.written[kind] += len(records)
+            self.written[kind] += rows
         return True
 
 
@@ -219,9 +234,8 @@ def logged_part(logged: LoggedDecisions, rows: np.ndarray) -> LoggedDecisions:
                              if name != "without_outcome"), logged.without_outcome)
 
 
-def _nbytes(record: Decision | Outcome) -> int:
-    observation = record.observation if isinstance(record, Decision) else record.next_observation
-    return int(getattr(observation, "nbytes", 0)) + 128  # and the id, the numbers, the names
+def _rows(columns: Columns) -> int:
+    return len(next(iter(columns.values()))) if columns else 0
 
 
 def _written_at(key: str) -> float:

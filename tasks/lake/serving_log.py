@@ -22,7 +22,6 @@ import re
 import signal
 import threading
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
@@ -31,7 +30,7 @@ import numpy as np
 
 from gymflow.agents.exploration import Exploration, explored
 from gymflow.errors import GymflowError
-from gymflow.tasks.lake.decision_log import Decision, DecisionLog, open_decision_log
+from gymflow.tasks.lake.decision_log import DecisionLog, open_decision_log
 
 SETTINGS = {"decision_log": "GYMFLOW_DECISION_LOG", "exploration": "GYMFLOW_EXPLORATION",
             "decision_flush_s": "GYMFLOW_DECISION_FLUSH_S",
@@ -98,12 +97,14 @@ class DecisionRecorder:
         acted = explored(greedy, self.settings.exploration, self.rng, self.actions_n, self.bounds)
         if self.log is None:
             return acted.actions, None
-        ids, now = [uuid.uuid4().hex for _ in range(len(greedy))], time.time()
-        for request, observation, action, log_probability in zip(ids, observations, acted.logged,
-                                                                 acted.log_probabilities, strict=True):
-            self.log.decided(Decision(request, observation, action, float(log_probability), self.policy,
-                                      self.version, now))
-        return acted.actions, ids
+        rows = len(greedy)
+        ids = _request_ids(rows)
+        self.log.decided_together({
+            "request_id": ids, "observation": np.array(observations), "action": acted.logged,  # a copy: the caller
+            # may reuse its array
+            "log_probability": acted.log_probabilities.astype(np.float64), "policy": np.full(rows, self.policy),
+            "version": np.full(rows, self.version, np.int64), "at": np.full(rows, time.time())})
+        return acted.actions, list(ids)
 
 
 def _exit_handlers_after_sigterm() -> None:
@@ -136,6 +137,12 @@ def _check_fits(settings: ServingSettings, discrete: bool) -> None:
     if not discrete and kind == "greedy" and settings.decision_log:
         raise GymflowError(field, "a continuous policy's decisions are logged with noise=S exploration "
                                   "(a greedy action has no density)")
+
+
+def _request_ids(rows: int) -> np.ndarray:
+    """[rows] random 128-bit ids, 32 hex digits each (as uuid4's hex, without its version bits)."""
+    digits = os.urandom(16 * rows).hex()
+    return np.array([digits[start:start + 32] for start in range(0, 32 * rows, 32)], dtype="<U32")
 
 
 def _version(label: str) -> int:
