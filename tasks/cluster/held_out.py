@@ -37,23 +37,23 @@ def evaluate_on_decisions(spec: EvaluationSpec, policy_of: Callable[[Spaces], Po
     assert spec.held_out is not None
     started = time.perf_counter()
     observation_space, action_space = env_spaces(spec.env_id, spec.env_kwargs, spec.preprocessing)
-    held = _part(spec.held_out, int(action_space.n))
+    held = _part(spec.run_id, spec.held_out, int(action_space.n))
     greedy, _ = policy_of(Spaces(observation_space, action_space)).act(held.logged.observations, explore=False)
     terms = doubly_robust_terms(greedy_decisions(greedy, held))
     return EvaluationResult(version=spec.policy_version, returns=tuple(float(term) for term in terms),
                             lengths=(1,) * len(terms), seconds=time.perf_counter() - started, no_film=NO_FILM)
 
 
-def _part(source: HeldOutSource, actions_n: int) -> HeldOutDecisions:
+def _part(run_id: str, source: HeldOutSource, actions_n: int) -> HeldOutDecisions:
     location, choice = source.location, HeldOutChoice(source.share, "selection", source.before)
-    held = _held_out(location.root, json.dumps(location.options, sort_keys=True), location.outage_budget_s, choice,
-                     actions_n)
+    held = _held_out(run_id, location.root, json.dumps(location.options, sort_keys=True), location.outage_budget_s,
+                     choice, actions_n)
     rows = np.array_split(np.arange(len(held.logged.actions)), source.parts)[source.part]
     return HeldOutDecisions(logged_part(held.logged, rows), held.rewards_model[rows], actions_n)
 
 
-@lru_cache(maxsize=4)  # read once a worker and run (the choice holds its cutoff), not once an evaluation
-def _held_out(root: str, options: str, outage_budget_s: float, choice: HeldOutChoice, actions_n: int
+@lru_cache(maxsize=4)  # read once a worker and run, not once an evaluation (a long-lived worker: a new run rereads)
+def _held_out(run_id: str, root: str, options: str, outage_budget_s: float, choice: HeldOutChoice, actions_n: int
               ) -> HeldOutDecisions:
     return held_out_decisions(StorageLocation(root, json.loads(options), outage_budget_s), choice, actions_n,
                               ("dataset.decisions", "dataset.holdout"))
