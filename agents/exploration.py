@@ -28,10 +28,10 @@ class Exploration:
     scale: float = 0.0  # epsilon, or the noise's standard deviation as a share of each half-range
 
     @classmethod
-    def parse(cls, text: str, field: str) -> Exploration:
-        """`greedy`, `epsilon=0.1` or `noise=0.2`; a ValueError naming `field` and what is allowed otherwise."""
+    def parse(cls, text: str) -> Exploration:
+        """`greedy`, `epsilon=0.1` or `noise=0.2`; a ValueError saying what is allowed otherwise."""
         kind, _, value = text.strip().partition("=")
-        allowed = f"{field}: {text!r} is not an exploration; allowed: greedy, epsilon=E (0 < E <= 1), noise=S (S > 0)"
+        allowed = f"{text!r} is not an exploration; allowed: greedy, epsilon=E (0 < E <= 1), noise=S (S > 0)"
         if kind == "greedy" and not value:
             return cls()
         try:

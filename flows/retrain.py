@@ -267,7 +267,7 @@ def _held_out(training: ChallengerTraining, experiment: Experiment, before: floa
     storage = with_block_options(experiment).preset.storage  # the log's credentials, as the run's workers read it
     location = decision_log_location(_decision_log(training), {}, storage)
     return held_out_decisions(location, HeldOutChoice(training.held_out, "judging", before),
-                              int(experiment.action_space.n))
+                              int(experiment.action_space.n), ("challenger.decision_log", "challenger.held_out"))
 
 
 def _offline_on_decisions(preset: str, changes: dict[str, Any], log: str, share: float, before: float

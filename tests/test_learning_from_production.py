@@ -153,6 +153,8 @@ def test_a_log_of_episodes_of_no_exploration_or_of_nothing_cannot_judge_in_one_l
     from gymflow.errors import InvalidPreset
     from gymflow.tasks.lake.decision_log import Decision
     from gymflow.tasks.lake.off_policy import HeldOutChoice, held_out_decisions
+
+    named = ("challenger.decision_log", "challenger.held_out")  # what retrain's refusals name
     from gymflow.tasks.storage.objects import StorageLocation
 
     def logged(name: str, probability: float, ends_every: int) -> StorageLocation:
@@ -167,13 +169,13 @@ def test_a_log_of_episodes_of_no_exploration_or_of_nothing_cannot_judge_in_one_l
 
     with pytest.raises(InvalidPreset, match=r"^challenger.decision_log: 45 of 50 logged outcomes continue an episode: "
                                             r"judge off_policy weighs one-step decisions; allowed: returns$"):
-        held_out_decisions(logged("episodes", 0.5, 10), HeldOutChoice(0.3), 2)
+        held_out_decisions(logged("episodes", 0.5, 10), HeldOutChoice(0.3), 2, named)
     with pytest.raises(InvalidPreset, match=r"^challenger.decision_log: every logged decision was the served policy's "
                                             r"sure choice \(probability 1\): no other choice has support"):
-        held_out_decisions(logged("greedy", 1.0, 1), HeldOutChoice(0.3), 2)
+        held_out_decisions(logged("greedy", 1.0, 1), HeldOutChoice(0.3), 2, named)
     with pytest.raises(InvalidPreset, match=r"^challenger.decision_log: no logged decisions under "):
-        held_out_decisions(StorageLocation(str(tmp_path / "nothing")), HeldOutChoice(0.3), 2)
-    assert len(held_out_decisions(logged("bandit", 0.5, 1), HeldOutChoice(0.3), 2).logged.actions) > 2
+        held_out_decisions(StorageLocation(str(tmp_path / "nothing")), HeldOutChoice(0.3), 2, named)
+    assert len(held_out_decisions(logged("bandit", 0.5, 1), HeldOutChoice(0.3), 2, named).logged.actions) > 2
 
 
 def test_a_live_log_reads_the_same_before_a_cutoff_and_its_held_out_halves_do_not_overlap(tmp_path):

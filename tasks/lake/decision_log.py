@@ -222,8 +222,17 @@ def held_out(request_ids: np.ndarray, share: float, part: HeldOutPart = "all") -
     by their request id's hash (the same ids, the same choice, wherever it is made). Its first half
     is the `selection` part (what a run's evaluations choose its delivered version on), its second
     the `judging` part (what a retraining's judge weighs, apart from what chose the challenger)."""
-    buckets = np.asarray([int.from_bytes(hashlib.sha256(str(request).encode()).digest()[:4], "big")
-                          for request in request_ids], dtype=np.float64) / 2**32
+    return held_out_of(request_buckets(request_ids), share, part)
+
+
+def request_buckets(request_ids: np.ndarray) -> np.ndarray:
+    """[N] each request id's hash as a number in [0, 1): where `held_out` places it."""
+    return np.asarray([int.from_bytes(hashlib.sha256(str(request).encode()).digest()[:4], "big")
+                       for request in request_ids], dtype=np.float64) / 2**32
+
+
+def held_out_of(buckets: np.ndarray, share: float, part: HeldOutPart = "all") -> np.ndarray:
+    """`held_out` of ids already hashed (`request_buckets`)."""
     low, high = {"all": (0.0, share), "selection": (0.0, share / 2), "judging": (share / 2, share)}[part]
     return (buckets >= low) & (buckets < high)
 

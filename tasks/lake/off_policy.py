@@ -25,7 +25,14 @@ from gymflow.agents.ope import (
     importance_weights,
 )
 from gymflow.errors import GymflowError, InvalidPreset
-from gymflow.tasks.lake.decision_log import HeldOutPart, LoggedDecisions, held_out, logged_part, read_logged
+from gymflow.tasks.lake.decision_log import (
+    HeldOutPart,
+    LoggedDecisions,
+    held_out_of,
+    logged_part,
+    read_logged,
+    request_buckets,
+)
 from gymflow.tasks.storage.objects import StorageLocation, open_storage
 
 RIDGE = 1e-2  # the reward model's regularisation
@@ -48,11 +55,8 @@ class HeldOutDecisions:
     actions_n: int
 
 
-RETRAIN_FIELDS = ("challenger.decision_log", "challenger.held_out")  # what a refusal names: the log, the share
-
-
 def held_out_decisions(location: StorageLocation, source: HeldOutChoice, actions_n: int,
-                       fields: tuple[str, str] = RETRAIN_FIELDS) -> HeldOutDecisions:
+                       fields: tuple[str, str]) -> HeldOutDecisions:
     """The log's held-out decisions (`source`'s part of them) and a reward model fitted on those learned
     from; InvalidPreset (one line, naming `fields`: the log's, the share's) where the log cannot judge: no
     decisions, too few held out, episodes of several decisions, or no exploration to give other choices
@@ -69,11 +73,12 @@ def held_out_decisions(location: StorageLocation, source: HeldOutChoice, actions
     if np.all(np.isclose(logged.log_probabilities, 0.0)):
         raise InvalidPreset(field, "every logged decision was the served policy's sure choice (probability 1): no "
                                    "other choice has support; serve with GYMFLOW_EXPLORATION=epsilon=E")
-    kept = held_out(logged.request_ids, source.share, source.part)
-    if kept.sum() < 2 or (~held_out(logged.request_ids, source.share)).sum() < 2:
+    buckets = request_buckets(logged.request_ids)
+    kept, learning = held_out_of(buckets, source.share, source.part), ~held_out_of(buckets, source.share)
+    if kept.sum() < 2 or learning.sum() < 2:
         raise InvalidPreset(share_field, f"{int(kept.sum())} of {len(kept)} logged decisions held out for "
                                          f"{source.part}: too few on one side to learn from and to judge on")
-    learned = logged_part(logged, ~held_out(logged.request_ids, source.share))
+    learned = logged_part(logged, learning)
     judged = logged_part(logged, kept)
     model = fitted_reward_model(learned.observations, learned.actions, learned.rewards, actions_n)
     return HeldOutDecisions(judged, predicted_rewards(model, judged.observations), actions_n)

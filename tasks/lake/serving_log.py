@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from types import FrameType
 
 import numpy as np
+from gymnasium import spaces
 
 from gymflow.agents.exploration import Exploration, explored
 from gymflow.errors import GymflowError
@@ -56,9 +57,9 @@ def serving_settings(model_config: Mapping[str, object] | None) -> ServingSettin
     given = {key: configured.get(key, os.environ.get(variable)) for key, variable in SETTINGS.items()}
     where = {key: f"model_config[{key!r}]" if key in configured else variable for key, variable in SETTINGS.items()}
     try:
-        exploration = Exploration.parse(str(given["exploration"] or "greedy"), where["exploration"])
+        exploration = Exploration.parse(str(given["exploration"] or "greedy"))
     except ValueError as refused:
-        raise GymflowError(where["exploration"], str(refused).split(": ", 1)[1]) from None
+        raise GymflowError(where["exploration"], str(refused)) from None
     flush, days = given["decision_flush_s"], given["decision_retention_days"]
     every_s = _positive(flush, where["decision_flush_s"]) if flush not in (None, "") else 5.0
     retention_s = _positive(days, where["decision_retention_days"]) * 86_400 if days not in (None, "") else None
@@ -79,10 +80,12 @@ def _positive(value: object, field: str) -> float:
 class DecisionRecorder:
     """Explores around a policy's greedy actions and logs each decision it serves."""
 
-    def __init__(self, settings: ServingSettings, label: str, actions_n: int | None,
-                 bounds: tuple[np.ndarray, np.ndarray] | None):
-        _check_fits(settings, discrete=actions_n is not None)
-        self.settings, self.actions_n, self.bounds = settings, actions_n, bounds
+    def __init__(self, settings: ServingSettings, label: str, action_space: spaces.Space):
+        discrete = isinstance(action_space, spaces.Discrete)
+        _check_fits(settings, discrete)
+        self.settings = settings
+        self.actions_n = int(action_space.n) if discrete else None
+        self.bounds = None if discrete else (action_space.low, action_space.high)
         self.policy, self.version = label, _version(label)
         self.rng = np.random.default_rng()
         self.log: DecisionLog | None = None
@@ -92,7 +95,7 @@ class DecisionRecorder:
             atexit.register(self.log.close)
             _exit_handlers_after_sigterm()
 
-    def act(self, observations: np.ndarray, greedy: np.ndarray) -> tuple[np.ndarray, list[str] | None]:
+    def act(self, observations: np.ndarray, greedy: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """The actions to serve for these greedy ones, and the request ids they were logged under."""
         acted = explored(greedy, self.settings.exploration, self.rng, self.actions_n, self.bounds)
         if self.log is None:
@@ -104,7 +107,7 @@ class DecisionRecorder:
             # may reuse its array
             "log_probability": acted.log_probabilities.astype(np.float64), "policy": np.full(rows, self.policy),
             "version": np.full(rows, self.version, np.int64), "at": np.full(rows, time.time())})
-        return acted.actions, list(ids)
+        return acted.actions, ids
 
 
 def _exit_handlers_after_sigterm() -> None:

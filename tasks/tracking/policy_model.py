@@ -65,7 +65,7 @@ class GymflowPolicy(PythonModel):
 
                 raise GymflowError(settings.exploration_field, "a recurrent policy serves greedily and logs "
                                                                "no decisions (its memory would be logged with each)")
-            self.recorder = _recorder(settings, context, preset, action_space, self.bounds)
+            self.recorder = _recorder(settings, context, preset, action_space)
 
     def _served(self, actions: np.ndarray) -> np.ndarray:
         return actions if self.bounds is None else np.clip(actions, *self.bounds).astype(actions.dtype, copy=False)
@@ -92,7 +92,7 @@ class GymflowPolicy(PythonModel):
         if self.recorder is None:
             return self._served(greedy)
         actions, request_ids = self.recorder.act(observations, greedy)
-        return actions if request_ids is None else {"actions": actions, "request_ids": np.array(request_ids)}
+        return actions if request_ids is None else {"actions": actions, "request_ids": request_ids}
 
     def _predict_with_memory(self, model_input: dict) -> dict:
         obs = np.asarray(model_input["observations"], dtype=self.observation_dtype)
@@ -101,15 +101,14 @@ class GymflowPolicy(PythonModel):
         return {"actions": self._served(actions), "memory": self.policy.memory}
 
 
-def _recorder(settings, context, preset, action_space, bounds):
+def _recorder(settings, context, preset, action_space):
     from gymflow.tasks.lake.serving_log import DecisionRecorder
 
     label = preset.name
     if "label" in context.artifacts:  # the preset's name and the policy's version: cartpole-ppo-v12
         with open(context.artifacts["label"]) as handle:
             label = handle.read().strip()
-    discrete = hasattr(action_space, "n")
-    return DecisionRecorder(settings, label, int(action_space.n) if discrete else None, None if discrete else bounds)
+    return DecisionRecorder(settings, label, action_space)
 
 
 mlflow.models.set_model(GymflowPolicy())
