@@ -300,7 +300,7 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready:
     from gymflow.flows.console import gymflow_errors_in_one_line_on_the_console
     from gymflow.flows.stopping import stopping_cleanly
 
-    with stopping_cleanly(), _cluster_beside(distribution) as cluster_ready:
+    with stopping_cleanly() as stop_asked, _cluster_beside(distribution) as cluster_ready:
         run_log = _RunLog.of(log, unbegun)
         try:
             call = load()
@@ -315,6 +315,8 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready:
         except GymflowError as error:
             return run_log.ended(f"gymflow: error: {error}", 2)
         except Exception as error:
+            if stop_asked.is_set():  # the stop's KeyboardInterrupt turned into another error by the code it hit
+                return _stopped(run_log, stopped, unbegun)
             # Prefect's engine failing on its way out (its report of the run's end answered 500), after
             # a server was lost (the line already armed) or not
             line = last_steps.pending_line() or _prefect_failed(error, stopped)
@@ -322,9 +324,14 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready:
                 raise
             return run_log.ended(line, 2)
         except KeyboardInterrupt:
-            if not run_log.begun():
-                return run_log.ended(f"gymflow: stopped during start-up: {unbegun}", 130)
-            return run_log.ended(f"gymflow: stopped. {stopped}", 130)
+            return _stopped(run_log, stopped, unbegun)
+
+
+def _stopped(run_log: _RunLog, stopped: str, unbegun: str | None) -> int:
+    """The one line a stop ends with: before the run began, or after."""
+    if not run_log.begun():
+        return run_log.ended(f"gymflow: stopped during start-up: {unbegun}", 130)
+    return run_log.ended(f"gymflow: stopped. {stopped}", 130)
 
 
 @dataclass

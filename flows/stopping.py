@@ -269,8 +269,10 @@ class StopRedelivery:
 
 
 @contextmanager
-def stopping_cleanly() -> Iterator[None]:
-    """SIGTERM as Ctrl-C; a second signal or an overlong stop ends everything at once."""
+def stopping_cleanly() -> Iterator[threading.Event]:
+    """SIGTERM as Ctrl-C; a second signal or an overlong stop ends everything at once. Yields the event
+    set once a stop was asked: the code the KeyboardInterrupt hit may have turned it into another error
+    (pydantic's serializer, mid-import of Prefect, into PydanticSerializationError)."""
     stopping = threading.Event()
     redelivery = StopRedelivery(_raise_keyboard_interrupt, (KeyboardInterrupt,))
 
@@ -294,7 +296,7 @@ def stopping_cleanly() -> Iterator[None]:
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with redelivery.watching():
-            yield
+            yield stopping
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

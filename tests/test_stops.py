@@ -168,6 +168,35 @@ def test_ctrl_c_at_any_second_of_start_up_is_one_line_naming_what_can_be_resumed
         assert (tmp_path / "gymflow-logs" / f"{run.name}.log").exists()
 
 
+STOP_TURNED_INTO_ANOTHER_ERROR = """
+import os, signal, sys
+from gymflow.flows import cli
+
+def load():
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # its handler runs at the next bytecode: inside the try
+        for _ in range(10**8):
+            pass
+    except KeyboardInterrupt:  # as pydantic's serializer does, mid-import of Prefect
+        raise ValueError("Error calling function `_ser_model`: KeyboardInterrupt") from None
+    raise AssertionError("no stop came")
+
+sys.exit(cli._under_prefect(load, "resume it", lambda: None, unbegun="nothing was made"))
+"""
+
+
+# default tier: fast, the case the start-up drill above catches one night in many
+def test_a_stop_the_interrupted_code_turned_into_another_error_still_ends_in_one_line():
+    """Ctrl-C 3 s into `gymflow run` landed inside Prefect's import, where pydantic's serializer
+    turned the KeyboardInterrupt into a PydanticSerializationError: a 40-line traceback, exit code 1.
+    Any error after a stop was asked is the stop: one line, 130."""
+    ended = subprocess.run([sys.executable, "-c", STOP_TURNED_INTO_ANOTHER_ERROR], capture_output=True, text=True,
+                           timeout=60)
+    lines = [line for line in ended.stderr.splitlines() if line.strip()]
+    assert ended.returncode == 130 and "Traceback" not in ended.stderr, ended.stderr[-3000:]
+    assert lines == ["gymflow: stopping (again to stop at once)", "gymflow: stopped during start-up: nothing was made"], ended.stderr
+
+
 def _is_temporary_api(process: psutil.Process) -> bool:
     return "gymflow.flows.api_server" in process.cmdline()  # uvicorn, started by flows/stopping.py
 
