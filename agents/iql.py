@@ -28,6 +28,7 @@ from gymflow.agents.networks import (
     BoundedActions,
     TransitionBatch,
     TwinCritic,
+    TwinCriticCheckpoints,
     cpu_weights,
     mlp,
     seeded_init,
@@ -124,7 +125,7 @@ def actor_loss(actor: GaussianActor, batch: TransitionBatch, advantages: torch.T
     return -(weights * log_probs).mean()
 
 
-class IQLLearner(SavedWhole, ReplayLearner):
+class IQLLearner(TwinCriticCheckpoints, SavedWhole, ReplayLearner):
     TRAINING_STATE = ("actor", "critic", "target_critic", "value", "actor_optimizer", "critic_optimizer",
                       "value_optimizer", "rng", "train_steps")
 

@@ -28,6 +28,7 @@ from gymflow.agents.networks import (
     BoundedActions,
     TransitionBatch,
     TwinCritic,
+    TwinCriticCheckpoints,
     cpu_weights,
     mlp,
     observation_reader,
@@ -87,16 +88,17 @@ def smoothed_target_actions(target_actor: DeterministicActor, next_obs: torch.Te
 def critic_targets(target_critic: TwinCritic, target_actions: torch.Tensor, batch: TransitionBatch) -> torch.Tensor:
     """Clipped double-Q: y = r + gamma^n * min(Q1', Q2')(s', a')."""
     with torch.no_grad():
-        return batch.rewards + batch.discounts * torch.min(*target_critic(batch.next_obs, target_actions))
+        return batch.rewards + batch.discounts * target_critic.both(batch.next_obs, target_actions).amin(0)
 
 
 def critic_loss(critic: TwinCritic, batch: TransitionBatch, targets: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(the twin critics' weighted squared error, the mean of their absolute TD errors, Q1); batch
     actions in the actor's [-1, 1] units. Pure."""
-    q1, q2 = critic(batch.obs, batch.actions)
-    loss = (batch.weights * ((q1 - targets).pow(2) + (q2 - targets).pow(2))).mean()
-    return loss, 0.5 * ((q1 - targets).abs() + (q2 - targets).abs()).detach(), q1.detach()
+    values = critic.both(batch.obs, batch.actions)  # [2, B]
+    errors = values - targets
+    loss = (batch.weights * errors.pow(2).sum(0)).mean()
+    return loss, 0.5 * errors.detach().abs().sum(0), values[0].detach()
 
 
 def actor_loss(actor: DeterministicActor, critic: TwinCritic, obs: torch.Tensor) -> torch.Tensor:
@@ -104,7 +106,7 @@ def actor_loss(actor: DeterministicActor, critic: TwinCritic, obs: torch.Tensor)
     return -critic.first(obs, actor(obs)).mean()
 
 
-class TD3Learner(SavedWhole, ReplayLearner):
+class TD3Learner(TwinCriticCheckpoints, SavedWhole, ReplayLearner):
     TRAINING_STATE = ("actor", "critic", "target_actor", "target_critic", "actor_optimizer",
                       "critic_optimizer", "rng", "generator", "train_steps")
 

@@ -5,6 +5,8 @@ training state saved and restored whole."""
 
 from __future__ import annotations
 
+import copy
+import json
 import math
 import subprocess
 import sys
@@ -35,6 +37,7 @@ from gymflow.agents.core import ReplayLearner
 from gymflow.agents.networks import Adam, TransitionBatch, TwinCritic, step_optimizer
 from gymflow.agents.recurrent import RecurrentPPOLearner
 from gymflow.tasks.storage.codec import decode_state, encode_state
+from gymflow.testing.rollouts import random_rollout
 
 ROOT = Path(__file__).resolve().parents[1]
 OBS = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
@@ -49,6 +52,16 @@ def _constant(layers: torch.nn.Sequential, output: list[float]) -> None:
         for parameter in layers.parameters():
             parameter.zero_()
         layers[-1].bias.copy_(torch.tensor(output))
+
+
+def _constant_critic(critic: TwinCritic, member: int, output: float) -> None:
+    """One of the twins (0: Q1, 1: Q2) outputs `output` whatever it reads: zero weights, the output as
+    the last bias."""
+    with torch.no_grad():
+        for layer in critic.layers:
+            layer.weight[member].zero_()
+            layer.bias[member].zero_()
+        critic.layers[-1].bias[member].fill_(output)
 
 
 def _batch(rewards: list[float], discounts: list[float], actions: list, weights: list[float] | None = None
@@ -122,11 +135,11 @@ def _sac_parts():
         for parameter in actor.parameters():
             parameter.zero_()
     critic = TwinCritic(2, 1, [4], torch.nn.Identity())
-    _constant(critic.q1, [1.0])
-    _constant(critic.q2, [4.0])
+    _constant_critic(critic, 0, 1.0)
+    _constant_critic(critic, 1, 4.0)
     target = TwinCritic(2, 1, [4], torch.nn.Identity())
-    _constant(target.q1, [3.0])
-    _constant(target.q2, [2.0])
+    _constant_critic(target, 0, 3.0)
+    _constant_critic(target, 1, 2.0)
     return actor, critic, target
 
 
@@ -148,8 +161,8 @@ def test_the_sac_losses_are_the_soft_bellman_residual_and_the_entropy_regularise
 
 def test_the_td3_critic_loss_is_both_critics_squared_error_against_one_target():
     critic = TwinCritic(2, 1, [4], torch.nn.Identity())
-    _constant(critic.q1, [1.0])
-    _constant(critic.q2, [4.0])
+    _constant_critic(critic, 0, 1.0)
+    _constant_critic(critic, 1, 4.0)
     batch = _batch(rewards=[0.0, 0.0], discounts=[0.0, 0.0], actions=[[0.0], [0.0]], weights=[1.0, 0.5])
     loss, td_errors, q1 = td3.critic_loss(critic, batch, torch.tensor([2.0, 2.0]))
     assert loss.item() == pytest.approx(np.mean(np.array([1.0, 0.5]) * ((1 - 2) ** 2 + (4 - 2) ** 2)))
@@ -359,8 +372,8 @@ def test_iql_fits_an_upper_expectile_of_q_and_its_critics_to_the_value_of_the_ne
     assert iql.expectile_loss(torch.tensor([2.0, -2.0]), 0.7).item() == pytest.approx((0.7 * 4 + 0.3 * 4) / 2)
     config = IQLConfig(hidden_sizes=[4], expectile=0.9)
     critic = TwinCritic(2, 1, [4], torch.nn.Identity())
-    _constant(critic.q1, [3.0])
-    _constant(critic.q2, [1.0])  # min(Q1, Q2) = 1
+    _constant_critic(critic, 0, 3.0)
+    _constant_critic(critic, 1, 1.0)  # min(Q1, Q2) = 1
     value = iql.ValueNetwork(2, [4], torch.nn.Identity())
     _constant(value.net, [2.0])
     batch = _batch([1.0, 0.5], [0.5, 0.0], [[0.1], [0.2]])
@@ -446,3 +459,52 @@ def test_a_warm_start_names_the_version_of_the_learner_it_copies(tmp_path):
     for named, says in (("src@v9", "no learner of run 'src'"), ("src@9", "the version after @ is vN")):
         with pytest.raises(UnusableWarmStart, match=says):
             warm_start_learner(LEARNERS["dqn"](), storage, named)
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_a_training_state_saved_while_the_twin_critics_were_two_networks_trains_on_to_the_same_values(algo):
+    """The twin critics became one ensemble (a batched matmul a layer); a run's checkpoint from before
+    holds two networks (`q1.*`, `q2.*`) and an optimiser state over their 12 tensors. tests/data holds
+    one such state (SAC and TD3, 8x8 critics, after 5 updates) and the critics' values the code before
+    the ensemble reached 3 updates later: loaded now, the weights and Adam's moments stacked, the same
+    3 updates reach the same values (to float rounding: a batched matmul sums in its own order)."""
+    stored = ROOT / "tests" / "data"
+    saved = decode_state((stored / f"{algo}-two-critic-networks.safetensors").read_bytes(),
+                         (stored / f"{algo}-two-critic-networks.json").read_bytes())
+    expected = json.loads((stored / f"{algo}-two-critic-networks-expected.json").read_text())
+    assert "q1.0.weight" in saved["critic"] and len(saved["critic_optimizer"]["param_groups"][0]["params"]) == 12
+    obs, actions = spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Box(-2.0, 2.0, (2,), np.float32)
+    config = SACConfig(hidden_sizes=[8, 8], batch_size=16) if algo == "sac" else TD3Config(hidden_sizes=[8, 8],
+                                                                                           batch_size=16)
+    learner = ALGORITHMS[algo].learner(config, obs, actions, 0)
+    learner.load_state_dict(saved)
+    learner.insert([random_rollout(obs, actions, 64, 2, np.random.default_rng(0))])
+    learner.train(3, 0.0)
+    with torch.no_grad():
+        q1, q2 = learner.critic(torch.tensor(expected["probe_obs"]), torch.tensor(expected["probe_actions"]))
+    np.testing.assert_allclose(q1.numpy(), expected["q1_after_3_more"], atol=1e-6)
+    np.testing.assert_allclose(q2.numpy(), expected["q2_after_3_more"], atol=1e-6)
+
+
+def test_adams_kept_lists_step_as_torchs_fused_adam_does_through_a_new_rate_and_a_reloaded_state():
+    """gymflow's Adam steps a fused optimiser on lists it keeps (torch's step spends ~250 us of Python a
+    call): bit for bit torch's fused Adam, after the learning rate changes and after a state reloads."""
+    torch.manual_seed(0)
+    ours_net = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    torchs_net = copy.deepcopy(ours_net)
+    ours = Adam(ours_net.parameters(), lr=1e-3, fused=True)
+    torchs = torch.optim.Adam(torchs_net.parameters(), lr=1e-3, fused=True)
+    for step in range(40):
+        inputs = torch.randn(32, 5)
+        for net, optimizer in ((ours_net, ours), (torchs_net, torchs)):
+            optimizer.zero_grad()
+            net(inputs).pow(2).mean().backward()
+            optimizer.step()
+        if step == 10:
+            for group in (*ours.param_groups, *torchs.param_groups):
+                group["lr"] = 5e-4
+        if step == 20:
+            ours.load_state_dict(copy.deepcopy(ours.state_dict()))
+    assert ours._fused_lists is not None  # the kept lists stepped it
+    for mine, theirs in zip(ours_net.parameters(), torchs_net.parameters(), strict=True):
+        assert torch.equal(mine, theirs)

@@ -11,7 +11,7 @@ from gymnasium import spaces
 
 from gymflow.agents.algorithms import algorithm_of
 from gymflow.agents.configs import TD3Config
-from gymflow.agents.networks import TransitionBatch
+from gymflow.agents.networks import TransitionBatch, TwinCritic
 from gymflow.agents.rollout import RandomPolicy, collect, evaluate
 from gymflow.agents.td3 import (
     TD3Learner,
@@ -33,6 +33,13 @@ def _constant_output(layers: torch.nn.Sequential, value: list[float]) -> None:
         layers[-1].bias.copy_(torch.tensor(value))
 
 
+def _constant_critic(critic: TwinCritic, member: int, value: float) -> None:
+    """One of the twins' (0: Q1, 1: Q2) last layer outputs `value` whatever its input."""
+    with torch.no_grad():
+        critic.layers[-1].weight[member].zero_()
+        critic.layers[-1].bias[member].fill_(value)
+
+
 def test_the_smoothing_noise_is_scaled_clipped_and_the_target_action_kept_in_bounds():
     config = TD3Config(hidden_sizes=[4], target_noise=0.2, target_noise_clip=0.5)
     actor = make_actor(config, OBS, ACTIONS)
@@ -48,8 +55,8 @@ def test_the_smoothing_noise_is_scaled_clipped_and_the_target_action_kept_in_bou
 def test_the_critics_target_is_the_reward_plus_the_discounted_smaller_target_q():
     config = TD3Config(hidden_sizes=[4])
     learner = TD3Learner(config, OBS, ACTIONS, seed=0)
-    _constant_output(learner.target_critic.q1, [3.0])
-    _constant_output(learner.target_critic.q2, [-1.5])
+    _constant_critic(learner.target_critic, 0, 3.0)
+    _constant_critic(learner.target_critic, 1, -1.5)
     batch = TransitionBatch(obs=torch.zeros(2, 2), actions=torch.zeros(2, 2), rewards=torch.tensor([1.0, 2.0]),
                             discounts=torch.tensor([0.99, 0.0]), next_obs=torch.zeros(2, 2), weights=torch.ones(2))
     targets = critic_targets(learner.target_critic, torch.zeros(2, 2), batch)
@@ -59,8 +66,8 @@ def test_the_critics_target_is_the_reward_plus_the_discounted_smaller_target_q()
 def test_the_actor_follows_the_first_critic_alone():
     config = TD3Config(hidden_sizes=[4])
     learner = TD3Learner(config, OBS, ACTIONS, seed=0)
-    _constant_output(learner.critic.q1, [2.0])
-    _constant_output(learner.critic.q2, [-5.0])  # the smaller: not what the actor's gradient follows
+    _constant_critic(learner.critic, 0, 2.0)
+    _constant_critic(learner.critic, 1, -5.0)  # the smaller: not what the actor's gradient follows
     assert actor_loss(learner.actor, learner.critic, torch.zeros(3, 2)).item() == pytest.approx(-2.0)
 
 
