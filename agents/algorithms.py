@@ -49,13 +49,23 @@ class Algorithm:
     offline_only: bool = False  # learns from a dataset alone (presets' `dataset`), never collecting
     modes: tuple[str, ...] = ("single", "sync", "async")  # the distribution.mode values it learns in
     acts_from_outputs: bool = False  # its (non-recurrent) policy acts on its network's outputs: ActsFromOutputs
+    # its learner's process computes denormal floats as zero (agents/denormals.py): the twin-critic learners,
+    # measured; the others' recorded reference results (tests/reference_results.json) keep their arithmetic
+    flushes_denormals: bool = False
 
     def parts(self) -> AlgorithmParts:
         return importlib.import_module(self.module).PARTS
 
     def learner(self, config: Any, observation_space: spaces.Space, action_space: spaces.Space, seed: int,
                 device: str = "cpu") -> Learner:
-        return self.parts().learner(config, observation_space, action_space, seed, device)
+        """The learner; where `flushes_denormals`, in a process whose CPU threads compute denormal floats
+        as zero from then on (agents/denormals.py)."""
+        parts = self.parts()
+        if self.flushes_denormals:
+            from gymflow.agents.denormals import flush_denormals  # imports torch, as parts() just did
+
+            flush_denormals()
+        return parts.learner(config, observation_space, action_space, seed, device)
 
     def network(self, config: Any, observation_space: spaces.Space, action_space: spaces.Space) -> nn.Module:
         """The network a rollout worker acts with (the learner's is one of these), its weights
@@ -81,13 +91,13 @@ ALGORITHMS: dict[str, Algorithm] = {
                      module="gymflow.agents.dqn", exploration=epsilon_at,
                      acts_from_outputs=True),
     "sac": Algorithm("sac", SACConfig, on_policy=False, action_spaces=(spaces.Box,), reads_images=True,
-                     module="gymflow.agents.sac"),
+                     module="gymflow.agents.sac", flushes_denormals=True),
     "td3": Algorithm("td3", TD3Config, on_policy=False, action_spaces=(spaces.Box,), reads_images=True,
-                     module="gymflow.agents.td3"),
+                     module="gymflow.agents.td3", flushes_denormals=True),
     "bc": Algorithm("bc", BCConfig, on_policy=False, action_spaces=(spaces.Discrete, spaces.Box), reads_images=False,
                     module="gymflow.agents.bc", offline_only=True),
     "iql": Algorithm("iql", IQLConfig, on_policy=False, action_spaces=(spaces.Box,), reads_images=False,
-                     module="gymflow.agents.iql"),
+                     module="gymflow.agents.iql", flushes_denormals=True),
 }
 
 

@@ -508,3 +508,30 @@ def test_adams_kept_lists_step_as_torchs_fused_adam_does_through_a_new_rate_and_
     assert ours._fused_lists is not None  # the kept lists stepped it
     for mine, theirs in zip(ours_net.parameters(), torchs_net.parameters(), strict=True):
         assert torch.equal(mine, theirs)
+
+
+DENORMALS_ON_EVERY_THREAD = """
+import numpy as np, torch
+from gymnasium import spaces
+from gymflow.agents.algorithms import ALGORITHMS
+from gymflow.agents.configs import PPOConfig, SACConfig
+
+torch.set_num_threads(2)
+denormals = torch.full((2_000_000,), 1e-39)  # float32's normal floats end at 1.2e-38
+print((denormals * 1.0 == 0).float().mean().item())  # the OpenMP pool made: both threads keep them
+box = spaces.Box(-1.0, 1.0, (2,), np.float32)
+ALGORITHMS["ppo"].learner(PPOConfig(hidden_sizes=[8]), box, box, 0)
+print((denormals * 1.0 == 0).float().mean().item())  # PPO's arithmetic as recorded
+ALGORITHMS["sac"].learner(SACConfig(hidden_sizes=[8]), box, box, 0)
+print((denormals * 1.0 == 0).float().mean().item())
+"""
+
+
+def test_a_twin_critic_learners_process_computes_denormal_floats_as_zero_on_each_of_torchs_threads():
+    """Adam's moments of a dead unit's weights decay through the denormal range, where an x86 core
+    computes tens of times slower (agents/denormals.py). torch.set_flush_denormal sets the calling
+    thread alone: half of a two-thread operation kept them. Made in a process whose OpenMP pool
+    already runs, a SAC learner leaves every thread flushing them; a PPO learner changes nothing."""
+    ran = subprocess.run([sys.executable, "-c", DENORMALS_ON_EVERY_THREAD], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert [float(line) for line in ran.stdout.split()] == [0.0, 0.0, 1.0], ran.stdout
