@@ -103,7 +103,9 @@ class Adam(torch.optim.Adam):
     def step(self, closure: Any = None) -> Any:
         if not self.defaults.get("fused"):
             return _ADAM_STEP(self, closure)
-        lists = self._fused_lists or _FusedLists.of(self)
+        if self._fused_lists is None:
+            self._fused_lists = _FusedLists.of(self)
+        lists = self._fused_lists
         if closure is None and lists is not None and lists.ready():
             lists.step(self.param_groups)
             return None
@@ -146,10 +148,8 @@ class _FusedLists:
                 any("exp_avg" not in optimizer.state.get(param, {}) for param in flat):
             return None
         states = [[optimizer.state[param] for param in group] for group in params]
-        lists = cls(params, *([[state[key] for state in group] for group in states]
-                              for key in ("exp_avg", "exp_avg_sq", "step")))
-        optimizer._fused_lists = lists
-        return lists
+        return cls(params, *([[state[key] for state in group] for group in states]
+                             for key in ("exp_avg", "exp_avg_sq", "step")))
 
     def ready(self) -> bool:
         """Every parameter has a gradient (torch's step skips one without, and so does not this)."""

@@ -159,6 +159,15 @@ def test_the_sac_losses_are_the_soft_bellman_residual_and_the_entropy_regularise
     assert temperature.item() == pytest.approx(-math.log(0.5) * (log_prob_at_zero - 1.0), rel=1e-6)
 
 
+def test_sacs_written_out_temperature_gradient_is_autograds_of_its_loss():
+    """The learner steps the temperature on `entropy_coef_gradient`, not on a backward pass of
+    `entropy_coef_loss`: the two agree."""
+    log_prob = torch.tensor([-1.5, 0.25, 2.0, -0.75])
+    log_entropy_coef = torch.tensor([math.log(0.3)], requires_grad=True)
+    sac.entropy_coef_loss(log_entropy_coef, log_prob, target_entropy=-2.0).backward()
+    torch.testing.assert_close(sac.entropy_coef_gradient(log_prob, target_entropy=-2.0), log_entropy_coef.grad)
+
+
 def test_the_td3_critic_loss_is_both_critics_squared_error_against_one_target():
     critic = TwinCritic(2, 1, [4], torch.nn.Identity())
     _constant_critic(critic, 0, 1.0)
