@@ -31,6 +31,7 @@ from gymflow.agents.networks import (
     network_input,
     observation_reader,
     seeded_init,
+    weighted_mean,
 )
 from gymflow.agents.normalization import share_normalizer
 from gymflow.agents.replay import make_replay, memory_spec
@@ -109,7 +110,7 @@ def dqn_loss(q_network: nn.Module, target_network: nn.Module, batch: TransitionB
         targets = batch.rewards + batch.discounts * next_q
     q_values = q_network(batch.obs)
     q_taken = q_values.gather(1, batch.actions[:, None]).squeeze(1)
-    loss = (batch.weights * F.smooth_l1_loss(q_taken, targets, reduction="none")).mean()
+    loss = weighted_mean(F.smooth_l1_loss(q_taken, targets, reduction="none"), batch.weights)
     if cql_alpha == 0:
         return DQNLossTerms(loss, (targets - q_taken).detach(), q_taken.detach())
     penalty = conservative_penalty(q_values, q_taken)

@@ -34,6 +34,7 @@ from gymflow.agents.networks import (
     seeded_init,
     step_optimizer,
     twin_critic,
+    weighted_mean,
 )
 from gymflow.agents.normalization import observation_normalizer, share_normalizer
 from gymflow.agents.replay import ReplayMemory, memory_spec
@@ -114,7 +115,7 @@ def critic_loss(critic: TwinCritic, value: ValueNetwork, batch: TransitionBatch)
     with torch.no_grad():
         targets = batch.rewards + batch.discounts * value(batch.next_obs)
     q1, q2 = critic(batch.obs, batch.actions)
-    return (batch.weights * ((q1 - targets).pow(2) + (q2 - targets).pow(2))).mean()
+    return weighted_mean((q1 - targets).pow(2) + (q2 - targets).pow(2), batch.weights)
 
 
 def actor_loss(actor: GaussianActor, batch: TransitionBatch, advantages: torch.Tensor, config: IQLConfig

@@ -79,23 +79,30 @@ class TransitionBatch:
     rewards: torch.Tensor  # the (n-step) discounted reward sum
     discounts: torch.Tensor  # gamma^n, 0 where the episode terminated
     next_obs: torch.Tensor
-    weights: torch.Tensor  # importance weights (ones for uniform replay)
+    weights: torch.Tensor | None  # importance weights; None where they are all ones (not `weighted`)
 
     @classmethod
-    def on(cls, sample: Sample, device: torch.device) -> TransitionBatch:
+    def on(cls, sample: Sample, device: torch.device, weighted: bool = True) -> TransitionBatch:
+        """The sample on `device`; `weighted` False (uniform replay) leaves its weights, all ones, out."""
         batch = sample.transitions
         return cls(on_device(batch.obs, device), on_device(batch.actions, device), on_device(batch.rewards, device),
                    on_device(batch.discounts, device), on_device(batch.next_obs, device),
-                   on_device(sample.weights, device))
+                   on_device(sample.weights, device) if weighted else None)
+
+
+def weighted_mean(values: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """The mean of `values` [B] under importance `weights` [B] (None: all ones, the plain mean)."""
+    return values.mean() if weights is None else (weights * values).mean()
 
 
 class Adam(torch.optim.Adam):
     """Torch's Adam, stepped eagerly: the same update, without the torch.compile hooks around its
     methods, whose first call imports `torch._dynamo` (~1.5 s of every run's start, and gymflow
-    compiles nothing). Each method calls torch's own, unwrapped. With `fused=True`, once every
-    parameter has its state, a step calls torch's fused kernel on lists kept from step to step:
-    the same kernel on the same tensors, without the ~200 us of Python around it that torch's step
-    spends a call on the CPU (sorting the tensors by device and dtype, checking each state)."""
+    compiles nothing), and without step hooks. Each method calls torch's own, unwrapped. With
+    `fused=True`, once every parameter has its state, a step calls torch's fused kernel on lists
+    kept from step to step: the same kernel on the same tensors, without the ~200 us of Python
+    around it that torch's step spends a call on the CPU (sorting the tensors by device and dtype,
+    checking each state)."""
 
     _fused_lists: _FusedLists | None = None
 
@@ -112,7 +119,15 @@ class Adam(torch.optim.Adam):
         self._fused_lists = None  # torch's own step: it may make states the lists must then hold
         return _ADAM_STEP(self, closure)
 
+    # torch wraps the step of an optimizer class not marked so in a profiler record that runs the
+    # step hooks (~40 us a call on the CPU, a third of a critic's step); gymflow sets no step hooks
+    step.hooked = True
+
     def zero_grad(self, set_to_none: bool = True) -> None:
+        lists = self._fused_lists
+        if set_to_none and lists is not None:  # torch's loops the groups inside a profiler record
+            lists.forget_gradients()
+            return
         _ZERO_GRAD(self, set_to_none)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -134,12 +149,15 @@ class _FusedLists:
     params: list[list[torch.Tensor]]
     exp_avgs: list[list[torch.Tensor]]
     exp_avg_sqs: list[list[torch.Tensor]]
-    steps: list[list[torch.Tensor]]
+    steps: list[list[torch.Tensor]]  # each group's: views of one tensor, `counts`
+    counts: list[torch.Tensor]
 
     @classmethod
     def of(cls, optimizer: Adam) -> _FusedLists | None:
         """The lists, where every group is fused (without amsgrad, one device and dtype) and every
-        parameter has its state (after torch's first step); None otherwise."""
+        parameter has its state (after torch's first step); None otherwise. Each group's step counts
+        become views of one tensor in the optimizer's state, as values the same: one addition steps
+        them all (torch's `_foreach_add_` adds a CPU tensor at a time, ~5 us each)."""
         groups = optimizer.param_groups
         params = [list(group["params"]) for group in groups]
         flat = [param for group in params for param in group]
@@ -148,8 +166,18 @@ class _FusedLists:
                 any("exp_avg" not in optimizer.state.get(param, {}) for param in flat):
             return None
         states = [[optimizer.state[param] for param in group] for group in params]
+        counts = [torch.stack([state["step"] for state in group]) for group in states]
+        for group, group_counts in zip(states, counts, strict=True):
+            for state, count in zip(group, group_counts.unbind(), strict=True):
+                state["step"] = count
         return cls(params, *([[state[key] for state in group] for group in states]
-                             for key in ("exp_avg", "exp_avg_sq", "step")))
+                             for key in ("exp_avg", "exp_avg_sq", "step")), counts)
+
+    def forget_gradients(self) -> None:
+        """zero_grad(set_to_none=True) of the lists' parameters."""
+        for params in self.params:
+            for param in params:
+                param.grad = None
 
     def ready(self) -> bool:
         """Every parameter has a gradient (torch's step skips one without, and so does not this)."""
@@ -157,9 +185,9 @@ class _FusedLists:
 
     def step(self, groups: list[dict[str, Any]]) -> None:
         """torch.optim.adam._fused_adam's kernel calls, the settings read from the groups each step."""
-        for group, params, exp_avgs, exp_avg_sqs, steps in zip(groups, self.params, self.exp_avgs, self.exp_avg_sqs,
-                                                               self.steps, strict=True):
-            torch._foreach_add_(steps, 1)
+        for group, params, exp_avgs, exp_avg_sqs, steps, counts in zip(
+                groups, self.params, self.exp_avgs, self.exp_avg_sqs, self.steps, self.counts, strict=True):
+            counts.add_(1)
             beta1, beta2 = group["betas"]
             torch._fused_adam_(params, [param.grad for param in params], exp_avgs, exp_avg_sqs, [], steps,
                                amsgrad=False, lr=group["lr"], beta1=beta1, beta2=beta2,
@@ -229,6 +257,11 @@ class TwinCritic(nn.Module):
         for layer in self.layers[:-1]:
             features = torch.relu_(layer.member(0, features))
         return self.layers[-1].member(0, features).squeeze(1)
+
+
+def twin_td_errors(errors: torch.Tensor) -> torch.Tensor:
+    """[B] the mean of the twin critics' |y - Q| (`errors` [2, B]): the new priorities."""
+    return 0.5 * errors.abs().sum(0)
 
 
 def _stacked_from_two_networks(critic: TwinCritic, state: dict[str, Any], prefix: str, *_: Any) -> None:
@@ -374,6 +407,14 @@ def observation_reader(options: ObservationNormalization, observation_space: spa
         parts = PartsEncoder(options, observation_space)
         return parts, parts.features
     return observation_normalizer(options, observation_space.shape), int(observation_space.shape[0])
+
+
+class InplaceReLU(nn.ReLU):
+    """ReLU overwriting its input: after a Linear (whose gradient does not need its output) it spares a
+    fresh buffer a layer, whose first writes miss the cache (a SAC actor's hidden layers: 4 a CPU update)."""
+
+    def __init__(self) -> None:
+        super().__init__(inplace=True)
 
 
 def hidden_layers(inputs: int, hidden: Sequence[int], activation: type[nn.Module]) -> tuple[nn.Sequential, int]:

@@ -23,6 +23,7 @@ from gymflow.agents.export import GreedyActions
 from gymflow.agents.networks import (
     Adam,
     BoundedActions,
+    InplaceReLU,
     TransitionBatch,
     TwinCritic,
     TwinCriticCheckpoints,
@@ -32,6 +33,8 @@ from gymflow.agents.networks import (
     seeded_init,
     step_optimizer,
     twin_critic,
+    twin_td_errors,
+    weighted_mean,
 )
 from gymflow.agents.normalization import share_normalizer
 from gymflow.agents.replay import make_replay, memory_spec
@@ -47,25 +50,23 @@ class SquashedGaussianActor(BoundedActions, nn.Module):
     def __init__(self, inputs: int, hidden: list[int], action_space: spaces.Box, obs_norm: nn.Module):
         super().__init__()
         self.obs_norm = obs_norm
-        self.trunk = mlp(inputs, hidden[:-1], hidden[-1], nn.ReLU)
+        self.trunk = mlp(inputs, hidden[:-1], hidden[-1], InplaceReLU)
         self.mean = nn.Linear(hidden[-1], int(np.prod(action_space.shape)))
         self.log_std = nn.Linear(hidden[-1], int(np.prod(action_space.shape)))
         self.register_bounds(action_space)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        features = torch.relu(self.trunk(self.obs_norm(obs)))
+        features = torch.relu_(self.trunk(self.obs_norm(obs)))  # the trunk ends in a Linear
         return self.mean(features), self.log_std(features).clamp(LOG_STD_MIN, LOG_STD_MAX)
 
     def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(squashed actions in [-1, 1], their log-probabilities), reparameterised by standard
         normal `noise` [B, A] (zeros: the mean's action). Acting and learning both sample here."""
         mean, log_std = self(obs)
-        std = log_std.exp()
-        unsquashed = mean + std * noise
-        squashed = torch.tanh(unsquashed)
-        gaussian = -0.5 * noise.pow(2) - log_std - 0.5 * np.log(2 * np.pi)
-        log_prob = (gaussian - torch.log(1 - squashed.pow(2) + 1e-6)).sum(dim=1)
-        return squashed, log_prob
+        squashed = torch.tanh(torch.addcmul(mean, log_std.exp(), noise))
+        # the Gaussian's log-density at the noise but for log_std's part (no gradient: in place)
+        standard = noise.pow(2).sum(dim=1).mul_(-0.5).sub_(0.5 * np.log(2 * np.pi) * noise.shape[1])
+        return squashed, standard - log_std.sum(dim=1) - torch.log(1 - squashed.pow(2) + 1e-6).sum(dim=1)
 
 
 def make_actor(config: SACConfig, observation_space: spaces.Box, action_space: spaces.Box) -> SquashedGaussianActor:
@@ -93,8 +94,9 @@ class SACPolicy:
 @dataclass(frozen=True)
 class CriticTerms:
     loss: torch.Tensor
-    td_errors: torch.Tensor  # [B] the mean of the two critics' |y - Q|, detached: the new priorities
+    errors: torch.Tensor  # [2, B] each critic's Q - y, detached
     q1: torch.Tensor  # [B] detached
+
 
 
 def critic_loss(critic: TwinCritic, target_critic: TwinCritic, actor: SquashedGaussianActor, batch: TransitionBatch,
@@ -107,8 +109,8 @@ def critic_loss(critic: TwinCritic, target_critic: TwinCritic, actor: SquashedGa
         targets = batch.rewards + batch.discounts * next_q
     values = critic.both(batch.obs, batch.actions)  # [2, B]
     errors = values - targets
-    loss = 0.5 * (batch.weights * errors.pow(2).sum(0)).mean()
-    return CriticTerms(loss, 0.5 * errors.detach().abs().sum(0), values[0].detach())
+    loss = 0.5 * weighted_mean(errors.pow(2).sum(0), batch.weights)
+    return CriticTerms(loss, errors.detach(), values[0].detach())
 
 
 def actor_loss(actor: SquashedGaussianActor, critic: TwinCritic, obs: torch.Tensor, noise: torch.Tensor,
@@ -174,14 +176,16 @@ class SACLearner(TwinCriticCheckpoints, SavedWhole, ReplayLearner):
     def update(self, sample: Sample, share: Share | None = None) -> dict[str, float]:
         """One step each of the critics, the actor and the temperature, then the target critics'
         Polyak step."""
-        batch = TransitionBatch.on(sample if share is None else share.of_sample(sample), self.device)
+        batch = TransitionBatch.on(sample if share is None else share.of_sample(sample), self.device,
+                                   weighted=self.replay.keeps_priorities)
         batch = replace(batch, actions=self.actor.from_env(batch.actions))  # in the actor's [-1, 1] units
         entropy_coef = self.log_entropy_coef.exp().detach()
         whole = (len(sample.index), batch.actions.shape[1])  # noise for every row: each rank slices its own
         next_noise, noise = (self._noise(whole) if share is None else share.of(self._noise(whole)) for _ in range(2))
         critic = critic_loss(self.critic, self.target_critic, self.actor, batch, next_noise, entropy_coef)
         step_optimizer(self.critic_optimizer, critic.loss, share)
-        self.reprioritize(sample, critic.td_errors.cpu().numpy(), share)
+        if self.replay.keeps_priorities:
+            self.reprioritize(sample, twin_td_errors(critic.errors).cpu().numpy(), share)
         self.critic.requires_grad_(False)
         actor, log_prob = actor_loss(self.actor, self.critic, batch.obs, noise, entropy_coef)
         step_optimizer(self.actor_optimizer, actor, share)

@@ -26,6 +26,7 @@ from gymflow.agents.export import GreedyActions
 from gymflow.agents.networks import (
     Adam,
     BoundedActions,
+    InplaceReLU,
     TransitionBatch,
     TwinCritic,
     TwinCriticCheckpoints,
@@ -35,6 +36,8 @@ from gymflow.agents.networks import (
     seeded_init,
     step_optimizer,
     twin_critic,
+    twin_td_errors,
+    weighted_mean,
 )
 from gymflow.agents.normalization import share_normalizer
 from gymflow.agents.replay import make_replay, memory_spec
@@ -47,7 +50,7 @@ class DeterministicActor(BoundedActions, nn.Module):
     def __init__(self, inputs: int, hidden: list[int], action_space: spaces.Box, obs_norm: nn.Module):
         super().__init__()
         self.obs_norm = obs_norm
-        self.net = mlp(inputs, hidden, int(np.prod(action_space.shape)), nn.ReLU)
+        self.net = mlp(inputs, hidden, int(np.prod(action_space.shape)), InplaceReLU)
         self.register_bounds(action_space)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -93,12 +96,12 @@ def critic_targets(target_critic: TwinCritic, target_actions: torch.Tensor, batc
 
 def critic_loss(critic: TwinCritic, batch: TransitionBatch, targets: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(the twin critics' weighted squared error, the mean of their absolute TD errors, Q1); batch
+    """(the twin critics' weighted squared error, their errors Q - y [2, B] detached, Q1); batch
     actions in the actor's [-1, 1] units. Pure."""
     values = critic.both(batch.obs, batch.actions)  # [2, B]
     errors = values - targets
-    loss = (batch.weights * errors.pow(2).sum(0)).mean()
-    return loss, 0.5 * errors.detach().abs().sum(0), values[0].detach()
+    loss = weighted_mean(errors.pow(2).sum(0), batch.weights)
+    return loss, errors.detach(), values[0].detach()
 
 
 def actor_loss(actor: DeterministicActor, critic: TwinCritic, obs: torch.Tensor) -> torch.Tensor:
@@ -138,7 +141,8 @@ class TD3Learner(TwinCriticCheckpoints, SavedWhole, ReplayLearner):
 
     def update(self, sample: Sample, share: Share | None = None) -> dict[str, float]:
         """A critic step; every `policy_delay` of them an actor step and the targets' Polyak step."""
-        batch = TransitionBatch.on(sample if share is None else share.of_sample(sample), self.device)
+        batch = TransitionBatch.on(sample if share is None else share.of_sample(sample), self.device,
+                                   weighted=self.replay.keeps_priorities)
         batch = replace(batch, actions=self.actor.from_env(batch.actions))  # in the actor's [-1, 1] units
         whole = (len(sample.index), batch.actions.shape[1])  # noise for every row: each rank slices its own
         noise = torch.randn(whole, generator=self.generator).to(self.device)
@@ -146,9 +150,10 @@ class TD3Learner(TwinCriticCheckpoints, SavedWhole, ReplayLearner):
         with torch.no_grad():
             targets = critic_targets(self.target_critic, smoothed_target_actions(self.target_actor, batch.next_obs,
                                                                                   noise, self.config), batch)
-        loss, td_errors, q1 = critic_loss(self.critic, batch, targets)
+        loss, errors, q1 = critic_loss(self.critic, batch, targets)
         step_optimizer(self.critic_optimizer, loss, share)
-        self.reprioritize(sample, td_errors.cpu().numpy(), share)
+        if self.replay.keeps_priorities:
+            self.reprioritize(sample, twin_td_errors(errors).cpu().numpy(), share)
         self.train_steps += 1
         metrics = {"critic_loss": loss.item(), "q_mean": q1.mean().item()}
         if self.train_steps % self.config.policy_delay == 0:

@@ -34,7 +34,7 @@ from gymflow.agents.configs import (
     TD3Config,
 )
 from gymflow.agents.core import ReplayLearner
-from gymflow.agents.networks import Adam, TransitionBatch, TwinCritic, step_optimizer
+from gymflow.agents.networks import Adam, TransitionBatch, TwinCritic, step_optimizer, twin_td_errors
 from gymflow.agents.recurrent import RecurrentPPOLearner
 from gymflow.tasks.storage.codec import decode_state, encode_state
 from gymflow.testing.rollouts import random_rollout
@@ -151,7 +151,7 @@ def test_the_sac_losses_are_the_soft_bellman_residual_and_the_entropy_regularise
     terms = sac.critic_loss(critic, target, actor, batch, torch.zeros(1, 1), alpha)
     y = 1.0 + 0.9 * (min(3.0, 2.0) - 0.5 * log_prob_at_zero)
     assert terms.loss.item() == pytest.approx(0.5 * ((1.0 - y) ** 2 + (4.0 - y) ** 2), rel=1e-6)
-    assert terms.td_errors.item() == pytest.approx(0.5 * (abs(1.0 - y) + abs(4.0 - y)), rel=1e-6)
+    assert twin_td_errors(terms.errors).item() == pytest.approx(0.5 * (abs(1.0 - y) + abs(4.0 - y)), rel=1e-6)
     loss, log_prob = sac.actor_loss(actor, critic, torch.zeros(1, 2), torch.zeros(1, 1), alpha)
     assert log_prob.item() == pytest.approx(log_prob_at_zero, rel=1e-6)
     assert loss.item() == pytest.approx(0.5 * log_prob_at_zero - min(1.0, 4.0), rel=1e-6)
@@ -173,9 +173,9 @@ def test_the_td3_critic_loss_is_both_critics_squared_error_against_one_target():
     _constant_critic(critic, 0, 1.0)
     _constant_critic(critic, 1, 4.0)
     batch = _batch(rewards=[0.0, 0.0], discounts=[0.0, 0.0], actions=[[0.0], [0.0]], weights=[1.0, 0.5])
-    loss, td_errors, q1 = td3.critic_loss(critic, batch, torch.tensor([2.0, 2.0]))
+    loss, errors, q1 = td3.critic_loss(critic, batch, torch.tensor([2.0, 2.0]))
     assert loss.item() == pytest.approx(np.mean(np.array([1.0, 0.5]) * ((1 - 2) ** 2 + (4 - 2) ** 2)))
-    np.testing.assert_allclose(td_errors.numpy(), [1.5, 1.5])
+    np.testing.assert_allclose(twin_td_errors(errors).numpy(), [1.5, 1.5])
     np.testing.assert_allclose(q1.numpy(), [1.0, 1.0])
 
 
@@ -517,6 +517,10 @@ def test_adams_kept_lists_step_as_torchs_fused_adam_does_through_a_new_rate_and_
     assert ours._fused_lists is not None  # the kept lists stepped it
     for mine, theirs in zip(ours_net.parameters(), torchs_net.parameters(), strict=True):
         assert torch.equal(mine, theirs)
+    # its step counts, views of one tensor stepped by one addition, are each parameter's own in its state
+    assert [float(state["step"]) for state in ours.state_dict()["state"].values()] == [40.0] * 4
+    ours.zero_grad()
+    assert all(param.grad is None for param in ours_net.parameters())
 
 
 DENORMALS_ON_EVERY_THREAD = """
