@@ -98,7 +98,6 @@ class CriticTerms:
     q1: torch.Tensor  # [B] detached
 
 
-
 def critic_loss(critic: TwinCritic, target_critic: TwinCritic, actor: SquashedGaussianActor, batch: TransitionBatch,
                 next_noise: torch.Tensor, entropy_coef: torch.Tensor) -> CriticTerms:
     """Soft Bellman residual of both critics: y = r + gamma^n (min Q'(s', a') - alpha log pi(a'|s')),

@@ -8,16 +8,21 @@ import pytest
 from gymnasium import spaces
 
 from gymflow.agents.batches import Rollout, Steps
-from gymflow.agents.configs import DQNConfig, ReplayOptions
+from gymflow.agents.configs import DQNConfig, ReplayOptions, SACConfig, TD3Config
 from gymflow.agents.dqn import DQNLearner
 from gymflow.agents.replay import MemorySpec, PrioritizedReplayMemory, SumTree, n_step_transitions
+from gymflow.agents.sac import SACLearner
+from gymflow.agents.td3 import TD3Learner
 
 
-def one_env_rollout(obs: np.ndarray, rewards: np.ndarray, terminated: bool = False) -> Rollout:
-    """T steps of one env: observations [T, *obs_shape], rewards [T]; every step terminal or none."""
+def one_env_rollout(obs: np.ndarray, rewards: np.ndarray, terminated: bool = False,
+                    actions: np.ndarray | None = None) -> Rollout:
+    """T steps of one env: observations [T, *obs_shape], rewards [T], actions [T, ...] (discrete 0 by
+    default); every step terminal or none."""
     steps = len(rewards)
     ends = np.full((steps, 1), terminated)
-    return Rollout(obs[:, None], np.zeros((steps, 1), np.int64), rewards[:, None].astype(np.float32), ends,
+    actions = np.zeros(steps, np.int64) if actions is None else actions
+    return Rollout(obs[:, None], actions[:, None], rewards[:, None].astype(np.float32), ends,
                    np.zeros((steps, 1), bool), np.flatnonzero(ends).astype(np.int64), obs[ends[:, 0]], obs[-1:],
                    np.zeros((steps, 1), np.float32))
 
@@ -81,13 +86,23 @@ def test_importance_weights_undo_the_priorities_and_anneal_to_full_correction():
     assert sample.weights.max() <= 1.0
 
 
-def test_the_learner_hands_back_new_priorities_after_each_batch():
-    observation_space, action_space = spaces.Box(-1, 1, (2,), np.float32), spaces.Discrete(2)
-    learner = DQNLearner(DQNConfig(hidden_sizes=[8], batch_size=16, replay="prioritized"), observation_space, action_space, 0)
+LEARNERS_WITH_PRIORITIES = {
+    "dqn": (lambda obs, actions: DQNLearner(DQNConfig(hidden_sizes=[8], batch_size=16, replay="prioritized"), obs, actions, 0), spaces.Discrete(2)),
+    "sac": (lambda obs, actions: SACLearner(SACConfig(hidden_sizes=[8], batch_size=16, replay="prioritized"), obs, actions, 0), spaces.Box(-1, 1, (1,), np.float32)),
+    "td3": (lambda obs, actions: TD3Learner(TD3Config(hidden_sizes=[8], batch_size=16, replay="prioritized"), obs, actions, 0), spaces.Box(-1, 1, (1,), np.float32)),
+}
+
+
+@pytest.mark.parametrize("algorithm", sorted(LEARNERS_WITH_PRIORITIES))
+def test_the_learner_hands_back_new_priorities_after_each_batch(algorithm):
+    make, action_space = LEARNERS_WITH_PRIORITIES[algorithm]
+    observation_space = spaces.Box(-1, 1, (2,), np.float32)
+    learner = make(observation_space, action_space)
     count = 64
     rng = np.random.default_rng(0)
+    actions = None if algorithm == "dqn" else rng.uniform(-1, 1, (count, 1)).astype(np.float32)
     learner.replay.add(one_env_rollout(rng.random((count, 2), np.float32), rng.normal(size=count) * 10,
-                                       terminated=True))
+                                       terminated=True, actions=actions))
     before = _probabilities(learner.replay).copy()
     np.testing.assert_allclose(before, 1 / count)
     learner.train(4, progress=0.0)
