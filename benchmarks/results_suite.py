@@ -85,6 +85,10 @@ PUBLISHED: dict[tuple[str, str, int], list[Published]] = {
                                         Published("Tianshou", "HalfCheetah-v4", 12139, "best point of the mean curve")],
     ("td3", "Hopper", 1_000_000): [Published("rl-zoo", "Hopper-v3", 3606), Published("CleanRL", "Hopper-v4", 3135),
                                    Published("Tianshou", "Hopper-v4", 3472, "best point of the mean curve")],
+    ("sac", "Walker2d", 1_000_000): [Published("rl-zoo", "Walker2d-v3", 3863), Published("CleanRL", "Walker2d-v4", 3592)],
+    ("td3", "HalfCheetah", 1_000_000): [Published("rl-zoo", "HalfCheetah-v3", 9656),
+                                        Published("CleanRL", "HalfCheetah-v4", 9018)],
+    ("td3", "Walker2d", 1_000_000): [Published("rl-zoo", "Walker2d-v3", 4718), Published("CleanRL", "Walker2d-v4", 4246)],
 }
 
 # Stable-Baselines3 with the same settings on this machine, side by side with gymflow
