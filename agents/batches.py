@@ -76,8 +76,8 @@ class Transitions(NamedTuple):
 
 class Sample(NamedTuple):
     """A batch drawn from a memory: the transitions, where they sit, and their importance weights
-    (all ones for uniform replay)."""
+    (None for uniform replay: all ones, left out of the losses)."""
 
     transitions: Transitions
     index: np.ndarray
-    weights: np.ndarray
+    weights: np.ndarray | None

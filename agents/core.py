@@ -175,13 +175,14 @@ class ReplayLearner(Learner):
         share = self.ranks.share(len(sample.index))
         return self.update(sample, share)
 
-    def reprioritize(self, sample: Sample, td_errors: np.ndarray, share: Any = None) -> None:
-        """The sampled transitions' new priorities from their TD errors (`share`'s rows of them where
-        the ranks share the sample out: gathered whole, as every rank's memory takes them)."""
-        if share is None:
-            self.replay.update_priorities(sample.index, td_errors)
-        elif self.replay.keeps_priorities:
-            self.replay.update_priorities(sample.index, share.gathered(td_errors))
+    def reprioritize(self, sample: Sample, td_errors: Callable[[], Any], share: Any = None) -> None:
+        """The sampled transitions' new priorities from their TD errors (a tensor, asked for only where
+        the memory keeps priorities; `share`'s rows of them where the ranks share the sample out:
+        gathered whole, as every rank's memory takes them)."""
+        if not self.replay.keeps_priorities:
+            return
+        errors = td_errors().cpu().numpy()
+        self.replay.update_priorities(sample.index, errors if share is None else share.gathered(errors))
 
     @abstractmethod
     def update(self, sample: Sample, share: Any = None) -> dict[str, float]:

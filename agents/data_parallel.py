@@ -105,7 +105,7 @@ class Share:
             return sample
         rows = self.rows
         return Sample(Transitions(*(values[rows] for values in sample.transitions)), sample.index[rows],
-                      sample.weights[rows])
+                      None if sample.weights is None else sample.weights[rows])
 
     def average_gradients(self, parameters: list[torch.nn.Parameter]) -> None:
         """The parameters' gradients of this rank's rows become the whole batch's: each weighted by

@@ -157,7 +157,7 @@ class DQNLearner(SavedWhole, ReplayLearner):
             share.average_gradients(list(self.q_network.parameters()))
         nn.utils.clip_grad_norm_(self.q_network.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
-        self.reprioritize(sample, terms.td_errors.cpu().numpy(), share)
+        self.reprioritize(sample, lambda: terms.td_errors, share)
         self.train_steps += 1
         if self.train_steps % self.config.target_update_every_train_steps == 0:
             self.target_network.load_state_dict(self.q_network.state_dict())

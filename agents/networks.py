@@ -79,15 +79,14 @@ class TransitionBatch:
     rewards: torch.Tensor  # the (n-step) discounted reward sum
     discounts: torch.Tensor  # gamma^n, 0 where the episode terminated
     next_obs: torch.Tensor
-    weights: torch.Tensor | None  # importance weights; None where they are all ones (not `weighted`)
+    weights: torch.Tensor | None  # importance weights; None for uniform replay (all ones)
 
     @classmethod
-    def on(cls, sample: Sample, device: torch.device, weighted: bool = True) -> TransitionBatch:
-        """The sample on `device`; `weighted` False (uniform replay) leaves its weights, all ones, out."""
+    def on(cls, sample: Sample, device: torch.device) -> TransitionBatch:
         batch = sample.transitions
         return cls(on_device(batch.obs, device), on_device(batch.actions, device), on_device(batch.rewards, device),
                    on_device(batch.discounts, device), on_device(batch.next_obs, device),
-                   on_device(sample.weights, device) if weighted else None)
+                   None if sample.weights is None else on_device(sample.weights, device))
 
 
 def weighted_mean(values: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:

@@ -77,7 +77,7 @@ class ReplayMemory:
 
     def sample(self, batch_size: int, rng: np.random.Generator, progress: float = 0.0) -> Sample:
         index = rng.integers(0, self.size, size=batch_size)
-        return Sample(self._at(index), index, np.ones(batch_size, np.float32))
+        return Sample(self._at(index), index, None)
 
     def update_priorities(self, index: np.ndarray, td_errors: np.ndarray) -> None:
         """Uniform replay keeps no priorities."""
@@ -312,7 +312,7 @@ class FrameReplayMemory(ReplayMemory):
         index = rng.integers(0, self.size, size=batch_size)
         while (stale := self.oldest_frame[index] < self.frames_written - len(self.frames)).any():
             index[stale] = rng.integers(0, self.size, size=int(stale.sum()))
-        return Sample(self._at(index), index, np.ones(batch_size, np.float32))
+        return Sample(self._at(index), index, None)
 
     def _at(self, index: np.ndarray) -> Transitions:
         serials = super()._at(index)

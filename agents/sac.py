@@ -175,16 +175,14 @@ class SACLearner(TwinCriticCheckpoints, SavedWhole, ReplayLearner):
     def update(self, sample: Sample, share: Share | None = None) -> dict[str, float]:
         """One step each of the critics, the actor and the temperature, then the target critics'
         Polyak step."""
-        batch = TransitionBatch.on(sample if share is None else share.of_sample(sample), self.device,
-                                   weighted=self.replay.keeps_priorities)
+        batch = TransitionBatch.on(sample if share is None else share.of_sample(sample), self.device)
         batch = replace(batch, actions=self.actor.from_env(batch.actions))  # in the actor's [-1, 1] units
         entropy_coef = self.log_entropy_coef.exp().detach()
         whole = (len(sample.index), batch.actions.shape[1])  # noise for every row: each rank slices its own
         next_noise, noise = (self._noise(whole) if share is None else share.of(self._noise(whole)) for _ in range(2))
         critic = critic_loss(self.critic, self.target_critic, self.actor, batch, next_noise, entropy_coef)
         step_optimizer(self.critic_optimizer, critic.loss, share)
-        if self.replay.keeps_priorities:
-            self.reprioritize(sample, twin_td_errors(critic.errors).cpu().numpy(), share)
+        self.reprioritize(sample, lambda: twin_td_errors(critic.errors), share)
         self.critic.requires_grad_(False)
         actor, log_prob = actor_loss(self.actor, self.critic, batch.obs, noise, entropy_coef)
         step_optimizer(self.actor_optimizer, actor, share)

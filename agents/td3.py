@@ -141,8 +141,7 @@ class TD3Learner(TwinCriticCheckpoints, SavedWhole, ReplayLearner):
 
     def update(self, sample: Sample, share: Share | None = None) -> dict[str, float]:
         """A critic step; every `policy_delay` of them an actor step and the targets' Polyak step."""
-        batch = TransitionBatch.on(sample if share is None else share.of_sample(sample), self.device,
-                                   weighted=self.replay.keeps_priorities)
+        batch = TransitionBatch.on(sample if share is None else share.of_sample(sample), self.device)
         batch = replace(batch, actions=self.actor.from_env(batch.actions))  # in the actor's [-1, 1] units
         whole = (len(sample.index), batch.actions.shape[1])  # noise for every row: each rank slices its own
         noise = torch.randn(whole, generator=self.generator).to(self.device)
@@ -152,8 +151,7 @@ class TD3Learner(TwinCriticCheckpoints, SavedWhole, ReplayLearner):
                                                                                   noise, self.config), batch)
         loss, errors, q1 = critic_loss(self.critic, batch, targets)
         step_optimizer(self.critic_optimizer, loss, share)
-        if self.replay.keeps_priorities:
-            self.reprioritize(sample, twin_td_errors(errors).cpu().numpy(), share)
+        self.reprioritize(sample, lambda: twin_td_errors(errors), share)
         self.train_steps += 1
         metrics = {"critic_loss": loss.item(), "q_mean": q1.mean().item()}
         if self.train_steps % self.config.policy_delay == 0:
