@@ -9,6 +9,7 @@ a graph yet raises CannotExport, in one line."""
 from __future__ import annotations
 
 import io
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,10 @@ from gymflow.envs.parts import Part, flatten_parts, is_packed, observation_parts
 OPSET = 17  # ONNX Runtime 1.14 and later run it
 OBSERVATIONS, ACTIONS = "observations", "actions"
 MEMORY, NEXT_MEMORY = "memory", "next_memory"  # a recurrent policy's: [2, batch, H], its LSTM's h and c
+
+# torch.onnx's exporter keeps its state in globals (GLOBALS.in_onnx_export): two exports at once, a sweep's runs
+# delivering in their threads, failed one of them ("GLOBALS.in_onnx_export must be False")
+_ONE_EXPORT_AT_A_TIME = threading.Lock()
 
 
 class CannotExport(Exception):
@@ -191,7 +196,7 @@ def onnx_policy(algorithm: Algorithm, config: Any, observation_space: spaces.Spa
             [ACTIONS, NEXT_MEMORY]
         batch_axes |= {MEMORY: {1: "batch"}, NEXT_MEMORY: {1: "batch"}}
     graph = io.BytesIO()
-    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+    with _ONE_EXPORT_AT_A_TIME, warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice; it needs no onnxscript
         torch.onnx.export(module, inputs, graph, input_names=names, output_names=outputs, dynamic_axes=batch_axes,
                           opset_version=OPSET, dynamo=False)

@@ -17,6 +17,7 @@ from gymflow.flows.parameters import checked_flow, overrides_checked, refusal_sa
 from gymflow.flows.stopping import cancellable
 from gymflow.presets.overrides import PresetOverrides
 from gymflow.presets.validate import resolve_experiment
+from gymflow.stops import a_run
 from gymflow.tasks.cluster.placement import rollout_hosts
 from gymflow.tasks.sweep.trial import PbtMember, SweepTrial, TrialJudge
 from gymflow.tasks.tracking.artifacts import publish_evaluations
@@ -75,6 +76,7 @@ def improve(
     logger = get_run_logger()
     judge = TrialJudge(sweep_trial) if isinstance(sweep_trial, SweepTrial) else None
     with (
+        a_run(),  # a stopped sweep waits for its runs to end before it closes their cluster (gymflow/stops.py)
         cancellable(flow_run.id, _deployment_id()),  # a Prefect cancellation ends the run within seconds
         rollout_hosts(run.experiment, logger, run.run_id) as (hosts, where),  # a cluster or env unusable: stops here
         tracked_run(run, str(flow_run.id), run_tags(changed, sweep_trial.tags() if sweep_trial else None),
@@ -107,8 +109,7 @@ def improve(
     publish_evaluations(run.run_id, summary.evaluations, recorder.budget.unit)
     create_markdown_artifact(key="improve-summary", markdown=report, description=f"gymflow run {run.run_id}")
     if summary.stopped_early:  # the Prefect UI shows the run as Pruned
-        return Completed(name="Pruned", message=f"pruned by the sweep after {judge.pruned_at:,} env steps",
-                         data=summary)
+        return Completed(name="Pruned", message=f"pruned by the sweep at {judge.pruned_at:,} env steps", data=summary)
     return summary
 
 

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import optuna
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import PrefectFuture, as_completed
+from prefect.futures import PrefectFuture
 
 from gymflow.flows.improve import improve
+from gymflow.flows.waiting import first_finished
 from gymflow.presets.sweep import Sweep
 from gymflow.tasks.storage.objects import Storage, open_storage, storage_location
 from gymflow.tasks.storage.records import has_run_record
@@ -98,7 +99,7 @@ def _train_interval(sweep: Sweep, members: list[PbtMember], concurrency: int) ->
         while pending and len(running) < concurrency:
             member = pending.pop(0)
             running[train_member.submit(sweep, member)] = member
-        future: PrefectFuture = next(as_completed(list(running)))
+        future: PrefectFuture = first_finished(list(running))
         member = running.pop(future)
         try:
             yield future.result()

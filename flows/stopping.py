@@ -39,12 +39,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from gymflow.errors import PrefectUnavailable
 from gymflow.last_steps import allow_ending, take_last_steps
+from gymflow.stops import ask_stop, stoppable
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import State
@@ -284,22 +285,31 @@ def stopping_cleanly() -> Iterator[threading.Event]:
                 return
             _exit_now(f"signal {signum} again")
         stopping.set()
+        ask_stop()  # a sweep's runs, in Prefect's task threads, end at their next step
         first.append(time.monotonic())
         watchdog = threading.Timer(STOP_GRACE_S, _exit_now, args=(f"still stopping after {STOP_GRACE_S:.0f} s",))
         watchdog.daemon = True
         watchdog.start()
-        print("\ngymflow: stopping (again to stop at once)", file=sys.stderr)
+        _say_in_a_handler("\ngymflow: stopping (again to stop at once)\n")
         gc.freeze()  # the process ends after the stop: no collection of its whole heap at exit (1-3 s)
         redelivery.raised = True
         raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with redelivery.watching():
+        with stoppable(), redelivery.watching():
             yield stopping
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _say_in_a_handler(line: str) -> None:
+    """A line on stderr from a signal handler: written to the file descriptor, not through `sys.stderr`,
+    whose buffer raises "reentrant call" where the handler interrupted a write of the main thread's own (a
+    log line), and not through print, which a flow turns into a log line (log_prints)."""
+    with suppress(OSError):
+        os.write(2, line.encode())
 
 
 def _raise_keyboard_interrupt() -> None:
@@ -310,7 +320,7 @@ def _exit_now(why: str) -> None:
     """End this process and every process it started, now."""
     import psutil
 
-    print(f"gymflow: {why}: ending the run's processes", file=sys.stderr)
+    _say_in_a_handler(f"gymflow: {why}: ending the run's processes\n")  # from a handler, or the watchdog
     take_last_steps()  # what is not a child process: a SLURM run's queued jobs
     children = psutil.Process().children(recursive=True)
     for child in children:

@@ -21,14 +21,17 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import PrefectFuture, as_completed
+from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from gymflow.flows.improve import improve
 from gymflow.flows.parameters import checked_flow, overrides_checked, refusal_said
 from gymflow.flows.population import train_population
+from gymflow.flows.stopping import STOP_GRACE_S
+from gymflow.flows.waiting import first_finished
 from gymflow.presets.sweep import Sweep, SweepSpec, check_sweep, sweep_spec
+from gymflow.stops import runs_ended_first
 from gymflow.tasks.cluster.client import shared_local_cluster
 from gymflow.tasks.storage.layout import new_sweep_id
 from gymflow.tasks.storage.objects import check_storage, open_storage, storage_location
@@ -119,6 +122,7 @@ def sweep(spec: SweepSpec, sweep_id: str | None = None) -> SweepResult:
     with (
         shared_local_cluster(checked.base.distribution, checked.spec.concurrency * _workers(checked)),
         sweep_parent_run(checked, sweep_id, study, str(flow_run.id)) as parent,
+        runs_ended_first(STOP_GRACE_S),  # a stopped sweep's runs end (each at its next step) before the cluster
     ):
         if checked.spec.pbt is not None:
             return _population(checked, sweep_id, study, parent, started)
@@ -198,7 +202,7 @@ def _run_wave(study: optuna.Study, runs: list[SeedRun], concurrency: int) -> Ite
             running[train_seed.submit(run)] = run
         if not running:
             break
-        future = next(as_completed(list(running)))
+        future = first_finished(list(running))
         run = running.pop(future)
         try:
             yield run, future.result()

@@ -5,6 +5,8 @@ graph yet refused in one line. A finished run's ONNX model in MLflow: tests/test
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import types
 
 import numpy as np
@@ -108,6 +110,21 @@ def test_the_onnx_graph_acts_as_the_policy_on_a_thousand_observations(preset, ov
         np.testing.assert_array_equal(actions, expected)
     else:
         assert np.abs(actions - expected).max() <= 1e-5
+
+
+def test_exports_in_threads_at_once_each_give_the_graph_one_export_gives():
+    """A sweep's runs deliver in Prefect's task threads; torch.onnx keeps its exporter's state in globals,
+    and of two exports at once one failed ("GLOBALS.in_onnx_export must be False")."""
+    experiment = resolve_experiment("cartpole-ppo", {})
+    algorithm, config = experiment.algorithm, experiment.preset.agent
+    torch.manual_seed(0)
+    weights = save(_trained_like(algorithm.network(config, experiment.observation_space,
+                                                   experiment.action_space)).state_dict())
+    export = functools.partial(onnx_policy, algorithm, config, experiment.observation_space, experiment.action_space)
+    alone = export(weights)
+    with concurrent.futures.ThreadPoolExecutor(4) as threads:
+        graphs = list(threads.map(lambda _: export(weights), range(8)))
+    assert graphs == [alone] * 8
 
 
 GROUPS = {"env.id": "pettingzoo:gymflow.testing.agents:Exits", "env.kwargs": {}, "agent.policies": {"guide": "guides"}}

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from gymflow.flows.cli import main
@@ -129,6 +130,51 @@ def test_a_run_killed_mid_training_leaves_none_of_its_helper_processes_alive_10_
     else:  # the OOM killer's way, here
         os.killpg(flow.pid, signal.SIGKILL)
     _stopped_within(flow, started, 10)
+
+
+def _sweep_spec(workspace: Path, tiny_budget: dict) -> Path:
+    """Two configurations of 50 rounds each, trained at once on one cluster, in Prefect's task threads."""
+    spec = {"preset": "cartpole-ppo", "space": {"agent.lr": {"values": [0.01, 0.003]}}, "sampler": "grid", "seeds": 1,
+            "concurrency": 2, "study_storage": f"sqlite:///{workspace / 'sweeps.db'}",
+            "overrides": {**tiny_budget, "schedule.total_env_steps": 6400, "schedule.evaluate_every_env_steps": 1280,
+                          **local_overrides(workspace)}}
+    (workspace / "spec.yaml").write_text(yaml.safe_dump(spec))
+    return workspace / "spec.yaml"
+
+
+# default tier (the `alone` run): the first drill of a stopped sweep; its SIGTERM in the long tier
+@ALONE
+@pytest.mark.parametrize("how", ["ctrl-c", pytest.param("sigterm", marks=pytest.mark.slow)])
+def test_a_stopped_sweep_ends_its_concurrent_runs_in_one_line_and_the_same_command_finishes_it(
+        how, prefect_api, workspace, tiny_budget, monkeypatch):
+    """A sweep's runs train in Prefect's task threads, which a stop does not reach: they went on collecting
+    from the cluster the stopped sweep had closed, three attempts each, two tracebacks, then `still stopping
+    after 8 s` ended the process. Now each ends at its next step, its MLflow run killed; one line says how the
+    sweep continues, and that command resumes both runs to their end."""
+    env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}  # its own temporary API
+    flow = subprocess.Popen([GYMFLOW, "sweep", str(_sweep_spec(workspace, tiny_budget)), "--id", "stopped"],
+                            cwd=workspace, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    runs = [workspace / "data" / "runs" / f"stopped-c00{number}-s0" for number in (0, 1)]
+    deadline = time.monotonic() + 180
+    while not all((run / "policies" / "v000003" / "manifest.json").exists() for run in runs):
+        assert flow.poll() is None and time.monotonic() < deadline, flow.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
+    started = psutil.Process(flow.pid).children(recursive=True)
+    os.killpg(flow.pid, signal.SIGINT) if how == "ctrl-c" else flow.send_signal(signal.SIGTERM)
+    _stopped_within(flow, started, 10)
+    said = flow.stderr.read().decode()
+    assert flow.returncode == 130 and "Traceback" not in said and "ERROR" not in said, said[-4000:]
+    assert "still stopping" not in said and "attempt" not in said, said[-4000:]
+    assert said.splitlines()[-1].endswith(f"sweep {workspace / 'spec.yaml'} --id stopped` continues the sweep; "
+                                          "finished runs are kept, interrupted ones resume"), said[-2000:]
+    mlflow = MlflowClient(local_overrides(workspace)["tracking.tracking_uri"])
+    mlflow_runs = [json.loads((run / "run.json").read_text())["mlflow_run_id"] for run in runs]
+    assert [mlflow.get_run(run_id).info.status for run_id in mlflow_runs] == ["KILLED", "KILLED"]
+
+    monkeypatch.chdir(workspace)
+    assert main(["sweep", str(workspace / "spec.yaml"), "--id", "stopped"]) == 0
+    assert [mlflow.get_run(run_id).info.status for run_id in mlflow_runs] == ["FINISHED", "FINISHED"]  # resumed
 
 
 PREFECT_LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d{3} \| ")  # the run's own lines before the stop (piped: no bar)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,10 @@ from gymflow.errors import InvalidPreset
 from gymflow.flows.cli import main
 from gymflow.presets.load import load_preset
 from gymflow.presets.sweep import check_sweep, sweep_spec
+from gymflow.tasks.cluster.messages import EvaluationResult
 from gymflow.tasks.sweep.aggregate import area_under_curve, interquartile_mean, iqm_with_interval
+from gymflow.tasks.sweep.trial import SweepTrial, TrialJudge
+from gymflow.tasks.training.evaluation import Scored
 from tests.conftest import local_overrides, prefect_events
 
 LEARNING_RATES = [0.01, 0.000001, 0.003]  # the second learns nothing by its first evaluation: pruned
@@ -121,6 +125,27 @@ def test_the_area_under_the_curve_is_the_mean_return_over_the_budget():
 
 
 # --- end to end --------------------------------------------------------------------------------
+
+def test_a_resumed_run_judges_again_the_steps_its_stopped_start_reported_without_reporting_them_twice(tmp_path):
+    """A stopped sweep's run resumes from its checkpoint and evaluates again the versions after it; Optuna
+    ignored their second report with a UserWarning on the terminal."""
+    storage = f"sqlite:///{tmp_path / 'sweeps.db'}"
+    trial_id = optuna.create_study(study_name="resumed", storage=storage, direction="maximize").ask()._trial_id
+    link = SweepTrial(sweep_id="resumed", study_storage=storage, trial_id=trial_id, configuration=0, seed=0,
+                      reports=True, pruner="median")
+
+    def scored(version: int, step: int, mean_return: float) -> Scored:
+        return Scored(step, EvaluationResult(version, (mean_return,), (1,), 0.0))
+
+    assert not TrialJudge(link).should_stop(scored(10, 1280, 0.5))  # the start that was stopped
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed = TrialJudge(link)
+        assert not resumed.should_stop(scored(10, 1280, 0.5))
+        assert not resumed.should_stop(scored(20, 2560, 0.75))
+    (trial,) = optuna.load_study(study_name="resumed", storage=storage).trials
+    assert trial.intermediate_values == {1280: 0.5, 2560: 0.75}
+
 
 def _train_seed_spans(flow_run_id: str, runs: int) -> list[tuple]:
     """(start, end) of the sweep's train-seed task runs, by start. Their MLflow runs may not overlap

@@ -22,6 +22,7 @@ from gymflow.errors import ClusterUnavailable
 from gymflow.logs import AnyLogger
 from gymflow.presets.model import Preset
 from gymflow.presets.validate import Experiment, rollout_backend
+from gymflow.stops import end_if_stopped
 from gymflow.tasks.cluster.hosts import Call, Hosts, wait_first
 from gymflow.tasks.cluster.jobs import check_worker, run_evaluation, run_rollout, run_rollouts
 from gymflow.tasks.cluster.messages import (
@@ -188,6 +189,7 @@ def run_round(hosts: Hosts, function: Callable, specs: Sequence[Any], logger: An
     while calls:
         wait_s = min(call.deadline for call in calls.values()) - time.monotonic()
         wait_first(calls.values(), min(wait_s, STALL_NOTICE_S))
+        end_if_stopped()  # a sweep's run, in a thread of its own: not a job sent again to a cluster closing
         for index, call in list(calls.items()):
             call = calls[index] = hosts.settle(call, logger)
             if call.finished:

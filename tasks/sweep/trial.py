@@ -90,6 +90,9 @@ class TrialJudge:
         self.study = optuna.load_study(study_name=trial.sweep_id, storage=trial.study_storage,
                                        pruner=make_pruner(trial.pruner))
         self.trial = optuna.trial.Trial(self.study, trial.trial_id)
+        # a resumed run evaluates again the versions after its checkpoint: the steps its stopped start reported
+        # are not reported twice (Optuna ignores such a report, with a warning on the terminal)
+        self._reported = set(self.study._storage.get_trial(trial.trial_id).intermediate_values)
         self._judged: tuple[int, bool] | None = None  # (version, verdict)
         self.pruned_at: int | None = None
 
@@ -105,7 +108,9 @@ class TrialJudge:
 
         storage = self.study._storage
         if self.link.reports:
-            self.trial.report(evaluation.mean_return, step=evaluation.step)
+            if evaluation.step not in self._reported:
+                self.trial.report(evaluation.mean_return, step=evaluation.step)
+                self._reported.add(evaluation.step)
             if not self.trial.should_prune():
                 return False
             storage.set_trial_user_attr(self.link.trial_id, PRUNED_AT_ATTR, evaluation.step)

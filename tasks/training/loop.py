@@ -22,6 +22,7 @@ from prefect.cache_policies import NO_CACHE
 
 from gymflow.agents.core import Learner, ReplayLearner
 from gymflow.logs import AnyLogger
+from gymflow.stops import end_if_stopped
 from gymflow.tasks.cluster.host_figures import node_id
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.messages import EvaluationResult
@@ -144,6 +145,7 @@ class ImproveLoop:
 
     def step(self, state: LoopState) -> LoopState:
         """collect -> learn -> commit -> maybe evaluate; returns the state after the commit."""
+        end_if_stopped()  # a sweep's run, in a thread of its own: the command was stopped
         started = time.perf_counter()
         experience = self.collection.collect(state)
         next_evaluation = self.evaluations.start_if_due(state)  # scores version v while the learner learns
