@@ -21,6 +21,7 @@ from prefect.futures import PrefectFuture
 from gymflow.flows.improve import improve
 from gymflow.flows.waiting import first_finished
 from gymflow.presets.sweep import Sweep
+from gymflow.stops import a_run
 from gymflow.tasks.storage.objects import Storage, open_storage, storage_location
 from gymflow.tasks.storage.records import has_run_record
 from gymflow.tasks.sweep.lineage import settings_in_words
@@ -117,6 +118,7 @@ def train_member(sweep: Sweep, member: PbtMember) -> MemberResult:
     going_on = has_run_record(storage, run_id)
     overrides = {**sweep.spec.overrides, **member.settings, "seed": sweep.base.seed + member.member}
     named = improve.with_options(flow_run_name=f"{run_id} interval {member.interval}")
-    summary = named(sweep.spec.preset, overrides, resume=run_id if going_on else None,
-                    run_id=None if going_on else run_id, sweep_trial=member)
+    with a_run():  # counted before its flow run is made (seconds on a busy SQLite): a stop meanwhile ends it
+        summary = named(sweep.spec.preset, overrides, resume=run_id if going_on else None,
+                        run_id=None if going_on else run_id, sweep_trial=member)
     return MemberResult.of(member, summary, sweep.spec.pbt.window, storage)

@@ -31,7 +31,7 @@ from gymflow.flows.population import train_population
 from gymflow.flows.stopping import STOP_GRACE_S
 from gymflow.flows.waiting import first_finished
 from gymflow.presets.sweep import Sweep, SweepSpec, check_sweep, sweep_spec
-from gymflow.stops import runs_ended_first
+from gymflow.stops import a_run, runs_ended_first
 from gymflow.tasks.cluster.client import shared_local_cluster
 from gymflow.tasks.storage.layout import new_sweep_id
 from gymflow.tasks.storage.objects import check_storage, open_storage, storage_location
@@ -122,7 +122,7 @@ def sweep(spec: SweepSpec, sweep_id: str | None = None) -> SweepResult:
     with (
         shared_local_cluster(checked.base.distribution, checked.spec.concurrency * _workers(checked)),
         sweep_parent_run(checked, sweep_id, study, str(flow_run.id)) as parent,
-        runs_ended_first(STOP_GRACE_S),  # a stopped sweep's runs end (each at its next step) before the cluster
+        runs_ended_first(STOP_GRACE_S / 2),  # a stopped sweep's runs end (each at its next step) before the cluster
     ):
         if checked.spec.pbt is not None:
             return _population(checked, sweep_id, study, parent, started)
@@ -224,8 +224,9 @@ def train_seed(seed_run: SeedRun) -> SeedResult:
                        mlflow_parent_run_id=seed_run.mlflow_parent_run_id)
     resuming = has_run_record(storage, seed_run.run_id)
     named = improve.with_options(flow_run_name=f"{seed_run.run_id}{' (resumed)' if resuming else ''}")
-    summary = named(sweep.spec.preset, overrides, resume=seed_run.run_id if resuming else None,
-                    run_id=None if resuming else seed_run.run_id, sweep_trial=trial)
+    with a_run():  # counted before its flow run is made (seconds on a busy SQLite): a stop meanwhile ends it
+        summary = named(sweep.spec.preset, overrides, resume=seed_run.run_id if resuming else None,
+                        run_id=None if resuming else seed_run.run_id, sweep_trial=trial)
     if summary.stopped_early:
         mark_pruned(sweep.base.tracking.tracking_uri, summary.mlflow_run_id)
     return SeedResult.of(seed_run.seed, summary, sweep.trial_preset(configuration.params).schedule.total_env_steps)

@@ -18,6 +18,8 @@ SLICE_S = 0.2
 def first_finished(futures: list[PrefectConcurrentFuture[Any]]) -> PrefectConcurrentFuture[Any]:
     """The first of `futures` (task runs on Prefect's ThreadPoolTaskRunner) to finish; of several finished,
     the earliest in the list."""
+    if not futures:
+        raise ValueError("no futures to wait for")
     while True:
         done, _ = concurrent.futures.wait([future.wrapped_future for future in futures], timeout=SLICE_S,
                                           return_when=concurrent.futures.FIRST_COMPLETED)

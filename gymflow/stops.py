@@ -26,10 +26,12 @@ def stoppable() -> Iterator[None]:
 
 
 def ask_stop() -> None:
+    """Stop every run of this command, in whatever thread (the signal handler asks)."""
     _ASKED.set()
 
 
 def stopped() -> bool:
+    """Whether this command was asked to stop."""
     return _ASKED.is_set()
 
 
@@ -45,10 +47,12 @@ _RUNS = [0]  # runs inside `a_run()` now
 
 @contextmanager
 def a_run() -> Iterator[None]:
-    """A run inside, in whatever thread: `runs_ended_first` waits for it to leave."""
+    """A run inside, in whatever thread: `runs_ended_first` waits for it to leave. A run that begins after
+    the stop was asked ends at once."""
     with _INSIDE:
         _RUNS[0] += 1
     try:
+        end_if_stopped()
         yield
     finally:
         with _INSIDE:
@@ -67,10 +71,8 @@ def runs_ended_first(timeout_s: float) -> Iterator[None]:
     except BaseException:
         asked_here = not _ASKED.is_set()
         _ASKED.set()
-        try:
-            with _INSIDE:
-                _INSIDE.wait_for(lambda: _RUNS[0] == 0, timeout_s)
-        finally:
-            if asked_here:  # a process that goes on (a test, a notebook) starts its next command unstopped
-                _ASKED.clear()
+        with _INSIDE:
+            ended = _INSIDE.wait_for(lambda: _RUNS[0] == 0, timeout_s)
+        if asked_here and ended:  # a process that goes on (a test, a notebook) starts its next command unstopped;
+            _ASKED.clear()  # a run still going keeps seeing the stop (Prefect's task runner waits for its thread)
         raise

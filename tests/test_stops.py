@@ -22,6 +22,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from gymflow import stops
 from gymflow.flows.cli import main
 from gymflow.tasks.storage.checkpoints import read_policy
 from gymflow.tasks.storage.layout import RunLayout
@@ -132,12 +133,11 @@ def test_a_run_killed_mid_training_leaves_none_of_its_helper_processes_alive_10_
     _stopped_within(flow, started, 10)
 
 
-def _sweep_spec(workspace: Path, tiny_budget: dict) -> Path:
-    """Two configurations of 50 rounds each, trained at once on one cluster, in Prefect's task threads."""
+def _sweep_spec(workspace: Path) -> Path:
+    """Two configurations of 100 rounds each, trained at once on one cluster, in Prefect's task threads."""
     spec = {"preset": "cartpole-ppo", "space": {"agent.lr": {"values": [0.01, 0.003]}}, "sampler": "grid", "seeds": 1,
             "concurrency": 2, "study_storage": f"sqlite:///{workspace / 'sweeps.db'}",
-            "overrides": {**tiny_budget, "schedule.total_env_steps": 6400, "schedule.evaluate_every_env_steps": 1280,
-                          **local_overrides(workspace)}}
+            "overrides": {**STOPPED_RUN, **local_overrides(workspace)}}
     (workspace / "spec.yaml").write_text(yaml.safe_dump(spec))
     return workspace / "spec.yaml"
 
@@ -146,13 +146,13 @@ def _sweep_spec(workspace: Path, tiny_budget: dict) -> Path:
 @ALONE
 @pytest.mark.parametrize("how", ["ctrl-c", pytest.param("sigterm", marks=pytest.mark.slow)])
 def test_a_stopped_sweep_ends_its_concurrent_runs_in_one_line_and_the_same_command_finishes_it(
-        how, prefect_api, workspace, tiny_budget, monkeypatch):
+        how, prefect_api, workspace, monkeypatch):
     """A sweep's runs train in Prefect's task threads, which a stop does not reach: they went on collecting
     from the cluster the stopped sweep had closed, three attempts each, two tracebacks, then `still stopping
     after 8 s` ended the process. Now each ends at its next step, its MLflow run killed; one line says how the
     sweep continues, and that command resumes both runs to their end."""
     env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}  # its own temporary API
-    flow = subprocess.Popen([GYMFLOW, "sweep", str(_sweep_spec(workspace, tiny_budget)), "--id", "stopped"],
+    flow = subprocess.Popen([GYMFLOW, "sweep", str(_sweep_spec(workspace)), "--id", "stopped"],
                             cwd=workspace, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     runs = [workspace / "data" / "runs" / f"stopped-c00{number}-s0" for number in (0, 1)]
@@ -175,6 +175,44 @@ def test_a_stopped_sweep_ends_its_concurrent_runs_in_one_line_and_the_same_comma
     monkeypatch.chdir(workspace)
     assert main(["sweep", str(workspace / "spec.yaml"), "--id", "stopped"]) == 0
     assert [mlflow.get_run(run_id).info.status for run_id in mlflow_runs] == ["FINISHED", "FINISHED"]  # resumed
+
+
+def _a_run_in_a_thread(checks_after: int, ended: list[str]) -> threading.Thread:
+    """A run in a thread of its own that looks for the stop after `checks_after` steps of 5 ms, then at each."""
+    def run() -> None:
+        try:
+            with stops.a_run():
+                for step in range(2000):
+                    if step >= checks_after:
+                        stops.end_if_stopped()
+                    time.sleep(0.005)
+        except KeyboardInterrupt:
+            ended.append("stopped")
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+# default tier: fast, what the sweep drill below cannot time (a run that sees the stop late, an error, not a stop)
+def test_a_command_left_by_an_error_or_a_stop_stops_its_runs_in_other_threads_and_waits_for_them():
+    ended: list[str] = []
+    with stops.stoppable():
+        run = _a_run_in_a_thread(0, ended)
+        with pytest.raises(RuntimeError), stops.runs_ended_first(5.0):
+            raise RuntimeError("the sweep failed while its run trained")
+        assert ended == ["stopped"] and not run.is_alive()
+        assert not stops.stopped()  # asked there, and forgotten once its runs ended: the next command starts unstopped
+
+        late = _a_run_in_a_thread(200, ended)  # sees the stop ~1 s on, after the wait has given up
+        began = time.monotonic()
+        with pytest.raises(KeyboardInterrupt), stops.runs_ended_first(0.3):
+            raise KeyboardInterrupt
+        assert time.monotonic() - began < 1.0 and stops.stopped()  # the stop stays for the run still going
+        late.join(10)
+        assert ended == ["stopped", "stopped"]
+        stops.end_if_stopped()  # the main thread has its stop already: nothing raised here
+    assert not stops.stopped()
 
 
 PREFECT_LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d{3} \| ")  # the run's own lines before the stop (piped: no bar)

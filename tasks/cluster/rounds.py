@@ -188,7 +188,7 @@ def run_round(hosts: Hosts, function: Callable, specs: Sequence[Any], logger: An
     stalls = StallNotice(logger)
     while calls:
         wait_s = min(call.deadline for call in calls.values()) - time.monotonic()
-        wait_first(calls.values(), min(wait_s, STALL_NOTICE_S))
+        wait_first(calls.values(), min(wait_s, STALL_NOTICE_S, STOP_CHECK_S))
         end_if_stopped()  # a sweep's run, in a thread of its own: not a job sent again to a cluster closing
         for index, call in list(calls.items()):
             call = calls[index] = hosts.settle(call, logger)
@@ -200,6 +200,7 @@ def run_round(hosts: Hosts, function: Callable, specs: Sequence[Any], logger: An
 
 
 STALL_NOTICE_S = 10.0
+STOP_CHECK_S = 0.5  # a round's wait, in slices: a stopped sweep's runs end within seconds, long rounds or not
 
 
 class StallNotice:

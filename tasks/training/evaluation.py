@@ -23,6 +23,7 @@ from prefect.client.schemas.objects import State
 from prefect.states import Cancelled
 
 from gymflow.logs import AnyLogger
+from gymflow.stops import stopped
 from gymflow.tasks.cluster.hosts import Hosts
 from gymflow.tasks.cluster.messages import EvaluationResult
 from gymflow.tasks.cluster.rounds import RoundPlan, evaluate_version
@@ -146,7 +147,7 @@ def evaluate(hosts: Hosts, plan: RoundPlan, version: int) -> EvaluationResult | 
     """Greedy episodes of `version` on the rollout workers, as a task run of the flow run."""
     try:
         return evaluate_version(hosts, plan.evaluations(version), get_run_logger())
-    except Exception:
-        if hosts.closed:  # the run is stopping (Ctrl-C): its cluster went away under this evaluation
+    except (Exception, KeyboardInterrupt):  # an interrupt in this thread: the stop (gymflow/stops.py)
+        if hosts.closed or stopped():  # the run is stopping (Ctrl-C): its cluster went away under this evaluation
             return Cancelled(message=f"the run stopped while v{version} was being evaluated")
         raise
