@@ -8,13 +8,12 @@ from typing import Annotated
 
 from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
-from prefect.context import get_run_context
 from prefect.runtime import flow_run
 from prefect.states import Completed
 from pydantic import Field
 
 from gymflow.flows.parameters import checked_flow, overrides_checked, refusal_said
-from gymflow.flows.stopping import cancellable
+from gymflow.flows.stopping import cancellable, deployment_of_this_run
 from gymflow.presets.overrides import PresetOverrides
 from gymflow.presets.validate import resolve_experiment
 from gymflow.stops import a_run
@@ -77,7 +76,7 @@ def improve(
     judge = TrialJudge(sweep_trial) if isinstance(sweep_trial, SweepTrial) else None
     with (
         a_run(),  # a stopped sweep waits for its runs to end before it closes their cluster (gymflow/stops.py)
-        cancellable(flow_run.id, _deployment_id()),  # a Prefect cancellation ends the run within seconds
+        cancellable(flow_run.id, deployment_of_this_run()),  # a Prefect cancellation ends the run within seconds
         rollout_hosts(run.experiment, logger, run.run_id) as (hosts, where),  # a cluster or env unusable: stops here
         tracked_run(run, str(flow_run.id), run_tags(changed, sweep_trial.tags() if sweep_trial else None),
                     alone=sweep_trial is None) as tracker,
@@ -111,11 +110,3 @@ def improve(
     if summary.stopped_early:  # the Prefect UI shows the run as Pruned
         return Completed(name="Pruned", message=f"pruned by the sweep at {judge.pruned_at:,} env steps", data=summary)
     return summary
-
-
-def _deployment_id() -> str | None:
-    """The deployment this flow run was started from, if any, as the run's context holds it
-    (Prefect's `prefect.runtime.deployment.id` reads the flow run from the API again, on a client
-    of its own: 0.1-0.2 s of every run's start)."""
-    deployment_id = get_run_context().flow_run.deployment_id
-    return str(deployment_id) if deployment_id else None

@@ -28,7 +28,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from gymflow.flows.improve import improve
 from gymflow.flows.parameters import checked_flow, overrides_checked, refusal_said
 from gymflow.flows.population import train_population
-from gymflow.flows.stopping import STOP_GRACE_S
+from gymflow.flows.stopping import STOP_GRACE_S, cancellable, deployment_of_this_run
 from gymflow.flows.waiting import first_finished
 from gymflow.presets.sweep import Sweep, SweepSpec, check_sweep, sweep_spec
 from gymflow.stops import a_run, runs_ended_first
@@ -120,6 +120,7 @@ def sweep(spec: SweepSpec, sweep_id: str | None = None) -> SweepResult:
     started = time.perf_counter()
     trained = 0
     with (
+        cancellable(flow_run.id, deployment_of_this_run()),  # a Prefect cancellation ends it within seconds
         shared_local_cluster(checked.base.distribution, checked.spec.concurrency * _workers(checked)),
         sweep_parent_run(checked, sweep_id, study, str(flow_run.id)) as parent,
         runs_ended_first(STOP_GRACE_S / 2),  # a stopped sweep's runs end (each at its next step) before the cluster

@@ -329,6 +329,39 @@ def _wait_for_state(env: dict, flow_run_id: str, states: set[str], seconds: floa
     return state
 
 
+# long tier: the sweep deployment's cancellation (the improve drill below is the default tier's)
+@pytest.mark.slow
+def test_a_cancelled_sweep_deployment_run_ends_cancelled_within_seconds_with_its_runs_killed(deployed, worker,
+                                                                                            tmp_path):
+    import psutil
+
+    spec = {"preset": "cartpole-ppo", "overrides": {**STOPPED_RUN, **_stores(tmp_path)}, "sampler": "grid",
+            "space": {"agent.lr": {"values": [0.01, 0.003]}}, "seeds": 1, "concurrency": 2,
+            "study_storage": f"sqlite:///{tmp_path / 'sweeps.db'}"}
+    started = _prefect(deployed, "deployment", "run", "sweep/cartpole-ppo-sweep", "-p", f"spec={json.dumps(spec)}",
+                       "-p", 'sweep_id="cancelled"')
+    assert started.returncode == 0, started.stdout + started.stderr
+    flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout).group(1)
+    runs = [tmp_path / "data" / "runs" / f"cancelled-c00{number}-s0" for number in (0, 1)]
+    deadline = time.monotonic() + 240
+    while not all((run / "policies" / "v000003" / "manifest.json").exists() for run in runs):
+        assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
+        time.sleep(0.05)
+    running = psutil.Process(worker.pid).children(recursive=True)
+    cancel = _prefect(deployed, "flow-run", "cancel", flow_run_id)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    accepted = time.monotonic()
+    assert _wait_for_state(deployed, flow_run_id, {"CANCELLED", "CRASHED", "FAILED", "COMPLETED"}, 15) == "CANCELLED", \
+        (tmp_path / "worker.log").read_text()[-4000:]
+    _, alive = psutil.wait_procs(running, timeout=max(15 - (time.monotonic() - accepted), 0.1))
+    assert not [process for process in alive if still_running(process)], [p.cmdline()[:4] for p in alive]
+    said = (tmp_path / "worker.log").read_text()
+    assert "did not complete in 3 attempts" not in said and "still stopping" not in said, said[-4000:]
+    mlflow = MlflowClient(_stores(tmp_path)["tracking.tracking_uri"])
+    statuses = [mlflow.get_run(json.loads((run / "run.json").read_text())["mlflow_run_id"]).info.status for run in runs]
+    assert statuses == ["KILLED", "KILLED"]
+
+
 # default tier (one of its 25 slowest): the Prefect-cancellation drill, and an improve deployment run through a worker, resumed to its end
 # alone: its cancellation must end within 10 s, in a process of its own after the rest (tests/suite.py), with a
 # server of its own holding the one deployment it runs
