@@ -1,9 +1,7 @@
-"""Waiting for a flow's concurrent runs (a sweep's, a population's) in the main thread, where a stop lands.
-
-CPython runs a signal's handler in the main thread, once that thread runs Python again; the kernel may
-deliver Ctrl-C to any thread. Prefect's `as_completed` waits on an event with no timeout: a Ctrl-C that
-landed on one of the runs' threads was held until a run ended (~10 s in a test sweep, minutes in a real
-one). So the wait here is in slices, each a chance for the handler to run."""
+"""Waiting for a flow's concurrent runs (a sweep's, a population's) in the main thread, where a stop's
+handler runs. Prefect's `as_completed` blocks on an event with no timeout; here the wait is in slices of
+`SLICE_S`, so the main thread comes back to Python, where CPython runs signal handlers, several times a
+second whatever its runs do."""
 
 from __future__ import annotations
 
