@@ -293,9 +293,9 @@ def _under_prefect(load: Callable[[], Callable[[], T]], stopped: str, api_ready:
     """Run a flow once the Prefect API answers (`api_ready` waits for this process's temporary
     one): `load()` imports it meanwhile and returns the call; the run's LocalCluster, where
     `distribution` asks for one, starts beside them. Ctrl-C or SIGTERM stops it within seconds
-    (flows/stopping.py). `log`: the log file's name (a run's id) and what the console shows. `unbegun`:
-    what a stop or a refusal before that run began leaves (its log removed, where it made it); None where
-    `log` names no run (a sweep's). Returns what the flow returned, or an exit code."""
+    (flows/stopping.py). `log`: the log file's name (a run's or a sweep's id) and what the console shows.
+    `unbegun`: what a stop or a refusal before that run (or sweep) began leaves (its log removed, where it made
+    it); None: the log always stays. Returns what the flow returned, or an exit code."""
     from gymflow import last_steps
     from gymflow.flows.console import gymflow_errors_in_one_line_on_the_console
     from gymflow.flows.stopping import stopping_cleanly
@@ -342,7 +342,7 @@ class _RunLog:
 
     name: str | None
     verbose: bool
-    unbegun: str | None  # None: the log names no run (a sweep's), whose log always stays
+    unbegun: str | None  # what a stop before the work began leaves; None: the log always stays
     kept: bool
     file: Path | None = None
 
@@ -488,7 +488,7 @@ def _sweep(spec_path: str, sweep_id: str | None, api_ready: Callable[[], None], 
             from gymflow.tasks.sweep.pbt import check_perturbable
 
             check_perturbable(checked)
-        sweep_id = sweep_id or new_sweep_id(checked.base.name)  # named here for the stop line
+        asked_for, sweep_id = sweep_id is not None, sweep_id or new_sweep_id(checked.base.name)  # for the stop line
     except GymflowError as error:
         print(f"gymflow: error: {error}", file=sys.stderr)
         return 2
@@ -499,8 +499,10 @@ def _sweep(spec_path: str, sweep_id: str | None, api_ready: Callable[[], None], 
         _without_mlflow_chatter()
         return lambda: sweep(spec, sweep_id)
 
-    result = _under_prefect(load, f"`{gymflow_command()} sweep {spec_path} --id {sweep_id}` continues the sweep; "
-                                  "finished runs are kept, interrupted ones resume", api_ready, log=(sweep_id, output))
+    continues = f"`{gymflow_command()} sweep {spec_path} --id {sweep_id}` continues the sweep"
+    unbegun = f"sweep {sweep_id} is as it was; {continues}" if asked_for else "no sweep began, nothing was written"
+    result = _under_prefect(load, f"{continues}; finished runs are kept, interrupted ones resume", api_ready,
+                            log=(sweep_id, output), unbegun=unbegun)
     if isinstance(result, int):
         return result
     trained = "member intervals" if spec.pbt is not None else "runs"

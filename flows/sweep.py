@@ -54,6 +54,7 @@ from gymflow.tasks.tracking.blocks import preset_with_block_options
 from gymflow.tasks.tracking.events import sweep_finished
 from gymflow.tasks.tracking.servers import check_tracking_server
 from gymflow.tasks.tracking.tracker import Tracker
+from gymflow.work import began
 
 MAX_CONCURRENCY = 64
 
@@ -116,6 +117,7 @@ def sweep(spec: SweepSpec, sweep_id: str | None = None) -> SweepResult:
         check_tracking_server(checked.base.tracking.tracking_uri, checked.base.tracking.experiment)
     sweep_id = sweep_id or new_sweep_id(checked.base.name)
     study = open_study(checked, sweep_id)
+    began(sweep_id)  # from here on the sweep has a study: its log stays whatever ends it
     logger = get_run_logger()
     started = time.perf_counter()
     trained = 0

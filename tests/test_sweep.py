@@ -93,6 +93,19 @@ def test_the_command_line_refuses_a_bad_spec_before_anything_is_written(workspac
     assert sorted(p.name for p in workspace.iterdir()) == ["spec.yaml"]
 
 
+def test_a_sweep_refused_inside_its_flow_leaves_no_log_as_a_refused_run_does(prefect_api, workspace, tiny_budget,
+                                                                              capsys, monkeypatch):
+    """A study storage that cannot be opened is found inside the flow, after the sweep's log began: the refusal
+    is one line and the log goes with it, as a refused run's does."""
+    monkeypatch.chdir(workspace)
+    spec = _spec(workspace, tiny_budget, study_storage=f"sqlite:///{workspace / 'no-such-folder' / 'sweeps.db'}")
+    (workspace / "spec.yaml").write_text(yaml.safe_dump(spec))
+    assert main(["sweep", str(workspace / "spec.yaml"), "--id", "refused"]) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said[-1].startswith("gymflow: error: study_storage: cannot open ") and "unable to open" in said[-1], said
+    assert not (workspace / "gymflow-logs").exists() and not (workspace / "data").exists()
+
+
 # --- the aggregates ----------------------------------------------------------------------------
 
 def test_the_interquartile_mean_drops_the_best_and_worst_quarter():
