@@ -16,7 +16,6 @@ from gymflow.flows.parameters import checked_flow, overrides_checked, refusal_sa
 from gymflow.flows.stopping import cancellable, deployment_of_this_run
 from gymflow.presets.overrides import PresetOverrides
 from gymflow.presets.validate import resolve_experiment
-from gymflow.stops import a_run
 from gymflow.tasks.cluster.placement import rollout_hosts
 from gymflow.tasks.sweep.trial import PbtMember, SweepTrial, TrialJudge
 from gymflow.tasks.tracking.artifacts import publish_evaluations
@@ -75,7 +74,6 @@ def improve(
     logger = get_run_logger()
     judge = TrialJudge(sweep_trial) if isinstance(sweep_trial, SweepTrial) else None
     with (
-        a_run(),  # a stopped sweep waits for its runs to end before it closes their cluster (gymflow/stops.py)
         cancellable(flow_run.id, deployment_of_this_run()),  # a Prefect cancellation ends the run within seconds
         rollout_hosts(run.experiment, logger, run.run_id) as (hosts, where),  # a cluster or env unusable: stops here
         tracked_run(run, str(flow_run.id), run_tags(changed, sweep_trial.tags() if sweep_trial else None),
