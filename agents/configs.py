@@ -65,6 +65,10 @@ class PPOConfig(ObservationNormalization):
         "captured once as a CUDA graph and replayed (one launch instead of ~170 a minibatch). false: eager."
     )
     normalize_advantages: bool = Field(default=True, description="Normalise per minibatch.")
+    recompute_advantages: bool = Field(
+        default=False, description="Compute the advantages and value targets again before each epoch after the "
+        "first, with the critic as the epochs left it (Tianshou's recompute_adv). false: once an iteration."
+    )
     hidden_sizes: LayerWidths = Field(default=[64, 64], min_length=1, description="MLP widths.")
     activation: Literal["tanh", "relu"] = Field(default="tanh", description="Hidden-layer activation.")
     log_std_init: float = Field(

@@ -135,7 +135,11 @@ class PPOLearner(SavedWhole, Learner):
             group["lr"] = max(lr, 1e-8)
         if self.config.anneal_clip_range:
             self.clip_range = max(self.config.clip_range * (1.0 - progress), 1e-8)
-        rows = [self._update(minibatch) for _ in range(self.config.epochs) for minibatch in self._passes(batch)]
+        rows = []
+        for epoch in range(self.config.epochs):
+            if epoch > 0 and self.config.recompute_advantages:
+                batch, flat = self._minibatches(rollouts)
+            rows += [self._update(minibatch) for minibatch in self._passes(batch)]
         self.train_steps += len(rows)
         # Only now do the observation statistics move: the rollouts' log-probabilities and values
         # were computed with the statistics that acted, and so are this batch's (the ratio starts at 1)

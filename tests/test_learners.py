@@ -114,6 +114,29 @@ def test_an_annealed_clip_range_shrinks_with_the_run_s_progress_and_is_the_one_t
     assert _trained(lambda: ppo.PPOLearner(PPOConfig(minibatch_size=8), OBS, TWO_ACTIONS, 1)).clip_range == 0.2
 
 
+@pytest.mark.parametrize("recompute", [False, True])
+def test_recomputed_advantages_are_the_critic_s_as_each_epoch_finds_it(recompute):
+    """agent.recompute_advantages: each epoch draws its minibatches from GAE with the critic as the
+    epochs before left it; without, every epoch draws from the iteration's first."""
+    learner = ppo.PPOLearner(PPOConfig(minibatch_size=8, epochs=3, recompute_advantages=recompute,
+                                       normalize_advantages=False), OBS, TWO_ACTIONS, 1)
+    rng = np.random.default_rng(0)
+    rollout = _rollout_of(rng, rng.integers(0, 2, (16, 2)))
+    drawn, current = [], []
+    passes = learner._passes
+
+    def recorded_passes(batch):
+        drawn.append(batch["advantages"].clone())
+        current.append(learner._flatten([rollout])["advantages"])
+        return passes(batch)
+
+    learner._passes = recorded_passes
+    learner.learn([rollout], 0.0)
+    assert len(drawn) == 3 and not torch.equal(current[0], current[2])  # the critic moved
+    for epoch in range(3):
+        assert torch.equal(drawn[epoch], current[epoch] if recompute else current[0])
+
+
 @pytest.mark.parametrize(("double_q", "expected_targets"), [(False, [1 + 0.5 * 5, 0.0]), (True, [1 + 0.5 * 3, 0.0])])
 def test_the_dqn_loss_is_the_weighted_huber_error_against_the_bootstrapped_target(double_q, expected_targets):
     config = DQNConfig(hidden_sizes=[4])
