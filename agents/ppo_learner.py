@@ -138,7 +138,7 @@ class PPOLearner(SavedWhole, Learner):
         rows = []
         for epoch in range(self.config.epochs):
             if epoch > 0 and self.config.recompute_advantages:
-                batch, flat = self._minibatches(rollouts)
+                batch, _ = self._minibatches(rollouts)  # the explained variance stays the first critic's
             rows += [self._update(minibatch) for minibatch in self._passes(batch)]
         self.train_steps += len(rows)
         # Only now do the observation statistics move: the rollouts' log-probabilities and values

@@ -127,14 +127,16 @@ def test_recomputed_advantages_are_the_critic_s_as_each_epoch_finds_it(recompute
 
     def recorded_passes(batch):
         drawn.append(batch["advantages"].clone())
-        current.append(learner._flatten([rollout])["advantages"])
+        current.append(learner._flatten([rollout]))
         return passes(batch)
 
     learner._passes = recorded_passes
-    learner.learn([rollout], 0.0)
-    assert len(drawn) == 3 and not torch.equal(current[0], current[2])  # the critic moved
+    metrics = learner.learn([rollout], 0.0)
+    assert len(drawn) == 3 and not torch.equal(current[0]["advantages"], current[2]["advantages"])  # the critic moved
     for epoch in range(3):
-        assert torch.equal(drawn[epoch], current[epoch] if recompute else current[0])
+        assert torch.equal(drawn[epoch], current[epoch if recompute else 0]["advantages"])
+    # the explained variance is the acting critic's either way: the values the iteration began with
+    assert metrics["explained_variance"] == ppo.explained_variance(current[0]["values"], current[0]["returns"])
 
 
 @pytest.mark.parametrize(("double_q", "expected_targets"), [(False, [1 + 0.5 * 5, 0.0]), (True, [1 + 0.5 * 3, 0.0])])
