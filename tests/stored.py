@@ -62,10 +62,11 @@ def read_ledger(storage: Storage, run_id: str) -> LedgerEntries:
     )
 
 
-def newest_published(root: Path) -> int:
-    """The newest policy version a run under the local storage `root` has published so far (-1: none). A
-    fast run retires old versions between two polls, so a wait for version N asks for "N or newer"."""
-    versions = [int(manifest.parent.name[1:]) for manifest in root.glob("runs/*/policies/v*/manifest.json")]
+def newest_published(root: Path, run_id: str = "*") -> int:
+    """The newest policy version a run under the local storage `root` (`run_id`'s; any: "*") has published so
+    far (-1: none). A fast run retires old versions between two polls, so a wait for version N asks for "N or
+    newer"."""
+    versions = [int(manifest.parent.name[1:]) for manifest in root.glob(f"runs/{run_id}/policies/v*/manifest.json")]
     return max(versions, default=-1)
 
 
